@@ -1,0 +1,13 @@
+# -DTESSERA_SANITIZE=address|undefined|thread applies to every target in the tree.
+if(TESSERA_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address)
+elseif(TESSERA_SANITIZE STREQUAL "undefined")
+  add_compile_options(-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=undefined)
+elseif(TESSERA_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread)
+  add_link_options(-fsanitize=thread)
+elseif(NOT TESSERA_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "TESSERA_SANITIZE must be address, undefined or thread (got '${TESSERA_SANITIZE}')")
+endif()

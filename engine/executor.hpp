@@ -1,0 +1,75 @@
+// The executor interface: the one boundary between the engine core (scheduler, block manager,
+// sampler) and the code that runs the model (cpu/, gpu/). The engine speaks only in token ids,
+// positions and physical KV block ids; executors own the KV memory those ids point into.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/model_config.hpp"
+
+namespace tessera {
+
+using token_id = int32_t;
+using block_id = int32_t;
+
+// Geometry of one KV block (every layer's K and V for `block_size` consecutive positions).
+struct kv_cache_spec {
+  int32_t block_size = 16;     // tokens per block
+  int32_t num_device_blocks = 0;  // blocks in the compute pool
+  int32_t num_host_blocks = 0;    // blocks in the host swap pool (0: no swap)
+};
+
+// One sequence's part of a step: `tokens` are new tokens at positions
+// [num_computed, num_computed + tokens.size()); K/V of earlier positions are already in the blocks of
+// `block_table`, which covers every position up to the end of `tokens`.
+struct sequence_slice {
+  uint64_t seq_id = 0;
+  std::vector<token_id> tokens;
+  int32_t num_computed = 0;
+  std::vector<block_id> block_table;
+  // Which logits to return: none, the last token's (sampling), or every token's (prompt logprobs, tests).
+  enum class logits_mode : uint8_t { none, last, all } logits = logits_mode::last;
+};
+
+struct block_copy {
+  block_id src = 0;
+  block_id dst = 0;
+};
+
+// Everything one executor step does, in order: swap-ins, swap-outs and copies (copy-on-write) are
+// applied before the forward pass of `seqs`.
+struct step_batch {
+  std::vector<block_copy> swap_in;   // host block src -> device block dst
+  std::vector<block_copy> swap_out;  // device block src -> host block dst
+  std::vector<block_copy> copies;    // device block src -> device block dst
+  std::vector<sequence_slice> seqs;
+};
+
+// Logits rows for the sequences that asked for them, in batch order: for seqs[i], rows
+// [first_row[i], first_row[i] + num_rows[i]) of `logits` ([total_rows, vocab], row-major).
+struct step_output {
+  int32_t vocab_size = 0;
+  std::vector<float> logits;
+  std::vector<int32_t> first_row;
+  std::vector<int32_t> num_rows;
+
+  std::span<const float> row(int32_t r) const {
+    return {logits.data() + static_cast<size_t>(r) * vocab_size, static_cast<size_t>(vocab_size)};
+  }
+};
+
+class executor {
+ public:
+  virtual ~executor() = default;
+  virtual const model_config& config() const = 0;
+  virtual const kv_cache_spec& kv_spec() const = 0;
+  // Bytes one KV block occupies (all layers, K and V), for sizing pools and reporting swap cost.
+  virtual int64_t kv_block_bytes() const = 0;
+  // Runs one step. pre: block ids in range; every block written this step is owned by one sequence.
+  virtual void execute(const step_batch& batch, step_output& out) = 0;
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+};
+
+}  // namespace tessera
