@@ -1,0 +1,161 @@
+// `tessera bench latency|throughput`: measurements printed as one JSON line, so that
+// bench/compare_*.py can run them side by side with peers (see docs/benchmarks.md).
+#include <boost/json.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "app/commands.hpp"
+#include "app/request_json.hpp"
+#include "engine/error.hpp"
+
+namespace tessera::app {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// A prompt of exactly `n` tokens: ordinary English text, tokenized and repeated as needed, with a
+// per-repeat marker so repeats do not share a prefix.
+std::vector<token_id> synthetic_prompt(const tokenizer& tok, int32_t n, int repeat) {
+  const std::string text =
+      "Repeat " + std::to_string(repeat) +
+      ". The history of paged memory begins with virtual memory systems in the 1960s, where programs saw a "
+      "contiguous address space while the operating system placed fixed-size pages wherever physical memory "
+      "was free. Serving engines for language models apply the same idea to the attention key-value cache. ";
+  std::vector<token_id> unit = tok.encode(text);
+  std::vector<token_id> out;
+  while (static_cast<int32_t>(out.size()) < n) out.insert(out.end(), unit.begin(), unit.end());
+  out.resize(n);
+  return out;
+}
+
+void print_json(const boost::json::object& o) { std::cout << boost::json::serialize(o) << std::endl; }
+
+}  // namespace
+
+void bench_command::add_to(CLI::App& app) {
+  cmd_ = app.add_subcommand("bench", "Measure the engine (JSON on stdout)");
+  cmd_->require_subcommand(1);
+  latency_ = cmd_->add_subcommand("latency", "Single stream: prompt tokens/s and decode tokens/s");
+  engine_.add_to(*latency_);
+  latency_->add_option("--prompt-tokens", prompt_tokens_, "Prompt length")->check(CLI::Range(1, 1 << 20));
+  latency_->add_option("--gen-tokens", gen_tokens_, "Tokens to generate")->check(CLI::Range(2, 1 << 20));
+  latency_->add_option("--repeats", repeats_, "Runs (the best is reported, all are listed)")->check(CLI::Range(1, 1000));
+
+  throughput_ = cmd_->add_subcommand("throughput", "Offline workload: all requests submitted at once");
+  engine_.add_to(*throughput_);
+  throughput_->add_option("--workload", workload_, "JSONL requests {\"id\",\"prompt\",\"max_tokens\"}")->required();
+  throughput_->add_option("--num-requests", num_requests_, "Use the first K requests (0: all)")->check(CLI::Range(0, 1 << 24));
+}
+
+int bench_command::run() { return latency_->parsed() ? run_latency() : run_throughput(); }
+
+int bench_command::run_latency() {
+  engine_.no_prefix_caching = true;  // every repeat must really prefill
+  engine_bundle b = make_engine(engine_);
+  sampling_params params;
+  params.temperature = 0;
+  params.ignore_eos = true;
+  params.max_tokens = gen_tokens_;
+  boost::json::array runs;
+  double best_prompt = 0, best_decode = 0;
+  for (int r = 0; r < repeats_; ++r) {
+    const auto start = clock_type::now();
+    b.engine->add_request(synthetic_prompt(*b.model.tok, prompt_tokens_, r), params);
+    clock_type::time_point first{}, last{};
+    int32_t generated = 0;
+    while (b.engine->has_unfinished()) {
+      for (const request_output& o : b.engine->step()) {
+        if (!o.error.empty()) throw std::runtime_error(o.error);
+        if (!o.token_ids.empty()) {
+          if (generated == 0) first = clock_type::now();
+          last = clock_type::now();
+          generated = o.num_generated_tokens;
+        }
+      }
+    }
+    const double prompt_tps = prompt_tokens_ / seconds_between(start, first);
+    const double decode_tps = (generated - 1) / seconds_between(first, last);
+    best_prompt = std::max(best_prompt, prompt_tps);
+    best_decode = std::max(best_decode, decode_tps);
+    runs.push_back(boost::json::object{{"prompt_tps", prompt_tps}, {"decode_tps", decode_tps}});
+  }
+  print_json({{"engine", "tessera"},
+              {"prompt_tokens", prompt_tokens_},
+              {"gen_tokens", gen_tokens_},
+              {"threads", engine_.threads},
+              {"prompt_tps", best_prompt},
+              {"decode_tps", best_decode},
+              {"runs", runs}});
+  return 0;
+}
+
+int bench_command::run_throughput() {
+  engine_bundle b = make_engine(engine_);
+  std::ifstream in(workload_);
+  if (!in) throw invalid_request("cannot open --workload " + workload_);
+  sampling_params defaults;
+  defaults.temperature = 0;
+  defaults.ignore_eos = true;
+
+  // Tokenize before the clock starts: the measurement is the engine's, as in vLLM's offline benchmark.
+  struct prepared {
+    std::vector<token_id> prompt;
+    sampling_params params;
+  };
+  std::vector<prepared> requests;
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(in, line) && (num_requests_ == 0 || static_cast<int>(requests.size()) < num_requests_)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    offline_request req = parse_offline_request(line, line_number, defaults);
+    std::vector<token_id> prompt = req.messages ? encode_prompt(*b.model.tok, render_messages(b, *req.messages), true)
+                                                : encode_prompt(*b.model.tok, *req.prompt, false);
+    requests.push_back({std::move(prompt), req.params});
+  }
+  if (requests.empty()) throw invalid_request("the workload has no requests");
+
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  double waste_sum = 0;
+  int64_t waste_samples = 0;
+  const auto start = clock_type::now();
+  for (auto& r : requests) {
+    prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    b.engine->add_request(std::move(r.prompt), r.params);
+  }
+  while (b.engine->has_unfinished()) {
+    for (const request_output& o : b.engine->step()) {
+      if (!o.error.empty()) throw std::runtime_error(o.error);
+      if (o.finished) output_tokens += o.num_generated_tokens;
+    }
+    waste_sum += b.engine->stats().kv_waste;
+    ++waste_samples;
+  }
+  const double secs = seconds_between(start, clock_type::now());
+  const engine_stats s = b.engine->stats();
+  print_json({{"engine", "tessera"},
+              {"requests", requests.size()},
+              {"threads", engine_.threads},
+              {"elapsed_s", secs},
+              {"requests_per_s", requests.size() / secs},
+              {"output_tps", output_tokens / secs},
+              {"total_tps", (prompt_tokens + output_tokens) / secs},
+              {"prompt_tokens", prompt_tokens},
+              {"output_tokens", output_tokens},
+              {"kv_waste", waste_samples ? waste_sum / waste_samples : 0.0},
+              {"preemptions_swap", s.num_preemptions_swap},
+              {"preemptions_recompute", s.num_preemptions_recompute},
+              {"preemptions", s.num_preemptions_swap + s.num_preemptions_recompute},
+              {"prefix_cached_tokens", s.num_cached_prompt_tokens},
+              {"steps", s.num_steps}});
+  return 0;
+}
+
+}  // namespace tessera::app

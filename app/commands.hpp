@@ -1,0 +1,79 @@
+// The subcommands of `tessera`, each a small type that registers its flags and runs.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "app/engine_flags.hpp"
+#include "engine/sampling_params.hpp"
+
+namespace tessera::app {
+
+// Sampling flags shared by generate and bench.
+struct sampling_flags {
+  int max_tokens = 256;
+  float temperature = 0.8f;
+  float top_p = 1.0f;
+  int top_k = -1;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+
+  void add_to(CLI::App& cmd);
+  sampling_params to_params() const;
+};
+
+class generate_command {
+ public:
+  void add_to(CLI::App& app);
+  bool selected() const { return cmd_ && cmd_->parsed(); }
+  int run();
+
+ private:
+  int run_single();
+  int run_batch();
+
+  CLI::App* cmd_ = nullptr;
+  engine_flags engine_;
+  sampling_flags sampling_;
+  std::string prompt_;
+  std::string system_;
+  bool chat_ = false;
+  std::string input_;
+  std::string output_;
+};
+
+class bench_command {
+ public:
+  void add_to(CLI::App& app);
+  bool selected() const { return cmd_ && cmd_->parsed(); }
+  int run();
+
+ private:
+  int run_latency();
+  int run_throughput();
+
+  CLI::App* cmd_ = nullptr;
+  CLI::App* latency_ = nullptr;
+  CLI::App* throughput_ = nullptr;
+  engine_flags engine_;
+  int prompt_tokens_ = 512;
+  int gen_tokens_ = 128;
+  int repeats_ = 1;
+  std::string workload_;
+  int num_requests_ = 0;  // 0: all
+};
+
+class inspect_command {
+ public:
+  void add_to(CLI::App& app);
+  bool selected() const { return cmd_ && cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  std::string model_;
+  bool tensors_ = false;
+};
+
+}  // namespace tessera::app

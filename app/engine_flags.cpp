@@ -1,0 +1,147 @@
+#include "app/engine_flags.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "cpu/cpu_executor.hpp"
+#include "engine/error.hpp"
+#include "engine/gguf.hpp"
+
+namespace tessera::app {
+
+namespace {
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+preemption_mode parse_preemption(const std::string& text) {
+  if (text == "swap") return preemption_mode::swap;
+  if (text == "recompute") return preemption_mode::recompute;
+  if (text == "auto") return preemption_mode::automatic;
+  throw invalid_request("--preemption-mode must be swap, recompute or auto (got '" + text + "')");
+}
+
+// Reads every page of the weights once so the first request does not pay for page faults, drawing a
+// progress bar on a terminal: on a cold cache this is the part of loading that takes time.
+void fault_in_weights(const model_weights& w, bool show) {
+  std::vector<const weight_tensor*> all = {&w.token_embedding, &w.output_norm};
+  if (!w.config.tied_embeddings) all.push_back(&w.output);
+  for (const auto& l : w.layers) {
+    for (const weight_tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+      all.push_back(t);
+  }
+  int64_t total = 0;
+  for (const auto* t : all) total += t->rows * t->row_stride_bytes;
+  int64_t done = 0;
+  int last_percent = -1;
+  volatile unsigned char sink = 0;
+  for (const auto* t : all) {
+    const int64_t bytes = t->rows * t->row_stride_bytes;
+    const auto* p = reinterpret_cast<const unsigned char*>(t->data);
+    for (int64_t off = 0; off < bytes; off += 4096) sink = sink + p[off];
+    done += bytes;
+    const int percent = total ? static_cast<int>(100 * done / total) : 100;
+    if (show && percent != last_percent) {
+      last_percent = percent;
+      const int filled = percent * 40 / 100;
+      std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%%", filled, "########################################",
+                   40 - filled, "", percent);
+    }
+  }
+  if (show) std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
+void engine_flags::add_to(CLI::App& cmd) {
+  cmd.add_option("-m,--model", model, "Model: a .gguf file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd.add_option("-t,--threads", threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd.add_option("--block-size", block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
+  cmd.add_option("--kv-cache-memory", kv_cache_memory_gib, "KV cache size in GiB")->check(CLI::Range(0.0, 4096.0));
+  cmd.add_option("--num-kv-blocks", num_kv_blocks, "KV blocks in the pool (overrides --kv-cache-memory)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("--swap-space", swap_space_gib, "Host swap pool in GiB (0: preempt by recompute only)")
+      ->check(CLI::Range(0.0, 4096.0));
+  cmd.add_option("--max-num-seqs", max_num_seqs, "Sequences per step at most")->check(CLI::Range(1, 65536));
+  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "Tokens per step at most (chunked prefill)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--max-model-len", max_model_len, "Longest sequence (0: the model's context length)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("--preemption-mode", preemption_mode, "swap | recompute | auto")
+      ->check(CLI::IsMember({"swap", "recompute", "auto"}));
+  cmd.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
+}
+
+engine_bundle make_engine(const engine_flags& flags) {
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_bundle b;
+  b.model = load_model(flags.model.empty() ? default_model_path() : std::filesystem::path(flags.model));
+  const bool tty = !flags.quiet && isatty(STDERR_FILENO);
+  fault_in_weights(*b.model.weights, tty);
+  if (!flags.quiet) {
+    for (const auto& w : b.model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
+
+  const model_config& config = b.model.weights->config;
+  cpu_executor_options exec_options;
+  exec_options.num_threads = flags.threads;
+  exec_options.kv.block_size = flags.block_size;
+  exec_options.kv.num_device_blocks =
+      flags.num_kv_blocks > 0
+          ? flags.num_kv_blocks
+          : kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib));
+  exec_options.kv.num_host_blocks =
+      kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib));
+  if (exec_options.kv.num_device_blocks < 1) throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
+  b.exec = make_cpu_executor(b.model.weights, exec_options);
+
+  engine_options options;
+  options.block_size = flags.block_size;
+  options.max_num_seqs = flags.max_num_seqs;
+  options.max_num_batched_tokens = flags.max_num_batched_tokens;
+  options.max_model_len = flags.max_model_len;
+  options.preemption = parse_preemption(flags.preemption_mode);
+  options.enable_prefix_caching = !flags.no_prefix_caching;
+  b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, options);
+
+  std::string warning;
+  b.chat = chat_template::from_model_or_fallback(b.model.chat_template, &warning);
+  if (!warning.empty() && !flags.quiet) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+
+  if (!flags.quiet) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "loaded %s: %d layers, hidden %d, vocab %d; KV pool %d blocks x %d tokens (%.0f MiB), swap %d blocks; %.2f s\n",
+                 b.model.path.filename().c_str(), config.num_layers, config.hidden_size, config.vocab_size,
+                 exec_options.kv.num_device_blocks, flags.block_size,
+                 double(b.exec->kv_block_bytes()) * exec_options.kv.num_device_blocks / (1024.0 * 1024.0),
+                 exec_options.kv.num_host_blocks, secs);
+  }
+  return b;
+}
+
+std::string render_chat(const engine_bundle& b, const std::string& user, const std::string& system) {
+  std::vector<chat_message> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  return render_messages(b, messages);
+}
+
+std::string render_messages(const engine_bundle& b, const std::vector<chat_message>& messages) {
+  render_options options;
+  const tokenizer& tok = *b.model.tok;
+  if (auto bos = tok.bos()) options.bos_token = tok.token_text(*bos);
+  if (auto eos = tok.eos()) options.eos_token = tok.token_text(*eos);
+  return b.chat.render(messages, options);
+}
+
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template) {
+  encode_options options;
+  options.parse_special = from_chat_template;
+  options.add_special = tok.add_bos();
+  if (from_chat_template && tok.bos() && text.starts_with(tok.token_text(*tok.bos()))) options.add_special = false;
+  return tok.encode(text, options);
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,54 @@
+// Command-line flags shared by every subcommand that runs the engine (generate, bench, later serve),
+// and the code that turns them into a ready engine: model, executor, KV pools.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/chat_template.hpp"
+#include "engine/executor.hpp"
+#include "engine/llm_engine.hpp"
+#include "engine/model_loader.hpp"
+
+namespace tessera::app {
+
+struct engine_flags {
+  std::string model;                 // empty: default_model_path()
+  int threads = 0;                   // 0: all cores
+  int block_size = 16;
+  double kv_cache_memory_gib = 1.0;  // device KV pool size
+  int num_kv_blocks = 0;             // overrides kv_cache_memory_gib when > 0
+  double swap_space_gib = 1.0;       // host swap pool
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;             // 0: the model's context length
+  std::string preemption_mode = "auto";
+  bool no_prefix_caching = false;
+  bool quiet = false;                // no progress/stats on stderr
+
+  void add_to(CLI::App& cmd);
+};
+
+// Everything a subcommand needs to run requests.
+struct engine_bundle {
+  loaded_model model;
+  std::unique_ptr<executor> exec;
+  std::unique_ptr<llm_engine> engine;
+  chat_template chat = chat_template::fallback_chatml();
+};
+
+// Loads the model (progress on a TTY), builds the CPU executor and the engine. Throws load_error /
+// invalid_request with a message fit for the user.
+engine_bundle make_engine(const engine_flags& flags);
+
+// Renders one user turn (and an optional system prompt) with the model's chat template.
+std::string render_chat(const engine_bundle& bundle, const std::string& user, const std::string& system);
+// Prompt text -> ids. Chat-rendered text holds the template's special tokens, so those are parsed;
+// BOS is added when the vocabulary asks for it and the template did not already write it.
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template);
+// Renders a conversation with the model's chat template (BOS/EOS texts from the vocabulary).
+std::string render_messages(const engine_bundle& bundle, const std::vector<chat_message>& messages);
+
+}  // namespace tessera::app

@@ -1,0 +1,52 @@
+#include "engine/model_loader.hpp"
+
+#include <cstdlib>
+
+#include "engine/error.hpp"
+#include "engine/gguf.hpp"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+loaded_model load_gguf(const fs::path& path) {
+  auto file = gguf_file::open(path);
+  loaded_model model;
+  model.path = path;
+  model.weights = load_gguf_weights(file);
+  model.tok = tokenizer::from_gguf(*file);
+  model.chat_template = file->get_string("tokenizer.chat_template");
+  for (const auto& w : model.tok->warnings()) model.warnings.push_back(w);
+  if (static_cast<int64_t>(model.tok->vocab_size()) != model.weights->config.vocab_size) {
+    throw load_error(path.string() + ": tokenizer has " + std::to_string(model.tok->vocab_size()) +
+                     " tokens but the model's vocabulary is " + std::to_string(model.weights->config.vocab_size));
+  }
+  return model;
+}
+
+}  // namespace
+
+loaded_model load_model(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw load_error(path.string() + ": no such file or directory (run scripts/setup to fetch the default model)");
+  }
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(path / "config.json", ec)) {
+      throw load_error(path.string() +
+                       ": Hugging Face directories (config.json + *.safetensors) are not supported yet; "
+                       "convert the model to GGUF or pass a .gguf file");
+    }
+    throw load_error(path.string() + ": a directory without config.json; pass a .gguf file");
+  }
+  return load_gguf(path);
+}
+
+fs::path default_model_path() {
+  if (const char* env = std::getenv("TESSERA_MODEL"); env && *env) return env;
+  return fs::path("models") / "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// One entry point that turns a model path into everything the engine needs: weights, tokenizer and
+// chat template. Today: GGUF files. (Hugging Face directories — config.json, *.safetensors,
+// tokenizer.json — are recognised and refused with a clear message until their loader lands.)
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/model_weights.hpp"
+#include "engine/tokenizer.hpp"
+
+namespace tessera {
+
+struct loaded_model {
+  std::filesystem::path path;
+  std::shared_ptr<const model_weights> weights;
+  std::shared_ptr<const tokenizer> tok;
+  std::optional<std::string> chat_template;  // the model's Jinja source, if it has one
+  std::vector<std::string> warnings;         // non-fatal problems worth logging
+};
+
+// Throws load_error naming the file and the problem.
+loaded_model load_model(const std::filesystem::path& path);
+
+// The default model fetched by scripts/setup, relative to the repository / working directory.
+std::filesystem::path default_model_path();
+
+}  // namespace tessera
