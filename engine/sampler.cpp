@@ -1,0 +1,429 @@
+#include "engine/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+namespace tessera {
+namespace {
+
+constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+constexpr float max_float = std::numeric_limits<float>::max();
+
+// SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number generators", OOPSLA 2014):
+// the n-th output of a stream with state s is mix64(s + n * golden_gamma). Used here as a
+// counter-based generator, so any output position can be drawn without drawing the ones before.
+constexpr uint64_t golden_gamma = 0x9E3779B97F4A7C15ull;
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t random_seed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
+}
+
+// NaN (a broken executor row) must not reach the comparisons below, whose sort algorithms need a
+// strict weak order; +inf would turn the softmax into NaN. Adding +0 turns -0 into +0, so equal
+// values also have equal bit patterns (order_key buckets).
+float sanitize(float x) {
+  const float not_nan = x == x ? x : neg_inf;
+  return std::min(not_nan, max_float) + 0.0f;
+}
+
+struct candidate {
+  float score;  // a logit, later an unnormalized probability (monotone in the logit)
+  token_id id;
+};
+
+// Total order: higher score first, lower id first on ties. Makes every selection reproducible.
+bool ranks_before(const candidate& a, const candidate& b) {
+  return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+// Lowest id among the maxima, ignoring NaN; 0 when nothing is above -inf.
+token_id argmax(std::span<const float> logits) {
+  token_id best = 0;
+  float best_value = neg_inf;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (v > best_value) {
+      best_value = v;
+      best = static_cast<token_id>(i);
+    }
+  }
+  return best;
+}
+
+// The `count` best-ranked finite entries of `logits`, in no particular order, via a bounded heap:
+// after the first few, most entries are rejected by one comparison, so small top-k costs one pass.
+void select_top(std::span<const float> logits, size_t count, std::vector<candidate>& out) {
+  out.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const candidate c{logits[i], static_cast<token_id>(i)};
+    if (!(c.score > neg_inf)) continue;  // also skips NaN
+    if (out.size() < count) {
+      out.push_back(c);
+      std::push_heap(out.begin(), out.end(), ranks_before);  // front: the worst kept
+    } else if (ranks_before(c, out.front())) {
+      std::pop_heap(out.begin(), out.end(), ranks_before);
+      out.back() = c;
+      std::push_heap(out.begin(), out.end(), ranks_before);
+    }
+  }
+}
+
+// Maps a float to an unsigned key with the same order (IEEE 754 totalOrder for non-NaN values).
+uint32_t order_key(float x) {
+  uint32_t bits = 0;
+  static_assert(sizeof bits == sizeof x);
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+// The `count` best-ranked finite entries of `logits` for large counts, by one round of radix
+// selection: a histogram over the top 12 bits of order_key finds the bucket holding the count-th
+// best; entries above it are taken as they come and only that bucket goes through nth_element.
+void select_top_radix(std::span<const float> logits, size_t count, std::vector<candidate>& out) {
+  constexpr int shift = 20;
+  constexpr size_t num_buckets = size_t{1} << (32 - shift);
+  thread_local std::vector<uint32_t> tls_histogram;
+  std::vector<uint32_t>& histogram = tls_histogram;
+  histogram.assign(num_buckets, 0);
+  for (float x : logits) {
+    if (x > neg_inf) ++histogram[order_key(x) >> shift];
+  }
+  size_t above = 0;
+  size_t boundary = 0;
+  for (size_t b = num_buckets; b-- > 0;) {
+    if (above + histogram[b] >= count) {
+      boundary = b;
+      break;
+    }
+    above += histogram[b];
+  }
+  out.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > neg_inf && (order_key(logits[i]) >> shift) > boundary) {
+      out.push_back({logits[i], static_cast<token_id>(i)});
+    }
+  }
+  const size_t sure = out.size();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > neg_inf && (order_key(logits[i]) >> shift) == boundary) {
+      out.push_back({logits[i], static_cast<token_id>(i)});
+    }
+  }
+  if (out.size() > count) {
+    std::nth_element(out.begin() + static_cast<ptrdiff_t>(sure),
+                     out.begin() + static_cast<ptrdiff_t>(count), out.end(), ranks_before);
+    out.resize(count);
+  }
+}
+
+// Top-p needs the weights in rank order only near the cut. For non-negative floats the bit pattern
+// orders like the value, so its top bits name buckets that are ordered by weight: 16 per octave
+// (weights within ~4.4% of each other share one), 2033 for the range (0, 1] of the weights.
+constexpr int weight_bucket_shift = 19;
+constexpr size_t num_weight_buckets = (0x3F800000u >> weight_bucket_shift) + 1;  // 1.0f's bucket + 1
+
+size_t weight_bucket(float w) {
+  uint32_t bits = 0;
+  static_assert(sizeof bits == sizeof w);
+  std::memcpy(&bits, &w, sizeof bits);
+  return std::min<size_t>(bits >> weight_bucket_shift, num_weight_buckets - 1);
+}
+
+// Keeps the smallest set of most likely candidates whose mass reaches top_p of the total: a
+// candidate stays when the mass of the candidates ranked above it is below top_p (vLLM's rule,
+// which always keeps the top one). `bucket_mass` is the weights' mass per weight_bucket.
+//
+// Candidates in buckets above the one where the cumulative mass (from the top) first reaches the
+// target are all kept and those below it all dropped, without sorting; only the boundary bucket is
+// resolved exactly, by bisecting on rank with nth_element (expected linear in its size). Leaves the
+// kept candidates first, in a deterministic order.
+void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucket_mass,
+                 double target) {
+  double above = 0.0;  // mass of the buckets above `boundary`
+  size_t boundary = num_weight_buckets;
+  for (size_t b = num_weight_buckets; b-- > 0;) {
+    if (above + bucket_mass[b] >= target) {
+      boundary = b;
+      break;
+    }
+    above += bucket_mass[b];
+  }
+  if (boundary == num_weight_buckets) return;  // rounding: the whole mass is just short: keep all
+
+  const auto sure_end = std::partition(cands.begin(), cands.end(), [boundary](const candidate& c) {
+    return weight_bucket(c.score) > boundary;
+  });
+  const auto boundary_end = std::partition(sure_end, cands.end(), [boundary](const candidate& c) {
+    return weight_bucket(c.score) == boundary;
+  });
+  cands.erase(boundary_end, cands.end());
+
+  double remaining = target - above;  // target minus the mass ranked above position lo
+  size_t lo = static_cast<size_t>(sure_end - cands.begin());
+  size_t hi = cands.size();  // invariant: the mass ranked above hi reaches the target
+  constexpr size_t small_range = 64;
+  while (hi - lo > small_range) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(cands.begin() + static_cast<ptrdiff_t>(lo),
+                     cands.begin() + static_cast<ptrdiff_t>(mid),
+                     cands.begin() + static_cast<ptrdiff_t>(hi), ranks_before);
+    double mass = 0.0;
+    for (size_t j = lo; j < mid; ++j) mass += cands[j].score;
+    if (mass >= remaining) {
+      hi = mid;
+    } else {
+      remaining -= mass;
+      lo = mid;
+    }
+  }
+  std::sort(cands.begin() + static_cast<ptrdiff_t>(lo), cands.begin() + static_cast<ptrdiff_t>(hi),
+            ranks_before);
+  double within = 0.0;
+  for (size_t j = lo; j < hi; ++j) {
+    if (within >= remaining) {
+      cands.resize(j);
+      return;
+    }
+    within += cands[j].score;
+  }
+  cands.resize(hi);
+}
+
+// Inverse-CDF sampling with one uniform draw over the candidates in their current (deterministic)
+// order. Returns -1 when no candidate has positive mass.
+token_id pick(const std::vector<candidate>& cands, double uniform) {
+  double total = 0.0;
+  for (const candidate& c : cands) total += c.score;
+  if (!(total > 0.0)) return -1;
+  const double target = uniform * total;
+  double cumulative = 0.0;
+  token_id last_positive = -1;
+  for (const candidate& c : cands) {
+    if (c.score <= 0.0f) continue;
+    cumulative += c.score;
+    last_positive = c.id;
+    if (target < cumulative) return c.id;
+  }
+  return last_positive;  // rounding left target at the very end of the CDF
+}
+
+// pick() over weights indexed by token id.
+token_id pick_weights(std::span<const float> weights, double uniform) {
+  double total = 0.0;
+  for (float w : weights) total += w;
+  if (!(total > 0.0)) return -1;
+  const double target = uniform * total;
+  double cumulative = 0.0;
+  token_id last_positive = -1;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    cumulative += weights[i];
+    last_positive = static_cast<token_id>(i);
+    if (target < cumulative) return last_positive;
+  }
+  return last_positive;
+}
+
+// Sampling without top-k/top-p (min-p at most): weights in place, in id order, no candidate list.
+token_id sample_whole_vocabulary(std::span<float> work, float min_p, double uniform) {
+  float max_logit = neg_inf;
+  for (float l : work) max_logit = l > max_logit ? l : max_logit;
+  if (max_logit == neg_inf) return -1;
+  for (float& l : work) {
+    const float w = std::exp(l - max_logit);  // -inf: 0; the top token: exactly 1
+    l = w >= min_p ? w : 0.0f;                // min-p (p / p_max == w); NaN: 0
+  }
+  return pick_weights(work, uniform);
+}
+
+// Top-k, then top-p on the top-k distribution, then min-p; `work` holds processed logits.
+token_id sample_truncated(std::span<const float> work, const sampling_params& params,
+                          double uniform) {
+  thread_local std::vector<candidate> tls_cands;
+  std::vector<candidate>& cands = tls_cands;
+  const size_t vocab = work.size();
+  const auto top_k = static_cast<size_t>(std::max(params.top_k, 0));
+  if (top_k > 0 && top_k <= 256) {
+    select_top(work, top_k, cands);
+  } else if (top_k > 0 && top_k < vocab) {
+    select_top_radix(work, top_k, cands);
+  } else {
+    cands.clear();
+    for (size_t i = 0; i < vocab; ++i) {
+      if (work[i] > neg_inf) cands.push_back({work[i], static_cast<token_id>(i)});
+    }
+  }
+  if (cands.empty()) return -1;
+
+  float max_logit = neg_inf;
+  for (const candidate& c : cands) max_logit = std::max(max_logit, c.score);
+  const bool nucleus = params.top_p < 1.0f;
+  thread_local std::vector<double> tls_bucket_mass;
+  std::vector<double>& bucket_mass = tls_bucket_mass;
+  if (nucleus) bucket_mass.assign(num_weight_buckets, 0.0);
+  double total = 0.0;
+  for (candidate& c : cands) {
+    c.score = std::exp(c.score - max_logit);  // the top candidate's weight is exactly 1
+    total += c.score;
+    if (nucleus) bucket_mass[weight_bucket(c.score)] += c.score;
+  }
+  if (nucleus) apply_top_p(cands, bucket_mass, static_cast<double>(params.top_p) * total);
+  if (params.min_p > 0.0f) {
+    // p_i < min_p * p_max  <=>  w_i < min_p, since the most likely token has weight 1 and survives
+    // top-k and top-p.
+    std::erase_if(cands, [&](const candidate& c) { return c.score < params.min_p; });
+  }
+  return pick(cands, uniform);
+}
+
+}  // namespace
+
+uint64_t sampler::derive_stream_key(uint64_t seed, uint64_t fork_index) {
+  // mix64 is a bijection and (fork_index + 1) * gamma differs per fork (gamma is odd), so the forks
+  // of one seed always get distinct keys.
+  return mix64(mix64(seed) + (fork_index + 1) * golden_gamma);
+}
+
+double sampler::uniform_draw(uint64_t key, uint64_t position) {
+  const uint64_t bits = mix64(key + (position + 1) * golden_gamma);
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 random bits: uniform in [0, 1)
+}
+
+sampler::sampler(const sampling_params& params, uint64_t fork_index,
+                 std::span<const token_id> prompt, std::span<const token_id> eos_token_ids)
+    : params_(params),
+      stream_key_(derive_stream_key(params.seed ? *params.seed : random_seed(), fork_index)) {
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_unique_.assign(prompt.begin(), prompt.end());
+    std::sort(prompt_unique_.begin(), prompt_unique_.end());
+    prompt_unique_.erase(std::unique(prompt_unique_.begin(), prompt_unique_.end()),
+                         prompt_unique_.end());
+  }
+  if (params_.min_tokens > 0) {
+    min_tokens_mask_ = params_.stop_token_ids;
+    if (!params_.ignore_eos) {
+      min_tokens_mask_.insert(min_tokens_mask_.end(), eos_token_ids.begin(), eos_token_ids.end());
+    }
+  }
+}
+
+void sampler::process_logits(std::span<float> logits) const {
+  const auto vocab = static_cast<token_id>(logits.size());
+  const auto in_vocab = [vocab](token_id t) { return t >= 0 && t < vocab; };
+
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (in_vocab(token)) logits[static_cast<size_t>(token)] += bias;
+  }
+
+  if (num_generated_ < params_.min_tokens) {
+    for (token_id token : min_tokens_mask_) {
+      if (in_vocab(token)) logits[static_cast<size_t>(token)] = neg_inf;
+    }
+  }
+
+  // Repetition penalty (Keskar et al. 2019, CTRL, eq. in sec. 4.1 as implemented by HF/vLLM): once
+  // per distinct token seen in the prompt or the output.
+  const float rep = params_.repetition_penalty;
+  if (rep != 1.0f) {
+    const auto penalize = [&](token_id token) {
+      if (!in_vocab(token)) return;
+      float& l = logits[static_cast<size_t>(token)];
+      l = l > 0.0f ? std::min(l / rep, max_float) : l * rep;  // +inf would poison the softmax
+    };
+    for (token_id token : prompt_unique_) penalize(token);
+    for (const auto& entry : output_counts_) {
+      if (!std::binary_search(prompt_unique_.begin(), prompt_unique_.end(), entry.first)) {
+        penalize(entry.first);
+      }
+    }
+  }
+
+  // OpenAI presence/frequency penalties, over generated tokens only.
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [token, count] : output_counts_) {
+      if (!in_vocab(token)) continue;
+      logits[static_cast<size_t>(token)] -=
+          params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+    }
+  }
+
+  if (!params_.greedy() && params_.temperature != 1.0f) {
+    for (float& l : logits) l = std::min(l / params_.temperature, max_float);
+  }
+}
+
+sample_result sampler::sample(std::span<const float> logits) {
+  if (logits.empty()) throw std::invalid_argument("sampler::sample: empty logits row");
+  const size_t vocab = logits.size();
+
+  thread_local std::vector<float> tls_work;  // a vocabulary-sized scratch row per thread
+  std::vector<float>& work = tls_work;
+  work.resize(vocab);
+  for (size_t i = 0; i < vocab; ++i) work[i] = sanitize(logits[i]);
+
+  // Reported logprobs come from the raw distribution, so take them before any processing.
+  sample_result result;
+  double log_normalizer = 0.0;
+  if (params_.logprobs >= 0) {
+    float max_raw = neg_inf;
+    for (float v : work) max_raw = std::max(max_raw, v);
+    double sum = 0.0;
+    for (float v : work) sum += std::exp(v - max_raw);
+    log_normalizer = max_raw + std::log(sum);
+    if (params_.logprobs > 0) {
+      std::vector<candidate> top;
+      select_top(work, static_cast<size_t>(params_.logprobs), top);
+      std::sort(top.begin(), top.end(), ranks_before);
+      result.top_logprobs.reserve(top.size());
+      for (const candidate& c : top) {
+        result.top_logprobs.emplace_back(c.id, static_cast<float>(c.score - log_normalizer));
+      }
+    }
+  }
+
+  process_logits(work);
+
+  if (params_.greedy()) {
+    result.token = argmax(work);
+    if (!(work[static_cast<size_t>(result.token)] > neg_inf)) result.token = -1;
+  } else {
+    const double uniform = uniform_draw(stream_key_, static_cast<uint64_t>(num_generated_));
+    const bool truncating = (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) ||
+                            params_.top_p < 1.0f;
+    result.token = truncating ? sample_truncated(work, params_, uniform)
+                              : sample_whole_vocabulary(work, params_.min_p, uniform);
+  }
+  // Everything was masked (e.g. min_tokens over a vocabulary of stop tokens): fall back to the raw
+  // argmax rather than fail the request.
+  if (result.token < 0) {
+    for (size_t i = 0; i < vocab; ++i) work[i] = sanitize(logits[i]);
+    result.token = argmax(work);
+  }
+  if (params_.logprobs >= 0) {
+    result.logprob =
+        static_cast<float>(sanitize(logits[static_cast<size_t>(result.token)]) - log_normalizer);
+  }
+
+  record(result.token);
+  return result;
+}
+
+void sampler::append_external_token(token_id token) { record(token); }
+
+void sampler::record(token_id token) {
+  ++num_generated_;
+  ++output_counts_[token];
+}
+
+}  // namespace tessera
