@@ -26,6 +26,7 @@ enum class gguf_value_type : uint32_t {
 
 // One metadata value. Scalars use one of i/u/f/b/s; arrays keep their elements in the typed vector
 // matching elem_type (integers of any width in `ints`, floats in `floats`, ...), nested arrays in `arrays`.
+// Bool arrays are kept as 0/1 in `ints`; u64 array elements above INT64_MAX are refused at load.
 struct gguf_value {
   gguf_value_type type = gguf_value_type::u8;
   gguf_value_type elem_type = gguf_value_type::u8;  // arrays only
