@@ -1,0 +1,146 @@
+// Paged KV-cache bookkeeping (PagedAttention, Kwon et al., SOSP'23): the device pool is cut into
+// fixed-size blocks of `block_size` token slots; every sequence owns a block table mapping its
+// logical blocks to physical ones. The block manager only does bookkeeping — the executor owns the
+// memory and applies the swap/copy lists this class emits.
+//
+//  * Reference counts: fork() shares every block of a sequence (parallel sampling, n > 1); the
+//    first write into a shared block copies it first (copy-on-write, a block_copy in the step plan).
+//  * Automatic prefix caching: a full, computed block is indexed by a hash chain
+//    h_i = XXH3_64(tokens of block i, seed = h_{i-1}), so equal hashes mean equal whole prefixes.
+//    A new sequence reuses the blocks of its longest cached prefix. Blocks whose reference count
+//    drops to 0 stay indexed ("cached free") and are evicted least-recently-freed first, only when
+//    the plain free list is empty.
+//  * Host swap pool: swap_out() moves a sequence's blocks to host blocks, swap_in() back.
+//
+// Every mutating call either succeeds completely or returns false with nothing changed.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/executor.hpp"
+#include "engine/sequence.hpp"
+#include "engine/step_record.hpp"
+
+namespace tessera {
+
+struct block_manager_options {
+  int32_t block_size = 16;
+  int32_t num_device_blocks = 0;
+  int32_t num_host_blocks = 0;
+  bool enable_prefix_caching = true;
+};
+
+class block_manager {
+ public:
+  // Throws invalid_request when the sizes are not positive (host blocks may be 0).
+  explicit block_manager(const block_manager_options& options);
+
+  int32_t block_size() const { return block_size_; }
+  int32_t num_device_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t num_host_blocks() const { return num_host_blocks_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  int32_t blocks_for(int32_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+
+  // Free device blocks, including cached-free ones (which an allocation may evict).
+  int32_t num_free_blocks() const;
+  int32_t num_cached_free_blocks() const { return static_cast<int32_t>(lru_.size()); }
+  int32_t num_free_host_blocks() const { return static_cast<int32_t>(free_host_.size()); }
+  pool_usage device_usage() const;
+  pool_usage host_usage() const;
+
+  // ---- per sequence ----------------------------------------------------------------------------
+  bool has(seq_id seq) const { return seqs_.count(seq) != 0; }
+  bool is_swapped(seq_id seq) const;
+  // Device block table (empty for an unknown or swapped sequence).
+  const std::vector<block_id>& block_table(seq_id seq) const;
+  int32_t num_blocks(seq_id seq) const;       // device blocks
+  int32_t num_host_blocks_of(seq_id seq) const;
+
+  // Tokens of the longest prefix of `tokens` held by cached full blocks, a multiple of block_size,
+  // capped at tokens.size() - 1 so at least one token is computed (its logits are needed).
+  // Read-only; 0 when prefix caching is off.
+  int32_t cached_prefix_tokens(std::span<const token_id> tokens) const;
+
+  // Ensures `seq` has device slots for positions [0, num_computed + num_new).
+  // A sequence without blocks starts with `num_computed` tokens from the prefix cache (0, or exactly
+  // what cached_prefix_tokens(tokens) returned): those blocks are shared, not recomputed.
+  // If the block receiving position num_computed is shared, it is first copied to a fresh block
+  // (appended to `copies`). Fails, changing nothing, if that needs more than
+  // num_free_blocks() - reserve_blocks blocks.
+  bool allocate_slots(seq_id seq, std::span<const token_id> tokens, int32_t num_computed, int32_t num_new,
+                      int32_t reserve_blocks, std::vector<block_copy>& copies);
+
+  // Device blocks allocate_slots would take from the free pool (cache revivals included).
+  int32_t blocks_needed(seq_id seq, std::span<const token_id> tokens, int32_t num_computed, int32_t num_new) const;
+
+  // The first `num_computed` of `tokens` now have K/V: full blocks enter the prefix cache.
+  // Call only after the executor step that computed them succeeded.
+  void commit_computed(seq_id seq, std::span<const token_id> tokens, int32_t num_computed);
+
+  // `child` shares every block of `parent` (reference counts + 1). pre: child has no blocks.
+  void fork(seq_id parent, seq_id child);
+
+  // Releases every device and host block of `seq` (no-op for an unknown sequence).
+  void free(seq_id seq);
+
+  // Moves `seq`'s device blocks to the host pool (device -> host pairs appended to `swap_out`).
+  // Fails, changing nothing, if the host pool has too few free blocks.
+  bool swap_out(seq_id seq, std::vector<block_copy>& swap_out);
+  // Moves them back (host -> device pairs appended to `swap_in`); fails, changing nothing, if the
+  // device pool has fewer than blocks + reserve_blocks free.
+  bool swap_in(seq_id seq, int32_t reserve_blocks, std::vector<block_copy>& swap_in);
+
+  // ---- observability -----------------------------------------------------------------------------
+  std::vector<block_info> snapshot() const;  // one entry per device block; O(blocks)
+  // Allocated device slots and the slots holding computed tokens (shared blocks counted once).
+  struct slot_usage {
+    int64_t num_allocated = 0;
+    int64_t num_filled = 0;
+    double waste() const { return num_allocated == 0 ? 0.0 : 1.0 - double(num_filled) / double(num_allocated); }
+  };
+  slot_usage slots() const;
+  // Empty when every structural invariant holds, else a description of the first violation.
+  std::string check_invariants() const;
+
+ private:
+  struct block_meta {
+    int32_t ref_count = 0;
+    bool cached = false;                     // indexed in hash_to_block_
+    uint64_t hash = 0;
+    std::vector<token_id> tokens;            // the block's tokens while cached (collision check)
+    std::list<block_id>::iterator lru_pos{};  // valid while cached and ref_count == 0
+  };
+  struct seq_state {
+    std::vector<block_id> device;
+    std::vector<block_id> host;       // non-empty only while swapped out
+    std::vector<uint64_t> hashes;     // hash chain of its first hashes.size() full blocks
+    int32_t num_computed = 0;
+    bool swapped = false;
+  };
+
+  uint64_t block_hash(uint64_t parent, std::span<const token_id> block_tokens) const;
+  // Cached block holding exactly these tokens after `parent`, or -1.
+  block_id lookup(uint64_t hash, std::span<const token_id> block_tokens) const;
+  // Number of leading full blocks of `tokens` that are cached (capped as in cached_prefix_tokens).
+  int32_t cached_prefix_blocks(std::span<const token_id> tokens, std::vector<block_id>* out,
+                               std::vector<uint64_t>* hashes) const;
+  block_id take_free_block();  // pre: num_free_blocks() > 0
+  void release(block_id b);    // reference count - 1; to a free list at 0
+  void uncache(block_id b);
+
+  int32_t block_size_;
+  int32_t num_host_blocks_;
+  bool prefix_caching_;
+  std::vector<block_meta> blocks_;
+  std::vector<block_id> free_;        // plain free blocks (no cached content), used as a stack
+  std::list<block_id> lru_;           // cached free blocks, least recently freed first
+  std::unordered_map<uint64_t, block_id> hash_to_block_;
+  std::vector<block_id> free_host_;
+  std::unordered_map<seq_id, seq_state> seqs_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,305 @@
+#include "engine/llm_engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "engine/error.hpp"
+
+namespace tessera {
+
+namespace {
+
+double seconds_since(engine_clock::time_point t0) {
+  return std::chrono::duration<double>(engine_clock::now() - t0).count();
+}
+
+scheduler_options make_scheduler_options(const executor& exec, const engine_options& o) {
+  const kv_cache_spec& spec = exec.kv_spec();
+  if (o.block_size != spec.block_size)
+    throw invalid_request("engine block_size " + std::to_string(o.block_size) + " differs from the executor's KV block size " +
+                          std::to_string(spec.block_size));
+  if (o.num_kv_blocks < 0 || o.num_kv_blocks > spec.num_device_blocks)
+    throw invalid_request("num_kv_blocks " + std::to_string(o.num_kv_blocks) + " exceeds the executor's " +
+                          std::to_string(spec.num_device_blocks) + " device blocks");
+  if (o.num_host_blocks > spec.num_host_blocks)
+    throw invalid_request("num_host_blocks " + std::to_string(o.num_host_blocks) + " exceeds the executor's " +
+                          std::to_string(spec.num_host_blocks) + " host blocks");
+  scheduler_options s;
+  s.blocks.block_size = o.block_size;
+  s.blocks.num_device_blocks = o.num_kv_blocks == 0 ? spec.num_device_blocks : o.num_kv_blocks;
+  s.blocks.num_host_blocks = o.num_host_blocks < 0 ? spec.num_host_blocks : o.num_host_blocks;
+  s.blocks.enable_prefix_caching = o.enable_prefix_caching;
+  s.max_num_seqs = o.max_num_seqs;
+  s.max_num_batched_tokens = o.max_num_batched_tokens;
+  s.preemption = o.preemption;
+  s.watermark = o.watermark;
+  const int32_t context = exec.config().context_length;
+  s.max_model_len = o.max_model_len > 0 ? o.max_model_len : context;
+  if (context > 0 && s.max_model_len > context)
+    throw invalid_request("max_model_len " + std::to_string(o.max_model_len) + " exceeds the model's context length " +
+                          std::to_string(context));
+  s.kv_block_bytes = exec.kv_block_bytes();
+  return s;
+}
+
+}  // namespace
+
+llm_engine::llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, const engine_options& options)
+    : exec_(exec), tok_(std::move(tok)), options_(options), sched_(make_scheduler_options(exec, options)) {
+  if (tok_) {
+    auto eog = tok_->eog_tokens();
+    eos_ids_.assign(eog.begin(), eog.end());
+  }
+}
+
+request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority) {
+  const int32_t vocab = exec_.config().vocab_size;
+  params.validate(vocab, options_.limits);
+  for (token_id t : prompt)
+    if (t < 0 || t >= vocab)
+      throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
+                            " tokens)");
+  const request_id id = next_request_++;
+  auto seq = std::make_unique<sequence>();
+  seq->id = next_seq_;
+  seq->request = id;
+  seq->choice_index = 0;
+  seq->priority = priority;
+  seq->arrival = arrival_;
+  seq->tokens = prompt;
+  seq->num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  sched_.add(std::move(seq));  // throws invalid_request for empty / too long prompts
+  ++next_seq_;
+  ++arrival_;
+
+  request_state r;
+  r.id = id;
+  r.params = params;
+  r.prompt = std::move(prompt);
+  r.forked = params.n == 1;  // "all choices exist"
+  r.choices.push_back(std::make_unique<choice_state>(0, next_seq_ - 1, r.params, r.prompt, eos_ids_, tok_));
+  seq_owner_[next_seq_ - 1] = {id, 0};
+  requests_.emplace(id, std::move(r));
+  ++stats_.num_requests;
+  return id;
+}
+
+void llm_engine::abort(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  request_state& r = it->second;
+  const int32_t n = r.forked ? static_cast<int32_t>(r.choices.size()) : r.params.n;
+  for (int32_t i = 0; i < n; ++i) {
+    request_output out;
+    out.id = id;
+    out.index = i;
+    out.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    out.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
+    if (i < static_cast<int32_t>(r.choices.size())) {
+      choice_state& c = *r.choices[static_cast<size_t>(i)];
+      if (c.finished) continue;
+      finish_choice(r, c, finish_reason::abort, out, lifecycle_stage::aborted, event_kind::aborted);
+    } else {
+      out.finished = true;
+      out.reason = finish_reason::abort;
+    }
+    pending_.push_back(std::move(out));
+  }
+  requests_.erase(id);
+}
+
+request_output& llm_engine::output_for(std::vector<request_output>& outs, output_index& index, const request_state& r,
+                                       const choice_state& c) {
+  auto [it, inserted] = index.try_emplace({r.id, c.index}, outs.size());
+  if (inserted) {
+    request_output o;
+    o.id = r.id;
+    o.index = c.index;
+    o.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    outs.push_back(std::move(o));
+  }
+  outs[it->second].num_cached_prompt_tokens = r.num_cached_prompt_tokens;
+  return outs[it->second];
+}
+
+void llm_engine::finish_choice(request_state& r, choice_state& c, finish_reason reason, request_output& out,
+                               lifecycle_stage stage, event_kind kind) {
+  c.finished = true;
+  out.finished = true;
+  out.reason = reason;
+  out.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
+  out.num_generated_tokens = c.num_generated;
+  std::unique_ptr<sequence> seq = sched_.finish(c.seq, stage);
+  if (seq) out.timeline = std::move(seq->timeline);
+  seq_owner_.erase(c.seq);
+  engine_event e{kind, r.id, c.seq};
+  pending_events_.push_back(e);
+}
+
+void llm_engine::accept_token(request_state& r, choice_state& c, const sample_result& s, request_output& out) {
+  sched_.append_token(c.seq, s.token);
+  sequence* seq = sched_.find(c.seq);
+  ++c.num_generated;
+  ++stats_.num_generated_tokens;
+  if (c.num_generated == 1 && seq) seq->record(lifecycle_stage::first_token, record_.step);
+  out.token_ids.push_back(s.token);
+  if (r.params.logprobs >= 0) out.logprobs.push_back({s.token, s.logprob, s.top_logprobs});
+  out.num_generated_tokens = c.num_generated;
+  const std::string delta = c.detok ? c.detok->push(s.token) : std::string();
+  stop_update u = c.stops.append(s.token, delta);
+  out.text += u.text;
+  finish_reason reason = u.reason;
+  if (reason == finish_reason::none && seq && seq->num_tokens() >= sched_.max_seq_len()) {
+    out.text += c.stops.flush();
+    reason = finish_reason::length;
+  }
+  if (reason == finish_reason::none) return;
+  if (reason == finish_reason::length && c.detok) out.text += c.detok->flush();
+  finish_choice(r, c, reason, out, lifecycle_stage::finished, event_kind::finished);
+}
+
+void llm_engine::fail_request(request_state& r, const std::string& message, std::vector<request_output>& outs,
+                              output_index& index) {
+  const int32_t n = r.forked ? static_cast<int32_t>(r.choices.size()) : 1;
+  for (int32_t i = 0; i < n; ++i) {
+    choice_state& c = *r.choices[static_cast<size_t>(i)];
+    if (c.finished) continue;
+    request_output& out = output_for(outs, index, r, c);
+    out.error = message;
+    finish_choice(r, c, finish_reason::error, out, lifecycle_stage::aborted, event_kind::failed);
+  }
+  // Choices an n > 1 request would have forked never exist; they fail too.
+  for (int32_t i = n; !r.forked && i < r.params.n; ++i) {
+    request_output out;
+    out.id = r.id;
+    out.index = i;
+    out.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    out.finished = true;
+    out.reason = finish_reason::error;
+    out.error = message;
+    index[{r.id, i}] = outs.size();
+    outs.push_back(std::move(out));
+  }
+}
+
+void llm_engine::drop_if_done(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const request_state& r = it->second;
+  if (!r.forked && r.params.n > 1 && !r.choices[0]->finished) return;
+  for (const auto& c : r.choices)
+    if (!c->finished) return;
+  requests_.erase(it);
+}
+
+std::vector<request_output> llm_engine::step() {
+  const auto t0 = engine_clock::now();
+  std::vector<request_output> outs = std::move(pending_);
+  pending_.clear();
+  output_index index;
+  for (size_t i = 0; i < outs.size(); ++i) index[{outs[i].id, outs[i].index}] = i;
+
+  scheduler_output plan = sched_.schedule();
+  record_ = step_record{};
+  record_.step = plan.step;
+  record_.schedule_seconds = seconds_since(t0);
+
+  bool failed = false;
+  if (!plan.scheduled.empty() || !plan.swap_in.empty() || !plan.swap_out.empty() || !plan.copies.empty()) {
+    const step_batch batch = sched_.make_batch(plan);
+    const auto t_exec = engine_clock::now();
+    try {
+      exec_.execute(batch, logits_);
+    } catch (const std::exception& e) {
+      // The plan is not committed: nothing it allocated enters the prefix cache. Every request
+      // whose KV the step touched is failed and its blocks freed; the others continue.
+      failed = true;
+      ++stats_.num_failed_steps;
+      std::vector<request_id> victims;
+      for (seq_id s : plan.touched) {
+        auto owner = seq_owner_.find(s);
+        if (owner != seq_owner_.end()) victims.push_back(owner->second.first);
+      }
+      std::sort(victims.begin(), victims.end());
+      victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
+      for (request_id id : victims) {
+        auto it = requests_.find(id);
+        if (it == requests_.end()) continue;
+        fail_request(it->second, std::string("executor failed: ") + e.what(), outs, index);
+        drop_if_done(id);
+      }
+    }
+    record_.execute_seconds = seconds_since(t_exec);
+  }
+
+  if (!failed) {
+    sched_.commit(plan);
+    if (plan.num_prefill_tokens > plan.num_decode_tokens)
+      sched_.observe_prefill(plan.num_prefill_tokens, record_.execute_seconds);
+    stats_.num_prefill_tokens += static_cast<uint64_t>(plan.num_prefill_tokens);
+    for (const engine_event& e : plan.events)
+      if (e.kind == event_kind::admitted)
+        if (auto owner = seq_owner_.find(e.seq); owner != seq_owner_.end())
+          if (auto it = requests_.find(owner->second.first); it != requests_.end() && owner->second.second == 0) {
+            const sequence* s = sched_.find(e.seq);
+            // The prompt's cache hits at its (last) admission before generation started.
+            if (s && s->num_generated() == 0) it->second.num_cached_prompt_tokens = s->num_cached_prompt_tokens;
+          }
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const scheduled_sequence& s = plan.scheduled[i];
+      if (!s.samples) continue;
+      auto owner = seq_owner_.find(s.id);
+      if (owner == seq_owner_.end()) continue;
+      request_state& r = requests_.at(owner->second.first);
+      if (logits_.num_rows.size() <= i || logits_.num_rows[i] < 1) {
+        fail_request(r, "executor returned no logits", outs, index);
+        drop_if_done(r.id);
+        continue;
+      }
+      const auto row = logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
+      std::vector<choice_state*> samplers{r.choices[static_cast<size_t>(owner->second.second)].get()};
+      if (!r.forked && r.params.n > 1) {
+        // Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its
+        // blocks, each sampling its own first token from the same logits.
+        r.forked = true;
+        for (int32_t c = 1; c < r.params.n; ++c) {
+          const seq_id child = next_seq_++;
+          sched_.fork(s.id, child, c);
+          seq_owner_[child] = {r.id, c};
+          r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));
+          samplers.push_back(r.choices.back().get());
+          plan.events.push_back({event_kind::forked, r.id, child});
+        }
+      }
+      for (choice_state* c : samplers) {
+        const sample_result res = c->samp.sample(row);
+        accept_token(r, *c, res, output_for(outs, index, r, *c));
+      }
+      drop_if_done(r.id);
+    }
+  }
+
+  // ---- the step record -------------------------------------------------------------------------
+  sched_.fill_record(plan, record_);
+  record_.events = std::move(plan.events);
+  for (engine_event& e : pending_events_) record_.events.push_back(e);
+  pending_events_.clear();
+  for (const engine_event& e : record_.events) {
+    stats_.num_preemptions_swap += e.kind == event_kind::preempted_swap;
+    stats_.num_preemptions_recompute += e.kind == event_kind::preempted_recompute;
+    if (e.kind == event_kind::prefix_cache_hit)
+      stats_.num_cached_prompt_tokens += static_cast<uint64_t>(e.num_blocks) * static_cast<uint64_t>(options_.block_size);
+  }
+  ++stats_.num_steps;
+  record_.step_seconds = seconds_since(t0);
+  return outs;
+}
+
+engine_stats llm_engine::stats() const {
+  engine_stats s = stats_;
+  s.kv_waste = sched_.blocks().slots().waste();
+  return s;
+}
+
+}  // namespace tessera

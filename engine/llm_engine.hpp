@@ -1,0 +1,155 @@
+// The engine step loop: requests in, incremental outputs out, one executor call per step.
+//
+//   llm_engine engine(executor, tokenizer, options);
+//   request_id id = engine.add_request(prompt_ids, params);     // throws invalid_request
+//   while (engine.has_unfinished())
+//     for (const request_output& out : engine.step()) stream(out);
+//
+// step() = scheduler::schedule() (plan) -> executor::execute() -> scheduler::commit() -> sample
+// every sequence whose chunk reached its last token -> detokenize -> stop checks -> outputs.
+// Single-threaded: call from one thread (the actor/server layers serialize access).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/executor.hpp"
+#include "engine/sampler.hpp"
+#include "engine/sampling_params.hpp"
+#include "engine/scheduler.hpp"
+#include "engine/sequence.hpp"
+#include "engine/step_record.hpp"
+#include "engine/stop_checker.hpp"
+#include "engine/tokenizer.hpp"
+
+namespace tessera {
+
+struct engine_options {
+  int32_t block_size = 16;        // must equal the executor's kv_spec().block_size
+  int32_t num_kv_blocks = 0;      // 0: all of the executor's device blocks (at most that many)
+  int32_t num_host_blocks = -1;   // -1: all of the executor's host blocks (at most that many)
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;  // per step; long prompts are prefilled in chunks
+  preemption_mode preemption = preemption_mode::automatic;
+  double watermark = 0.01;
+  bool enable_prefix_caching = true;
+  int32_t max_model_len = 0;      // 0: the model's context_length
+  sampling_limits limits;
+};
+
+struct token_logprob {
+  token_id token = 0;
+  float logprob = 0;
+  std::vector<std::pair<token_id, float>> top;  // params.logprobs most likely tokens
+};
+
+// What one choice of one request produced in one step (only choices with news are reported).
+struct request_output {
+  request_id id = 0;
+  int32_t index = 0;                  // choice index, 0..n-1
+  std::vector<token_id> token_ids;    // new tokens this step
+  std::string text;                   // new text (valid UTF-8; possible stop-string prefixes held back)
+  std::vector<token_logprob> logprobs;  // one per new token when params.logprobs >= 0
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+  std::string error;                  // reason == error: what failed
+  // Usage so far.
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache
+  int32_t num_generated_tokens = 0;
+  std::vector<lifecycle_entry> timeline;  // on the final output: the choice's lifecycle
+};
+
+struct engine_stats {
+  uint64_t num_steps = 0;
+  uint64_t num_requests = 0;
+  uint64_t num_generated_tokens = 0;
+  uint64_t num_prefill_tokens = 0;     // computed prompt / recompute tokens
+  uint64_t num_cached_prompt_tokens = 0;
+  uint64_t num_preemptions_swap = 0;
+  uint64_t num_preemptions_recompute = 0;
+  uint64_t num_failed_steps = 0;
+  double kv_waste = 0;                 // now: allocated-but-unused slots / allocated slots
+};
+
+class llm_engine {
+ public:
+  // `tok` may be null: outputs then carry token ids only (no text, no EOS detection).
+  // Throws invalid_request when the options do not fit the executor.
+  llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, const engine_options& options = {});
+
+  // Validates (params.validate, token ids, prompt length vs max_model_len and the cache) and
+  // queues the request. Throws invalid_request with a message naming the problem.
+  request_id add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority = 0);
+  // Aborts a request in any state; its final outputs (reason abort) come with the next step().
+  // Unknown or finished ids are ignored.
+  void abort(request_id id);
+
+  // Runs one step and returns the incremental outputs. If the executor throws, every request in
+  // the step is failed (reason error) and the engine stays usable.
+  std::vector<request_output> step();
+  bool has_unfinished() const { return !requests_.empty(); }
+
+  const step_record& last_record() const { return record_; }
+  engine_stats stats() const;
+  std::vector<block_info> block_snapshot() const { return sched_.block_snapshot(); }
+  const scheduler& get_scheduler() const { return sched_; }
+  int32_t max_seq_len() const { return sched_.max_seq_len(); }
+
+ private:
+  struct choice_state {
+    int32_t index = 0;
+    seq_id seq = 0;
+    sampler samp;
+    stop_checker stops;
+    std::optional<incremental_detokenizer> detok;
+    bool finished = false;
+    int32_t num_generated = 0;
+    choice_state(int32_t i, seq_id s, const sampling_params& p, std::span<const token_id> prompt,
+                 std::span<const token_id> eos, const std::shared_ptr<const tokenizer>& tok)
+        : index(i), seq(s), samp(p, static_cast<uint64_t>(i), prompt, eos), stops(p, eos) {
+      if (tok) detok.emplace(tok, p.skip_special_tokens);
+    }
+  };
+  struct request_state {
+    request_id id = 0;
+    sampling_params params;
+    std::vector<token_id> prompt;
+    int32_t num_cached_prompt_tokens = 0;
+    bool forked = false;
+    std::vector<std::unique_ptr<choice_state>> choices;
+  };
+
+  using output_index = std::map<std::pair<request_id, int32_t>, size_t>;
+  request_output& output_for(std::vector<request_output>& outs, output_index& index,
+                             const request_state& r, const choice_state& c);
+  void accept_token(request_state& r, choice_state& c, const sample_result& s, request_output& out);
+  void finish_choice(request_state& r, choice_state& c, finish_reason reason, request_output& out,
+                     lifecycle_stage stage, event_kind kind);
+  void fail_request(request_state& r, const std::string& message, std::vector<request_output>& outs,
+                    output_index& index);
+  void drop_if_done(request_id id);
+
+  executor& exec_;
+  std::shared_ptr<const tokenizer> tok_;
+  std::vector<token_id> eos_ids_;
+  engine_options options_;
+  scheduler sched_;
+  std::unordered_map<request_id, request_state> requests_;
+  std::unordered_map<seq_id, std::pair<request_id, int32_t>> seq_owner_;
+  std::vector<request_output> pending_;  // abort outputs waiting for the next step()
+  std::vector<engine_event> pending_events_;
+  request_id next_request_ = 1;
+  seq_id next_seq_ = 1;
+  uint64_t arrival_ = 0;
+  step_record record_;
+  engine_stats stats_;
+  step_output logits_;  // reused across steps
+};
+
+}  // namespace tessera

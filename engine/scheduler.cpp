@@ -1,0 +1,436 @@
+// The scheduler: what runs in the next step. Read this file top to bottom.
+//
+// State. Every sequence is in exactly one queue:
+//   waiting  — not yet admitted, or preempted by recompute (no KV blocks)
+//   running  — holds device KV blocks; gets tokens scheduled every step it fits the budgets
+//   swapped  — preempted by swap: its KV lives in the host pool
+// Each queue is sorted by importance: request priority (lower = more important), then arrival
+// (FCFS), then choice index. The back of `running` is the first preemption victim.
+//
+// A step is PLANNED here and APPLIED by the engine: the plan (scheduler_output) lists the chunks
+// to compute and the swap/copy lists; the engine runs the executor on it and then calls commit().
+// Block allocation happens while planning, but nothing enters the prefix cache until commit(), so a
+// failed executor call never leaves unwritten blocks indexed as if they held K/V.
+//
+// The plan of one step (schedule()):
+//   0. Priority preemption. If the most important waiting sequence has a strictly better priority
+//      value than the least important running one and does not fit, preempt running sequences of
+//      worse priority (least important first) until it fits — reason `priority`.
+//   1. Running sequences, decodes first (one token each), then the rest (partial prefills and
+//      recomputations) in chunks of what is left of max_num_batched_tokens. When a sequence needs a
+//      block and none is free, the least important running sequence that has nothing scheduled
+//      yet is preempted (reason `kv_full`); if that is the sequence itself, it preempts itself.
+//   2. Swapped sequences come back (swap-in) before any new admission — but never in a step that
+//      preempted: memory is tight then, and the executor applies swap-ins before swap-outs, so a
+//      device block freed by a swap-out must not receive a swap-in in the same step.
+//   3. Waiting sequences are admitted in order while max_num_seqs, the token budget and the KV
+//      watermark allow, reusing their longest cached prefix. Admission stops at the first one that
+//      does not fit (strict FCFS/priority order, no overtaking), and only when no sequence is
+//      swapped out and nothing was preempted for lack of blocks this step.
+//
+// Preemption cost model (mode automatic), per event:
+//   swap      = 2 * blocks * kv_block_bytes / swap_bytes_per_second   (out now, in later)
+//   recompute = num_computed / prefill_tokens_per_second              (prefill them again)
+// The cheaper one is chosen; a swap that does not fit in the host pool falls back to recompute.
+#include "engine/scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "engine/error.hpp"
+
+namespace tessera {
+
+std::string_view to_string(preemption_mode mode) {
+  switch (mode) {
+    case preemption_mode::recompute: return "recompute";
+    case preemption_mode::swap: return "swap";
+    case preemption_mode::automatic: return "auto";
+  }
+  return "?";
+}
+
+scheduler::scheduler(const scheduler_options& options) : options_(options), blocks_(options.blocks) {
+  if (options.max_num_seqs <= 0) throw invalid_request("max_num_seqs must be positive");
+  if (options.max_num_batched_tokens <= 0) throw invalid_request("max_num_batched_tokens must be positive");
+  if (!(options.watermark >= 0.0 && options.watermark < 1.0)) throw invalid_request("watermark must be in [0, 1)");
+  if (options.max_model_len < 0) throw invalid_request("max_model_len must not be negative");
+  const int64_t capacity = int64_t{blocks_.num_device_blocks()} * blocks_.block_size();
+  max_seq_len_ = static_cast<int32_t>(std::min<int64_t>(capacity, std::numeric_limits<int32_t>::max()));
+  if (options.max_model_len > 0) max_seq_len_ = std::min(max_seq_len_, options.max_model_len);
+}
+
+int32_t scheduler::watermark_blocks() const {
+  return static_cast<int32_t>(options_.watermark * blocks_.num_device_blocks());
+}
+
+sequence* scheduler::find(seq_id seq) {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+const sequence* scheduler::find(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void scheduler::insert_sorted(std::vector<sequence*>& queue, sequence* seq) {
+  auto pos = std::upper_bound(queue.begin(), queue.end(), seq,
+                              [](const sequence* a, const sequence* b) { return more_important(*a, *b); });
+  queue.insert(pos, seq);
+}
+
+void scheduler::remove_from(std::vector<sequence*>& queue, sequence* seq) {
+  auto it = std::find(queue.begin(), queue.end(), seq);
+  if (it != queue.end()) queue.erase(it);
+}
+
+// ---- entering and leaving ------------------------------------------------------------------------
+
+sequence& scheduler::add(std::unique_ptr<sequence> seq) {
+  if (!seq) throw std::logic_error("scheduler::add: null sequence");
+  const int32_t len = seq->num_tokens();
+  if (len == 0) throw invalid_request("the prompt is empty");
+  if (options_.max_model_len > 0 && len > options_.max_model_len)
+    throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than max_model_len (" +
+                          std::to_string(options_.max_model_len) + ")");
+  if (blocks_.blocks_for(len) > blocks_.num_device_blocks())
+    throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than the whole KV cache holds (" +
+                          std::to_string(blocks_.num_device_blocks()) + " blocks of " +
+                          std::to_string(blocks_.block_size()) + ")");
+  if (seqs_.count(seq->id) != 0) throw std::logic_error("scheduler::add: duplicate sequence id");
+  sequence* s = seq.get();
+  s->status = sequence_status::waiting;
+  s->num_computed = 0;
+  s->record(lifecycle_stage::queued, step_);
+  seqs_.emplace(s->id, std::move(seq));
+  insert_sorted(waiting_, s);
+  return *s;
+}
+
+std::unique_ptr<sequence> scheduler::finish(seq_id id, lifecycle_stage stage) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return nullptr;
+  std::unique_ptr<sequence> seq = std::move(it->second);
+  seqs_.erase(it);
+  remove_from(waiting_, seq.get());
+  remove_from(running_, seq.get());
+  remove_from(swapped_, seq.get());
+  blocks_.free(id);
+  seq->status = sequence_status::finished;
+  seq->waiting = waiting_reason::none;
+  seq->record(stage, step_);
+  return seq;
+}
+
+sequence& scheduler::fork(seq_id parent_id, seq_id child_id, int32_t choice_index) {
+  sequence* parent = find(parent_id);
+  if (!parent || parent->status != sequence_status::running)
+    throw std::logic_error("scheduler::fork: parent is not running");
+  if (seqs_.count(child_id) != 0) throw std::logic_error("scheduler::fork: duplicate sequence id");
+  auto child = std::make_unique<sequence>(*parent);
+  child->id = child_id;
+  child->choice_index = choice_index;
+  blocks_.fork(parent_id, child_id);
+  sequence* c = child.get();
+  seqs_.emplace(child_id, std::move(child));
+  insert_sorted(running_, c);
+  return *c;
+}
+
+void scheduler::append_token(seq_id id, token_id token) {
+  sequence* seq = find(id);
+  if (!seq) throw std::logic_error("scheduler::append_token: unknown sequence");
+  seq->tokens.push_back(token);
+}
+
+void scheduler::observe_prefill(int32_t num_tokens, double seconds) {
+  if (num_tokens < 64 || seconds <= 0) return;  // too small a sample to say anything
+  const double rate = num_tokens / seconds;
+  options_.prefill_tokens_per_second = 0.8 * options_.prefill_tokens_per_second + 0.2 * rate;
+}
+
+// ---- preemption ----------------------------------------------------------------------------------
+
+// The least important running sequence with nothing scheduled yet this step (possibly `for_seq`).
+sequence* scheduler::pick_victim(const sequence* for_seq) const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+    if (*it == for_seq || scheduled_now_.count((*it)->id) == 0) return *it;
+  return nullptr;
+}
+
+void scheduler::preempt(sequence* victim, preemption_reason reason, scheduler_output& plan) {
+  remove_from(running_, victim);
+  ++victim->num_preemptions;
+  const int32_t num_blocks = blocks_.num_blocks(victim->id);
+  const int64_t bytes = int64_t{num_blocks} * options_.kv_block_bytes;
+  const double swap_seconds = 2.0 * static_cast<double>(bytes) / options_.swap_bytes_per_second;
+  const double recompute_seconds = victim->num_computed / options_.prefill_tokens_per_second;
+
+  bool swap = options_.preemption == preemption_mode::swap ||
+              (options_.preemption == preemption_mode::automatic && swap_seconds < recompute_seconds);
+  if (swap) {
+    const size_t first = plan.swap_out.size();
+    swap = blocks_.swap_out(victim->id, plan.swap_out);  // false: host pool full -> recompute
+    if (swap) {
+      victim->status = sequence_status::swapped;
+      victim->waiting = waiting_reason::swapped;
+      victim->record(lifecycle_stage::swapped_out, step_);
+      insert_sorted(swapped_, victim);
+      plan.touched.push_back(victim->id);
+      engine_event e{event_kind::preempted_swap, victim->request, victim->id};
+      e.num_blocks = static_cast<int32_t>(plan.swap_out.size() - first);
+      e.reason = reason;
+      e.swap_bytes = bytes;
+      e.estimated_seconds = swap_seconds;
+      plan.events.push_back(e);
+      return;
+    }
+  }
+  engine_event e{event_kind::preempted_recompute, victim->request, victim->id};
+  e.num_blocks = num_blocks;
+  e.reason = reason;
+  e.recompute_tokens = victim->num_computed;
+  e.estimated_seconds = recompute_seconds;
+  plan.events.push_back(e);
+  blocks_.free(victim->id);
+  victim->num_computed = 0;
+  victim->status = sequence_status::waiting;
+  victim->waiting = waiting_reason::kv_full;
+  victim->record(lifecycle_stage::preempted_recompute, step_);
+  // Its arrival is older than any later request's, so among equal priorities it goes to the front.
+  insert_sorted(waiting_, victim);
+}
+
+// ---- planning ------------------------------------------------------------------------------------
+
+void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget) {
+  const bool samples = seq->num_computed + num_new == seq->num_tokens();
+  plan.scheduled.push_back({seq, seq->id, seq->request, num_new, samples});
+  plan.touched.push_back(seq->id);
+  scheduled_now_.insert(seq->id);
+  budget -= num_new;
+  seq->waiting = waiting_reason::none;
+  if (num_new == 1 && samples && seq->num_generated() > 0)
+    plan.num_decode_tokens += 1;
+  else
+    plan.num_prefill_tokens += num_new;
+}
+
+scheduler_output scheduler::schedule() {
+  scheduler_output plan;
+  plan.step = ++step_;
+  scheduled_now_.clear();
+  int32_t budget = options_.max_num_batched_tokens;
+  const int32_t watermark = watermark_blocks();
+  bool kv_preempted = false;    // a running sequence had to make room this step
+  bool swapped_out = false;     // anything went to the host pool this step (blocks swap-ins)
+  bool priority_preempted = false;
+
+  // 0. Priority preemption for the most important waiting sequence.
+  if (!waiting_.empty() && !running_.empty() && swapped_.empty() &&
+      waiting_.front()->priority < running_.back()->priority) {
+    sequence* head = waiting_.front();
+    const int32_t cached = blocks_.cached_prefix_tokens(head->tokens);
+    const int32_t chunk = std::min(head->num_tokens() - cached, budget);
+    const int32_t need = blocks_.blocks_needed(head->id, head->tokens, cached, chunk) + watermark;
+    int32_t reclaimable = blocks_.num_free_blocks();
+    for (const sequence* r : running_)
+      if (r->priority > head->priority) reclaimable += blocks_.num_blocks(r->id);
+    if (need > blocks_.num_free_blocks() && need <= reclaimable) {
+      while (blocks_.num_free_blocks() < need && !running_.empty() && running_.back()->priority > head->priority) {
+        const size_t swaps_before = plan.swap_out.size();
+        preempt(running_.back(), preemption_reason::priority, plan);
+        swapped_out = swapped_out || plan.swap_out.size() != swaps_before;
+        priority_preempted = true;
+      }
+    }
+  }
+
+  // 1. Running sequences: decodes first, then partial prefills / recomputations.
+  for (const bool decode_pass : {true, false}) {
+    const std::vector<sequence*> order = running_;  // preemption edits running_ as we go
+    for (sequence* seq : order) {
+      if (seq->status != sequence_status::running || scheduled_now_.count(seq->id) != 0) continue;
+      if ((seq->num_uncomputed() == 1) != decode_pass) continue;
+      const int32_t num_new = std::min(seq->num_uncomputed(), budget);
+      if (num_new <= 0) {
+        seq->waiting = waiting_reason::token_budget;
+        continue;
+      }
+      while (true) {
+        if (blocks_.allocate_slots(seq->id, seq->tokens, seq->num_computed, num_new, 0, plan.copies)) {
+          schedule_chunk(seq, num_new, plan, budget);
+          break;
+        }
+        sequence* victim = pick_victim(seq);
+        const size_t swaps_before = plan.swap_out.size();
+        preempt(victim, preemption_reason::kv_full, plan);
+        swapped_out = swapped_out || plan.swap_out.size() != swaps_before;
+        kv_preempted = true;
+        if (victim == seq) break;
+      }
+    }
+  }
+
+  // 2. Swapped sequences come back first (oldest/most important first, no overtaking).
+  waiting_reason blocked = waiting_reason::none;
+  if (!swapped_out && !kv_preempted) {
+    while (!swapped_.empty()) {
+      sequence* seq = swapped_.front();
+      if (num_running() >= options_.max_num_seqs) { blocked = waiting_reason::max_seqs; break; }
+      if (budget <= 0) { blocked = waiting_reason::token_budget; break; }
+      const int32_t num_new = std::min(seq->num_uncomputed(), budget);
+      const int32_t num_host = blocks_.num_host_blocks_of(seq->id);
+      const int32_t extra = std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - num_host);
+      const int32_t reserve = (running_.empty() ? 0 : watermark) + extra;
+      const size_t first = plan.swap_in.size();
+      if (!blocks_.swap_in(seq->id, reserve, plan.swap_in)) { blocked = waiting_reason::kv_full; break; }
+      if (!blocks_.allocate_slots(seq->id, seq->tokens, seq->num_computed, num_new, 0, plan.copies))
+        throw std::logic_error("scheduler: reserved blocks vanished after swap-in");
+      swapped_.erase(swapped_.begin());
+      seq->status = sequence_status::running;
+      seq->record(lifecycle_stage::swapped_in, step_);
+      insert_sorted(running_, seq);
+      engine_event e{event_kind::swapped_in, seq->request, seq->id};
+      e.num_blocks = static_cast<int32_t>(plan.swap_in.size() - first);
+      e.swap_bytes = int64_t{e.num_blocks} * options_.kv_block_bytes;
+      plan.events.push_back(e);
+      schedule_chunk(seq, num_new, plan, budget);
+    }
+  } else {
+    blocked = waiting_reason::swapped;
+  }
+  for (sequence* seq : swapped_) seq->waiting = blocked == waiting_reason::none ? waiting_reason::swapped : blocked;
+
+  // 3. Admissions.
+  if (!swapped_.empty() && !priority_preempted) blocked = waiting_reason::swapped;
+  if (kv_preempted) blocked = waiting_reason::kv_full;
+  if (blocked == waiting_reason::none || priority_preempted) {
+    blocked = waiting_reason::none;
+    while (!waiting_.empty()) {
+      sequence* seq = waiting_.front();
+      if (num_running() >= options_.max_num_seqs) { blocked = waiting_reason::max_seqs; break; }
+      if (budget <= 0) { blocked = waiting_reason::token_budget; break; }
+      const int32_t cached = blocks_.cached_prefix_tokens(seq->tokens);
+      const int32_t num_new = std::min(seq->num_tokens() - cached, budget);
+      // With nothing running there is nobody to protect, and the watermark must not keep a
+      // sequence that fits the cache waiting forever.
+      const int32_t reserve = running_.empty() ? 0 : watermark;
+      if (!blocks_.allocate_slots(seq->id, seq->tokens, cached, num_new, reserve, plan.copies)) {
+        blocked = waiting_reason::kv_full;
+        break;
+      }
+      waiting_.erase(waiting_.begin());
+      seq->num_computed = cached;
+      seq->num_cached_prompt_tokens = cached;
+      seq->status = sequence_status::running;
+      seq->record(lifecycle_stage::scheduled, step_);
+      insert_sorted(running_, seq);
+      plan.events.push_back({event_kind::admitted, seq->request, seq->id});
+      if (cached > 0) {
+        engine_event e{event_kind::prefix_cache_hit, seq->request, seq->id};
+        e.num_blocks = cached / blocks_.block_size();
+        plan.events.push_back(e);
+      }
+      schedule_chunk(seq, num_new, plan, budget);
+    }
+  }
+  for (sequence* seq : waiting_) seq->waiting = blocked;
+  return plan;
+}
+
+step_batch scheduler::make_batch(const scheduler_output& plan) const {
+  step_batch batch;
+  batch.swap_in = plan.swap_in;
+  batch.swap_out = plan.swap_out;
+  batch.copies = plan.copies;
+  batch.seqs.reserve(plan.scheduled.size());
+  for (const scheduled_sequence& s : plan.scheduled) {
+    sequence_slice slice;
+    slice.seq_id = s.seq->id;
+    auto first = s.seq->tokens.begin() + s.seq->num_computed;
+    slice.tokens.assign(first, first + s.num_new_tokens);
+    slice.num_computed = s.seq->num_computed;
+    slice.block_table = blocks_.block_table(s.seq->id);
+    slice.logits = s.samples ? sequence_slice::logits_mode::last : sequence_slice::logits_mode::none;
+    batch.seqs.push_back(std::move(slice));
+  }
+  return batch;
+}
+
+void scheduler::commit(const scheduler_output& plan) {
+  for (const scheduled_sequence& s : plan.scheduled) {
+    if (seqs_.count(s.id) == 0) continue;  // finished meanwhile
+    s.seq->num_computed += s.num_new_tokens;
+    blocks_.commit_computed(s.seq->id, s.seq->tokens, s.seq->num_computed);
+  }
+}
+
+// ---- observability -------------------------------------------------------------------------------
+
+void scheduler::fill_record(const scheduler_output& plan, step_record& r) const {
+  r.step = plan.step;
+  r.device = blocks_.device_usage();
+  r.host = blocks_.host_usage();
+  r.num_waiting = num_waiting();
+  r.num_running = num_running();
+  r.num_swapped = num_swapped();
+  std::fill(std::begin(r.num_waiting_by_reason), std::end(r.num_waiting_by_reason), 0);
+  for (const sequence* s : waiting_) ++r.num_waiting_by_reason[static_cast<size_t>(s->waiting)];
+  for (const sequence* s : swapped_) ++r.num_waiting_by_reason[static_cast<size_t>(s->waiting)];
+  r.running.clear();
+  r.running.reserve(running_.size());
+  for (const sequence* s : running_)
+    r.running.push_back({s->id, s->request, blocks_.num_blocks(s->id), s->num_tokens()});
+  r.num_batch_seqs = static_cast<int32_t>(plan.scheduled.size());
+  r.num_prefill_tokens = plan.num_prefill_tokens;
+  r.num_decode_tokens = plan.num_decode_tokens;
+  r.num_swap_in_blocks = static_cast<int32_t>(plan.swap_in.size());
+  r.num_swap_out_blocks = static_cast<int32_t>(plan.swap_out.size());
+  r.num_copy_blocks = static_cast<int32_t>(plan.copies.size());
+  r.kv_waste = blocks_.slots().waste();
+}
+
+std::vector<block_info> scheduler::block_snapshot() const {
+  std::vector<block_info> out = blocks_.snapshot();
+  for (block_info& b : out)
+    if (b.ref_count > 0)
+      if (const sequence* s = find(b.owner)) b.owner_request = s->request;
+  return out;
+}
+
+std::string scheduler::check_invariants() const {
+  std::string bm = blocks_.check_invariants();
+  if (!bm.empty()) return bm;
+  size_t queued = 0;
+  auto check_queue = [&](const std::vector<sequence*>& q, sequence_status status, const char* name) -> std::string {
+    for (size_t i = 0; i < q.size(); ++i) {
+      const sequence* s = q[i];
+      if (s->status != status) return std::string("sequence in ") + name + " queue has status " + std::string(to_string(s->status));
+      if (i > 0 && more_important(*s, *q[i - 1])) return std::string(name) + " queue out of order";
+      const int32_t nb = blocks_.num_blocks(s->id);
+      if (status == sequence_status::running && nb != blocks_.blocks_for(s->num_computed))
+        return "running sequence " + std::to_string(s->id) + " has " + std::to_string(nb) + " blocks for " +
+               std::to_string(s->num_computed) + " computed tokens";
+      if (status == sequence_status::waiting && (blocks_.has(s->id) || s->num_computed != 0))
+        return "waiting sequence " + std::to_string(s->id) + " holds KV";
+      if (status == sequence_status::swapped && !blocks_.is_swapped(s->id))
+        return "swapped sequence " + std::to_string(s->id) + " is not in the host pool";
+    }
+    queued += q.size();
+    return {};
+  };
+  for (auto [q, st, name] : {std::tuple{&waiting_, sequence_status::waiting, "waiting"},
+                             std::tuple{&running_, sequence_status::running, "running"},
+                             std::tuple{&swapped_, sequence_status::swapped, "swapped"}}) {
+    std::string e = check_queue(*q, st, name);
+    if (!e.empty()) return e;
+  }
+  if (queued != seqs_.size()) return "a sequence is in no queue or in two";
+  return {};
+}
+
+}  // namespace tessera

@@ -1,0 +1,141 @@
+// Iteration-level continuous batching (Orca, Yu et al., OSDI'22) with the vLLM v1 token-budget
+// formulation: every sequence has `tokens` and `num_computed`, and each step gives every scheduled
+// sequence some of its uncomputed tokens. A prompt, a chunk of a prompt (chunked prefill, Sarathi,
+// Agrawal et al. 2023), a decode step and the recomputation of a preempted sequence are all the
+// same thing: "compute tokens [num_computed, num_computed + n)". See scheduler.cpp for the plan.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/block_manager.hpp"
+#include "engine/executor.hpp"
+#include "engine/sequence.hpp"
+#include "engine/step_record.hpp"
+
+namespace tessera {
+
+enum class preemption_mode : uint8_t {
+  recompute,  // free the victim's blocks; prefill prompt + generated tokens again later
+  swap,       // copy the victim's blocks to the host pool; copy them back later
+  automatic,  // per event, the cheaper of the two by the cost model (scheduler.cpp)
+};
+
+std::string_view to_string(preemption_mode mode);
+
+struct scheduler_options {
+  block_manager_options blocks;
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  preemption_mode preemption = preemption_mode::automatic;
+  // Fraction of device blocks an admission must leave free, so that the sequences it joins can
+  // still grow for a while without being preempted at once (vLLM's watermark).
+  double watermark = 0.01;
+  int32_t max_model_len = 0;  // 0: limited only by the cache size
+  // Cost model inputs (automatic mode): a swap moves kv_block_bytes per block out and later in at
+  // swap_bytes_per_second; a recompute prefills its tokens at prefill_tokens_per_second (updated
+  // from measured steps by observe_prefill()).
+  int64_t kv_block_bytes = 0;
+  double swap_bytes_per_second = 8e9;
+  double prefill_tokens_per_second = 2000;
+};
+
+struct scheduled_sequence {
+  sequence* seq = nullptr;     // valid until the sequence is finished
+  seq_id id = 0;
+  request_id request = 0;
+  int32_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) this step
+  bool samples = false;        // the chunk ends at the last token: its logits produce a new token
+};
+
+// The plan of one step. Applying it = running the executor on make_batch(plan), then commit(plan).
+struct scheduler_output {
+  uint64_t step = 0;
+  std::vector<scheduled_sequence> scheduled;  // batch order: decodes first, then prefill chunks
+  std::vector<block_copy> swap_in;
+  std::vector<block_copy> swap_out;
+  std::vector<block_copy> copies;
+  std::vector<engine_event> events;
+  int32_t num_prefill_tokens = 0;
+  int32_t num_decode_tokens = 0;
+  // Sequences whose KV this step touches (scheduled, swapped in or out): the ones to fail if the
+  // executor throws.
+  std::vector<seq_id> touched;
+  bool empty() const { return scheduled.empty() && swap_in.empty() && swap_out.empty() && copies.empty(); }
+};
+
+class scheduler {
+ public:
+  // Throws invalid_request on inconsistent options.
+  explicit scheduler(const scheduler_options& options);
+
+  // Longest sequence (prompt + generated) the engine may produce: max_model_len capped by the
+  // whole device cache, so a sequence alone in the engine always fits.
+  int32_t max_seq_len() const { return max_seq_len_; }
+
+  // Queues a new sequence (status waiting). Throws invalid_request if its prompt is empty, longer
+  // than max_model_len or larger than the whole KV cache: it could never be scheduled.
+  sequence& add(std::unique_ptr<sequence> seq);
+
+  // Plans one step: allocates the blocks of every scheduled chunk, preempts when blocks run out,
+  // and lists the swaps/copies the executor must apply first. Mutates queues and block tables.
+  scheduler_output schedule();
+  // The executor's input for a plan.
+  step_batch make_batch(const scheduler_output& plan) const;
+  // The executor ran the plan: the scheduled tokens now have K/V (full blocks become cacheable).
+  void commit(const scheduler_output& plan);
+
+  // A running sequence gets a sampled token (to be computed in a later step).
+  void append_token(seq_id seq, token_id token);
+  // New running sequence sharing every block of `parent` (which must be running), same tokens.
+  sequence& fork(seq_id parent, seq_id child, int32_t choice_index);
+  // Removes a sequence from every queue and frees its blocks; `stage` (finished or aborted) ends its
+  // timeline. Returns it (nullptr if unknown).
+  std::unique_ptr<sequence> finish(seq_id seq, lifecycle_stage stage);
+
+  // Feeds the cost model with a measured prefill rate (exponential moving average).
+  void observe_prefill(int32_t num_tokens, double seconds);
+
+  sequence* find(seq_id seq);
+  const sequence* find(seq_id seq) const;
+  const block_manager& blocks() const { return blocks_; }
+  const scheduler_options& options() const { return options_; }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_swapped() const { return static_cast<int32_t>(swapped_.size()); }
+  bool has_unfinished() const { return !seqs_.empty(); }
+  const std::vector<sequence*>& running() const { return running_; }
+  const std::vector<sequence*>& waiting() const { return waiting_; }
+  const std::vector<sequence*>& swapped() const { return swapped_; }
+
+  // Fills the pool, queue and batch parts of a step record (timings are the engine's).
+  void fill_record(const scheduler_output& plan, step_record& record) const;
+  // Per-block view with owner requests filled in.
+  std::vector<block_info> block_snapshot() const;
+  // Block-manager invariants plus queue/block-table consistency; empty when all hold.
+  std::string check_invariants() const;
+
+ private:
+  void insert_sorted(std::vector<sequence*>& queue, sequence* seq);
+  void remove_from(std::vector<sequence*>& queue, sequence* seq);
+  sequence* pick_victim(const sequence* for_seq) const;
+  void preempt(sequence* victim, preemption_reason reason, scheduler_output& plan);
+  void schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget);
+  int32_t watermark_blocks() const;
+
+  scheduler_options options_;
+  block_manager blocks_;
+  int32_t max_seq_len_ = 0;
+  uint64_t step_ = 0;
+  std::unordered_map<seq_id, std::unique_ptr<sequence>> seqs_;
+  // Each queue is kept in importance order (more_important): running_ back = first victim.
+  std::vector<sequence*> waiting_;
+  std::vector<sequence*> running_;
+  std::vector<sequence*> swapped_;
+  std::unordered_set<seq_id> scheduled_now_;  // sequences with a chunk in the plan being built
+};
+
+}  // namespace tessera

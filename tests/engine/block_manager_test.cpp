@@ -1,0 +1,331 @@
+#include "engine/block_manager.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "engine/error.hpp"
+
+namespace tessera {
+namespace {
+
+std::vector<token_id> iota_tokens(int32_t n, token_id first = 100) {
+  std::vector<token_id> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+block_manager make(int32_t block_size, int32_t device, int32_t host = 0, bool caching = true) {
+  return block_manager(block_manager_options{block_size, device, host, caching});
+}
+
+#define EXPECT_INVARIANTS(bm) EXPECT_EQ((bm).check_invariants(), "")
+
+TEST(block_manager, rejects_bad_sizes) {
+  EXPECT_THROW(make(0, 4), invalid_request);
+  EXPECT_THROW(make(4, 0), invalid_request);
+  EXPECT_THROW(make(4, 4, -1), invalid_request);
+}
+
+TEST(block_manager, allocates_blocks_for_token_ranges_and_frees_them) {
+  auto bm = make(4, 8);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(10);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 6, 0, copies));  // positions 0..5 -> 2 blocks
+  EXPECT_EQ(bm.num_blocks(1), 2);
+  bm.commit_computed(1, t, 6);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 6, 4, 0, copies));  // 0..9 -> 3 blocks
+  EXPECT_EQ(bm.num_blocks(1), 3);
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(bm.num_free_blocks(), 5);
+  EXPECT_INVARIANTS(bm);
+  bm.free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  EXPECT_FALSE(bm.has(1));
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, failed_allocation_changes_nothing) {
+  auto bm = make(4, 4);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(20);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
+  auto before = bm.snapshot();
+  EXPECT_FALSE(bm.allocate_slots(2, t, 0, 12, 0, copies));   // 3 blocks, 2 free
+  EXPECT_FALSE(bm.allocate_slots(1, t, 8, 4, 2, copies));    // 1 block but 2 reserved
+  EXPECT_TRUE(bm.allocate_slots(1, t, 8, 4, 1, copies));
+  EXPECT_EQ(bm.num_blocks(2), 0);
+  EXPECT_EQ(before[3].ref_count, 0);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, fork_shares_blocks_and_copies_on_write) {
+  auto bm = make(4, 8, 0, false);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(10);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 10, 0, copies));
+  bm.commit_computed(1, t, 10);
+  bm.fork(1, 2);
+  bm.fork(1, 3);
+  const auto table = bm.block_table(1);
+  EXPECT_EQ(bm.block_table(2), table);
+  EXPECT_EQ(bm.snapshot()[static_cast<size_t>(table[2])].ref_count, 3);
+  EXPECT_EQ(bm.num_free_blocks(), 5);  // nothing copied yet
+  EXPECT_INVARIANTS(bm);
+
+  // Child 2 writes position 10, inside the shared partial block 2: it gets a private copy.
+  auto t2 = t;
+  t2.push_back(7);
+  ASSERT_TRUE(bm.allocate_slots(2, t2, 10, 1, 0, copies));
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].src, table[2]);
+  EXPECT_NE(copies[0].dst, table[2]);
+  EXPECT_EQ(bm.block_table(2)[2], copies[0].dst);
+  EXPECT_EQ(bm.block_table(2)[0], table[0]);  // full blocks stay shared
+  copies.clear();
+  // Child 3 copies as well; then the parent is the last holder and writes in place.
+  ASSERT_TRUE(bm.allocate_slots(3, t2, 10, 1, 0, copies));
+  EXPECT_EQ(copies.size(), 1u);
+  copies.clear();
+  ASSERT_TRUE(bm.allocate_slots(1, t2, 10, 1, 0, copies));
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(bm.block_table(1), table);
+  EXPECT_INVARIANTS(bm);
+  for (seq_id s : {1, 2, 3}) bm.free(s);
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, fork_at_block_boundary_needs_no_copy) {
+  auto bm = make(4, 8, 0, false);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(9);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
+  bm.commit_computed(1, t, 8);
+  bm.fork(1, 2);
+  ASSERT_TRUE(bm.allocate_slots(2, t, 8, 1, 0, copies));
+  EXPECT_TRUE(copies.empty());
+  EXPECT_EQ(bm.num_blocks(2), 3);
+  EXPECT_NE(bm.block_table(2)[2], bm.block_table(1).size() > 2 ? bm.block_table(1)[2] : -1);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, copy_on_write_counts_in_blocks_needed) {
+  auto bm = make(4, 3, 0, false);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(7);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 6, 0, copies));  // 2 blocks, 1 free
+  bm.commit_computed(1, t, 6);
+  bm.fork(1, 2);
+  EXPECT_EQ(bm.blocks_needed(2, t, 6, 1), 1);  // copy of the shared partial block
+  ASSERT_TRUE(bm.allocate_slots(2, t, 6, 1, 0, copies));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_EQ(bm.blocks_needed(1, t, 6, 1), 0);  // now sole owner
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, prefix_cache_reuses_full_blocks_of_the_longest_prefix) {
+  auto bm = make(4, 16);
+  std::vector<block_copy> copies;
+  auto a = iota_tokens(11);
+  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 11, 0, copies));
+  // Nothing is cached before the computation is committed.
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 0);
+  bm.commit_computed(1, a, 11);
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 8);  // two full blocks; the partial third is not cached
+
+  auto b = iota_tokens(20);
+  b[9] = 5;  // differs inside block 2
+  EXPECT_EQ(bm.cached_prefix_tokens(b), 8);
+  auto c = iota_tokens(20);
+  c[2] = 5;  // differs in block 0: nothing matches, the chain breaks at the first block
+  EXPECT_EQ(bm.cached_prefix_tokens(c), 0);
+  auto d = iota_tokens(20, 104);  // block 1 of `a` alone, at a different position: no match
+  EXPECT_EQ(bm.cached_prefix_tokens(d), 0);
+  auto exact = iota_tokens(8);   // a prompt equal to the cached prefix keeps one token to compute
+  EXPECT_EQ(bm.cached_prefix_tokens(exact), 4);
+
+  ASSERT_TRUE(bm.allocate_slots(2, b, 8, 12, 0, copies));
+  EXPECT_EQ(bm.block_table(2)[0], bm.block_table(1)[0]);
+  EXPECT_EQ(bm.block_table(2)[1], bm.block_table(1)[1]);
+  EXPECT_NE(bm.block_table(2)[2], bm.block_table(1)[2]);
+  EXPECT_TRUE(copies.empty());
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, freed_cached_blocks_are_revived_then_evicted_lru) {
+  auto bm = make(4, 4);
+  std::vector<block_copy> copies;
+  auto a = iota_tokens(9, 100);
+  auto b = iota_tokens(9, 500);
+  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 8, 0, copies));
+  bm.commit_computed(1, a, 8);
+  bm.free(1);
+  EXPECT_EQ(bm.num_cached_free_blocks(), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 8);
+  ASSERT_TRUE(bm.allocate_slots(2, b, 0, 8, 0, copies));  // takes the 2 plain free blocks
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 8);
+  bm.commit_computed(2, b, 8);
+  // A third allocation must evict: `a`'s tail block (freed first) goes before its head block.
+  auto c = iota_tokens(5, 900);
+  ASSERT_TRUE(bm.allocate_slots(3, c, 0, 4, 0, copies));
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 4);
+  EXPECT_INVARIANTS(bm);
+  // Reviving the remaining cached block takes it off the free list.
+  bm.free(3);
+  EXPECT_EQ(bm.blocks_needed(4, a, 4, 4), 2);
+  ASSERT_TRUE(bm.allocate_slots(4, a, 4, 4, 0, copies));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, reviving_a_cached_block_counts_against_free_blocks) {
+  auto bm = make(4, 3);
+  std::vector<block_copy> copies;
+  auto a = iota_tokens(9);
+  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 8, 0, copies));
+  bm.commit_computed(1, a, 8);
+  bm.free(1);
+  // 8 cached tokens: 2 revived + 1 new block = all 3 blocks.
+  EXPECT_EQ(bm.blocks_needed(2, a, 8, 1), 3);
+  EXPECT_FALSE(bm.allocate_slots(2, a, 8, 1, 1, copies));
+  EXPECT_TRUE(bm.allocate_slots(2, a, 8, 1, 0, copies));
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, disabled_prefix_cache_never_hits) {
+  auto bm = make(4, 8, 0, false);
+  std::vector<block_copy> copies;
+  auto a = iota_tokens(9);
+  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 9, 0, copies));
+  bm.commit_computed(1, a, 9);
+  EXPECT_EQ(bm.cached_prefix_tokens(a), 0);
+  bm.free(1);
+  EXPECT_EQ(bm.num_cached_free_blocks(), 0);
+}
+
+TEST(block_manager, swap_out_and_in_round_trip) {
+  auto bm = make(4, 4, 3);
+  std::vector<block_copy> out, in, copies;
+  auto t = iota_tokens(10);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 10, 0, copies));
+  bm.commit_computed(1, t, 10);
+  const auto table = bm.block_table(1);
+  ASSERT_TRUE(bm.swap_out(1, out));
+  ASSERT_EQ(out.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out[i].src, table[i]);
+  EXPECT_TRUE(bm.is_swapped(1));
+  EXPECT_EQ(bm.num_host_blocks_of(1), 3);
+  EXPECT_EQ(bm.num_free_host_blocks(), 0);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_INVARIANTS(bm);
+  // Someone else takes 2 blocks: only 2 remain, swap-in must fail cleanly.
+  ASSERT_TRUE(bm.allocate_slots(2, t, 0, 8, 0, copies));
+  EXPECT_FALSE(bm.swap_in(1, 0, in));
+  EXPECT_TRUE(in.empty());
+  bm.free(2);
+  EXPECT_FALSE(bm.swap_in(1, 2, in));  // 4 free, 3 needed, 2 reserved
+  ASSERT_TRUE(bm.swap_in(1, 1, in));
+  ASSERT_EQ(in.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(in[i].src, out[i].dst);  // host block i comes back as logical block i
+    EXPECT_EQ(in[i].dst, bm.block_table(1)[i]);
+  }
+  EXPECT_EQ(bm.num_free_host_blocks(), 3);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, swap_out_fails_when_the_host_pool_is_full) {
+  auto bm = make(4, 4, 1);
+  std::vector<block_copy> out, copies;
+  auto t = iota_tokens(8);
+  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
+  EXPECT_FALSE(bm.swap_out(1, out));
+  EXPECT_TRUE(out.empty());
+  EXPECT_FALSE(bm.is_swapped(1));
+  EXPECT_INVARIANTS(bm);
+  bm.free(1);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+}
+
+TEST(block_manager, snapshot_and_slot_usage_count_shared_blocks_once) {
+  auto bm = make(4, 8, 0, false);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(6);
+  ASSERT_TRUE(bm.allocate_slots(7, t, 0, 6, 0, copies));
+  bm.commit_computed(7, t, 6);
+  bm.fork(7, 9);
+  auto snap = bm.snapshot();
+  const auto table = bm.block_table(7);
+  EXPECT_EQ(snap[static_cast<size_t>(table[0])].num_filled, 4);
+  EXPECT_EQ(snap[static_cast<size_t>(table[1])].num_filled, 2);
+  EXPECT_EQ(snap[static_cast<size_t>(table[1])].ref_count, 2);
+  EXPECT_EQ(snap[static_cast<size_t>(table[1])].owner, 7u);
+  auto usage = bm.slots();
+  EXPECT_EQ(usage.num_allocated, 8);
+  EXPECT_EQ(usage.num_filled, 6);
+  EXPECT_DOUBLE_EQ(usage.waste(), 0.25);
+}
+
+// Randomized: a reference model of reference counts checked against the manager after every op.
+TEST(block_manager, random_operations_keep_invariants) {
+  for (uint32_t seed = 0; seed < 200; ++seed) {
+    std::mt19937 rng(seed);
+    const int32_t bs = 1 + static_cast<int32_t>(rng() % 5);
+    auto bm = make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0);
+    struct live { std::vector<token_id> tokens; int32_t computed = 0; };
+    std::map<seq_id, live> seqs;
+    seq_id next = 1;
+    std::vector<block_copy> copies, swaps;
+    for (int op = 0; op < 300; ++op) {
+      const uint32_t kind = rng() % 6;
+      if (kind == 0 || seqs.empty()) {  // new sequence, from a small alphabet so prefixes repeat
+        live l;
+        const int32_t n = 1 + static_cast<int32_t>(rng() % 12);
+        for (int32_t i = 0; i < n; ++i) l.tokens.push_back(static_cast<token_id>(rng() % 2));
+        const int32_t cached = bm.cached_prefix_tokens(l.tokens);
+        ASSERT_EQ(cached % bs, 0);
+        ASSERT_LT(cached, n);
+        if (bm.allocate_slots(next, l.tokens, cached, n - cached, 0, copies)) {
+          bm.commit_computed(next, l.tokens, n);
+          l.computed = n;
+          seqs.emplace(next, l);
+        }
+        ++next;
+      } else {
+        auto it = seqs.begin();
+        std::advance(it, rng() % seqs.size());
+        const seq_id s = it->first;
+        live& l = it->second;
+        if (kind == 1) {
+          bm.free(s);
+          seqs.erase(it);
+        } else if (kind == 2 && !bm.is_swapped(s)) {
+          bm.fork(s, next);
+          seqs.emplace(next++, l);
+        } else if (kind == 3 && !bm.is_swapped(s)) {
+          l.tokens.push_back(static_cast<token_id>(rng() % 2));
+          if (bm.allocate_slots(s, l.tokens, l.computed, 1, 0, copies)) {
+            bm.commit_computed(s, l.tokens, ++l.computed);
+          } else {
+            l.tokens.pop_back();
+          }
+        } else if (kind == 4 && !bm.is_swapped(s)) {
+          bm.swap_out(s, swaps);
+        } else if (kind == 5 && bm.is_swapped(s)) {
+          bm.swap_in(s, 0, swaps);
+        }
+      }
+      ASSERT_EQ(bm.check_invariants(), "") << "seed " << seed << " op " << op;
+    }
+    for (auto& [s, l] : seqs) bm.free(s);
+    ASSERT_EQ(bm.num_free_blocks(), bm.num_device_blocks()) << "seed " << seed;
+    ASSERT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks()) << "seed " << seed;
+    ASSERT_EQ(bm.check_invariants(), "");
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,211 @@
+// A simulated executor for engine tests: no model, but a faithful KV store.
+//
+// Every device/host block holds `block_size` slots of (token, position). A step applies swap-ins,
+// swap-outs and copies in the executor contract's order, then for every sequence slice:
+//   1. reads back positions [0, num_computed) through its block table and checks each slot holds
+//      that position (and, for a sequence it has seen before, the same tokens as last time);
+//   2. writes (token, position) of the new tokens into their slots — refusing to write a block that
+//      another slice of the same step reads or writes (a missing copy-on-write);
+//   3. returns deterministic fake logits that are a function of the WHOLE token history as read
+//      back from the cache plus the new tokens.
+// So any paging bug (sharing without CoW, a bad swap/copy, a block reused while still owned, a
+// stale prefix-cache hit) either trips a check here or changes the logits, and thus the tokens the
+// engine generates, which tests compare with an oracle computed from the true token history.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/executor.hpp"
+
+namespace tessera::testing {
+
+// FNV-1a over the token history: fake logits depend on every token and its position.
+inline uint64_t history_hash(std::span<const token_id> tokens) {
+  uint64_t h = 1469598103934665603ULL;
+  for (token_id t : tokens) {
+    h ^= static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ULL;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// Deterministic logits in [-4, 4) for the token following `history`.
+inline std::vector<float> fake_logits(std::span<const token_id> history, int32_t vocab_size) {
+  std::vector<float> out(static_cast<size_t>(vocab_size));
+  uint64_t x = history_hash(history);
+  for (int32_t v = 0; v < vocab_size; ++v) {
+    // splitmix64 stream seeded by the history
+    x += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    out[static_cast<size_t>(v)] = static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f;
+  }
+  return out;
+}
+
+// Token of rank `rank` (0 = argmax) in fake_logits(history); ties broken by the lower id.
+inline token_id ranked_token(std::span<const token_id> history, int32_t vocab_size, int32_t rank = 0) {
+  std::vector<float> l = fake_logits(history, vocab_size);
+  std::vector<token_id> ids(l.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<token_id>(i);
+  std::stable_sort(ids.begin(), ids.end(), [&](token_id a, token_id b) { return l[size_t(a)] > l[size_t(b)]; });
+  return ids[static_cast<size_t>(rank)];
+}
+
+class sim_executor : public executor {
+ public:
+  sim_executor(int32_t block_size, int32_t num_device_blocks, int32_t num_host_blocks, int32_t vocab_size = 64,
+               int64_t block_bytes = 4096)
+      : block_bytes_(block_bytes) {
+    spec_.block_size = block_size;
+    spec_.num_device_blocks = num_device_blocks;
+    spec_.num_host_blocks = num_host_blocks;
+    config_.name = "sim";
+    config_.num_layers = 1;
+    config_.vocab_size = vocab_size;
+    config_.context_length = 1 << 20;
+    device_.assign(static_cast<size_t>(num_device_blocks) * block_size, slot{});
+    host_.assign(static_cast<size_t>(num_host_blocks) * block_size, slot{});
+  }
+
+  const model_config& config() const override { return config_; }
+  const kv_cache_spec& kv_spec() const override { return spec_; }
+  int64_t kv_block_bytes() const override { return block_bytes_; }
+  const char* name() const override { return "sim"; }
+
+  // Every contract violation seen so far (tests assert this stays empty).
+  const std::vector<std::string>& errors() const { return errors_; }
+  int64_t num_steps() const { return num_steps_; }
+  int64_t num_computed_tokens() const { return num_computed_tokens_; }
+  // Makes the execute() call number `step` (1-based) throw after applying nothing.
+  void fail_at_step(int64_t step) { fail_at_ = step; }
+
+  void execute(const step_batch& batch, step_output& out) override {
+    ++num_steps_;
+    if (num_steps_ == fail_at_) throw std::runtime_error("sim_executor: injected failure");
+    const int32_t bs = spec_.block_size;
+    auto copy_block = [&](std::vector<slot>& from, block_id src, std::vector<slot>& to, block_id dst) {
+      for (int32_t i = 0; i < bs; ++i)
+        to[static_cast<size_t>(dst) * bs + i] = from[static_cast<size_t>(src) * bs + i];
+    };
+    for (const block_copy& c : batch.swap_in) {
+      if (!in_range(c.src, spec_.num_host_blocks) || !in_range(c.dst, spec_.num_device_blocks)) {
+        error("swap_in out of range");
+        continue;
+      }
+      copy_block(host_, c.src, device_, c.dst);
+    }
+    for (const block_copy& c : batch.swap_out) {
+      if (!in_range(c.src, spec_.num_device_blocks) || !in_range(c.dst, spec_.num_host_blocks)) {
+        error("swap_out out of range");
+        continue;
+      }
+      copy_block(device_, c.src, host_, c.dst);
+    }
+    for (const block_copy& c : batch.copies) {
+      if (!in_range(c.src, spec_.num_device_blocks) || !in_range(c.dst, spec_.num_device_blocks)) {
+        error("copy out of range");
+        continue;
+      }
+      copy_block(device_, c.src, device_, c.dst);
+    }
+
+    // Blocks each slice reads (positions < num_computed) and writes (its new tokens).
+    std::map<block_id, std::set<uint64_t>> readers, writers;
+    for (const sequence_slice& s : batch.seqs) {
+      const int32_t end = s.num_computed + static_cast<int32_t>(s.tokens.size());
+      if (static_cast<int32_t>(s.block_table.size()) * bs < end) {
+        error("seq " + std::to_string(s.seq_id) + ": block table too short");
+        continue;
+      }
+      for (int32_t p = 0; p < end; ++p) {
+        const block_id b = s.block_table[static_cast<size_t>(p / bs)];
+        (p < s.num_computed ? readers : writers)[b].insert(s.seq_id);
+      }
+    }
+    for (const auto& [b, w] : writers) {
+      if (w.size() > 1) error("block " + std::to_string(b) + " written by two sequences in one step");
+      auto r = readers.find(b);
+      if (r != readers.end())
+        for (uint64_t reader : r->second)
+          if (!w.count(reader)) error("block " + std::to_string(b) + " written while another sequence reads it");
+    }
+
+    out.vocab_size = config_.vocab_size;
+    out.logits.clear();
+    out.first_row.assign(batch.seqs.size(), 0);
+    out.num_rows.assign(batch.seqs.size(), 0);
+    int32_t row = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const sequence_slice& s = batch.seqs[i];
+      const int32_t end = s.num_computed + static_cast<int32_t>(s.tokens.size());
+      if (static_cast<int32_t>(s.block_table.size()) * bs < end) continue;
+      std::vector<token_id> history;
+      history.reserve(static_cast<size_t>(end));
+      for (int32_t p = 0; p < s.num_computed; ++p) {
+        const slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
+        if (sl.pos != p) {
+          error("seq " + std::to_string(s.seq_id) + ": position " + std::to_string(p) + " reads a slot holding position " +
+                std::to_string(sl.pos));
+        }
+        history.push_back(sl.token);
+      }
+      auto known = histories_.find(s.seq_id);
+      if (known != histories_.end() && static_cast<int32_t>(known->second.size()) >= s.num_computed &&
+          !std::equal(history.begin(), history.end(), known->second.begin()))
+        error("seq " + std::to_string(s.seq_id) + ": cached K/V differ from the tokens it computed before");
+      for (size_t j = 0; j < s.tokens.size(); ++j) {
+        const int32_t p = s.num_computed + static_cast<int32_t>(j);
+        slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
+        sl.token = s.tokens[j];
+        sl.pos = p;
+        history.push_back(s.tokens[j]);
+      }
+      num_computed_tokens_ += static_cast<int64_t>(s.tokens.size());
+      const int32_t num_rows = s.logits == sequence_slice::logits_mode::none ? 0
+                               : s.logits == sequence_slice::logits_mode::last ? 1
+                                                                               : static_cast<int32_t>(s.tokens.size());
+      out.first_row[i] = row;
+      out.num_rows[i] = num_rows;
+      for (int32_t k = 0; k < num_rows; ++k) {
+        const size_t upto = history.size() - static_cast<size_t>(num_rows - 1 - k);
+        std::vector<float> l = fake_logits(std::span(history).first(upto), config_.vocab_size);
+        out.logits.insert(out.logits.end(), l.begin(), l.end());
+      }
+      row += num_rows;
+      histories_[s.seq_id] = std::move(history);
+    }
+  }
+
+ private:
+  struct slot {
+    token_id token = -1;
+    int32_t pos = -1;
+  };
+  static bool in_range(block_id b, int32_t n) { return b >= 0 && b < n; }
+  void error(std::string e) {
+    if (errors_.size() < 20) errors_.push_back("step " + std::to_string(num_steps_) + ": " + std::move(e));
+  }
+
+  kv_cache_spec spec_;
+  model_config config_;
+  int64_t block_bytes_;
+  std::vector<slot> device_;
+  std::vector<slot> host_;
+  std::unordered_map<uint64_t, std::vector<token_id>> histories_;
+  std::vector<std::string> errors_;
+  int64_t num_steps_ = 0;
+  int64_t num_computed_tokens_ = 0;
+  int64_t fail_at_ = -1;
+};
+
+}  // namespace tessera::testing
