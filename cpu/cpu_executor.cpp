@@ -1,0 +1,611 @@
+// The CPU executor. One execute() = one batched forward pass over every token of every sequence in
+// the step, as a [T, hidden] activation matrix, so each weight matrix is streamed once per step.
+// The pass runs as a single job on the thread pool; threads split each phase (matmul row chunks,
+// tokens, attention tasks) through per-phase atomic counters and meet at a barrier after it.
+#include "cpu/cpu_executor.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "cpu/kernels.hpp"
+#include "cpu/thread_pool.hpp"
+#include "engine/error.hpp"
+
+namespace tessera {
+namespace {
+
+using cpu::act_block;
+using cpu::act_block_elems;
+using cpu::kernel_table;
+
+// A weight matrix as the kernels consume it: quantized rows for matmul_q, or f32 rows.
+struct matrix {
+  bool quant = false;
+  ggml_type type = ggml_type::f32;
+  const std::byte* data = nullptr;  // quant rows
+  const float* f32 = nullptr;       // f32 rows, `cols` apart
+  int64_t stride = 0;               // bytes per quant row
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Matrices over the same input computed in one phase, outputs side by side (Q|K|V, gate|up).
+struct fused_linear {
+  struct chunk {
+    int32_t part;
+    int64_t row_begin;
+    int64_t row_end;
+  };
+  std::vector<matrix> parts;
+  std::vector<int64_t> col_offset;
+  std::vector<chunk> chunks;
+  int64_t in_cols = 0;
+  int64_t out_cols = 0;
+  bool needs_quant = false;
+  bool needs_f32 = false;
+};
+
+struct layer_state {
+  std::vector<float> attn_norm;
+  std::vector<float> ffn_norm;
+  fused_linear qkv;
+  fused_linear wo;
+  fused_linear gate_up;
+  fused_linear down;
+};
+
+struct alignas(64) padded_counter {
+  std::atomic<int64_t> next{0};
+};
+
+struct seq_plan {
+  int32_t token_begin = 0;
+  int32_t num_tokens = 0;
+  const std::vector<block_id>* table = nullptr;
+};
+
+struct attn_task {
+  int32_t seq;
+  int32_t head;
+  int32_t token_begin;
+  int32_t token_end;
+};
+
+const kernel_table& pick_kernels(const std::string& want) {
+  if (want.empty()) return cpu::best_kernels();
+  for (const kernel_table* t : cpu::available_kernels()) {
+    if (std::string_view(t->name) == want) return *t;
+  }
+  throw invalid_request("cpu executor: kernel table '" + want +
+                        "' is unknown or not supported by this CPU");
+}
+
+class cpu_executor final : public executor {
+ public:
+  cpu_executor(std::shared_ptr<const model_weights> weights, const cpu_executor_options& options)
+      : weights_(std::move(weights)),
+        spec_(options.kv),
+        kern_(&pick_kernels(options.kernels)),
+        dequantize_all_(options.dequantize_weights) {
+    if (!weights_) throw invalid_request("cpu executor: no weights");
+    config_ = weights_->config;
+    config_.validate();
+    if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
+      throw invalid_request("cpu executor: bad kv_cache_spec");
+    }
+    if (config_.num_heads % config_.num_kv_heads != 0 || config_.rope_dims % 2 != 0 ||
+        config_.rope_dims > config_.head_dim || config_.rope_dims < 0) {
+      throw load_error("cpu executor: inconsistent head geometry in model config");
+    }
+    pool_ = std::make_unique<cpu::thread_pool>(options.num_threads);
+    prepare_weights();
+    block_floats_ = static_cast<int64_t>(config_.num_layers) * 2 * config_.num_kv_heads *
+                    spec_.block_size * config_.head_dim;
+    // Uninitialised on purpose: the OS maps pages lazily, and every slot is written before read.
+    kv_device_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_device_blocks)]);
+    kv_host_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_host_blocks)]);
+    num_phases_ = 8 + 12 * static_cast<int64_t>(config_.num_layers);
+    counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
+    const int32_t half = config_.rope_dims / 2;
+    inv_freq_.resize(static_cast<size_t>(half));
+    for (int32_t i = 0; i < half; ++i) {
+      inv_freq_[static_cast<size_t>(i)] = static_cast<float>(
+          std::pow(static_cast<double>(config_.rope_theta), -2.0 * i / config_.rope_dims));
+    }
+  }
+
+  const model_config& config() const override { return config_; }
+  const kv_cache_spec& kv_spec() const override { return spec_; }
+  int64_t kv_block_bytes() const override { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
+  const char* name() const override { return "cpu"; }
+
+  void execute(const step_batch& batch, step_output& out) override;
+
+ private:
+  matrix prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what);
+  std::vector<float> prepare_vector(const weight_tensor& w, int64_t n, const char* what);
+  fused_linear make_linear(std::initializer_list<matrix> parts) const;
+  void prepare_weights();
+  void plan_step(const step_batch& batch, step_output& out);
+  void apply_block_moves(const step_batch& batch);
+  void forward(int thread_index);
+
+  float* kv_slot(block_id block, int32_t layer, int kind, int32_t kv_head) const {
+    return kv_device_.get() + static_cast<int64_t>(block) * block_floats_ +
+           ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) *
+               spec_.block_size * config_.head_dim;
+  }
+
+  std::shared_ptr<const model_weights> weights_;
+  model_config config_;
+  kv_cache_spec spec_;
+  const kernel_table* kern_;
+  bool dequantize_all_;
+  std::unique_ptr<cpu::thread_pool> pool_;
+
+  std::vector<std::vector<float>> owned_;  // converted weights (moving keeps data() stable)
+  std::vector<layer_state> layers_;
+  std::vector<float> output_norm_;
+  fused_linear output_;
+  std::vector<float> inv_freq_;
+
+  int64_t block_floats_ = 0;
+  std::unique_ptr<float[]> kv_device_;
+  std::unique_ptr<float[]> kv_host_;
+  int64_t num_phases_ = 0;
+  std::unique_ptr<padded_counter[]> counters_;
+
+  // ---- per-step state (sized by plan_step, read by every thread in forward) ----------------
+  int32_t num_tokens_ = 0;
+  std::vector<seq_plan> seqs_;
+  std::vector<token_id> tok_id_;
+  std::vector<int32_t> tok_pos_;
+  std::vector<int32_t> tok_seq_;
+  std::vector<int32_t> logit_tokens_;
+  std::vector<attn_task> attn_tasks_;
+  int32_t max_context_ = 0;
+  float* logits_out_ = nullptr;
+  std::vector<float> rope_cos_, rope_sin_;
+  std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_;
+  std::vector<act_block> xq_;
+  std::vector<std::vector<float>> scratch_;
+};
+
+// ---- weight preparation ----------------------------------------------------------------------
+
+matrix cpu_executor::prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what) {
+  if (w.empty() || w.rows != rows || w.cols != cols) {
+    throw load_error(std::string("cpu executor: weight ") + what + " ('" + w.name + "') has shape [" +
+                     std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], expected [" +
+                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+  const int64_t rb = row_bytes(w.type, cols);
+  if (rb < 0 || w.row_stride_bytes < rb) {
+    throw load_error(std::string("cpu executor: weight ") + what + " has a bad row stride");
+  }
+  matrix m;
+  m.type = w.type;
+  m.rows = rows;
+  m.cols = cols;
+  if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {
+    m.quant = true;
+    m.data = w.data;
+    m.stride = w.row_stride_bytes;
+    return m;
+  }
+  const ggml_type_info& info = type_info(w.type);
+  if (!info.can_dequantize) {
+    throw load_error(std::string("cpu executor: weight ") + what + " has unsupported type " +
+                     std::string(info.name));
+  }
+  if (w.type == ggml_type::f32 && w.row_stride_bytes == cols * static_cast<int64_t>(sizeof(float))) {
+    m.f32 = reinterpret_cast<const float*>(w.data);  // used in place
+    return m;
+  }
+  // No fast kernel for this type (or exact mode): dequantize once to f32 and use the f32 path.
+  std::vector<float> buf(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * cols, cols);
+  m.f32 = buf.data();
+  owned_.push_back(std::move(buf));
+  return m;
+}
+
+std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w, int64_t n, const char* what) {
+  if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
+    throw load_error(std::string("cpu executor: norm weight ") + what + " is missing or has the wrong size");
+  }
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
+  return v;
+}
+
+fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) const {
+  fused_linear f;
+  f.parts.assign(parts.begin(), parts.end());
+  f.in_cols = f.parts.front().cols;
+  const int64_t threads = pool_->size();
+  for (size_t p = 0; p < f.parts.size(); ++p) {
+    const matrix& m = f.parts[p];
+    f.col_offset.push_back(f.out_cols);
+    f.out_cols += m.rows;
+    (m.quant ? f.needs_quant : f.needs_f32) = true;
+    // Enough chunks per thread to balance when a core is shared; multiples of the 16-row tile.
+    int64_t rows_per_chunk = (m.rows + threads * 4 - 1) / (threads * 4);
+    rows_per_chunk = std::clamp<int64_t>((rows_per_chunk + 15) / 16 * 16, 16, 512);
+    for (int64_t r = 0; r < m.rows; r += rows_per_chunk) {
+      f.chunks.push_back({static_cast<int32_t>(p), r, std::min(m.rows, r + rows_per_chunk)});
+    }
+  }
+  return f;
+}
+
+void cpu_executor::prepare_weights() {
+  const model_weights& w = *weights_;
+  const int64_t hidden = config_.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
+  const int64_t ffn = config_.intermediate_size;
+  if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
+    throw load_error("cpu executor: layer count does not match the config");
+  }
+  if (w.token_embedding.empty() || w.token_embedding.rows != config_.vocab_size ||
+      w.token_embedding.cols != hidden || !type_info(w.token_embedding.type).can_dequantize) {
+    throw load_error("cpu executor: token embedding missing or of the wrong shape/type");
+  }
+  for (const layer_weights& lw : w.layers) {
+    layer_state ls;
+    ls.attn_norm = prepare_vector(lw.attn_norm, hidden, "attn_norm");
+    ls.ffn_norm = prepare_vector(lw.ffn_norm, hidden, "ffn_norm");
+    ls.qkv = make_linear({prepare_matrix(lw.wq, q_dim, hidden, "wq"), prepare_matrix(lw.wk, kv_dim, hidden, "wk"),
+                          prepare_matrix(lw.wv, kv_dim, hidden, "wv")});
+    ls.wo = make_linear({prepare_matrix(lw.wo, hidden, q_dim, "wo")});
+    ls.gate_up = make_linear({prepare_matrix(lw.w_gate, ffn, hidden, "w_gate"), prepare_matrix(lw.w_up, ffn, hidden, "w_up")});
+    ls.down = make_linear({prepare_matrix(lw.w_down, hidden, ffn, "w_down")});
+    layers_.push_back(std::move(ls));
+  }
+  output_norm_ = prepare_vector(w.output_norm, hidden, "output_norm");
+  const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
+  output_ = make_linear({prepare_matrix(out, config_.vocab_size, hidden, "output")});
+}
+
+// ---- step planning -----------------------------------------------------------------------------
+
+void cpu_executor::apply_block_moves(const step_batch& batch) {
+  const size_t bytes = static_cast<size_t>(kv_block_bytes());
+  auto check = [](const std::vector<block_copy>& moves, int32_t src_limit, int32_t dst_limit, const char* what) {
+    for (const block_copy& c : moves) {
+      if (c.src < 0 || c.src >= src_limit || c.dst < 0 || c.dst >= dst_limit) {
+        throw invalid_request(std::string("cpu executor: ") + what + " block id out of range");
+      }
+    }
+  };
+  // All checks first: a rejected step leaves the cache as it was.
+  check(batch.swap_in, spec_.num_host_blocks, spec_.num_device_blocks, "swap_in");
+  check(batch.swap_out, spec_.num_device_blocks, spec_.num_host_blocks, "swap_out");
+  check(batch.copies, spec_.num_device_blocks, spec_.num_device_blocks, "copy");
+  for (const block_copy& c : batch.swap_in) {
+    std::memcpy(kv_device_.get() + c.dst * block_floats_, kv_host_.get() + c.src * block_floats_, bytes);
+  }
+  for (const block_copy& c : batch.swap_out) {
+    std::memcpy(kv_host_.get() + c.dst * block_floats_, kv_device_.get() + c.src * block_floats_, bytes);
+  }
+  for (const block_copy& c : batch.copies) {
+    if (c.src != c.dst) {
+      std::memcpy(kv_device_.get() + c.dst * block_floats_, kv_device_.get() + c.src * block_floats_, bytes);
+    }
+  }
+}
+
+void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
+  seqs_.clear();
+  tok_id_.clear();
+  tok_pos_.clear();
+  tok_seq_.clear();
+  logit_tokens_.clear();
+  attn_tasks_.clear();
+  max_context_ = 0;
+  out.vocab_size = config_.vocab_size;
+  out.first_row.assign(batch.seqs.size(), 0);
+  out.num_rows.assign(batch.seqs.size(), 0);
+
+  // Queries per attention task: small enough to spread a prefill over the threads, large enough
+  // to amortise the per-task overhead.
+  constexpr int32_t attn_chunk = 16;
+  int32_t rows = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const sequence_slice& sl = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(sl.tokens.size());
+    const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
+    if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) {
+      throw invalid_request("cpu executor: bad num_computed");
+    }
+    if (static_cast<int64_t>(sl.block_table.size()) * spec_.block_size < end) {
+      throw invalid_request("cpu executor: block table does not cover the sequence");
+    }
+    const int64_t used_blocks = (end + spec_.block_size - 1) / spec_.block_size;
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      const block_id id = sl.block_table[static_cast<size_t>(b)];
+      if (id < 0 || id >= spec_.num_device_blocks) throw invalid_request("cpu executor: block id out of range");
+    }
+    seq_plan sp;
+    sp.token_begin = static_cast<int32_t>(tok_id_.size());
+    sp.num_tokens = static_cast<int32_t>(n);
+    sp.table = &sl.block_table;
+    for (int64_t i = 0; i < n; ++i) {
+      const token_id t = sl.tokens[static_cast<size_t>(i)];
+      if (t < 0 || t >= config_.vocab_size) throw invalid_request("cpu executor: token id out of range");
+      tok_id_.push_back(t);
+      tok_pos_.push_back(static_cast<int32_t>(sl.num_computed + i));
+      tok_seq_.push_back(static_cast<int32_t>(s));
+    }
+    max_context_ = std::max(max_context_, static_cast<int32_t>(end));
+    for (int32_t h = 0; h < config_.num_heads; ++h) {
+      for (int32_t t = 0; t < sp.num_tokens; t += attn_chunk) {
+        attn_tasks_.push_back({static_cast<int32_t>(s), h, sp.token_begin + t,
+                               sp.token_begin + std::min(sp.num_tokens, t + attn_chunk)});
+      }
+    }
+    out.first_row[s] = rows;
+    if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
+      logit_tokens_.push_back(sp.token_begin + sp.num_tokens - 1);
+      out.num_rows[s] = 1;
+    } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
+      for (int32_t i = 0; i < sp.num_tokens; ++i) logit_tokens_.push_back(sp.token_begin + i);
+      out.num_rows[s] = sp.num_tokens;
+    }
+    rows += out.num_rows[s];
+    seqs_.push_back(sp);
+  }
+  // Heaviest attention tasks (latest positions) first, so the tail of the phase is short.
+  std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [this](const attn_task& a, const attn_task& b) {
+    return tok_pos_[static_cast<size_t>(a.token_end - 1)] > tok_pos_[static_cast<size_t>(b.token_end - 1)];
+  });
+
+  num_tokens_ = static_cast<int32_t>(tok_id_.size());
+  const auto T = static_cast<size_t>(num_tokens_);
+  const auto hidden = static_cast<size_t>(config_.hidden_size);
+  const auto q_dim = static_cast<size_t>(config_.num_heads) * static_cast<size_t>(config_.head_dim);
+  const auto ffn = static_cast<size_t>(config_.intermediate_size);
+  const size_t widest = std::max({hidden, q_dim, ffn});
+  x_.resize(T * hidden);
+  xn_.resize(T * hidden);
+  xq_.resize(T * (widest / act_block_elems + 1));
+  qkv_.resize(T * static_cast<size_t>(layers_.front().qkv.out_cols));
+  attn_.resize(T * q_dim);
+  gu_.resize(T * 2 * ffn);
+  mlp_.resize(T * ffn);
+  lx_.resize(logit_tokens_.size() * hidden);
+  const size_t half = inv_freq_.size();
+  rope_cos_.resize(T * half);
+  rope_sin_.resize(T * half);
+  scratch_.resize(static_cast<size_t>(pool_->size()));
+  for (auto& s : scratch_) {
+    if (s.size() < static_cast<size_t>(max_context_) + 8) s.resize(static_cast<size_t>(max_context_) + 8);
+  }
+  out.logits.resize(logit_tokens_.size() * static_cast<size_t>(config_.vocab_size));
+  logits_out_ = out.logits.data();
+}
+
+void cpu_executor::execute(const step_batch& batch, step_output& out) {
+  if (layers_.empty()) throw invalid_request("cpu executor: model has no layers");
+  plan_step(batch, out);  // validates everything before any KV memory is touched
+  apply_block_moves(batch);
+  if (num_tokens_ == 0) return;
+  for (int64_t p = 0; p < num_phases_; ++p) counters_[p].next.store(0, std::memory_order_relaxed);
+  pool_->run([this](int i) { forward(i); });
+}
+
+// ---- the forward pass (runs on every pool thread) ----------------------------------------------
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+void cpu_executor::forward(int thread_index) {
+  const kernel_table& k = *kern_;
+  int64_t phase = 0;
+  // Runs body(i) for every i < n, spread over the threads, then waits for all of them.
+  auto parallel = [&](int64_t n, auto&& body) {
+    std::atomic<int64_t>& next = counters_[phase++].next;
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(i);
+    pool_->barrier();
+  };
+  const int32_t T = num_tokens_;
+  const int64_t hidden = config_.hidden_size;
+  const int32_t hd = config_.head_dim;
+  const int32_t nh = config_.num_heads;
+  const int32_t nkv = config_.num_kv_heads;
+  const int64_t q_dim = static_cast<int64_t>(nh) * hd;
+  const int64_t kv_dim = static_cast<int64_t>(nkv) * hd;
+  const int64_t ffn = config_.intermediate_size;
+  const int32_t bs = spec_.block_size;
+  const int32_t group = nh / nkv;
+  const auto half = static_cast<int64_t>(inv_freq_.size());
+  const float eps = config_.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  // out[t, cols of part] (+)= input[t] . W rows, over the chunks of `f`.
+  auto linear = [&](const fused_linear& f, const float* xf, int64_t xf_stride, const act_block* xq,
+                    int32_t num_tokens, float* out, int64_t out_stride, bool accumulate) {
+    parallel(static_cast<int64_t>(f.chunks.size()), [&](int64_t c) {
+      const fused_linear::chunk& ch = f.chunks[static_cast<size_t>(c)];
+      const matrix& m = f.parts[static_cast<size_t>(ch.part)];
+      float* o = out + f.col_offset[static_cast<size_t>(ch.part)];
+      if (m.quant) {
+        cpu::qmatmul_args a;
+        a.type = m.type;
+        a.weights = m.data;
+        a.weight_stride = m.stride;
+        a.num_blocks = m.cols / act_block_elems;
+        a.act = xq;
+        a.act_stride = f.in_cols / act_block_elems;
+        a.num_tokens = num_tokens;
+        a.row_begin = ch.row_begin;
+        a.row_end = ch.row_end;
+        a.out = o;
+        a.out_stride = out_stride;
+        a.accumulate = accumulate;
+        k.matmul_q(a);
+      } else {
+        cpu::fmatmul_args a;
+        a.weights = m.f32;
+        a.cols = m.cols;
+        a.x = xf;
+        a.x_stride = xf_stride;
+        a.num_tokens = num_tokens;
+        a.row_begin = ch.row_begin;
+        a.row_end = ch.row_end;
+        a.out = o;
+        a.out_stride = out_stride;
+        a.accumulate = accumulate;
+        k.matmul_f32(a);
+      }
+    });
+  };
+  auto quantize_rows = [&](const fused_linear& f, const float* x, int64_t row) {
+    if (f.needs_quant) k.quantize_act(x + row * f.in_cols, xq_.data() + row * (f.in_cols / act_block_elems), f.in_cols);
+  };
+
+  // Embedding rows and this step's RoPE angles.
+  parallel(T, [&](int64_t t) {
+    const weight_tensor& emb = weights_->token_embedding;
+    dequantize_row(emb.type, emb.row(tok_id_[static_cast<size_t>(t)]), x_.data() + t * hidden, hidden);
+    const auto pos = static_cast<float>(tok_pos_[static_cast<size_t>(t)]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq_[static_cast<size_t>(i)];
+      rope_cos_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      rope_sin_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  });
+
+  auto rope = [&](float* v, int64_t t) {
+    const float* c = rope_cos_.data() + t * half;
+    const float* s = rope_sin_.data() + t * half;
+    if (config_.rope == rope_style::interleaved) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c[i] - b * s[i];
+        v[2 * i + 1] = a * s[i] + b * c[i];
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = a * s[i] + b * c[i];
+      }
+    }
+  };
+
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    const layer_state& L = layers_[static_cast<size_t>(l)];
+    parallel(T, [&](int64_t t) {
+      rms_norm(x_.data() + t * hidden, L.attn_norm.data(), xn_.data() + t * hidden, hidden, eps);
+      quantize_rows(L.qkv, xn_.data(), t);
+    });
+    const int64_t qkv_cols = L.qkv.out_cols;
+    linear(L.qkv, xn_.data(), hidden, xq_.data(), T, qkv_.data(), qkv_cols, false);
+
+    // RoPE on Q and K, then K and V into their paged slots.
+    parallel(T, [&](int64_t t) {
+      float* q = qkv_.data() + t * qkv_cols;
+      float* kk = q + q_dim;
+      const float* v = kk + kv_dim;
+      for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t);
+      const int32_t pos = tok_pos_[static_cast<size_t>(t)];
+      const seq_plan& sp = seqs_[static_cast<size_t>(tok_seq_[static_cast<size_t>(t)])];
+      const block_id blk = (*sp.table)[static_cast<size_t>(pos / bs)];
+      const int64_t slot = static_cast<int64_t>(pos % bs) * hd;
+      for (int32_t h = 0; h < nkv; ++h) {
+        rope(kk + static_cast<int64_t>(h) * hd, t);
+        std::memcpy(kv_slot(blk, l, 0, h) + slot, kk + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
+        std::memcpy(kv_slot(blk, l, 1, h) + slot, v + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
+      }
+    });
+
+    // Causal attention of each new token over positions [0, pos], read through the block table.
+    parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
+      const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
+      const seq_plan& sp = seqs_[static_cast<size_t>(task.seq)];
+      const int32_t kvh = task.head / group;
+      float* scores = scratch_[static_cast<size_t>(thread_index)].data();
+      for (int32_t t = task.token_begin; t < task.token_end; ++t) {
+        const float* q = qkv_.data() + t * qkv_cols + static_cast<int64_t>(task.head) * hd;
+        const int32_t n_ctx = tok_pos_[static_cast<size_t>(t)] + 1;
+        const int32_t num_blocks = (n_ctx + bs - 1) / bs;
+        for (int32_t b = 0; b < num_blocks; ++b) {
+          const block_id blk = (*sp.table)[static_cast<size_t>(b)];
+          const int32_t n = std::min(bs, n_ctx - b * bs);
+          k.attn_scores(q, kv_slot(blk, l, 0, kvh), n, hd, scale, scores + static_cast<int64_t>(b) * bs);
+        }
+        float mx = scores[0];
+        for (int32_t j = 1; j < n_ctx; ++j) mx = std::max(mx, scores[j]);
+        const float sum = k.softmax_exp(scores, n_ctx, mx);
+        float* o = attn_.data() + t * q_dim + static_cast<int64_t>(task.head) * hd;
+        std::fill(o, o + hd, 0.0f);
+        for (int32_t b = 0; b < num_blocks; ++b) {
+          const block_id blk = (*sp.table)[static_cast<size_t>(b)];
+          const int32_t n = std::min(bs, n_ctx - b * bs);
+          k.attn_accumulate(scores + static_cast<int64_t>(b) * bs, kv_slot(blk, l, 1, kvh), n, hd, o);
+        }
+        const float inv = 1.0f / sum;
+        for (int32_t d = 0; d < hd; ++d) o[d] *= inv;
+      }
+    });
+
+    if (L.wo.needs_quant) parallel(T, [&](int64_t t) { quantize_rows(L.wo, attn_.data(), t); });
+    linear(L.wo, attn_.data(), q_dim, xq_.data(), T, x_.data(), hidden, true);
+
+    parallel(T, [&](int64_t t) {
+      rms_norm(x_.data() + t * hidden, L.ffn_norm.data(), xn_.data() + t * hidden, hidden, eps);
+      quantize_rows(L.gate_up, xn_.data(), t);
+    });
+    linear(L.gate_up, xn_.data(), hidden, xq_.data(), T, gu_.data(), 2 * ffn, false);
+
+    parallel(T, [&](int64_t t) {
+      const float* g = gu_.data() + t * 2 * ffn;
+      const float* u = g + ffn;
+      float* m = mlp_.data() + t * ffn;
+      k.silu_mul(g, u, m, ffn);
+      quantize_rows(L.down, mlp_.data(), t);
+    });
+    linear(L.down, mlp_.data(), ffn, xq_.data(), T, x_.data(), hidden, true);
+  }
+
+  // Final norm of the rows whose logits were asked for, then the output projection.
+  const auto R = static_cast<int64_t>(logit_tokens_.size());
+  if (R == 0) return;
+  parallel(R, [&](int64_t r) {
+    rms_norm(x_.data() + logit_tokens_[static_cast<size_t>(r)] * hidden, output_norm_.data(), lx_.data() + r * hidden,
+             hidden, eps);
+    quantize_rows(output_, lx_.data(), r);
+  });
+  linear(output_, lx_.data(), hidden, xq_.data(), static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);
+}
+
+}  // namespace
+
+std::unique_ptr<executor> make_cpu_executor(std::shared_ptr<const model_weights> weights,
+                                            const cpu_executor_options& options) {
+  return std::make_unique<cpu_executor>(std::move(weights), options);
+}
+
+int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size) {
+  return static_cast<int64_t>(config.num_layers) * 2 * config.num_kv_heads * block_size * config.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes) {
+  const int64_t per_block = cpu_kv_block_bytes(config, block_size);
+  if (per_block <= 0 || bytes <= 0) return 0;
+  return static_cast<int32_t>(std::min<int64_t>(bytes / per_block, std::numeric_limits<int32_t>::max()));
+}
+
+}  // namespace tessera

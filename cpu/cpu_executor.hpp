@@ -1,0 +1,38 @@
+// The CPU executor: runs LLaMA-family models over their stored (quantized) weights with SIMD
+// kernels and a persistent thread pool, reading a paged KV cache through per-sequence block tables.
+// See docs/cpu_executor.md for the KV layout, threading and kernel dispatch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/executor.hpp"
+#include "engine/model_config.hpp"
+#include "engine/model_weights.hpp"
+
+namespace tessera {
+
+struct cpu_executor_options {
+  int num_threads = 0;  // 0: hardware concurrency
+  kv_cache_spec kv;
+  // Kernel table by name ("scalar", "avx2", "avxvnni", "avx512vnni"); empty: the fastest this
+  // CPU supports (or $TESSERA_CPU_KERNELS). Throws invalid_request when unknown/unsupported.
+  std::string kernels;
+  // Dequantize every weight matrix to f32 at load and run the f32 path (no activation
+  // quantization): matches an fp32 reference (transformers) to ~1e-4 at ~6x the weight memory and
+  // several times the time. For parity tests and debugging; off for serving.
+  bool dequantize_weights = false;
+};
+
+// Throws load_error when the weights are inconsistent with their config, invalid_request when
+// the options are unusable (block_size < 1, negative pool sizes).
+std::unique_ptr<executor> make_cpu_executor(std::shared_ptr<const model_weights> weights,
+                                            const cpu_executor_options& options);
+
+// Bytes of one KV block of `block_size` positions (every layer's K and V, f32).
+int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size);
+
+// How many such blocks fit in `bytes` (clamped to [0, INT32_MAX]).
+int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes);
+
+}  // namespace tessera

@@ -1,0 +1,16 @@
+// AVX512-VNNI kernels: the quantized matmul on 512-bit vectors (two blocks per vpdpbusd, 2x4
+// register tiles); the remaining helpers on 256-bit vectors.
+#define TESSERA_SIMD_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define TESSERA_SIMD_NAME "avx512vnni"
+#define TESSERA_SIMD_GETTER avx512vnni_kernels
+#define TESSERA_SIMD_SUPPORTED                                                              \
+  __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&                        \
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512vl") &&               \
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")
+#define TESSERA_DPBUSD(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define TESSERA_SIMD_512 1
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() values, which -Wuninitialized
+// reports at every inlined use (a known false positive of the compiler's own headers).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "cpu/kernels_simd.inc"

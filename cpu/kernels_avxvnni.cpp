@@ -1,0 +1,9 @@
+// AVX-VNNI kernels (Alder Lake, Sapphire Rapids): vpdpbusd does the u8 x s8 dot to i32 in one op.
+#define TESSERA_SIMD_TARGET "avx2,fma,f16c,avxvnni"
+#define TESSERA_SIMD_NAME "avxvnni"
+#define TESSERA_SIMD_GETTER avxvnni_kernels
+#define TESSERA_SIMD_SUPPORTED                                                              \
+  __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&                        \
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avxvnni")
+#define TESSERA_DPBUSD(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#include "cpu/kernels_simd.inc"
