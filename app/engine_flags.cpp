@@ -71,6 +71,9 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--preemption-mode", preemption_mode, "swap | recompute | auto")
       ->check(CLI::IsMember({"swap", "recompute", "auto"}));
   cmd.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  cmd.add_flag("--dequantize-weights", dequantize_weights,
+               "Dequantize every weight matrix to f32 at load: exact fp32 math (matches transformers), "
+               "about 4x the weight memory and slower decode");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
 }
 
@@ -87,6 +90,7 @@ engine_bundle make_engine(const engine_flags& flags) {
   const model_config& config = b.model.weights->config;
   cpu_executor_options exec_options;
   exec_options.num_threads = flags.threads;
+  exec_options.dequantize_weights = flags.dequantize_weights;
   exec_options.kv.block_size = flags.block_size;
   exec_options.kv.num_device_blocks =
       flags.num_kv_blocks > 0

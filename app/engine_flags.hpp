@@ -26,6 +26,7 @@ struct engine_flags {
   int max_model_len = 0;             // 0: the model's context length
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
+  bool dequantize_weights = false;   // fp32 weights: exact math (as transformers), slower decode
   bool quiet = false;                // no progress/stats on stderr
 
   void add_to(CLI::App& cmd);
