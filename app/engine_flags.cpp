@@ -55,7 +55,7 @@ void fault_in_weights(const model_weights& w, bool show) {
 }  // namespace
 
 void engine_flags::add_to(CLI::App& cmd) {
-  cmd.add_option("-m,--model", model, "Model: a .gguf file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd.add_option("-m,--model", model, "Model: a .gguf file or a Hugging Face directory (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   cmd.add_option("-t,--threads", threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("--block-size", block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   cmd.add_option("--kv-cache-memory", kv_cache_memory_gib, "KV cache size in GiB")->check(CLI::Range(0.0, 4096.0));

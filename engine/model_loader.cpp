@@ -4,6 +4,7 @@
 
 #include "engine/error.hpp"
 #include "engine/gguf.hpp"
+#include "engine/hf_model.hpp"
 
 namespace tessera {
 
@@ -26,6 +27,17 @@ loaded_model load_gguf(const fs::path& path) {
   return model;
 }
 
+loaded_model load_hf(const fs::path& path) {
+  hf_model hf = load_hf_model(path);
+  loaded_model model;
+  model.path = path;
+  model.weights = std::move(hf.weights);
+  model.tok = std::move(hf.tok);
+  model.chat_template = std::move(hf.chat_template);
+  model.warnings = std::move(hf.warnings);
+  return model;
+}
+
 }  // namespace
 
 loaded_model load_model(const fs::path& path) {
@@ -34,12 +46,9 @@ loaded_model load_model(const fs::path& path) {
     throw load_error(path.string() + ": no such file or directory (run scripts/setup to fetch the default model)");
   }
   if (fs::is_directory(path, ec)) {
-    if (fs::exists(path / "config.json", ec)) {
-      throw load_error(path.string() +
-                       ": Hugging Face directories (config.json + *.safetensors) are not supported yet; "
-                       "convert the model to GGUF or pass a .gguf file");
-    }
-    throw load_error(path.string() + ": a directory without config.json; pass a .gguf file");
+    if (is_hf_model_dir(path)) return load_hf(path);
+    throw load_error(path.string() +
+                     ": a directory without config.json; pass a .gguf file or a Hugging Face model directory");
   }
   return load_gguf(path);
 }

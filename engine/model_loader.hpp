@@ -1,6 +1,6 @@
 // One entry point that turns a model path into everything the engine needs: weights, tokenizer and
-// chat template. Today: GGUF files. (Hugging Face directories — config.json, *.safetensors,
-// tokenizer.json — are recognised and refused with a clear message until their loader lands.)
+// chat template, from a GGUF file or a Hugging Face directory (config.json, *.safetensors,
+// tokenizer.json, tokenizer_config.json; see engine/hf_model.hpp).
 #pragma once
 #include <filesystem>
 #include <functional>
