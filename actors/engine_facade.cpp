@@ -1,0 +1,408 @@
+#include "actors/engine_facade.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "actors/runtime_actors.hpp"
+#include "engine/error.hpp"
+
+namespace tessera::actors {
+
+std::string_view to_string(submit_error e) {
+  switch (e) {
+    case submit_error::none: return "none";
+    case submit_error::overloaded: return "overloaded";
+    case submit_error::unhealthy: return "unhealthy";
+    case submit_error::shutting_down: return "shutting_down";
+    case submit_error::invalid: return "invalid";
+  }
+  return "unknown";
+}
+
+// ---- streams ------------------------------------------------------------------------------------
+
+struct stream_handle::state {
+  explicit state(size_t max_buffered) : max_buffered_deltas(std::max<size_t>(1, max_buffered)) {}
+
+  const size_t max_buffered_deltas;
+  mutable std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<stream_item> items;
+  bool final_arrived = false;
+  bool final_taken = false;
+
+  // Bounded buffer: with max_buffered_deltas items waiting, a new delta is merged into the newest
+  // buffered delta of the same choice (tokens, text and logprobs appended, counters updated). The
+  // reader still sees every token in order; only the step boundaries are lost.
+  void push_delta(const stream_delta& d) {
+    {
+      std::lock_guard lock(mutex);
+      if (final_arrived) return;
+      bool merged = false;
+      if (items.size() >= max_buffered_deltas) {
+        for (auto it = items.rbegin(); it != items.rend(); ++it) {
+          auto* old = std::get_if<stream_delta>(&*it);
+          if (!old || old->output.index != d.output.index) continue;
+          request_output& o = old->output;
+          o.token_ids.insert(o.token_ids.end(), d.output.token_ids.begin(), d.output.token_ids.end());
+          o.text += d.output.text;
+          o.logprobs.insert(o.logprobs.end(), d.output.logprobs.begin(), d.output.logprobs.end());
+          o.finished = d.output.finished;
+          o.reason = d.output.reason;
+          o.error = d.output.error;
+          o.num_prompt_tokens = d.output.num_prompt_tokens;
+          o.num_cached_prompt_tokens = d.output.num_cached_prompt_tokens;
+          o.num_generated_tokens = d.output.num_generated_tokens;
+          if (!d.output.timeline.empty()) o.timeline = d.output.timeline;
+          old->seconds_since_submit = d.seconds_since_submit;
+          merged = true;
+          break;
+        }
+      }
+      if (!merged) items.emplace_back(d);
+    }
+    ready.notify_all();
+  }
+
+  void push_final(const stream_final& f) {
+    {
+      std::lock_guard lock(mutex);
+      if (final_arrived) return;
+      final_arrived = true;
+      items.emplace_back(f);
+    }
+    ready.notify_all();
+  }
+};
+
+// Holds only weak references (actor_addr): a handle kept by the caller must not keep actors alive.
+struct stream_handle::guard {
+  std::shared_ptr<state> st;
+  caf::actor_addr sink;
+  caf::actor_addr scheduler;
+  ticket_id ticket = 0;
+
+  void send_abort() const {
+    if (auto s = caf::actor_cast<caf::actor>(scheduler)) caf::anon_send(s, abort_atom_v, ticket);
+  }
+
+  ~guard() {
+    bool open;
+    {
+      std::lock_guard lock(st->mutex);
+      open = !st->final_arrived;
+    }
+    // The consumer is gone: abort the request (the sink going down tells the scheduler as well).
+    if (open) {
+      send_abort();
+      caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+    }
+  }
+};
+
+std::optional<stream_item> stream_handle::next(std::chrono::milliseconds timeout) {
+  if (!state_) return std::nullopt;
+  std::unique_lock lock(state_->mutex);
+  auto has_item = [&] { return !state_->items.empty() || state_->final_taken; };
+  if (timeout == std::chrono::milliseconds::max())
+    state_->ready.wait(lock, has_item);
+  else if (!state_->ready.wait_for(lock, timeout, has_item))
+    return std::nullopt;
+  if (state_->items.empty()) return std::nullopt;  // final already taken
+  stream_item item = std::move(state_->items.front());
+  state_->items.pop_front();
+  if (std::holds_alternative<stream_final>(item)) state_->final_taken = true;
+  return item;
+}
+
+stream_final stream_handle::wait(std::vector<stream_delta>* deltas) {
+  while (auto item = next()) {
+    if (auto* f = std::get_if<stream_final>(&*item)) return std::move(*f);
+    if (deltas) deltas->push_back(std::move(std::get<stream_delta>(*item)));
+  }
+  stream_final f;
+  f.ticket = id_;
+  f.reason = finish_reason::error;
+  f.error = "stream already consumed";
+  return f;
+}
+
+void stream_handle::abort() {
+  if (guard_) guard_->send_abort();
+}
+
+bool stream_handle::finished() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->final_arrived;
+}
+
+namespace {
+
+// The facade's subscriber actor for one stream: moves messages into the handle's buffer. It monitors
+// the scheduler, so a stream whose scheduler died still ends (with an error) instead of hanging.
+caf::behavior stream_sink(caf::event_based_actor* self, std::shared_ptr<stream_handle::state> st,
+                          caf::actor_addr scheduler, ticket_id ticket) {
+  self->monitor(scheduler);
+  self->set_down_handler([self, st, ticket](const caf::down_msg&) {
+    stream_final f;
+    f.ticket = ticket;
+    f.reason = finish_reason::error;
+    f.error = "engine scheduler stopped";
+    st->push_final(f);
+    self->quit();
+  });
+  return {
+      [st](delta_atom, const delta_ptr& d) {
+        if (d) st->push_delta(*d);
+      },
+      [self, st](final_atom, const final_ptr& f) {
+        if (f) st->push_final(*f);
+        self->quit();
+      },
+  };
+}
+
+int default_caf_threads() {
+  const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::min(n, 4u));
+}
+
+}  // namespace
+
+// ---- the facade ---------------------------------------------------------------------------------
+
+struct facade_internals {
+  explicit facade_internals(int num_threads) {
+    cfg.set("scheduler.max-threads", num_threads);
+    // CAF's idle workers poll their queues (100 busy attempts, then 500 more 50 us apart) before they
+    // sleep on a condition variable that enqueue notifies. Between two engine steps the workers go
+    // idle every time, and that polling takes CPU from the compute threads (measured ~10% CPU per
+    // token on 2 cores); a few attempts keep the hand-off latency low and cost almost nothing.
+    cfg.set("work-stealing.aggressive-poll-attempts", size_t{4});
+    cfg.set("work-stealing.moderate-poll-attempts", size_t{4});
+    add_message_types(cfg);
+  }
+  caf::actor_system_config cfg;
+  std::optional<caf::actor_system> sys;  // after cfg: constructed and destroyed in order
+  std::vector<caf::actor> tokenizers;
+  caf::actor executor_actor;
+  caf::actor kv_manager;
+  caf::actor event_bus;
+  caf::actor scheduler;
+  std::mutex sinks_mutex;
+  std::vector<caf::actor> event_sinks;
+  std::atomic<ticket_id> next_ticket{1};
+  std::atomic<bool> accepting{true};
+  std::atomic<uint64_t> num_submitted{0};
+  std::atomic<uint64_t> num_rejected{0};
+  std::mutex shutdown_mutex;
+  bool stopped = false;
+
+  void stop_actors() {
+    for (auto& a : tokenizers) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (caf::actor* a : {&executor_actor, &kv_manager, &event_bus, &scheduler})
+      if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    std::lock_guard lock(sinks_mutex);
+    for (auto& s : event_sinks) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  }
+
+  // A detached actor's thread ends only once its last strong reference is gone, and the actor
+  // system's destructor joins those threads: drop every handle before destroying it.
+  void release_handles() {
+    tokenizers.clear();
+    executor_actor = nullptr;
+    kv_manager = nullptr;
+    event_bus = nullptr;
+    scheduler = nullptr;
+    std::lock_guard lock(sinks_mutex);
+    event_sinks.clear();
+  }
+};
+
+engine_facade::engine_facade(facade_components components, facade_options options)
+    : shared_(std::make_shared<runtime_shared>()), tok_(components.tok), options_(options) {
+  if (!components.exec) throw invalid_request("engine_facade: no executor");
+  config_ = components.exec->config();
+  in_ = std::make_unique<facade_internals>(options.num_caf_threads > 0 ? options.num_caf_threads : default_caf_threads());
+  in_->sys.emplace(in_->cfg);
+  caf::actor_system& sys = *in_->sys;
+  try {
+    auto encoder = std::make_shared<const prompt_encoder>(components.tok, std::move(components.chat));
+    int num_tok = options.num_tokenizer_actors;
+    if (num_tok <= 0) num_tok = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
+    if (components.tok)
+      for (int i = 0; i < num_tok; ++i) in_->tokenizers.push_back(spawn_tokenizer_actor(sys, encoder));
+    std::shared_ptr<executor> exec(std::move(components.exec));
+    in_->executor_actor = spawn_executor_actor(sys, exec);
+    in_->kv_manager = spawn_kv_manager_actor(sys);
+    in_->event_bus = spawn_event_bus(sys);
+    scheduler_config sc;
+    sc.executor_actor = in_->executor_actor;
+    sc.executor_metadata = exec;
+    sc.tok = components.tok;
+    sc.engine = options.engine;
+    sc.tokenizers = in_->tokenizers;
+    sc.kv_manager = in_->kv_manager;
+    sc.event_bus = in_->event_bus;
+    sc.shared = shared_;
+    sc.kv_snapshot_interval_seconds = options.kv_snapshot_interval_seconds;
+    in_->scheduler = spawn_scheduler_actor(sys, std::move(sc));
+  } catch (...) {
+    in_->stop_actors();
+    in_->release_handles();
+    in_.reset();
+    throw;
+  }
+  if (options.warm_up) {
+    // One 1-token request: faults in the weights and sizes the executor's buffers before traffic.
+    sampling_params p;
+    p.temperature = 0;
+    p.max_tokens = 1;
+    p.ignore_eos = true;
+    const token_id first = tok_ && tok_->bos() ? *tok_->bos() : 0;
+    submit_result r = submit(prompt_input::from_ids({first}), p);
+    if (r) r.stream.wait();
+  }
+}
+
+engine_facade::~engine_facade() {
+  if (in_) shutdown();
+}
+
+caf::actor_system& engine_facade::system() { return *in_->sys; }
+const caf::actor& engine_facade::scheduler() const { return in_->scheduler; }
+
+submit_result engine_facade::submit(prompt_input prompt, const sampling_params& params, int32_t priority) {
+  submit_result result;
+  auto reject = [&](submit_error e, std::string message) {
+    in_->num_rejected.fetch_add(1);
+    result.error = e;
+    result.message = std::move(message);
+    return result;
+  };
+  if (!in_->accepting.load()) return reject(submit_error::shutting_down, "the engine is shutting down");
+  if (!shared_->healthy.load()) return reject(submit_error::unhealthy, "the engine is unhealthy: " + health().message);
+  try {
+    params.validate(config_.vocab_size, options_.engine.limits);
+  } catch (const std::exception& e) {
+    return reject(submit_error::invalid, e.what());
+  }
+  if (shared_->num_queued.fetch_add(1) >= options_.max_waiting) {
+    shared_->num_queued.fetch_sub(1);
+    return reject(submit_error::overloaded, "overloaded: " + std::to_string(options_.max_waiting) +
+                                                " requests are already waiting; retry later");
+  }
+  shared_->num_open.fetch_add(1);
+  in_->num_submitted.fetch_add(1);
+
+  auto request = std::make_shared<submit_request>();
+  request->ticket = in_->next_ticket.fetch_add(1);
+  request->prompt = std::move(prompt);
+  request->params = params;
+  request->priority = priority;
+  request->submitted_at = runtime_clock::now();
+
+  auto st = std::make_shared<stream_handle::state>(static_cast<size_t>(options_.max_buffered_deltas));
+  caf::actor sink = in_->sys->spawn(stream_sink, st, in_->scheduler.address(), request->ticket);
+  auto g = std::make_shared<stream_handle::guard>();
+  g->st = st;
+  g->sink = sink.address();
+  g->scheduler = in_->scheduler.address();
+  g->ticket = request->ticket;
+  result.stream.id_ = request->ticket;
+  result.stream.state_ = st;
+  result.stream.guard_ = std::move(g);
+  caf::anon_send(in_->scheduler, submit_atom_v, submit_ptr(std::move(request)), sink);
+  return result;
+}
+
+void engine_facade::abort(ticket_id id) {
+  if (in_->scheduler) caf::anon_send(in_->scheduler, abort_atom_v, id);
+}
+
+void engine_facade::subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz) {
+  if (!in_->accepting.load()) return;  // shutting down
+  caf::actor sink = spawn_event_callback_sink(*in_->sys, std::move(callback));
+  {
+    std::lock_guard lock(in_->sinks_mutex);
+    in_->event_sinks.push_back(sink);
+  }
+  caf::anon_send(in_->event_bus, subscribe_atom_v, sink, max_rate_hz);
+}
+
+facade_stats engine_facade::stats() const {
+  facade_stats s;
+  {
+    std::lock_guard lock(shared_->mutex);
+    s.engine = shared_->stats;
+    s.device = shared_->device;
+    s.host = shared_->host;
+    s.num_waiting = shared_->num_waiting;
+    s.num_running = shared_->num_running;
+    s.num_swapped = shared_->num_swapped;
+    s.num_completed = shared_->num_completed;
+    s.num_aborted = shared_->num_aborted;
+    s.num_failed = shared_->num_failed;
+  }
+  s.num_queued = shared_->num_queued.load();
+  s.num_open = shared_->num_open.load();
+  s.num_submitted = in_->num_submitted.load();
+  s.num_rejected = in_->num_rejected.load();
+  return s;
+}
+
+health_report engine_facade::health() const {
+  health_report h;
+  h.healthy = shared_->healthy.load();
+  std::lock_guard lock(shared_->mutex);
+  h.message = shared_->health_message;
+  if (h.healthy && !in_->accepting.load()) h.message = "shutting down";
+  return h;
+}
+
+occupancy_ptr engine_facade::kv_occupancy_snapshot() const {
+  occupancy_ptr result;
+  if (!in_->kv_manager) return result;
+  caf::scoped_actor self{*in_->sys};
+  self->request(in_->kv_manager, std::chrono::seconds(1), query_atom_v)
+      .receive([&](occupancy_ptr& o) { result = std::move(o); }, [](caf::error&) {});
+  return result;
+}
+
+void engine_facade::shutdown() { shutdown(options_.shutdown_timeout); }
+
+void engine_facade::shutdown(std::chrono::milliseconds timeout) {
+  std::lock_guard shutdown_lock(in_->shutdown_mutex);
+  if (in_->stopped) return;
+  in_->accepting.store(false);
+  auto all_closed = [&] { return shared_->num_open.load() == 0; };
+  {
+    std::unique_lock lock(shared_->mutex);
+    shared_->changed.wait_for(lock, timeout, all_closed);
+  }
+  if (!all_closed()) {
+    caf::anon_send(in_->scheduler, abort_all_atom_v);
+    // Aborts take effect at the next step; a step is bounded, so this does not wait long.
+    std::unique_lock lock(shared_->mutex);
+    shared_->changed.wait_for(lock, std::chrono::seconds(10), all_closed);
+  }
+  {
+    // stop: the scheduler closes whatever is still open (final: abort, "engine shut down") and quits.
+    caf::scoped_actor self{*in_->sys};
+    self->monitor(in_->scheduler);
+    self->send(in_->scheduler, stop_atom_v);
+    self->receive([](const caf::down_msg&) {});
+  }
+  in_->stop_actors();
+  in_->release_handles();
+  in_->stopped = true;
+  in_->sys.reset();  // waits for every actor to finish
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,157 @@
+// The engine as the server and the CLI see it: a plain C++ object that owns an actor system running
+// the tokenizer pool, the scheduler, the executor, the KV manager and the event bus actors.
+//
+//   engine_facade engine(std::move(components), options);      // throws load_error / invalid_request
+//   submit_result r = engine.submit(prompt_input::from_text("Hello"), params);
+//   if (!r) report(r.message);                                  // overloaded, unhealthy, invalid, ...
+//   while (auto item = r.stream.next())                         // deltas, then exactly one final
+//     ...
+//
+// Thread-safe: any thread may submit, abort, read stats or health (not concurrently with shutdown()
+// or destruction). Streams are single-consumer; handles must not outlive the facade.
+#pragma once
+#include <caf/fwd.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "engine/chat_template.hpp"
+#include "engine/executor.hpp"
+#include "engine/llm_engine.hpp"
+#include "engine/tokenizer.hpp"
+
+namespace tessera::actors {
+
+struct runtime_shared;
+struct facade_internals;
+
+struct facade_options {
+  engine_options engine;
+  int32_t max_waiting = 256;          // queued (submitted, not yet running) requests; beyond: overloaded
+  int32_t max_buffered_deltas = 256;  // per stream; beyond, new deltas merge into buffered ones
+  int32_t num_tokenizer_actors = 0;   // 0: one per 4 cores, 1..4
+  int32_t num_caf_threads = 0;        // CAF's cooperative scheduler threads; 0: min(cores, 4)
+  std::chrono::milliseconds shutdown_timeout{5000};  // running requests may finish this long, then abort
+  bool warm_up = false;               // run one 1-token request before the constructor returns
+  double kv_snapshot_interval_seconds = 0.1;
+};
+
+// What the runtime runs. The executor moves into the executor actor.
+struct facade_components {
+  std::unique_ptr<executor> exec;
+  std::shared_ptr<const tokenizer> tok;  // null: token-id prompts only, no text in outputs
+  std::optional<chat_template> chat;     // absent: ChatML
+};
+
+// One item of a stream: a delta or the final message (always the last item).
+using stream_item = std::variant<stream_delta, stream_final>;
+
+// The consumer's side of one request's stream. Copyable; when the last copy is destroyed before the
+// final message arrived, the request is aborted (its subscriber actor goes down).
+class stream_handle {
+ public:
+  stream_handle() = default;
+  ticket_id id() const { return id_; }
+  bool valid() const { return state_ != nullptr; }
+
+  // The next item, blocking up to `timeout`; nullopt on timeout or once the final was taken.
+  std::optional<stream_item> next(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  std::optional<stream_item> try_next() { return next(std::chrono::milliseconds(0)); }
+  // Drains the stream until the final message and returns it (deltas are appended to *deltas).
+  stream_final wait(std::vector<stream_delta>* deltas = nullptr);
+  // Asks the scheduler to abort the request; the stream still ends with its final message.
+  void abort();
+  bool finished() const;  // the final message has arrived (not necessarily consumed)
+
+  struct state;
+  struct guard;
+
+ private:
+  friend class engine_facade;
+  ticket_id id_ = 0;
+  std::shared_ptr<state> state_;
+  std::shared_ptr<guard> guard_;
+};
+
+enum class submit_error : uint8_t { none, overloaded, unhealthy, shutting_down, invalid };
+std::string_view to_string(submit_error e);
+
+struct submit_result {
+  stream_handle stream;
+  submit_error error = submit_error::none;
+  std::string message;
+  explicit operator bool() const { return error == submit_error::none; }
+};
+
+struct facade_stats {
+  engine_stats engine;
+  pool_usage device;
+  pool_usage host;
+  int32_t num_waiting = 0;   // engine's waiting queue after the last step
+  int32_t num_running = 0;
+  int32_t num_swapped = 0;
+  int32_t num_queued = 0;    // submitted, not yet admitted (admission control counts these)
+  int32_t num_open = 0;      // streams whose final message has not been sent
+  uint64_t num_submitted = 0;
+  uint64_t num_rejected = 0;  // overloaded / unhealthy / shutting down / invalid
+  uint64_t num_completed = 0;
+  uint64_t num_aborted = 0;
+  uint64_t num_failed = 0;
+};
+
+struct health_report {
+  bool healthy = true;
+  std::string message;  // why not
+};
+
+class engine_facade {
+ public:
+  engine_facade(facade_components components, facade_options options = {});
+  ~engine_facade();  // shutdown() with options.shutdown_timeout
+  engine_facade(const engine_facade&) = delete;
+  engine_facade& operator=(const engine_facade&) = delete;
+
+  // Fails fast (no message round-trip) when the runtime is unhealthy, shutting down, more than
+  // max_waiting requests are queued, or the sampling parameters are invalid. Everything else (prompt
+  // too long, template errors) arrives as the stream's final message with reason error.
+  submit_result submit(prompt_input prompt, const sampling_params& params, int32_t priority = 0);
+  // Aborts a request by id; unknown or finished ids are ignored.
+  void abort(ticket_id id);
+
+  // `callback` receives coalesced event batches on its own thread, at most max_rate_hz per second.
+  void subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz = 10.0);
+
+  facade_stats stats() const;
+  health_report health() const;
+  // The KV manager's latest published occupancy (block view refreshed at a bounded rate); null
+  // before the first step.
+  occupancy_ptr kv_occupancy_snapshot() const;
+
+  // Stops admitting, lets open requests finish for up to `timeout`, aborts the rest, then stops every
+  // actor. Idempotent; the destructor calls it with options.shutdown_timeout.
+  void shutdown(std::chrono::milliseconds timeout);
+  void shutdown();
+
+  const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
+  const model_config& config() const { return config_; }
+  // The actor system and the scheduler actor, for actor-based clients (the server's bridge actors).
+  caf::actor_system& system();
+  const caf::actor& scheduler() const;
+
+ private:
+  std::unique_ptr<facade_internals> in_;
+  std::shared_ptr<runtime_shared> shared_;
+  std::shared_ptr<const tokenizer> tok_;
+  model_config config_;
+  facade_options options_;
+};
+
+}  // namespace tessera::actors

@@ -1,0 +1,132 @@
+// Spawn functions of the runtime's actors and the state the scheduler actor shares with the facade.
+// Protocol (all messages in actors/messages.hpp; details and a message-flow diagram in
+// docs/architecture.md):
+//
+//   tokenizer  (pool, event-based):  (encode_atom, prompt_ptr)  -> std::vector<token_id> | error
+//   executor   (detached):           (exec_atom, exec_job)      -> done_atom | error (and it quits)
+//   kv_manager (event-based):        (occupy_atom, occupancy_ptr)             one per engine step
+//                                    (query_atom)               -> occupancy_ptr (null before step 1)
+//                                    (query_atom, usage_atom)   -> usage_report
+//   event_bus  (event-based):        (subscribe_atom, actor sink, double max_rate_hz)
+//                                    (publish_atom, record_ptr)               one per engine step
+//                                    -> sink: (events_atom, event_batch_ptr); sink answers (ack_atom)
+//   scheduler  (detached):           (submit_atom, submit_ptr, actor subscriber)
+//                                    (abort_atom, ticket_id), (abort_all_atom), (stop_atom)
+//                                    (status_atom) -> runtime_status
+//                                    -> subscriber: (delta_atom, delta_ptr)*, then (final_atom, final_ptr)
+#pragma once
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "actors/prompt_encoder.hpp"
+#include "engine/llm_engine.hpp"
+
+namespace tessera::actors {
+
+// Counters and snapshots the scheduler actor publishes for the facade's threads. The atomics are the
+// admission-control state (checked by submit without a message round-trip); the rest is a snapshot
+// refreshed after every step under `mutex`.
+struct runtime_shared {
+  std::atomic<int32_t> num_queued{0};  // submitted, not yet admitted to running (or finished)
+  std::atomic<int32_t> num_open{0};    // submitted, final message not yet sent
+  std::atomic<bool> healthy{true};
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;     // num_open dropped or health changed
+  std::string health_message;
+  engine_stats stats;
+  pool_usage device;
+  pool_usage host;
+  int32_t num_waiting = 0;
+  int32_t num_running = 0;
+  int32_t num_swapped = 0;
+  uint64_t num_completed = 0;   // finals with reason stop / length
+  uint64_t num_aborted = 0;
+  uint64_t num_failed = 0;
+
+  void ticket_closed() {
+    {
+      std::lock_guard lock(mutex);
+      num_open.fetch_sub(1);
+    }
+    changed.notify_all();
+  }
+};
+
+caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder);
+
+// Owns `exec` and runs it on the actor's own thread (detached), so compute never occupies one of
+// CAF's cooperative scheduler threads. An exception from execute() is answered as an error and the
+// actor quits: an executor that threw is treated as dead (see docs/architecture.md).
+caf::actor spawn_executor_actor(caf::actor_system& sys, std::shared_ptr<executor> exec);
+
+caf::actor spawn_kv_manager_actor(caf::actor_system& sys);
+
+struct event_bus_options {
+  uint64_t max_events_per_batch = 4096;  // per subscriber; older events beyond it are counted as dropped
+};
+caf::actor spawn_event_bus(caf::actor_system& sys, event_bus_options options = {});
+
+// A subscriber for the bus that calls `callback` on its own thread (so a slow callback delays only
+// its own batches, which the bus coalesces meanwhile) and acknowledges each batch.
+caf::actor spawn_event_callback_sink(caf::actor_system& sys, std::function<void(const event_batch&)> callback);
+
+// An executor that forwards execute() to the executor actor with a blocking request from the calling
+// thread (the scheduler actor's own thread). The engine core keeps calling executor::execute()
+// synchronously inside llm_engine::step(), unchanged. After a failure (an exception in the executor,
+// the executor actor down) every later execute() throws, and failed() says why.
+class actor_executor : public executor {
+ public:
+  actor_executor(caf::actor_system& sys, caf::actor exec_actor, const executor& metadata);
+  ~actor_executor() override;
+  const model_config& config() const override { return config_; }
+  const kv_cache_spec& kv_spec() const override { return spec_; }
+  int64_t kv_block_bytes() const override { return block_bytes_; }
+  void execute(const step_batch& batch, step_output& out) override;
+  const char* name() const override { return name_.c_str(); }
+
+  const std::string& failure() const { return failure_; }
+  bool failed() const { return !failure_.empty(); }
+  const caf::actor& handle() const { return actor_; }
+
+ private:
+  struct blocking_self;
+  caf::actor_system& sys_;
+  caf::actor actor_;
+  model_config config_;
+  kv_cache_spec spec_;
+  int64_t block_bytes_ = 0;
+  std::string name_;
+  std::string failure_;
+  std::unique_ptr<blocking_self> self_;  // created on first use, on the scheduler's thread
+};
+
+struct scheduler_config {
+  caf::actor executor_actor;
+  std::shared_ptr<const executor> executor_metadata;  // config / kv spec of the executor (read-only)
+  std::shared_ptr<const tokenizer> tok;               // for incremental detokenization in the engine
+  engine_options engine;
+  std::vector<caf::actor> tokenizers;                 // empty: token-id prompts only
+  caf::actor kv_manager;                              // may be invalid
+  caf::actor event_bus;                               // may be invalid
+  std::shared_ptr<runtime_shared> shared;
+  double kv_snapshot_interval_seconds = 0.1;          // block-level snapshots at most this often
+};
+
+// Spawned detached: owns the llm_engine (queues, block manager, sampling, detokenization) and drives
+// its step loop. Throws invalid_request (from the engine) when the options do not fit the executor.
+caf::actor spawn_scheduler_actor(caf::actor_system& sys, scheduler_config config);
+
+// Registers the runtime's message types with an actor system configuration.
+void add_message_types(caf::actor_system_config& cfg);
+
+}  // namespace tessera::actors

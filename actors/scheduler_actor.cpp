@@ -1,0 +1,365 @@
+// The scheduler actor: owns the llm_engine and drives its step loop on its own (detached) thread.
+//
+// Step loop: after every message that can create work (a submit whose prompt is ready, an abort) the
+// actor sends itself one step_atom; each step_atom runs llm_engine::step() once and, while requests
+// remain, queues the next step_atom behind whatever arrived meanwhile. So submits and aborts are
+// handled between two steps (an abort takes effect at the next step at the latest), and the block
+// manager is only ever mutated synchronously inside step(), on this one thread.
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <unordered_map>
+
+#include "actors/runtime_actors.hpp"
+
+namespace tessera::actors {
+
+namespace {
+
+double seconds_between(runtime_clock::time_point a, runtime_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+class scheduler_actor : public caf::event_based_actor {
+ public:
+  scheduler_actor(caf::actor_config& cfg, scheduler_config config)
+      : caf::event_based_actor(cfg), config_(std::move(config)), shared_(config_.shared) {
+    proxy_ = std::make_unique<actor_executor>(system(), config_.executor_actor, *config_.executor_metadata);
+    engine_ = std::make_unique<llm_engine>(*proxy_, config_.tok, config_.engine);
+  }
+
+  const char* name() const override { return "scheduler"; }
+
+  caf::behavior make_behavior() override {
+    monitor(config_.executor_actor);
+    set_down_handler([this](const caf::down_msg& down) {
+      if (down.source == config_.executor_actor.address()) {
+        fatal("executor actor down: " + system().render(down.reason));
+        return;
+      }
+      // A subscriber went away: its requests are aborted.
+      auto range = by_subscriber_.equal_range(down.source);
+      std::vector<ticket_id> tickets;
+      for (auto it = range.first; it != range.second; ++it) tickets.push_back(it->second);
+      for (ticket_id t : tickets) abort_ticket(t);
+    });
+    set_exception_handler([this](std::exception_ptr& eptr) -> caf::error {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(eptr);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      fatal("scheduler failed: " + what);
+      return caf::none;  // keep running (unhealthy): pending callers still get their finals
+    });
+    return {
+        [this](submit_atom, const submit_ptr& req, const caf::actor& subscriber) { on_submit(req, subscriber); },
+        [this](abort_atom, ticket_id ticket) { abort_ticket(ticket); },
+        [this](abort_all_atom) {
+          std::vector<ticket_id> all;
+          for (const auto& [t, s] : tickets_) all.push_back(t);
+          for (ticket_id t : all) abort_ticket(t);
+        },
+        [this](step_atom) { on_step(); },
+        [this](status_atom) -> runtime_status {
+          runtime_status s;
+          s.healthy = shared_->healthy.load();
+          {
+            std::lock_guard lock(shared_->mutex);
+            s.message = shared_->health_message;
+          }
+          s.num_tickets = static_cast<int32_t>(tickets_.size());
+          if (engine_) {
+            const step_record& r = engine_->last_record();
+            s.num_waiting = r.num_waiting;
+            s.num_running = r.num_running;
+            s.num_steps = r.step;
+          }
+          return s;
+        },
+        [this](stop_atom) {
+          std::vector<ticket_id> all;
+          for (const auto& [t, s] : tickets_) all.push_back(t);
+          for (ticket_id t : all) close_ticket(t, finish_reason::abort, "engine shut down");
+          engine_.reset();
+          quit();
+        },
+    };
+  }
+
+  void on_exit() override {
+    // Whatever ends this actor, no stream is left without its final message.
+    std::vector<ticket_id> all;
+    for (const auto& [t, s] : tickets_) all.push_back(t);
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, "scheduler stopped");
+    engine_.reset();
+    proxy_.reset();
+    // Strong references to other actors keep their (detached) threads alive: let go of them now.
+    config_.executor_actor = nullptr;
+    config_.tokenizers.clear();
+    config_.kv_manager = nullptr;
+    config_.event_bus = nullptr;
+  }
+
+ private:
+  struct ticket_state {
+    submit_ptr request;
+    caf::actor subscriber;
+    request_id engine_request = 0;  // 0 while the prompt is being tokenized
+    bool queued = true;            // counted in shared_->num_queued
+    runtime_clock::time_point first_token{};
+    bool has_first_token = false;
+    std::vector<choice_result> finished;
+    int32_t num_prompt_tokens = 0;
+    int32_t num_cached_prompt_tokens = 0;
+  };
+
+  void on_submit(const submit_ptr& req, const caf::actor& subscriber) {
+    const ticket_id ticket = req->ticket;
+    ticket_state& t = tickets_[ticket];
+    t.request = req;
+    t.subscriber = subscriber;
+    if (subscriber) {
+      monitor(subscriber);
+      by_subscriber_.emplace(subscriber.address(), ticket);
+    }
+    if (!engine_) {
+      close_ticket(ticket, finish_reason::error, health_message());
+      return;
+    }
+    if (req->prompt.type == prompt_input::kind::token_ids) {
+      add_to_engine(ticket, req->prompt.ids);
+      return;
+    }
+    if (config_.tokenizers.empty()) {
+      close_ticket(ticket, finish_reason::error, "this engine has no tokenizer: send token ids");
+      return;
+    }
+    const caf::actor& tok = config_.tokenizers[next_tokenizer_++ % config_.tokenizers.size()];
+    // Aliasing constructor: the prompt lives inside the (immutable) submit_request.
+    prompt_ptr prompt(req, &req->prompt);
+    request(tok, caf::infinite, encode_atom_v, prompt)
+        .then([this, ticket](std::vector<token_id>& ids) { add_to_engine(ticket, std::move(ids)); },
+              [this, ticket](caf::error& err) {
+                close_ticket(ticket, finish_reason::error, "tokenization failed: " + system().render(err));
+              });
+  }
+
+  void add_to_engine(ticket_id ticket, std::vector<token_id> ids) {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;  // aborted while tokenizing: its final is already sent
+    if (!engine_) {
+      close_ticket(ticket, finish_reason::error, health_message());
+      return;
+    }
+    ticket_state& t = it->second;
+    try {
+      t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority);
+    } catch (const std::exception& e) {
+      close_ticket(ticket, finish_reason::error, e.what());
+      return;
+    }
+    by_request_[t.engine_request] = ticket;
+    schedule_step();
+  }
+
+  void abort_ticket(ticket_id ticket) {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;
+    if (it->second.engine_request == 0 || !engine_) {
+      close_ticket(ticket, finish_reason::abort, "");
+      return;
+    }
+    // The engine reports the abort (one finished output per open choice) with the next step.
+    engine_->abort(it->second.engine_request);
+    schedule_step();
+  }
+
+  void schedule_step() {
+    if (step_pending_) return;
+    step_pending_ = true;
+    send(this, step_atom_v);
+  }
+
+  void on_step() {
+    step_pending_ = false;
+    // Runs even when no request is left: aborted requests' final outputs come out of this step.
+    if (!engine_) return;
+    std::vector<request_output> outputs = engine_->step();
+    const auto now = runtime_clock::now();
+    // Publish first: a client that sees its final message also sees this step's counters.
+    publish();
+    for (request_output& out : outputs) route(std::move(out), now);
+    if (proxy_->failed()) {
+      fatal(proxy_->failure());
+      return;
+    }
+    if (engine_->has_unfinished()) schedule_step();
+  }
+
+  void route(request_output out, runtime_clock::time_point now) {
+    auto r = by_request_.find(out.id);
+    if (r == by_request_.end()) return;
+    const ticket_id ticket = r->second;
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;
+    ticket_state& t = it->second;
+    if (!out.token_ids.empty() && !t.has_first_token) {
+      t.has_first_token = true;
+      t.first_token = now;
+    }
+    t.num_prompt_tokens = out.num_prompt_tokens;
+    t.num_cached_prompt_tokens = out.num_cached_prompt_tokens;
+    if (out.finished) {
+      choice_result c;
+      c.index = out.index;
+      c.reason = out.reason;
+      c.error = out.error;
+      c.num_generated_tokens = out.num_generated_tokens;
+      c.timeline = out.timeline;
+      t.finished.push_back(std::move(c));
+    }
+    auto delta = std::make_shared<stream_delta>();
+    delta->ticket = ticket;
+    delta->seconds_since_submit = seconds_between(t.request->submitted_at, now);
+    delta->output = std::move(out);
+    send(t.subscriber, delta_atom_v, delta_ptr(std::move(delta)));
+    if (static_cast<int32_t>(t.finished.size()) >= t.request->params.n) close_ticket(ticket, finish_reason::none, "");
+  }
+
+  // Sends the one final message of `ticket` and forgets it. reason none: derived from the choices.
+  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error) {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;
+    ticket_state& t = it->second;
+    auto final = std::make_shared<stream_final>();
+    final->ticket = ticket;
+    final->request = t.engine_request;
+    std::sort(t.finished.begin(), t.finished.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
+    final->choices = std::move(t.finished);
+    final->num_prompt_tokens = t.num_prompt_tokens;
+    final->num_cached_prompt_tokens = t.num_cached_prompt_tokens;
+    for (const auto& c : final->choices) final->num_generated_tokens += c.num_generated_tokens;
+    if (reason == finish_reason::none) {
+      reason = final->choices.empty() ? finish_reason::abort : final->choices.front().reason;
+      for (const auto& c : final->choices) {
+        if (c.reason == finish_reason::abort && reason != finish_reason::error) reason = finish_reason::abort;
+        if (c.reason == finish_reason::error) {
+          reason = finish_reason::error;
+          if (final->error.empty()) final->error = c.error;
+        }
+      }
+    } else {
+      final->error = error;
+    }
+    final->reason = reason;
+    const auto now = runtime_clock::now();
+    final->seconds_total = seconds_between(t.request->submitted_at, now);
+    if (t.has_first_token) final->seconds_to_first_token = seconds_between(t.request->submitted_at, t.first_token);
+    // If the engine still holds the request (closed by stop/fatal), make it forget it.
+    if (t.engine_request != 0) {
+      if (engine_) engine_->abort(t.engine_request);
+      by_request_.erase(t.engine_request);
+    }
+    if (t.subscriber) {
+      send(t.subscriber, final_atom_v, final_ptr(std::move(final)));
+      auto range = by_subscriber_.equal_range(t.subscriber.address());
+      for (auto s = range.first; s != range.second; ++s) {
+        if (s->second == ticket) {
+          by_subscriber_.erase(s);
+          break;
+        }
+      }
+      if (by_subscriber_.count(t.subscriber.address()) == 0) demonitor(t.subscriber);
+    }
+    if (t.queued) shared_->num_queued.fetch_sub(1);
+    {
+      std::lock_guard lock(shared_->mutex);
+      if (reason == finish_reason::error) ++shared_->num_failed;
+      else if (reason == finish_reason::abort) ++shared_->num_aborted;
+      else ++shared_->num_completed;
+    }
+    tickets_.erase(it);
+    shared_->ticket_closed();
+  }
+
+  // After each step: admission counters, the facade's snapshot, the KV manager and the event bus.
+  void publish() {
+    const step_record& record = engine_->last_record();
+    for (const engine_event& e : record.events) {
+      if (e.kind != event_kind::admitted) continue;
+      auto r = by_request_.find(e.request);
+      if (r == by_request_.end()) continue;
+      auto t = tickets_.find(r->second);
+      if (t != tickets_.end() && t->second.queued) {
+        t->second.queued = false;
+        shared_->num_queued.fetch_sub(1);
+      }
+    }
+    {
+      std::lock_guard lock(shared_->mutex);
+      shared_->stats = engine_->stats();
+      shared_->device = record.device;
+      shared_->host = record.host;
+      shared_->num_waiting = record.num_waiting;
+      shared_->num_running = record.num_running;
+      shared_->num_swapped = record.num_swapped;
+    }
+    if (config_.kv_manager) {
+      auto occupancy = std::make_shared<kv_occupancy>();
+      occupancy->step = record.step;
+      occupancy->device = record.device;
+      occupancy->host = record.host;
+      const auto now = runtime_clock::now();
+      if (last_snapshot_ == runtime_clock::time_point{} ||
+          seconds_between(last_snapshot_, now) >= config_.kv_snapshot_interval_seconds) {
+        last_snapshot_ = now;
+        occupancy->blocks = std::make_shared<const std::vector<block_info>>(engine_->block_snapshot());
+        occupancy->blocks_step = record.step;
+      }
+      send(config_.kv_manager, occupy_atom_v, occupancy_ptr(std::move(occupancy)));
+    }
+    if (config_.event_bus) send(config_.event_bus, publish_atom_v, record_ptr(std::make_shared<const step_record>(record)));
+  }
+
+  std::string health_message() const {
+    std::lock_guard lock(shared_->mutex);
+    return shared_->health_message.empty() ? "engine unavailable" : shared_->health_message;
+  }
+
+  // The executor is gone: every open request ends with an error now, later submits are refused.
+  void fatal(const std::string& message) {
+    {
+      std::lock_guard lock(shared_->mutex);
+      if (shared_->health_message.empty()) shared_->health_message = message;
+    }
+    shared_->healthy.store(false);
+    shared_->changed.notify_all();
+    std::vector<ticket_id> all;
+    for (const auto& [t, s] : tickets_) all.push_back(t);
+    engine_.reset();  // nothing it holds is needed any more; closing must not touch it
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, message);
+  }
+
+  scheduler_config config_;
+  std::shared_ptr<runtime_shared> shared_;
+  std::unique_ptr<actor_executor> proxy_;
+  std::unique_ptr<llm_engine> engine_;
+  std::unordered_map<ticket_id, ticket_state> tickets_;
+  std::unordered_map<request_id, ticket_id> by_request_;
+  std::unordered_multimap<caf::actor_addr, ticket_id> by_subscriber_;
+  size_t next_tokenizer_ = 0;
+  bool step_pending_ = false;
+  runtime_clock::time_point last_snapshot_{};
+};
+
+}  // namespace
+
+caf::actor spawn_scheduler_actor(caf::actor_system& sys, scheduler_config config) {
+  return sys.spawn<scheduler_actor, caf::detached>(std::move(config));
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,354 @@
+// Each actor's protocol on its own, driven by a scoped_actor: tokenizer (encode), executor (exec
+// jobs, failure -> error reply and actor down), the actor_executor adapter, the KV manager (publish /
+// query), the event bus (coalescing, one batch in flight, bounded events) and the scheduler (stream
+// of deltas then one final, abort, subscriber down -> abort).
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+
+#include "actor_test_support.hpp"
+#include "actors/runtime_actors.hpp"
+
+namespace tessera::actors {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::char_tokenizer;
+using testing::sim_executor;
+using testing::test_vocab;
+
+struct actor_test : ::testing::Test {
+  actor_test() : sys(init_cfg()) {}
+  caf::actor_system_config& init_cfg() {
+    cfg.set("scheduler.max-threads", 2);
+    add_message_types(cfg);
+    return cfg;
+  }
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+};
+
+TEST_F(actor_test, tokenizer_encodes_text_passes_ids_and_answers_errors) {
+  auto tok = char_tokenizer();
+  auto encoder = std::make_shared<const prompt_encoder>(tok, std::nullopt);
+  caf::actor a = spawn_tokenizer_actor(sys, encoder);
+  caf::scoped_actor self{sys};
+
+  std::vector<token_id> got;
+  self->request(a, 5s, encode_atom_v, std::make_shared<const prompt_input>(prompt_input::from_text("helloworld")))
+      .receive([&](std::vector<token_id>& ids) { got = ids; }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  encode_options o;
+  o.add_special = tok->add_bos();
+  EXPECT_EQ(got, tok->encode("helloworld", o));
+  EXPECT_EQ(tok->decode(got, true), "helloworld");
+
+  self->request(a, 5s, encode_atom_v, std::make_shared<const prompt_input>(prompt_input::from_ids({5, 6, 7})))
+      .receive([&](std::vector<token_id>& ids) { got = ids; }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  EXPECT_EQ(got, (std::vector<token_id>{5, 6, 7}));
+
+  bool failed = false;
+  self->request(a, 5s, encode_atom_v, std::make_shared<const prompt_input>(prompt_input::from_chat({})))
+      .receive([&](std::vector<token_id>&) {}, [&](caf::error&) { failed = true; });
+  EXPECT_TRUE(failed) << "an empty conversation is an error reply, not a crash";
+  self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+step_batch one_sequence_batch(uint64_t seq, std::vector<token_id> tokens) {
+  step_batch b;
+  sequence_slice s;
+  s.seq_id = seq;
+  s.tokens = std::move(tokens);
+  s.num_computed = 0;
+  s.block_table = {0, 1};
+  b.seqs.push_back(s);
+  return b;
+}
+
+TEST_F(actor_test, executor_runs_jobs_like_the_executor_itself) {
+  auto exec = std::make_shared<sim_executor>(16, 8, 0, test_vocab);
+  sim_executor reference(16, 8, 0, test_vocab);
+  caf::actor a = spawn_executor_actor(sys, exec);
+  caf::scoped_actor self{sys};
+  const step_batch batch = one_sequence_batch(1, {3, 4, 5, 6});
+  step_output out, expected;
+  bool done = false;
+  self->request(a, 5s, exec_atom_v, exec_job{&batch, &out})
+      .receive([&](done_atom) { done = true; }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  ASSERT_TRUE(done);
+  reference.execute(batch, expected);
+  EXPECT_EQ(out.logits, expected.logits);
+  EXPECT_EQ(out.first_row, expected.first_row);
+  EXPECT_TRUE(exec->errors().empty());
+  self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(actor_test, executor_failure_is_an_error_reply_and_the_actor_goes_down) {
+  auto exec = std::make_shared<sim_executor>(16, 8, 0, test_vocab);
+  exec->fail_at_step(1);
+  caf::actor a = spawn_executor_actor(sys, exec);
+  caf::scoped_actor self{sys};
+  self->monitor(a);
+  const step_batch batch = one_sequence_batch(1, {3, 4});
+  step_output out;
+  std::string error;
+  self->request(a, 5s, exec_atom_v, exec_job{&batch, &out})
+      .receive([&](done_atom) {}, [&](caf::error& e) { error = sys.render(e); });
+  EXPECT_NE(error.find("injected failure"), std::string::npos) << error;
+  bool down = false;
+  self->receive([&](const caf::down_msg&) { down = true; }, caf::after(5s) >> [] {});
+  EXPECT_TRUE(down);
+}
+
+TEST_F(actor_test, actor_executor_forwards_and_fails_for_good_after_a_failure) {
+  auto exec = std::make_shared<sim_executor>(16, 8, 0, test_vocab);
+  exec->fail_at_step(2);
+  caf::actor a = spawn_executor_actor(sys, exec);
+  actor_executor adapter(sys, a, *exec);
+  EXPECT_EQ(adapter.config().vocab_size, test_vocab);
+  EXPECT_EQ(adapter.kv_spec().num_device_blocks, 8);
+  sim_executor reference(16, 8, 0, test_vocab);
+  const step_batch batch = one_sequence_batch(1, {7, 8, 9});
+  step_output out, expected;
+  adapter.execute(batch, out);
+  reference.execute(batch, expected);
+  EXPECT_EQ(out.logits, expected.logits);
+  EXPECT_THROW(adapter.execute(batch, out), std::runtime_error);
+  EXPECT_TRUE(adapter.failed());
+  EXPECT_THROW(adapter.execute(batch, out), std::runtime_error) << "a dead executor stays dead";
+}
+
+TEST_F(actor_test, kv_manager_publishes_the_latest_occupancy_and_keeps_the_last_block_view) {
+  caf::actor kv = spawn_kv_manager_actor(sys);
+  caf::scoped_actor self{sys};
+  occupancy_ptr got = std::make_shared<kv_occupancy>();
+  self->request(kv, 5s, query_atom_v).receive([&](occupancy_ptr& o) { got = o; }, [](caf::error&) {});
+  EXPECT_EQ(got, nullptr) << "nothing published yet";
+
+  auto first = std::make_shared<kv_occupancy>();
+  first->step = 1;
+  first->device = {10, 3, 7, 1};
+  first->blocks = std::make_shared<const std::vector<block_info>>(std::vector<block_info>(10));
+  first->blocks_step = 1;
+  auto second = std::make_shared<kv_occupancy>();
+  second->step = 2;
+  second->device = {10, 4, 6, 0};
+  self->send(kv, occupy_atom_v, occupancy_ptr(first));
+  self->send(kv, occupy_atom_v, occupancy_ptr(second));
+  self->request(kv, 5s, query_atom_v).receive([&](occupancy_ptr& o) { got = o; }, [](caf::error&) {});
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->step, 2u);
+  EXPECT_EQ(got->device.num_used, 4);
+  ASSERT_NE(got->blocks, nullptr) << "a step without a block snapshot keeps the previous one";
+  EXPECT_EQ(got->blocks->size(), 10u);
+  EXPECT_EQ(got->blocks_step, 1u);
+
+  usage_report usage;
+  self->request(kv, 5s, query_atom_v, usage_atom_v).receive([&](usage_report& u) { usage = u; }, [](caf::error&) {});
+  EXPECT_EQ(usage.step, 2u);
+  EXPECT_EQ(usage.device.num_free, 6);
+  self->send_exit(kv, caf::exit_reason::user_shutdown);
+}
+
+record_ptr make_record(uint64_t step, int32_t num_events) {
+  auto r = std::make_shared<step_record>();
+  r->step = step;
+  r->device.num_used = static_cast<int32_t>(step);
+  for (int32_t i = 0; i < num_events; ++i) {
+    engine_event e;
+    e.request = step * 100 + static_cast<uint64_t>(i);
+    r->events.push_back(e);
+  }
+  return r;
+}
+
+TEST_F(actor_test, event_bus_keeps_one_batch_in_flight_and_coalesces_the_rest) {
+  event_bus_options options;
+  options.max_events_per_batch = 50;
+  caf::actor bus = spawn_event_bus(sys, options);
+  caf::scoped_actor sink{sys};
+  sink->send(bus, subscribe_atom_v, caf::actor(sink), 0.0);  // no rate limit: acks alone pace it
+  // Make sure the subscription is in before publishing (same sender -> FIFO).
+  sink->send(bus, publish_atom_v, make_record(1, 2));
+  event_batch_ptr first;
+  sink->receive([&](events_atom, event_batch_ptr& b) { first = b; }, caf::after(5s) >> [] {});
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->num_records, 1u);
+  ASSERT_EQ(first->events.size(), 2u);
+  EXPECT_EQ(first->events[0].event.request, 100u);
+
+  // Not acknowledged: the next 30 records (3 events each) pile up into one batch.
+  for (uint64_t s = 2; s <= 31; ++s) sink->send(bus, publish_atom_v, make_record(s, 3));
+  bool early = false;
+  sink->receive([&](events_atom, event_batch_ptr&) { early = true; }, caf::after(200ms) >> [] {});
+  EXPECT_FALSE(early) << "a second batch was sent before the first was acknowledged";
+  sink->send(bus, ack_atom_v);
+  event_batch_ptr second;
+  sink->receive([&](events_atom, event_batch_ptr& b) { second = b; }, caf::after(5s) >> [] {});
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->num_records, 30u);
+  EXPECT_EQ(second->latest->step, 31u) << "latest wins";
+  ASSERT_EQ(second->events.size(), 50u) << "events are bounded per batch";
+  EXPECT_EQ(second->num_dropped_events, 90u - 50u);
+  for (size_t i = 0; i < second->events.size(); ++i) {
+    const uint64_t step = 2 + i / 3;
+    EXPECT_EQ(second->events[i].step, step);
+    EXPECT_EQ(second->events[i].event.request, step * 100 + i % 3) << "events stay in order";
+  }
+  sink->send_exit(bus, caf::exit_reason::user_shutdown);
+}
+
+// ---- scheduler --------------------------------------------------------------------------------
+
+struct scheduler_fixture : actor_test {
+  void start(int32_t num_blocks = 64, int64_t fail_at = -1) {
+    exec = std::make_shared<sim_executor>(16, num_blocks, 0, test_vocab);
+    if (fail_at > 0) exec->fail_at_step(fail_at);
+    tok = char_tokenizer();
+    tokenizer_actor = spawn_tokenizer_actor(sys, std::make_shared<const prompt_encoder>(tok, std::nullopt));
+    exec_actor = spawn_executor_actor(sys, exec);
+    kv = spawn_kv_manager_actor(sys);
+    shared = std::make_shared<runtime_shared>();
+    scheduler_config c;
+    c.executor_actor = exec_actor;
+    c.executor_metadata = exec;
+    c.tok = tok;
+    c.engine.block_size = 16;
+    c.tokenizers = {tokenizer_actor};
+    c.kv_manager = kv;
+    c.shared = shared;
+    c.kv_snapshot_interval_seconds = 0;
+    scheduler = spawn_scheduler_actor(sys, c);
+  }
+  ~scheduler_fixture() override {
+    for (caf::actor* a : {&scheduler, &exec_actor, &kv, &tokenizer_actor})
+      if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+  }
+
+  submit_ptr make_submit(ticket_id ticket, prompt_input prompt, int32_t max_tokens) {
+    auto r = std::make_shared<submit_request>();
+    r->ticket = ticket;
+    r->prompt = std::move(prompt);
+    r->params.temperature = 0;
+    r->params.max_tokens = max_tokens;
+    r->params.ignore_eos = true;
+    shared->num_queued.fetch_add(1);
+    shared->num_open.fetch_add(1);
+    return r;
+  }
+
+  // Receives a whole stream on `self`: the tokens of the deltas and the final.
+  std::pair<std::vector<token_id>, stream_final> collect(caf::scoped_actor& self, ticket_id ticket) {
+    std::vector<token_id> tokens;
+    stream_final final;
+    bool done = false;
+    while (!done) {
+      self->receive(
+          [&](delta_atom, delta_ptr& d) {
+            EXPECT_EQ(d->ticket, ticket);
+            tokens.insert(tokens.end(), d->output.token_ids.begin(), d->output.token_ids.end());
+          },
+          [&](final_atom, final_ptr& f) {
+            EXPECT_EQ(f->ticket, ticket);
+            final = *f;
+            done = true;
+          },
+          caf::after(10s) >> [&] {
+            ADD_FAILURE() << "stream " << ticket << " hangs";
+            done = true;
+          });
+    }
+    return {tokens, final};
+  }
+
+  std::shared_ptr<sim_executor> exec;
+  std::shared_ptr<const tokenizer> tok;
+  std::shared_ptr<runtime_shared> shared;
+  caf::actor tokenizer_actor, exec_actor, kv, scheduler;
+};
+
+TEST_F(scheduler_fixture, a_text_request_streams_the_oracle_tokens_then_one_final) {
+  start();
+  caf::scoped_actor self{sys};
+  self->send(scheduler, submit_atom_v, make_submit(7, prompt_input::from_text("hello"), 12), caf::actor(self));
+  auto [tokens, final] = collect(self, 7);
+  // Oracle: greedy continuation under the simulated model, from the encoded prompt.
+  encode_options o;
+  o.add_special = tok->add_bos();
+  std::vector<token_id> history = tok->encode("hello", o);
+  std::vector<token_id> expected;
+  for (int i = 0; i < 12; ++i) {
+    expected.push_back(testing::ranked_token(history, test_vocab));
+    history.push_back(expected.back());
+  }
+  EXPECT_EQ(tokens, expected);
+  EXPECT_EQ(final.reason, finish_reason::length);
+  EXPECT_EQ(final.num_generated_tokens, 12);
+  ASSERT_EQ(final.choices.size(), 1u);
+  EXPECT_FALSE(final.choices[0].timeline.empty());
+  EXPECT_GE(final.seconds_to_first_token, 0);
+  EXPECT_EQ(shared->num_open.load(), 0);
+  EXPECT_EQ(shared->num_queued.load(), 0);
+  EXPECT_TRUE(exec->errors().empty());
+}
+
+TEST_F(scheduler_fixture, abort_and_subscriber_down_end_requests_and_free_their_blocks) {
+  start();
+  caf::scoped_actor self{sys};
+  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
+  // Let it decode a few tokens, then abort.
+  int deltas = 0;
+  self->receive_for(deltas, 3)([&](delta_atom, delta_ptr&) {});
+  self->send(scheduler, abort_atom_v, ticket_id{1});
+  auto [tokens, final] = collect(self, 1);
+  EXPECT_EQ(final.reason, finish_reason::abort);
+
+  // A subscriber that goes away: its request is aborted (no one else is told).
+  {
+    caf::scoped_actor gone{sys};
+    gone->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
+    gone->receive([&](delta_atom, delta_ptr&) {});
+  }  // `gone` terminates here
+  runtime_status status;
+  for (int i = 0; i < 500; ++i) {
+    self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+    if (status.num_tickets == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(status.num_tickets, 0);
+  EXPECT_TRUE(status.healthy);
+  EXPECT_EQ(shared->num_aborted, 2u);
+  usage_report usage;
+  self->request(kv, 5s, query_atom_v, usage_atom_v).receive([&](usage_report& u) { usage = u; }, [](caf::error&) {});
+  EXPECT_EQ(usage.device.num_used, 0) << "every block returned";
+}
+
+TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
+  start(64, 3);
+  caf::scoped_actor self{sys};
+  for (ticket_id t = 1; t <= 4; ++t)
+    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
+               caf::actor(self));
+  int finals = 0;
+  while (finals < 4) {
+    bool timed_out = false;
+    self->receive([&](delta_atom, delta_ptr&) {},
+                  [&](final_atom, final_ptr& f) {
+                    EXPECT_EQ(f->reason, finish_reason::error);
+                    EXPECT_FALSE(f->error.empty());
+                    ++finals;
+                  },
+                  caf::after(5s) >> [&] { timed_out = true; });
+    ASSERT_FALSE(timed_out) << "a stream hangs after the executor failed";
+  }
+  EXPECT_FALSE(shared->healthy.load());
+  // Later submits get an error final at once.
+  self->send(scheduler, submit_atom_v, make_submit(9, prompt_input::from_ids({1}), 4), caf::actor(self));
+  auto [tokens, final] = collect(self, 9);
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(final.reason, finish_reason::error);
+}
+
+}  // namespace
+}  // namespace tessera::actors

@@ -1,0 +1,89 @@
+// Helpers shared by the actor tests: a character-level test tokenizer, a simulated executor that
+// can be held at a gate (to fill queues deterministically), and the offline oracle: the same
+// requests run through llm_engine directly, on a fresh simulated executor.
+#pragma once
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/llm_engine.hpp"
+#include "engine/sim_executor.hpp"
+#include "engine/tokenizer.hpp"
+
+namespace tessera::testing {
+
+constexpr int32_t test_vocab = 64;
+
+// Token 0 is the end-of-sequence control token; tokens 1..63 are single printable characters.
+inline std::shared_ptr<const tokenizer> char_tokenizer() {
+  vocab_data v;
+  v.kind = vocab_kind::bpe;
+  v.tokens.push_back("<|end|>");
+  v.types.push_back(token_type::control);
+  const std::string chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?:;=+-*/()";
+  for (int32_t i = 1; i < test_vocab; ++i) {
+    v.tokens.push_back(std::string(1, chars[static_cast<size_t>(i - 1)]));
+    v.types.push_back(token_type::normal);
+  }
+  v.eos = 0;
+  return std::make_shared<const tokenizer>(std::move(v));
+}
+
+// sim_executor behind a gate: execute() waits while the gate is closed.
+class gated_executor : public executor {
+ public:
+  gated_executor(int32_t num_blocks, int32_t num_host_blocks, bool open = true)
+      : sim_(16, num_blocks, num_host_blocks, test_vocab), open_(open) {}
+  const model_config& config() const override { return sim_.config(); }
+  const kv_cache_spec& kv_spec() const override { return sim_.kv_spec(); }
+  int64_t kv_block_bytes() const override { return sim_.kv_block_bytes(); }
+  const char* name() const override { return "gated_sim"; }
+  void execute(const step_batch& batch, step_output& out) override {
+    {
+      std::unique_lock lock(mutex_);
+      gate_.wait(lock, [&] { return open_; });
+    }
+    sim_.execute(batch, out);
+  }
+  void set_open(bool open) {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = open;
+    }
+    gate_.notify_all();
+  }
+  sim_executor& sim() { return sim_; }
+
+ private:
+  sim_executor sim_;
+  std::mutex mutex_;
+  std::condition_variable gate_;
+  bool open_;
+};
+
+struct offline_request {
+  std::vector<token_id> prompt;
+  sampling_params params;
+};
+
+// Tokens of every request (by submission order) when run through llm_engine directly.
+inline std::vector<std::vector<token_id>> run_offline(executor& exec, std::shared_ptr<const tokenizer> tok,
+                                                      const engine_options& options,
+                                                      const std::vector<offline_request>& requests) {
+  llm_engine engine(exec, std::move(tok), options);
+  std::map<request_id, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) index[engine.add_request(requests[i].prompt, requests[i].params)] = i;
+  std::vector<std::vector<token_id>> out(requests.size());
+  while (engine.has_unfinished()) {
+    for (const request_output& o : engine.step()) {
+      auto& t = out[index.at(o.id)];
+      t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::testing
