@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "app/engine_flags.hpp"
 #include "engine/sampling_params.hpp"
@@ -74,6 +75,28 @@ class inspect_command {
   CLI::App* cmd_ = nullptr;
   std::string model_;
   bool tensors_ = false;
+};
+
+// `tessera serve`: the OpenAI-compatible server (app/serve.cpp).
+class serve_command {
+ public:
+  void add_to(CLI::App& app);
+  bool selected() const { return cmd_ && cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  engine_flags engine_;
+  std::string positional_model_;
+  std::string host_ = "127.0.0.1";
+  int port_ = 8000;
+  std::string api_key_;
+  std::string model_name_;
+  size_t max_body_bytes_ = 2 * 1024 * 1024;
+  int max_waiting_ = 256;
+  int server_threads_ = 2;
+  std::vector<std::string> allowed_origins_;
+  std::vector<std::string> allowed_hosts_;
 };
 
 }  // namespace tessera::app

@@ -2,6 +2,7 @@
 //   generate   one prompt (streamed to stdout) or a JSONL file of requests run concurrently
 //   bench      latency (single stream) and throughput (offline workload) measurements as JSON
 //   inspect    a model file's metadata and tensors
+//   serve      the OpenAI-compatible HTTP + WebSocket server
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   bench.add_to(app);
   tessera::app::inspect_command inspect;
   inspect.add_to(app);
+  tessera::app::serve_command serve;
+  serve.add_to(app);
 
   try {
     app.parse(argc, argv);
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
     if (generate.selected()) return generate.run();
     if (bench.selected()) return bench.run();
     if (inspect.selected()) return inspect.run();
+    if (serve.selected()) return serve.run();
   } catch (const tessera::load_error& e) {
     std::fprintf(stderr, "tessera: cannot load model: %s\n", e.what());
     return 1;

@@ -1,0 +1,65 @@
+// The OpenAI-compatible HTTP server (Boost.Beast, HTTP/1.1 keep-alive, SSE streaming) in front of the
+// actor runtime's engine_facade. One io_context, a few threads; every connection runs on its own
+// strand; no Asio thread ever blocks on the engine (streams are polled with try_next on a timer).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/engine_facade.hpp"
+#include "server/request_parser.hpp"
+
+namespace tessera::server {
+
+struct server_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;                      // 0: any free port (see http_server::port())
+  std::string api_key;                       // empty: no auth
+  std::string model_name = "tessera";        // the id /v1/models lists and responses echo
+  size_t max_body_bytes = 2 * 1024 * 1024;   // /v1/* bodies; larger: 413
+  uint32_t max_header_bytes = 8 * 1024;      // larger: 431
+  int num_threads = 2;
+  std::vector<std::string> allowed_hosts;    // extra Host names accepted (DNS-rebinding guard)
+  std::vector<std::string> allowed_origins;  // WebSocket Origins accepted besides same origin; "*": any
+  std::chrono::seconds read_timeout{30};     // whole request (headers + body)
+  std::chrono::seconds idle_timeout{15};     // keep-alive wait for the next request
+  std::chrono::seconds ws_idle_timeout{300};
+  size_t ws_max_message_bytes = 64 * 1024;
+  size_t ws_max_queued_messages = 4096;      // per socket; a reader slower than this is disconnected
+  std::chrono::milliseconds poll_interval{2};
+  request_limits limits;
+  // Conversation -> token ids as the runtime would encode it (chat template + special tokens), for
+  // POST /tokenize with "messages"; unset: /tokenize accepts "prompt" only.
+  std::function<std::vector<token_id>(const std::vector<chat_message>&)> encode_chat;
+};
+
+class http_server {
+ public:
+  // Binds and listens; throws std::system_error when the address cannot be bound.
+  http_server(actors::engine_facade& engine, server_options options);
+  ~http_server();
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+
+  uint16_t port() const;  // the bound port
+  void start();           // starts the I/O threads; returns at once
+  void stop();            // closes the listener and every connection, joins the threads
+  void wait();            // blocks until stop() (e.g. from a signal handler thread)
+
+  struct impl;
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+// Constant-time comparison of a presented key with the configured one (no early exit on a mismatch).
+bool keys_equal(std::string_view presented, std::string_view expected);
+
+// Whether a Host header value names this server: the bound host, loopback names, or an allowed name;
+// the port, when present, must be the bound port. A bind to 0.0.0.0 / :: with no allowed_hosts accepts any.
+bool host_allowed(std::string_view host_header, const server_options& options, uint16_t bound_port);
+
+}  // namespace tessera::server

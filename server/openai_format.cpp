@@ -1,0 +1,215 @@
+#include "server/openai_format.hpp"
+
+#include <algorithm>
+
+namespace tessera::server {
+
+namespace json = boost::json;
+
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t min_cp = 0;
+    if (c < 0x80) { out.push_back(static_cast<char>(c)); ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { len = 2; min_cp = 0x80; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; min_cp = 0x800; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; min_cp = 0x10000; }
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = ok ? (c & (0xFF >> (len + 1))) : 0;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (ok && (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    }
+  }
+  return out;
+}
+
+json::value finish_reason_json(finish_reason reason) {
+  if (reason == finish_reason::none) return nullptr;
+  return json::string(to_string(reason));
+}
+
+json::object timings_json(const actors::stream_final& f) {
+  json::object t;
+  double queue = -1, prefill = -1;
+  int64_t preemptions = 0, swaps = 0;
+  if (!f.choices.empty()) {
+    const auto& tl = f.choices.front().timeline;
+    auto at = [&](lifecycle_stage stage) {
+      auto it = std::find_if(tl.begin(), tl.end(), [&](const lifecycle_entry& e) { return e.stage == stage; });
+      return it == tl.end() ? std::optional<engine_clock::time_point>() : std::optional(it->at);
+    };
+    const auto queued = at(lifecycle_stage::queued), scheduled = at(lifecycle_stage::scheduled),
+               first = at(lifecycle_stage::first_token);
+    if (queued && scheduled) queue = std::chrono::duration<double>(*scheduled - *queued).count();
+    if (scheduled && first) prefill = std::chrono::duration<double>(*first - *scheduled).count();
+    for (const auto& c : f.choices) {
+      for (const auto& e : c.timeline) {
+        if (e.stage == lifecycle_stage::preempted_recompute || e.stage == lifecycle_stage::swapped_out) ++preemptions;
+        if (e.stage == lifecycle_stage::swapped_out) ++swaps;
+      }
+    }
+  }
+  const double decode_seconds = f.seconds_to_first_token >= 0 ? f.seconds_total - f.seconds_to_first_token : 0;
+  const int32_t per_choice = f.choices.empty() ? f.num_generated_tokens : f.choices.front().num_generated_tokens;
+  t["queue_seconds"] = queue;
+  t["prefill_seconds"] = prefill;
+  t["first_token_seconds"] = f.seconds_to_first_token;
+  t["total_seconds"] = f.seconds_total;
+  t["decode_tokens_per_second"] = per_choice > 1 && decode_seconds > 0 ? (per_choice - 1) / decode_seconds : 0.0;
+  t["num_preemptions"] = preemptions;
+  t["num_swaps"] = swaps;
+  t["num_cached_prompt_tokens"] = f.num_cached_prompt_tokens;
+  return t;
+}
+
+json::object usage_json(const actors::stream_final& f) {
+  return json::object{{"prompt_tokens", f.num_prompt_tokens},
+                      {"completion_tokens", f.num_generated_tokens},
+                      {"total_tokens", f.num_prompt_tokens + f.num_generated_tokens},
+                      {"prompt_tokens_details", json::object{{"cached_tokens", f.num_cached_prompt_tokens}}}};
+}
+
+namespace {
+
+std::string piece(const tokenizer* tok, token_id id) {
+  if (!tok || id < 0 || static_cast<size_t>(id) >= tok->vocab_size()) return "token_id:" + std::to_string(id);
+  const token_id one[1] = {id};
+  return tok->decode(one);
+}
+
+json::array bytes_json(const std::string& raw) {
+  json::array b;
+  for (unsigned char c : raw) b.push_back(c);
+  return b;
+}
+
+json::value logprob_value(float lp) { return std::isfinite(lp) ? json::value(lp) : json::value(-9999.0); }
+
+}  // namespace
+
+json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, const tokenizer* tok, size_t text_offset) {
+  if (kind == api_kind::chat) {
+    json::array content;
+    for (const auto& lp : lps) {
+      const std::string raw = piece(tok, lp.token);
+      json::array top;
+      for (const auto& [id, l] : lp.top) {
+        const std::string r = piece(tok, id);
+        top.push_back(json::object{{"token", valid_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
+      }
+      content.push_back(json::object{{"token", valid_utf8(raw)},
+                                     {"logprob", logprob_value(lp.logprob)},
+                                     {"bytes", bytes_json(raw)},
+                                     {"top_logprobs", std::move(top)}});
+    }
+    return json::object{{"content", std::move(content)}};
+  }
+  json::array tokens, token_logprobs, top_logprobs, offsets;
+  for (const auto& lp : lps) {
+    const std::string text = valid_utf8(piece(tok, lp.token));
+    tokens.push_back(json::string(text));
+    token_logprobs.push_back(logprob_value(lp.logprob));
+    json::object top;
+    for (const auto& [id, l] : lp.top) top[valid_utf8(piece(tok, id))] = logprob_value(l);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += text.size();
+  }
+  return json::object{{"tokens", std::move(tokens)},
+                      {"token_logprobs", std::move(token_logprobs)},
+                      {"top_logprobs", std::move(top_logprobs)},
+                      {"text_offset", std::move(offsets)}};
+}
+
+namespace {
+
+json::object envelope(const generation_request& req, const response_meta& meta, bool chunk) {
+  const char* object = req.kind == api_kind::chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                  : "text_completion";
+  return json::object{{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+}  // namespace
+
+std::string full_response(const generation_request& req, const response_meta& meta,
+                          const std::vector<choice_accumulator>& choices, const actors::stream_final& final,
+                          const tokenizer* tok) {
+  json::object body = envelope(req, meta, false);
+  json::array out;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const auto& c = choices[i];
+    finish_reason reason = final.reason == finish_reason::abort ? finish_reason::abort : finish_reason::none;
+    for (const auto& r : final.choices) {
+      if (r.index == static_cast<int32_t>(i)) reason = r.reason;
+    }
+    json::object choice{{"index", i}};
+    if (req.kind == api_kind::chat) {
+      choice["message"] = json::object{{"role", "assistant"}, {"content", valid_utf8(c.text)}};
+    } else {
+      choice["text"] = valid_utf8(c.text);
+    }
+    choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, c.logprobs, tok, 0) : json::value(nullptr);
+    choice["finish_reason"] = finish_reason_json(reason);
+    out.push_back(std::move(choice));
+  }
+  body["choices"] = std::move(out);
+  body["usage"] = usage_json(final);
+  body["timings"] = timings_json(final);
+  return json::serialize(body);
+}
+
+std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
+                        bool first_of_choice, const tokenizer* tok) {
+  json::object body = envelope(req, meta, true);
+  json::object choice{{"index", o.index}};
+  if (req.kind == api_kind::chat) {
+    json::object delta;
+    if (first_of_choice) delta["role"] = "assistant";
+    delta["content"] = valid_utf8(o.text);
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = valid_utf8(o.text);
+  }
+  choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, o.logprobs, tok, 0) : json::value(nullptr);
+  choice["finish_reason"] = nullptr;
+  body["choices"] = json::array{std::move(choice)};
+  if (req.include_usage) body["usage"] = nullptr;
+  return json::serialize(body);
+}
+
+std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index, finish_reason reason,
+                         const json::object* timings) {
+  json::object body = envelope(req, meta, true);
+  json::object choice{{"index", index}};
+  if (req.kind == api_kind::chat) choice["delta"] = json::object{};
+  else choice["text"] = "";
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason_json(reason);
+  body["choices"] = json::array{std::move(choice)};
+  if (req.include_usage) body["usage"] = nullptr;
+  if (timings) body["timings"] = *timings;
+  return json::serialize(body);
+}
+
+std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final) {
+  json::object body = envelope(req, meta, true);
+  body["choices"] = json::array{};
+  body["usage"] = usage_json(final);
+  return json::serialize(body);
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,381 @@
+#include "server/request_parser.hpp"
+
+#include <boost/json.hpp>
+#include <simdjson.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "engine/error.hpp"
+
+namespace tessera::server {
+
+std::string error_body(const api_error& e) {
+  boost::json::object inner;
+  inner["message"] = e.what();
+  inner["type"] = e.type;
+  inner["param"] = e.param.empty() ? boost::json::value(nullptr) : boost::json::value(e.param);
+  inner["code"] = e.code.empty() ? boost::json::value(nullptr) : boost::json::value(e.code);
+  boost::json::object outer;
+  outer["error"] = std::move(inner);
+  return boost::json::serialize(outer);
+}
+
+namespace {
+
+namespace sj = simdjson;
+using element = sj::dom::element;
+
+[[noreturn]] void bad(std::string_view field, std::string_view what) {
+  throw api_error(400, "'" + std::string(field) + "' " + std::string(what), std::string(field));
+}
+
+double get_number(element v, std::string_view field) {
+  double d = 0;
+  if (v.is_double()) d = double(v);
+  else if (v.is_int64()) d = double(int64_t(v));
+  else if (v.is_uint64()) d = double(uint64_t(v));
+  else bad(field, "must be a number");
+  if (!std::isfinite(d)) bad(field, "must be finite");
+  return d;
+}
+
+float get_float(element v, std::string_view field, double lo, double hi) {
+  const double d = get_number(v, field);
+  if (d < lo || d > hi) {
+    char text[96];
+    std::snprintf(text, sizeof text, "must be between %g and %g", lo, hi);
+    bad(field, text);
+  }
+  return static_cast<float>(d);
+}
+
+int64_t get_integer(element v, std::string_view field) {
+  if (v.is_int64()) return int64_t(v);
+  if (v.is_uint64()) bad(field, "is out of range");
+  if (v.is_double()) {
+    const double d = double(v);
+    if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+  }
+  bad(field, "must be an integer");
+}
+
+int32_t get_int(element v, std::string_view field, int64_t lo, int64_t hi) {
+  const int64_t x = get_integer(v, field);
+  if (x < lo || x > hi) bad(field, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  return static_cast<int32_t>(x);
+}
+
+std::string get_string(element v, std::string_view field) {
+  if (!v.is_string()) bad(field, "must be a string");
+  return std::string(std::string_view(v));
+}
+
+bool get_bool(element v, std::string_view field) {
+  if (!v.is_bool()) bad(field, "must be a boolean");
+  return bool(v);
+}
+
+token_id get_token(element v, std::string_view field, int32_t vocab_size) {
+  const int64_t x = get_integer(v, field);
+  if (x < 0 || x >= vocab_size) {
+    bad(field, "holds token id " + std::to_string(x) + " outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+  }
+  return static_cast<token_id>(x);
+}
+
+std::vector<token_id> get_token_ids(element v, std::string_view field, int32_t vocab_size, int32_t max_count) {
+  if (!v.is_array()) bad(field, "must be an array of token ids");
+  std::vector<token_id> ids;
+  for (element t : sj::dom::array(v)) {
+    if (static_cast<int64_t>(ids.size()) >= max_count) bad(field, "holds more than " + std::to_string(max_count) + " token ids");
+    ids.push_back(get_token(t, field, vocab_size));
+  }
+  return ids;
+}
+
+element parse_object(sj::dom::parser& parser, const sj::padded_string& padded) {
+  element doc;
+  if (auto err = parser.parse(padded).get(doc)) {
+    throw api_error(400, std::string("malformed JSON body: ") + sj::error_message(err), "", "invalid_json");
+  }
+  if (!doc.is_object()) throw api_error(400, "the request body must be a JSON object", "", "invalid_json");
+  return doc;
+}
+
+// A chat message's content: a string or OpenAI's array of {"type": "text", "text": ...} parts.
+std::string get_content(element v) {
+  if (v.is_string()) return std::string(std::string_view(v));
+  if (v.is_null()) return {};
+  if (!v.is_array()) bad("messages.content", "must be a string or an array of text parts");
+  std::string out;
+  for (element part : sj::dom::array(v)) {
+    element type, text;
+    if (!part.is_object() || part["type"].get(type) || !type.is_string() || std::string_view(type) != "text" ||
+        part["text"].get(text) || !text.is_string()) {
+      bad("messages.content", "parts must be {\"type\": \"text\", \"text\": string} (other content types are not supported)");
+    }
+    out += std::string_view(text);
+  }
+  return out;
+}
+
+std::vector<chat_message> get_messages(element v, const request_limits& limits) {
+  if (!v.is_array()) bad("messages", "must be an array of {role, content}");
+  std::vector<chat_message> messages;
+  for (element m : sj::dom::array(v)) {
+    if (static_cast<int64_t>(messages.size()) >= limits.max_messages) bad("messages", "holds too many messages");
+    if (!m.is_object()) bad("messages", "must be an array of {role, content} objects");
+    element role, content;
+    if (m["role"].get(role)) bad("messages.role", "is required");
+    chat_message msg;
+    msg.role = get_string(role, "messages.role");
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "developer" &&
+        msg.role != "tool") {
+      bad("messages.role", "must be system, developer, user, assistant or tool (got '" + msg.role + "')");
+    }
+    if (m["content"].get(content)) bad("messages.content", "is required");
+    msg.content = get_content(content);
+    messages.push_back(std::move(msg));
+  }
+  if (messages.empty()) bad("messages", "must not be empty");
+  return messages;
+}
+
+void get_stop(element v, sampling_params& p, const request_limits& limits) {
+  p.stop.clear();
+  auto add = [&](element s) {
+    std::string text = get_string(s, "stop");
+    if (text.empty()) bad("stop", "strings must not be empty");
+    if (static_cast<int32_t>(text.size()) > limits.sampling.max_stop_string_bytes) {
+      bad("stop", "strings must be at most " + std::to_string(limits.sampling.max_stop_string_bytes) + " bytes");
+    }
+    if (static_cast<int32_t>(p.stop.size()) >= limits.sampling.max_stop_strings) {
+      bad("stop", "holds more than " + std::to_string(limits.sampling.max_stop_strings) + " strings");
+    }
+    p.stop.push_back(std::move(text));
+  };
+  if (v.is_string()) add(v);
+  else if (v.is_array()) for (element s : sj::dom::array(v)) add(s);
+  else bad("stop", "must be a string or an array of strings");
+}
+
+// Fields some clients send that change nothing here.
+bool is_ignored_field(std::string_view key) {
+  return key == "user" || key == "store" || key == "metadata" || key == "service_tier" || key == "parallel_tool_calls" ||
+         key == "skip_special_tokens" || key == "spaces_between_special_tokens";
+}
+
+}  // namespace
+
+generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,
+                                            const request_limits& limits) {
+  sj::dom::parser parser;
+  const sj::padded_string padded(body);
+  element doc = parse_object(parser, padded);
+
+  generation_request req;
+  req.kind = kind;
+  sampling_params& p = req.params;
+  p.max_tokens = kind == api_kind::chat ? limits.default_chat_max_tokens : limits.default_completion_max_tokens;
+  bool have_prompt = false, have_messages = false;
+  bool have_max_tokens = false;
+  int32_t completion_logprobs = -1;
+  bool chat_logprobs = false;
+  int32_t top_logprobs = -1;
+
+  for (auto [key, value] : sj::dom::object(doc)) {
+    if (value.is_null() && key != "prompt" && key != "messages") continue;  // null: the default
+    if (key == "model") {
+      req.model = get_string(value, key);
+    } else if (key == "prompt") {
+      if (kind == api_kind::chat) bad(key, "is not a chat completions field (use 'messages')");
+      have_prompt = true;
+      if (value.is_string()) {
+        req.prompt = actors::prompt_input::from_text(std::string(std::string_view(value)));
+      } else if (value.is_array()) {
+        sj::dom::array arr(value);
+        if (arr.size() == 0) bad(key, "must not be empty");
+        element first = arr.at(0);
+        if (first.is_string()) {
+          if (arr.size() != 1) bad(key, "batches of several prompts are not supported (send one request per prompt)");
+          req.prompt = actors::prompt_input::from_text(std::string(std::string_view(first)));
+        } else if (first.is_array()) {
+          if (arr.size() != 1) bad(key, "batches of several prompts are not supported (send one request per prompt)");
+          req.prompt = actors::prompt_input::from_ids(get_token_ids(first, key, vocab_size, limits.max_prompt_token_ids));
+        } else {
+          req.prompt = actors::prompt_input::from_ids(get_token_ids(value, key, vocab_size, limits.max_prompt_token_ids));
+        }
+        if (req.prompt.type == actors::prompt_input::kind::token_ids && req.prompt.ids.empty()) bad(key, "must not be empty");
+      } else {
+        bad(key, "must be a string, an array of one string, or an array of token ids");
+      }
+    } else if (key == "messages") {
+      if (kind == api_kind::completion) bad(key, "is not a completions field (use /v1/chat/completions)");
+      have_messages = true;
+      req.prompt = actors::prompt_input::from_chat(get_messages(value, limits));
+    } else if (key == "max_tokens" || key == "max_completion_tokens") {
+      p.max_tokens = get_int(value, key, 1, limits.max_tokens);
+      have_max_tokens = true;
+    } else if (key == "min_tokens") {
+      p.min_tokens = get_int(value, key, 0, limits.max_tokens);
+    } else if (key == "n") {
+      p.n = get_int(value, key, 1, limits.sampling.max_n);
+    } else if (key == "best_of") {
+      const int32_t best_of = get_int(value, key, 1, limits.sampling.max_n);
+      if (best_of != 1) bad(key, "values other than 1 are not supported");
+    } else if (key == "temperature") {
+      p.temperature = get_float(value, key, 0.0, 2.0);
+    } else if (key == "top_p") {
+      p.top_p = get_float(value, key, 0.0, 1.0);
+      if (p.top_p <= 0.0f) bad(key, "must be greater than 0");
+    } else if (key == "top_k") {
+      p.top_k = get_int(value, key, -1, vocab_size);
+    } else if (key == "min_p") {
+      p.min_p = get_float(value, key, 0.0, 1.0);
+    } else if (key == "repetition_penalty") {
+      p.repetition_penalty = get_float(value, key, 0.0, 100.0);
+      if (p.repetition_penalty <= 0.0f) bad(key, "must be greater than 0");
+    } else if (key == "presence_penalty") {
+      p.presence_penalty = get_float(value, key, -2.0, 2.0);
+    } else if (key == "frequency_penalty") {
+      p.frequency_penalty = get_float(value, key, -2.0, 2.0);
+    } else if (key == "seed") {
+      const int64_t seed = get_integer(value, key);
+      p.seed = static_cast<uint64_t>(seed);
+    } else if (key == "stop") {
+      get_stop(value, p, limits);
+    } else if (key == "stop_token_ids") {
+      p.stop_token_ids = get_token_ids(value, key, vocab_size, limits.sampling.max_stop_token_ids);
+    } else if (key == "logit_bias") {
+      if (!value.is_object()) bad(key, "must be an object mapping token ids to biases");
+      p.logit_bias.clear();
+      for (auto [tok, bias] : sj::dom::object(value)) {
+        if (static_cast<int32_t>(p.logit_bias.size()) >= limits.sampling.max_logit_bias_entries) {
+          bad(key, "holds more than " + std::to_string(limits.sampling.max_logit_bias_entries) + " entries");
+        }
+        const std::string text(tok);
+        char* end = nullptr;
+        errno = 0;
+        const long long id = text.empty() ? -1 : std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno != 0 || id < 0 || id >= vocab_size) {
+          bad(key, "keys must be token ids in [0, " + std::to_string(vocab_size) + ") (got '" + text + "')");
+        }
+        const double lim = limits.sampling.max_abs_logit_bias;
+        p.logit_bias.emplace_back(static_cast<token_id>(id), get_float(bias, key, -lim, lim));
+      }
+    } else if (key == "logprobs") {
+      if (kind == api_kind::chat) {
+        chat_logprobs = get_bool(value, key);
+      } else {
+        if (value.is_bool()) bad(key, "must be an integer (the number of top logprobs)");
+        completion_logprobs = get_int(value, key, 0, limits.max_completion_logprobs);
+      }
+    } else if (key == "top_logprobs") {
+      if (kind != api_kind::chat) bad(key, "is a chat completions field (use 'logprobs')");
+      top_logprobs = get_int(value, key, 0, limits.sampling.max_logprobs);
+    } else if (key == "stream") {
+      req.stream = get_bool(value, key);
+    } else if (key == "stream_options") {
+      if (!value.is_object()) bad(key, "must be an object");
+      for (auto [k, v] : sj::dom::object(value)) {
+        if (k == "include_usage") req.include_usage = get_bool(v, "stream_options.include_usage");
+        else if (k != "continuous_usage_stats") bad("stream_options." + std::string(k), "is not supported");
+      }
+    } else if (key == "ignore_eos") {
+      p.ignore_eos = get_bool(value, key);
+    } else if (key == "include_stop_str_in_output") {
+      p.include_stop_str_in_output = get_bool(value, key);
+    } else if (key == "priority") {
+      req.priority = get_int(value, key, -limits.max_priority, limits.max_priority);
+    } else if (key == "echo") {
+      if (get_bool(value, key)) bad(key, "is not supported");
+    } else if (key == "suffix") {
+      bad(key, "is not supported");
+    } else if (key == "chat_template" || key == "chat_template_kwargs") {
+      throw api_error(400, "'" + std::string(key) + "': request-supplied chat templates are refused", std::string(key));
+    } else if (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call" ||
+               key == "response_format" || key == "guided_json" || key == "guided_regex") {
+      bad(key, "is not supported by this server");
+    } else if (key == "user") {
+      req.user = get_string(value, key);
+    } else if (is_ignored_field(key)) {
+      // accepted for compatibility; changes nothing
+    } else {
+      bad(key, "is not a recognized request field");
+    }
+  }
+
+  if (kind == api_kind::completion && !have_prompt) throw api_error(400, "'prompt' is required", "prompt");
+  if (kind == api_kind::chat && !have_messages) throw api_error(400, "'messages' is required", "messages");
+  if (have_prompt && req.prompt.type == actors::prompt_input::kind::text && req.prompt.text.empty()) {
+    bad("prompt", "must not be empty");
+  }
+  (void)have_max_tokens;
+  if (p.min_tokens > p.max_tokens) bad("min_tokens", "must not exceed max_tokens");
+
+  if (kind == api_kind::chat) {
+    if (top_logprobs >= 0 && !chat_logprobs) bad("top_logprobs", "needs 'logprobs': true");
+    req.want_logprobs = chat_logprobs;
+    req.top_logprobs = std::max(top_logprobs, 0);
+  } else {
+    req.want_logprobs = completion_logprobs >= 0;
+    req.top_logprobs = std::max(completion_logprobs, 0);
+  }
+  p.logprobs = req.want_logprobs ? req.top_logprobs : -1;
+  if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
+
+  try {
+    p.validate(vocab_size, limits.sampling);
+  } catch (const invalid_request& e) {
+    throw api_error(400, e.what());
+  }
+  return req;
+}
+
+tokenize_request parse_tokenize_request(std::string_view body) {
+  sj::dom::parser parser;
+  const sj::padded_string padded(body);
+  element doc = parse_object(parser, padded);
+  tokenize_request req;
+  bool have_prompt = false;
+  for (auto [key, value] : sj::dom::object(doc)) {
+    if (key == "prompt") {
+      req.prompt = get_string(value, key);
+      have_prompt = true;
+    } else if (key == "messages") {
+      req.messages = get_messages(value, request_limits{});
+      req.is_chat = true;
+    } else if (key == "add_special_tokens") {
+      req.add_special_tokens = get_bool(value, key);
+    } else if (key == "model" || key == "add_generation_prompt") {
+    } else {
+      bad(key, "is not a recognized request field");
+    }
+  }
+  if (have_prompt == req.is_chat) throw api_error(400, "give exactly one of 'prompt' or 'messages'", "prompt");
+  return req;
+}
+
+std::vector<token_id> parse_detokenize_request(std::string_view body, int32_t vocab_size, const request_limits& limits) {
+  sj::dom::parser parser;
+  const sj::padded_string padded(body);
+  element doc = parse_object(parser, padded);
+  std::vector<token_id> ids;
+  bool have_tokens = false;
+  for (auto [key, value] : sj::dom::object(doc)) {
+    if (key == "tokens") {
+      ids = get_token_ids(value, key, vocab_size, limits.max_prompt_token_ids);
+      have_tokens = true;
+    } else if (key != "model") {
+      bad(key, "is not a recognized request field");
+    }
+  }
+  if (!have_tokens) throw api_error(400, "'tokens' is required", "tokens");
+  return ids;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,59 @@
+// OpenAI-compatible request bodies -> engine requests, parsed with simdjson. Every field is checked
+// for type and range before the engine sees it; any problem throws api_error (400) naming the field.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "engine/sampling_params.hpp"
+#include "server/api_error.hpp"
+
+namespace tessera::server {
+
+enum class api_kind : uint8_t { completion, chat };
+
+// Bounds on what a request may ask for, on top of sampling_limits (reference-notes, default limits).
+struct request_limits {
+  sampling_limits sampling;
+  int32_t max_tokens = 1 << 20;              // generated tokens per choice at most
+  int32_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
+  int32_t default_chat_max_tokens = 512;
+  int32_t max_prompt_token_ids = 1 << 20;    // token-id prompts
+  int32_t max_messages = 4096;
+  int32_t max_completion_logprobs = 5;       // /v1/completions "logprobs" (OpenAI's bound)
+  int32_t max_priority = 1 << 20;            // |priority|
+};
+
+struct generation_request {
+  api_kind kind = api_kind::completion;
+  std::string model;
+  actors::prompt_input prompt;
+  sampling_params params;
+  int32_t priority = 0;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool want_logprobs = false;  // chat: logprobs true; completions: logprobs given
+  int32_t top_logprobs = 0;
+  std::string user;
+};
+
+// Parses a /v1/completions or /v1/chat/completions body. vocab_size bounds every token id.
+generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,
+                                            const request_limits& limits = {});
+
+// /tokenize: {"prompt": string} (or {"messages": [...]} for chat) plus "add_special_tokens".
+struct tokenize_request {
+  std::string prompt;
+  std::vector<chat_message> messages;
+  bool is_chat = false;
+  bool add_special_tokens = true;
+};
+tokenize_request parse_tokenize_request(std::string_view body);
+
+// /detokenize: {"tokens": [ids]}.
+std::vector<token_id> parse_detokenize_request(std::string_view body, int32_t vocab_size,
+                                               const request_limits& limits = {});
+
+}  // namespace tessera::server

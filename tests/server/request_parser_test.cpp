@@ -1,0 +1,199 @@
+// The server's request parser, error envelope and small security helpers, without a network.
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+
+#include "server/http_server.hpp"
+#include "server/openai_format.hpp"
+#include "server/request_parser.hpp"
+
+namespace tessera::server {
+namespace {
+
+constexpr int32_t vocab = 1000;
+
+api_error parse_error(std::string_view body, api_kind kind = api_kind::completion) {
+  try {
+    parse_generation_request(body, kind, vocab);
+  } catch (const api_error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << body;
+  return api_error(0, "");
+}
+
+TEST(request_parser, completion_fields) {
+  const generation_request r = parse_generation_request(
+      R"({"model":"m","prompt":"Hello","max_tokens":7,"temperature":0.5,"top_p":0.9,"n":3,"stop":["a","bc"],
+          "seed":42,"presence_penalty":0.5,"frequency_penalty":-0.5,"logit_bias":{"5":2.5},"logprobs":2,
+          "stream":true,"stream_options":{"include_usage":true},"user":"u","top_k":40,"min_p":0.1,
+          "repetition_penalty":1.1,"ignore_eos":true,"priority":-3,"min_tokens":2})",
+      api_kind::completion, vocab);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::text);
+  EXPECT_EQ(r.prompt.text, "Hello");
+  EXPECT_EQ(r.params.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.n, 3);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"a", "bc"}));
+  ASSERT_TRUE(r.params.seed.has_value());
+  EXPECT_EQ(*r.params.seed, 42u);
+  ASSERT_EQ(r.params.logit_bias.size(), 1u);
+  EXPECT_EQ(r.params.logit_bias[0].first, 5);
+  EXPECT_FLOAT_EQ(r.params.logit_bias[0].second, 2.5f);
+  EXPECT_EQ(r.params.logprobs, 2);
+  EXPECT_TRUE(r.want_logprobs);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.params.top_k, 40);
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.priority, -3);
+  EXPECT_EQ(r.params.min_tokens, 2);
+}
+
+TEST(request_parser, defaults_and_prompt_forms) {
+  generation_request r = parse_generation_request(R"({"prompt":["one"]})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.text, "one");
+  EXPECT_EQ(r.params.max_tokens, request_limits{}.default_completion_max_tokens);
+  EXPECT_EQ(r.params.logprobs, -1);
+  r = parse_generation_request(R"({"prompt":[1,2,3]})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::token_ids);
+  EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{1, 2, 3}));
+  r = parse_generation_request(R"({"prompt":[[4,5]], "stop": null})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{4, 5}));
+}
+
+TEST(request_parser, chat_fields) {
+  const generation_request r = parse_generation_request(
+      R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
+          "max_completion_tokens":5,"logprobs":true,"top_logprobs":3})",
+      api_kind::chat, vocab);
+  ASSERT_EQ(r.prompt.type, actors::prompt_input::kind::chat);
+  ASSERT_EQ(r.prompt.messages.size(), 2u);
+  EXPECT_EQ(r.prompt.messages[1].role, "user");
+  EXPECT_EQ(r.prompt.messages[1].content, "hi");
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_EQ(r.params.logprobs, 3);
+}
+
+struct bad_case {
+  const char* body;
+  api_kind kind;
+  int status;
+  const char* message_part;
+};
+
+TEST(request_parser, bad_inputs_are_400_naming_the_field) {
+  const bad_case cases[] = {
+      {"{", api_kind::completion, 400, "malformed JSON"},
+      {"[1]", api_kind::completion, 400, "JSON object"},
+      {R"({"max_tokens":5})", api_kind::completion, 400, "'prompt' is required"},
+      {R"({"prompt":"x","max_tokens":0})", api_kind::completion, 400, "max_tokens"},
+      {R"({"prompt":"x","max_tokens":"5"})", api_kind::completion, 400, "must be an integer"},
+      {R"({"prompt":"x","max_tokens":1.5})", api_kind::completion, 400, "must be an integer"},
+      {R"({"prompt":"x","temperature":-1})", api_kind::completion, 400, "temperature"},
+      {R"({"prompt":"x","temperature":"hot"})", api_kind::completion, 400, "must be a number"},
+      {R"({"prompt":"x","top_p":0})", api_kind::completion, 400, "top_p"},
+      {R"({"prompt":"x","n":0})", api_kind::completion, 400, "'n'"},
+      {R"({"prompt":"x","n":17})", api_kind::completion, 400, "'n'"},
+      {R"({"prompt":"x","logprobs":6})", api_kind::completion, 400, "logprobs"},
+      {R"({"prompt":"x","logit_bias":{"1000":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"abc":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":101}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":[1,2,1000]})", api_kind::completion, 400, "outside the vocabulary"},
+      {R"({"prompt":[-1]})", api_kind::completion, 400, "outside the vocabulary"},
+      {R"({"prompt":["a","b"]})", api_kind::completion, 400, "batches"},
+      {R"({"prompt":""})", api_kind::completion, 400, "must not be empty"},
+      {R"({"prompt":"x","stop":[1]})", api_kind::completion, 400, "stop"},
+      {R"({"prompt":"x","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",
+       api_kind::completion, 400, "stop"},
+      {R"({"prompt":"x","frobnicate":1})", api_kind::completion, 400, "frobnicate"},
+      {R"({"prompt":"x","chat_template":"{{x}}"})", api_kind::completion, 400, "chat templates are refused"},
+      {R"({"prompt":"x","stream":"yes"})", api_kind::completion, 400, "must be a boolean"},
+      {R"({"prompt":"x","stream_options":{"include_usage":true}})", api_kind::completion, 400, "stream_options"},
+      {R"({"prompt":"x","min_tokens":9,"max_tokens":3})", api_kind::completion, 400, "min_tokens"},
+      {R"({"prompt":"x","stop_token_ids":[5000]})", api_kind::completion, 400, "stop_token_ids"},
+      {R"({"messages":[]})", api_kind::chat, 400, "messages"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", api_kind::chat, 400, "messages.role"},
+      {R"({"messages":[{"role":"user"}]})", api_kind::chat, 400, "messages.content"},
+      {R"({"messages":"hi"})", api_kind::chat, 400, "messages"},
+      {R"({"prompt":"x"})", api_kind::chat, 400, "prompt"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", api_kind::chat, 400, "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", api_kind::chat, 400,
+       "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", api_kind::chat, 400, "tools"},
+  };
+  for (const auto& c : cases) {
+    const api_error e = parse_error(c.body, c.kind);
+    EXPECT_EQ(e.status, c.status) << c.body;
+    EXPECT_NE(std::string(e.what()).find(c.message_part), std::string::npos) << c.body << " -> " << e.what();
+  }
+}
+
+TEST(request_parser, error_body_is_openai_shaped) {
+  const api_error e(400, "'n' must be \"between\" 1 and 16", "n");
+  const boost::json::value v = boost::json::parse(error_body(e));
+  const auto& err = v.at("error").as_object();
+  EXPECT_EQ(err.at("message").as_string(), "'n' must be \"between\" 1 and 16");
+  EXPECT_EQ(err.at("type").as_string(), "invalid_request_error");
+  EXPECT_EQ(err.at("param").as_string(), "n");
+  EXPECT_TRUE(err.at("code").is_null());
+}
+
+TEST(request_parser, tokenize_and_detokenize) {
+  EXPECT_EQ(parse_tokenize_request(R"({"prompt":"abc","add_special_tokens":false})").prompt, "abc");
+  EXPECT_THROW(parse_tokenize_request(R"({"prompt":1})"), api_error);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens":[1,2]})", vocab), (std::vector<token_id>{1, 2}));
+  EXPECT_THROW(parse_detokenize_request(R"({"tokens":[1,99999]})", vocab), api_error);
+  EXPECT_THROW(parse_detokenize_request(R"({})", vocab), api_error);
+}
+
+TEST(security, keys_equal_and_host_check) {
+  EXPECT_TRUE(keys_equal("secret", "secret"));
+  EXPECT_FALSE(keys_equal("secreT", "secret"));
+  EXPECT_FALSE(keys_equal("secret2", "secret"));
+  EXPECT_FALSE(keys_equal("", "secret"));
+  server_options o;
+  o.host = "127.0.0.1";
+  EXPECT_TRUE(host_allowed("127.0.0.1:8000", o, 8000));
+  EXPECT_TRUE(host_allowed("localhost:8000", o, 8000));
+  EXPECT_TRUE(host_allowed("localhost", o, 8000));
+  EXPECT_FALSE(host_allowed("evil.example:8000", o, 8000));
+  EXPECT_FALSE(host_allowed("127.0.0.1:9999", o, 8000));
+  EXPECT_FALSE(host_allowed("", o, 8000));
+  o.allowed_hosts = {"api.internal"};
+  EXPECT_TRUE(host_allowed("api.internal:8000", o, 8000));
+}
+
+TEST(format, valid_utf8_replaces_broken_sequences) {
+  EXPECT_EQ(valid_utf8("plain"), "plain");
+  EXPECT_EQ(valid_utf8("\xC3\xA9"), "\xC3\xA9");
+  EXPECT_EQ(valid_utf8("a\xC3"), "a\xEF\xBF\xBD");
+  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(valid_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
+}
+
+TEST(format, timings_from_the_lifecycle) {
+  actors::stream_final f;
+  f.seconds_to_first_token = 0.5;
+  f.seconds_total = 1.5;
+  f.num_generated_tokens = 11;
+  actors::choice_result c;
+  c.num_generated_tokens = 11;
+  const auto t0 = engine_clock::now();
+  c.timeline = {{lifecycle_stage::queued, t0, 0},
+                {lifecycle_stage::scheduled, t0 + std::chrono::milliseconds(100), 1},
+                {lifecycle_stage::swapped_out, t0 + std::chrono::milliseconds(200), 2},
+                {lifecycle_stage::first_token, t0 + std::chrono::milliseconds(400), 3}};
+  f.choices.push_back(c);
+  const boost::json::object t = timings_json(f);
+  EXPECT_NEAR(t.at("queue_seconds").as_double(), 0.1, 1e-9);
+  EXPECT_NEAR(t.at("prefill_seconds").as_double(), 0.3, 1e-9);
+  EXPECT_NEAR(t.at("decode_tokens_per_second").as_double(), 10.0, 1e-9);  // 10 tokens after the first in 1 s
+  EXPECT_EQ(t.at("num_preemptions").as_int64(), 1);
+  EXPECT_EQ(t.at("num_swaps").as_int64(), 1);
+}
+
+}  // namespace
+}  // namespace tessera::server
