@@ -300,7 +300,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (!tok) throw api_error(400, "this model has no tokenizer");
     const std::vector<token_id> ids =
         parse_detokenize_request(request_.body(), static_cast<int32_t>(tok->vocab_size()), srv_.opt.limits);
-    json::object body{{"prompt", valid_utf8(tok->decode(ids))}};
+    json::object body{{"prompt", sanitize_utf8(tok->decode(ids))}};
     send(http::status::ok, "application/json", json::serialize(body), keep_alive);
   }
 
@@ -757,7 +757,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
           json::array ids;
           for (token_id t : o.token_ids) ids.push_back(t);
           json::object m{{"type", "delta"}, {"id", it->first}, {"index", o.index}, {"token_ids", std::move(ids)},
-                         {"text", valid_utf8(o.text)}, {"t", d->seconds_since_submit}};
+                         {"text", sanitize_utf8(o.text)}, {"t", d->seconds_since_submit}};
           if (it->second.req.want_logprobs) m["logprobs"] = logprobs_json(api_kind::chat, o.logprobs, tok, 0);
           send(json::serialize(m));
         } else {

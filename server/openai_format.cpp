@@ -6,37 +6,6 @@ namespace tessera::server {
 
 namespace json = boost::json;
 
-std::string valid_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = 0;
-    uint32_t min_cp = 0;
-    if (c < 0x80) { out.push_back(static_cast<char>(c)); ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; min_cp = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; min_cp = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; min_cp = 0x10000; }
-    bool ok = len > 0 && i + len <= s.size();
-    uint32_t cp = ok ? (c & (0xFF >> (len + 1))) : 0;
-    for (size_t k = 1; ok && k < len; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) ok = false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if (ok && (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
-    if (ok) {
-      out.append(s.substr(i, len));
-      i += len;
-    } else {
-      out.append("\xEF\xBF\xBD");
-      ++i;
-    }
-  }
-  return out;
-}
-
 json::value finish_reason_json(finish_reason reason) {
   if (reason == finish_reason::none) return nullptr;
   return json::string(to_string(reason));
@@ -109,9 +78,9 @@ json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, 
       json::array top;
       for (const auto& [id, l] : lp.top) {
         const std::string r = piece(tok, id);
-        top.push_back(json::object{{"token", valid_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
+        top.push_back(json::object{{"token", sanitize_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
       }
-      content.push_back(json::object{{"token", valid_utf8(raw)},
+      content.push_back(json::object{{"token", sanitize_utf8(raw)},
                                      {"logprob", logprob_value(lp.logprob)},
                                      {"bytes", bytes_json(raw)},
                                      {"top_logprobs", std::move(top)}});
@@ -120,11 +89,11 @@ json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, 
   }
   json::array tokens, token_logprobs, top_logprobs, offsets;
   for (const auto& lp : lps) {
-    const std::string text = valid_utf8(piece(tok, lp.token));
+    const std::string text = sanitize_utf8(piece(tok, lp.token));
     tokens.push_back(json::string(text));
     token_logprobs.push_back(logprob_value(lp.logprob));
     json::object top;
-    for (const auto& [id, l] : lp.top) top[valid_utf8(piece(tok, id))] = logprob_value(l);
+    for (const auto& [id, l] : lp.top) top[sanitize_utf8(piece(tok, id))] = logprob_value(l);
     top_logprobs.push_back(std::move(top));
     offsets.push_back(text_offset);
     text_offset += text.size();
@@ -158,9 +127,9 @@ std::string full_response(const generation_request& req, const response_meta& me
     }
     json::object choice{{"index", i}};
     if (req.kind == api_kind::chat) {
-      choice["message"] = json::object{{"role", "assistant"}, {"content", valid_utf8(c.text)}};
+      choice["message"] = json::object{{"role", "assistant"}, {"content", sanitize_utf8(c.text)}};
     } else {
-      choice["text"] = valid_utf8(c.text);
+      choice["text"] = sanitize_utf8(c.text);
     }
     choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, c.logprobs, tok, 0) : json::value(nullptr);
     choice["finish_reason"] = finish_reason_json(reason);
@@ -179,10 +148,10 @@ std::string delta_chunk(const generation_request& req, const response_meta& meta
   if (req.kind == api_kind::chat) {
     json::object delta;
     if (first_of_choice) delta["role"] = "assistant";
-    delta["content"] = valid_utf8(o.text);
+    delta["content"] = sanitize_utf8(o.text);
     choice["delta"] = std::move(delta);
   } else {
-    choice["text"] = valid_utf8(o.text);
+    choice["text"] = sanitize_utf8(o.text);
   }
   choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, o.logprobs, tok, 0) : json::value(nullptr);
   choice["finish_reason"] = nullptr;

@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "actors/engine_facade.hpp"
+#include "engine/tokenizer.hpp"
 #include "server/request_parser.hpp"
 
 namespace tessera::server {
 
-// Replaces invalid UTF-8 sequences with U+FFFD so every string we serialize is valid JSON text.
-std::string valid_utf8(std::string_view bytes);
+// Every string we serialize goes through tessera::sanitize_utf8 (engine/tokenizer.hpp) first, so
+// it is valid JSON text: token pieces and text deltas may hold broken UTF-8.
 
 // "stop", "length", "abort", "error"; null while running.
 boost::json::value finish_reason_json(finish_reason reason);

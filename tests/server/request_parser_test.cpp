@@ -166,12 +166,12 @@ TEST(security, keys_equal_and_host_check) {
   EXPECT_TRUE(host_allowed("api.internal:8000", o, 8000));
 }
 
-TEST(format, valid_utf8_replaces_broken_sequences) {
-  EXPECT_EQ(valid_utf8("plain"), "plain");
-  EXPECT_EQ(valid_utf8("\xC3\xA9"), "\xC3\xA9");
-  EXPECT_EQ(valid_utf8("a\xC3"), "a\xEF\xBF\xBD");
-  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
-  EXPECT_EQ(valid_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
+TEST(format, sanitize_utf8_replaces_broken_sequences) {
+  EXPECT_EQ(sanitize_utf8("plain"), "plain");
+  EXPECT_EQ(sanitize_utf8("\xC3\xA9"), "\xC3\xA9");
+  EXPECT_EQ(sanitize_utf8("a\xC3"), "a\xEF\xBF\xBD");
+  EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(sanitize_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
 }
 
 TEST(format, timings_from_the_lifecycle) {
