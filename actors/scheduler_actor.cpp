@@ -190,6 +190,8 @@ class scheduler_actor : public caf::event_based_actor {
     if (!engine_) return;
     std::vector<request_output> outputs = engine_->step();
     const auto now = runtime_clock::now();
+    // An executor failure makes the runtime unhealthy before any client sees its error final.
+    if (proxy_->failed()) mark_unhealthy(proxy_->failure());
     // Publish first: a client that sees its final message also sees this step's counters.
     publish();
     for (request_output& out : outputs) route(std::move(out), now);
@@ -264,8 +266,16 @@ class scheduler_actor : public caf::event_based_actor {
       if (engine_) engine_->abort(t.engine_request);
       by_request_.erase(t.engine_request);
     }
-    if (t.subscriber) {
-      send(t.subscriber, final_atom_v, final_ptr(std::move(final)));
+    // Counters first, the final message last: a client that has its final sees them updated.
+    if (t.queued) shared_->num_queued.fetch_sub(1);
+    {
+      std::lock_guard lock(shared_->mutex);
+      if (reason == finish_reason::error) ++shared_->num_failed;
+      else if (reason == finish_reason::abort) ++shared_->num_aborted;
+      else ++shared_->num_completed;
+    }
+    const caf::actor subscriber = t.subscriber;
+    if (subscriber) {
       auto range = by_subscriber_.equal_range(t.subscriber.address());
       for (auto s = range.first; s != range.second; ++s) {
         if (s->second == ticket) {
@@ -275,15 +285,9 @@ class scheduler_actor : public caf::event_based_actor {
       }
       if (by_subscriber_.count(t.subscriber.address()) == 0) demonitor(t.subscriber);
     }
-    if (t.queued) shared_->num_queued.fetch_sub(1);
-    {
-      std::lock_guard lock(shared_->mutex);
-      if (reason == finish_reason::error) ++shared_->num_failed;
-      else if (reason == finish_reason::abort) ++shared_->num_aborted;
-      else ++shared_->num_completed;
-    }
     tickets_.erase(it);
     shared_->ticket_closed();
+    if (subscriber) send(subscriber, final_atom_v, final_ptr(std::move(final)));
   }
 
   // After each step: admission counters, the facade's snapshot, the KV manager and the event bus.
@@ -330,14 +334,18 @@ class scheduler_actor : public caf::event_based_actor {
     return shared_->health_message.empty() ? "engine unavailable" : shared_->health_message;
   }
 
-  // The executor is gone: every open request ends with an error now, later submits are refused.
-  void fatal(const std::string& message) {
+  void mark_unhealthy(const std::string& message) {
     {
       std::lock_guard lock(shared_->mutex);
       if (shared_->health_message.empty()) shared_->health_message = message;
     }
     shared_->healthy.store(false);
     shared_->changed.notify_all();
+  }
+
+  // The executor is gone: every open request ends with an error now, later submits are refused.
+  void fatal(const std::string& message) {
+    mark_unhealthy(message);
     std::vector<ticket_id> all;
     for (const auto& [t, s] : tickets_) all.push_back(t);
     engine_.reset();  // nothing it holds is needed any more; closing must not touch it
