@@ -77,7 +77,29 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
 }
 
-engine_bundle make_engine(const engine_flags& flags) {
+engine_options to_engine_options(const engine_flags& flags) {
+  engine_options options;
+  options.block_size = flags.block_size;
+  options.max_num_seqs = flags.max_num_seqs;
+  options.max_num_batched_tokens = flags.max_num_batched_tokens;
+  options.max_model_len = flags.max_model_len;
+  options.preemption = parse_preemption(flags.preemption_mode);
+  options.enable_prefix_caching = !flags.no_prefix_caching;
+  return options;
+}
+
+std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& b, const engine_flags& flags, int32_t max_waiting) {
+  actors::facade_components components;
+  components.exec = std::move(b.exec);
+  components.tok = b.model.tok;
+  components.chat = b.chat;
+  actors::facade_options options;
+  options.engine = to_engine_options(flags);
+  options.max_waiting = max_waiting;
+  return std::make_unique<actors::engine_facade>(std::move(components), options);
+}
+
+engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   const auto t0 = std::chrono::steady_clock::now();
   engine_bundle b;
   b.model = load_model(flags.model.empty() ? default_model_path() : std::filesystem::path(flags.model));
@@ -101,14 +123,7 @@ engine_bundle make_engine(const engine_flags& flags) {
   if (exec_options.kv.num_device_blocks < 1) throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
   b.exec = make_cpu_executor(b.model.weights, exec_options);
 
-  engine_options options;
-  options.block_size = flags.block_size;
-  options.max_num_seqs = flags.max_num_seqs;
-  options.max_num_batched_tokens = flags.max_num_batched_tokens;
-  options.max_model_len = flags.max_model_len;
-  options.preemption = parse_preemption(flags.preemption_mode);
-  options.enable_prefix_caching = !flags.no_prefix_caching;
-  b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, options);
+  if (direct_engine) b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, to_engine_options(flags));
 
   std::string warning;
   b.chat = chat_template::from_model_or_fallback(b.model.chat_template, &warning);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "actors/engine_facade.hpp"
 #include "engine/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
@@ -36,13 +37,21 @@ struct engine_flags {
 struct engine_bundle {
   loaded_model model;
   std::unique_ptr<executor> exec;
-  std::unique_ptr<llm_engine> engine;
+  std::unique_ptr<llm_engine> engine;  // null when built for the actor runtime
   chat_template chat = chat_template::fallback_chatml();
 };
 
-// Loads the model (progress on a TTY), builds the CPU executor and the engine. Throws load_error /
-// invalid_request with a message fit for the user.
-engine_bundle make_engine(const engine_flags& flags);
+// The engine (scheduler, KV pools, batching) options the flags ask for.
+engine_options to_engine_options(const engine_flags& flags);
+
+// Loads the model (progress on a TTY), builds the CPU executor and, with `direct_engine`, an
+// llm_engine driven by the caller. Throws load_error / invalid_request with a message for the user.
+engine_bundle make_engine(const engine_flags& flags, bool direct_engine = true);
+
+// The actor runtime around a bundle made without a direct engine (the executor moves into it): what
+// `serve` and `generate` run on. `max_waiting`: queued requests beyond which submits are refused.
+std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& bundle, const engine_flags& flags,
+                                                   int32_t max_waiting);
 
 // Renders one user turn (and an optional system prompt) with the model's chat template.
 std::string render_chat(const engine_bundle& bundle, const std::string& user, const std::string& system);

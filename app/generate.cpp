@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <unordered_map>
 
 #include "app/commands.hpp"
 #include "app/request_json.hpp"
+#include "actors/engine_facade.hpp"
 #include "engine/error.hpp"
 
 namespace tessera::app {
@@ -63,38 +63,35 @@ int generate_command::run() {
 }
 
 int generate_command::run_single() {
-  engine_bundle b = make_engine(engine_);
+  // The same path as serving: the actor runtime's facade, one request, its stream printed as it comes.
+  engine_bundle b = make_engine(engine_, /*direct_engine=*/false);
   const tokenizer& tok = *b.model.tok;
   const std::string text = chat_ ? render_chat(b, prompt_, system_) : prompt_;
   std::vector<token_id> prompt = encode_prompt(tok, text, chat_);
   const int32_t num_prompt = static_cast<int32_t>(prompt.size());
+  std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, /*max_waiting=*/1);
 
-  const auto start = clock_type::now();
-  b.engine->add_request(std::move(prompt), sampling_.to_params());
-  double first_token_s = 0;
-  int32_t generated = 0;
-  finish_reason reason = finish_reason::none;
-  std::string error;
-  while (b.engine->has_unfinished()) {
-    for (const request_output& out : b.engine->step()) {
-      if (generated == 0 && !out.token_ids.empty()) first_token_s = seconds_since(start);
-      generated = out.num_generated_tokens;
-      std::fwrite(out.text.data(), 1, out.text.size(), stdout);
+  actors::submit_result submitted = runtime->submit(actors::prompt_input::from_ids(std::move(prompt)), sampling_.to_params());
+  if (!submitted) throw invalid_request(submitted.message);
+  actors::stream_final final;
+  while (auto item = submitted.stream.next()) {
+    if (const auto* delta = std::get_if<actors::stream_delta>(&*item)) {
+      std::fwrite(delta->output.text.data(), 1, delta->output.text.size(), stdout);
       std::fflush(stdout);
-      if (out.finished) {
-        reason = out.reason;
-        error = out.error;
-      }
+    } else {
+      final = std::get<actors::stream_final>(*item);
     }
   }
   std::fputc('\n', stdout);
-  const double total_s = seconds_since(start);
-  if (!error.empty()) throw std::runtime_error(error);
+  if (final.reason == finish_reason::error) throw std::runtime_error(final.error);
   if (!engine_.quiet) {
-    const double decode_s = total_s - first_token_s;
+    const int32_t generated = final.num_generated_tokens;
+    const double first_s = final.seconds_to_first_token;
+    const double decode_s = final.seconds_total - first_s;
     std::fprintf(stderr, "prompt: %d tokens, %.1f tokens/s | decode: %d tokens, %.1f tokens/s | finish: %s\n",
-                 num_prompt, first_token_s > 0 ? num_prompt / first_token_s : 0.0, generated,
-                 generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0, std::string(to_string(reason)).c_str());
+                 num_prompt, first_s > 0 ? num_prompt / first_s : 0.0, generated,
+                 generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0,
+                 std::string(to_string(final.reason)).c_str());
   }
   return 0;
 }
@@ -109,71 +106,83 @@ int generate_command::run_batch() {
   }
   std::ostream& out = output_.empty() ? std::cout : out_file;
 
-  engine_bundle b = make_engine(engine_);
+  engine_bundle b = make_engine(engine_, /*direct_engine=*/false);
   const tokenizer& tok = *b.model.tok;
-  sampling_params defaults = sampling_.to_params();
+  const sampling_params defaults = sampling_.to_params();
 
-  // Parse and submit everything first: the scheduler decides what runs together.
-  std::unordered_map<request_id, offline_result> results;
-  std::vector<offline_result> rejected;
-  std::vector<request_id> order;  // output order = input order
+  // Parse and tokenize every line first, then submit them all: the scheduler decides what runs together.
+  struct job {
+    offline_result result;
+    std::vector<token_id> prompt;
+    sampling_params params;
+    int32_t priority = 0;
+    actors::stream_handle stream;
+  };
+  std::vector<job> jobs;
   std::string line;
   int64_t line_number = 0;
   while (std::getline(in, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    offline_result result;
-    result.id = std::to_string(line_number);
+    job j;
+    j.result.id = std::to_string(line_number);
     try {
       offline_request req = parse_offline_request(line, line_number, defaults);
-      result.id = req.id;
-      std::vector<token_id> prompt;
-      if (req.messages) {
-        prompt = encode_prompt(tok, render_messages(b, *req.messages), true);
-      } else {
-        prompt = encode_prompt(tok, *req.prompt, false);
-      }
-      result.prompt_tokens = static_cast<int64_t>(prompt.size());
-      result.texts.resize(req.params.n);
-      result.finish_reasons.resize(req.params.n);
-      const request_id id = b.engine->add_request(std::move(prompt), req.params, req.priority);
-      order.push_back(id);
-      results.emplace(id, std::move(result));
+      j.result.id = req.id;
+      j.prompt = req.messages ? encode_prompt(tok, render_messages(b, *req.messages), true)
+                              : encode_prompt(tok, *req.prompt, false);
+      j.result.prompt_tokens = static_cast<int64_t>(j.prompt.size());
+      j.params = req.params;
+      j.priority = req.priority;
     } catch (const std::exception& e) {
-      result.error = e.what();
-      order.push_back(0);
-      rejected.push_back(std::move(result));
+      j.result.error = e.what();
     }
+    jobs.push_back(std::move(j));
   }
 
+  std::unique_ptr<actors::engine_facade> runtime =
+      make_facade(b, engine_, static_cast<int32_t>(std::min<size_t>(jobs.size() + 1, INT32_MAX)));
   const auto start = clock_type::now();
-  int64_t total_generated = 0;
-  while (b.engine->has_unfinished()) {
-    for (const request_output& o : b.engine->step()) {
-      offline_result& r = results.at(o.id);
-      r.texts[o.index] += o.text;
-      if (o.finished) {
-        r.finish_reasons[o.index] = std::string(to_string(o.reason));
-        r.completion_tokens += o.num_generated_tokens;
-        total_generated += o.num_generated_tokens;
-        if (!o.error.empty()) r.error = o.error;
-      }
+  for (job& j : jobs) {
+    if (!j.result.error.empty()) continue;
+    actors::submit_result submitted =
+        runtime->submit(actors::prompt_input::from_ids(std::move(j.prompt)), j.params, j.priority);
+    if (!submitted) {
+      j.result.error = submitted.message;
+      continue;
     }
+    j.stream = std::move(submitted.stream);
   }
-  size_t next_rejected = 0;
-  for (request_id id : order) {
-    out << format_offline_result(id == 0 ? rejected[next_rejected++] : results.at(id)) << '\n';
+
+  int64_t total_generated = 0;
+  size_t num_rejected = 0;
+  for (job& j : jobs) {
+    if (j.stream.valid()) {
+      std::vector<actors::stream_delta> deltas;
+      const actors::stream_final final = j.stream.wait(&deltas);
+      j.result.texts.resize(std::max<size_t>(1, static_cast<size_t>(j.params.n)));
+      j.result.finish_reasons.resize(j.result.texts.size());
+      for (const actors::stream_delta& d : deltas) j.result.texts.at(static_cast<size_t>(d.output.index)) += d.output.text;
+      for (const actors::choice_result& c : final.choices) {
+        j.result.finish_reasons.at(static_cast<size_t>(c.index)) = std::string(to_string(c.reason));
+      }
+      j.result.completion_tokens = final.num_generated_tokens;
+      total_generated += final.num_generated_tokens;
+      if (final.reason == finish_reason::error) j.result.error = final.error;
+    }
+    if (!j.result.error.empty()) ++num_rejected;
+    out << format_offline_result(j.result) << '\n';
   }
   out.flush();
   if (!engine_.quiet) {
     const double secs = seconds_since(start);
-    const engine_stats s = b.engine->stats();
-    std::fprintf(stderr, "%zu requests (%zu rejected) in %.2f s: %.1f generated tokens/s; preemptions: %llu swap, %llu recompute\n",
-                 order.size(), rejected.size(), secs, secs > 0 ? total_generated / secs : 0.0,
-                 static_cast<unsigned long long>(s.num_preemptions_swap),
-                 static_cast<unsigned long long>(s.num_preemptions_recompute));
+    const actors::facade_stats s = runtime->stats();
+    std::fprintf(stderr, "%zu requests (%zu failed) in %.2f s: %.1f generated tokens/s; preemptions: %llu swap, %llu recompute\n",
+                 jobs.size(), num_rejected, secs, secs > 0 ? total_generated / secs : 0.0,
+                 static_cast<unsigned long long>(s.engine.num_preemptions_swap),
+                 static_cast<unsigned long long>(s.engine.num_preemptions_recompute));
   }
-  return rejected.empty() ? 0 : 3;
+  return num_rejected == 0 ? 0 : 3;
 }
 
 }  // namespace tessera::app

@@ -10,16 +10,6 @@
 
 namespace tessera::app {
 
-namespace {
-
-preemption_mode serve_preemption(const std::string& text) {
-  if (text == "swap") return preemption_mode::swap;
-  if (text == "recompute") return preemption_mode::recompute;
-  return preemption_mode::automatic;
-}
-
-}  // namespace
-
 void serve_command::add_to(CLI::App& app) {
   cmd_ = app.add_subcommand("serve", "Serve the OpenAI-compatible API (HTTP, SSE, WebSocket)");
   cmd_->add_option("model", positional_model_, "Model: a .gguf file (same as --model)");
@@ -37,22 +27,9 @@ void serve_command::add_to(CLI::App& app) {
 
 int serve_command::run() {
   if (!positional_model_.empty()) engine_.model = positional_model_;
-  engine_bundle b = make_engine(engine_);
-  b.engine.reset();  // the runtime builds its own engine around the executor
-
-  actors::facade_components components;
-  components.exec = std::move(b.exec);
-  components.tok = b.model.tok;
-  components.chat = b.chat;
-  actors::facade_options options;
-  options.engine.block_size = engine_.block_size;
-  options.engine.max_num_seqs = engine_.max_num_seqs;
-  options.engine.max_num_batched_tokens = engine_.max_num_batched_tokens;
-  options.engine.max_model_len = engine_.max_model_len;
-  options.engine.preemption = serve_preemption(engine_.preemption_mode);
-  options.engine.enable_prefix_caching = !engine_.no_prefix_caching;
-  options.max_waiting = max_waiting_;
-  actors::engine_facade facade(std::move(components), options);
+  engine_bundle b = make_engine(engine_, /*direct_engine=*/false);
+  std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, max_waiting_);
+  actors::engine_facade& facade = *runtime;
 
   server::server_options so;
   so.host = host_;
@@ -63,7 +40,7 @@ int serve_command::run() {
   so.num_threads = server_threads_;
   so.allowed_origins = allowed_origins_;
   so.allowed_hosts = allowed_hosts_;
-  so.limits.sampling = options.engine.limits;
+  so.limits.sampling = to_engine_options(engine_).limits;
   so.encode_chat = [&b](const std::vector<chat_message>& messages) {
     return encode_prompt(*b.model.tok, render_messages(b, messages), true);
   };
