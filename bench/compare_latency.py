@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_runners import (DEFAULT_MODEL, DEFAULT_TESSERA, LlamaCpp, Stopwatch,  # noqa: E402
-                          machine_info, run_tessera, versions)
+                          run_tessera, write_report)
 
 PROSE = ("Large language model serving systems batch requests from many users to keep the hardware "
          "busy. Each request first processes its prompt, which is compute bound, and then generates "
@@ -158,19 +158,7 @@ def main() -> int:
         print(f"\nllama.cpp internal counters: prompt {fmt(internal['internal_prompt_tps'])} tok/s, "
               f"decode {fmt(internal['internal_decode_tps'])} tok/s")
 
-    report = {
-        "benchmark": "latency",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "versions": versions(),
-        "runs": runs,
-        "summary": table,
-        "errors": errors,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, "latency", args, runs=runs, summary=table, errors=errors)
     return 0
 
 

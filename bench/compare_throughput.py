@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_runners import (DEFAULT_MODEL, DEFAULT_TESSERA, LlamaCpp, Stopwatch,  # noqa: E402
-                          load_hf_model, machine_info, run_tessera, versions)
+                          load_hf_model, run_tessera, write_report)
 
 DEFAULT_WORKLOAD = Path(__file__).resolve().parent / "workloads" / "sharegpt_like.jsonl"
 
@@ -245,18 +245,7 @@ def main() -> int:
                       f"output tok/s {tessera['output_tps'] / results[peer]['output_tps']:.2f}x, "
                       f"total tok/s {tessera['total_tps'] / results[peer]['total_tps']:.2f}x")
 
-    report = {
-        "benchmark": "throughput",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine_info(),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "versions": versions(),
-        "results": results,
-        "errors": errors,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, "throughput", args, results=results, errors=errors)
     return 0
 
 

@@ -175,3 +175,18 @@ class Stopwatch:
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
         return False
+
+
+def write_report(out: Path, benchmark: str, args, **sections) -> None:
+    """Writes one benchmark's JSON report: when, where, how it was configured, then its sections."""
+    report = {
+        "benchmark": benchmark,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(),
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "versions": versions(),
+        **sections,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {out}")
