@@ -114,10 +114,10 @@ int bench_command::run_throughput() {
   int64_t line_number = 0;
   while (std::getline(in, line) && (num_requests_ == 0 || static_cast<int>(requests.size()) < num_requests_)) {
     ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (is_blank_line(line)) continue;
     offline_request req = parse_offline_request(line, line_number, defaults);
-    std::vector<token_id> prompt = req.messages ? encode_prompt(*b.model.tok, render_messages(b, *req.messages), true)
-                                                : encode_prompt(*b.model.tok, *req.prompt, false);
+    std::vector<token_id> prompt =
+        req.messages ? encode_messages(b, *req.messages) : encode_prompt(*b.model.tok, *req.prompt, false);
     requests.push_back({std::move(prompt), req.params});
   }
   if (requests.empty()) throw invalid_request("the workload has no requests");

@@ -155,6 +155,10 @@ std::string render_messages(const engine_bundle& b, const std::vector<chat_messa
   return b.chat.render(messages, options);
 }
 
+std::vector<token_id> encode_messages(const engine_bundle& b, const std::vector<chat_message>& messages) {
+  return encode_prompt(*b.model.tok, render_messages(b, messages), true);
+}
+
 std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template) {
   encode_options options;
   options.parse_special = from_chat_template;

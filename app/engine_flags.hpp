@@ -58,6 +58,8 @@ std::string render_chat(const engine_bundle& bundle, const std::string& user, co
 // Prompt text -> ids. Chat-rendered text holds the template's special tokens, so those are parsed;
 // BOS is added when the vocabulary asks for it and the template did not already write it.
 std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template);
+// A conversation rendered with the chat template and tokenized (what a chat request's prompt is).
+std::vector<token_id> encode_messages(const engine_bundle& bundle, const std::vector<chat_message>& messages);
 // Renders a conversation with the model's chat template (BOS/EOS texts from the vocabulary).
 std::string render_messages(const engine_bundle& bundle, const std::vector<chat_message>& messages);
 

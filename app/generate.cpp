@@ -123,14 +123,13 @@ int generate_command::run_batch() {
   int64_t line_number = 0;
   while (std::getline(in, line)) {
     ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (is_blank_line(line)) continue;
     job j;
     j.result.id = std::to_string(line_number);
     try {
       offline_request req = parse_offline_request(line, line_number, defaults);
       j.result.id = req.id;
-      j.prompt = req.messages ? encode_prompt(tok, render_messages(b, *req.messages), true)
-                              : encode_prompt(tok, *req.prompt, false);
+      j.prompt = req.messages ? encode_messages(b, *req.messages) : encode_prompt(tok, *req.prompt, false);
       j.result.prompt_tokens = static_cast<int64_t>(j.prompt.size());
       j.params = req.params;
       j.priority = req.priority;

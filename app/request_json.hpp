@@ -21,6 +21,9 @@ struct offline_request {
   int32_t priority = 0;
 };
 
+// Lines with nothing but whitespace are skipped in JSONL inputs.
+inline bool is_blank_line(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
+
 // Parses one JSONL line. `defaults` supplies fields the line omits. Throws invalid_request naming
 // the field (e.g. "line 3: 'temperature' must be a number").
 offline_request parse_offline_request(std::string_view line, int64_t line_number, const sampling_params& defaults);

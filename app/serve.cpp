@@ -42,7 +42,7 @@ int serve_command::run() {
   so.allowed_hosts = allowed_hosts_;
   so.limits.sampling = to_engine_options(engine_).limits;
   so.encode_chat = [&b](const std::vector<chat_message>& messages) {
-    return encode_prompt(*b.model.tok, render_messages(b, messages), true);
+    return encode_messages(b, messages);
   };
 
   // SIGINT/SIGTERM end the server: block them here, wait for one on a helper thread.
