@@ -1,5 +1,6 @@
 // Jinja2 subset interpreter for chat templates: lexer -> parser -> evaluator. See jinja_template.hpp.
 #include "engine/jinja_template.hpp"
+#include "engine/tokenizer_pretokenize.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -56,21 +57,7 @@ std::u32string decode_utf8(std::string_view s) {
 
 void append_utf8(std::string& out, char32_t cp) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) { out.push_back(static_cast<char>(cp - 0xDC00)); return; }
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  tokenizer_detail::append_utf8(static_cast<uint32_t>(cp), out);
 }
 
 std::string encode_utf8(std::u32string_view s) {

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support/base64.hpp"
 #include "cpu/cpu_executor.hpp"
 #include "engine/error.hpp"
 #include "engine/hf_model.hpp"
@@ -101,30 +102,7 @@ TEST(hf_model, chat_template_and_special_tokens_match) {
   EXPECT_EQ(num_differences, 0u);
 }
 
-std::string base64_decode(std::string_view in) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = value(c);
-    if (v < 0) continue;  // '=' padding
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return out;
-}
+using test::base64_decode;
 
 // "text_b64" of one line of the parity corpus, and whether it is a special=false case.
 bool plain_case(const std::string& line, std::string& text) {

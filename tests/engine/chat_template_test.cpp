@@ -2,6 +2,7 @@
 // scripts/make_chat_template_fixtures.py -> tests/data/chat_templates/expected.json) on real model
 // templates, plus hostile templates that must fail fast with a clear error.
 #include "engine/chat_template.hpp"
+#include "engine/tokenizer_pretokenize.hpp"
 
 #include <gtest/gtest.h>
 
@@ -66,20 +67,6 @@ class json_reader {
     if (p_ >= t_.size() || t_[p_] != c) throw std::runtime_error(std::string("JSON: expected ") + c);
     ++p_;
   }
-  static void put_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) out.push_back(static_cast<char>(cp));
-    else if (cp < 0x800) { out.push_back(static_cast<char>(0xC0 | (cp >> 6))); out.push_back(static_cast<char>(0x80 | (cp & 0x3F))); }
-    else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
   uint32_t hex4() {
     uint32_t v = std::stoul(t_.substr(p_, 4), nullptr, 16);
     p_ += 4;
@@ -104,7 +91,7 @@ class json_reader {
             p_ += 2;
             cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4() - 0xDC00);
           }
-          put_utf8(out, cp);
+          tokenizer_detail::append_utf8(cp, out);
           break;
         }
         default: out.push_back(e);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/base64.hpp"
 #include "engine/error.hpp"
 #include "engine/gguf.hpp"
 #include "engine/tokenizer.hpp"
@@ -611,30 +612,7 @@ struct parity_case {
   std::vector<token_id> ids;
 };
 
-std::string base64_decode(std::string_view in) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = value(c);
-    if (v < 0) continue;  // '=' padding
-    acc = acc << 6 | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return out;
-}
+using test::base64_decode;
 
 // Minimal reader for the fixture's flat objects (string, bool and integer-array values only).
 bool parse_case(const std::string& line, parity_case& out) {
