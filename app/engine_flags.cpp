@@ -2,10 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdio>
 
 #include "cpu/cpu_executor.hpp"
+#if TESSERA_WITH_CUDA
+#include "gpu/cuda_executor.hpp"
+#endif
 #include "engine/error.hpp"
 #include "engine/gguf.hpp"
 
@@ -54,6 +59,27 @@ void fault_in_weights(const model_weights& w, bool show) {
 
 }  // namespace
 
+std::string resolve_device(const std::string& requested) {
+#if TESSERA_WITH_CUDA
+  const bool built = true;
+  const bool present = cuda_executor_available();
+#else
+  const bool built = false;
+  const bool present = false;
+#endif
+  if (requested == "cpu") return "cpu";
+  if (requested == "cuda") {
+    if (!built) {
+      throw invalid_request("--device cuda: this tessera was built without the CUDA executor (configure with "
+                            "-DTESSERA_CUDA=on where nvcc is installed)");
+    }
+    if (!present) throw invalid_request("--device cuda: no CUDA device is visible (no GPU, or no driver)");
+    return "cuda";
+  }
+  if (requested == "auto" || requested.empty()) return built && present ? "cuda" : "cpu";
+  throw invalid_request("--device must be auto, cpu or cuda (got '" + requested + "')");
+}
+
 void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("-m,--model", model, "Model: a .gguf file or a Hugging Face directory (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   cmd.add_option("-t,--threads", threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 1024));
@@ -74,6 +100,16 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_flag("--dequantize-weights", dequantize_weights,
                "Dequantize every weight matrix to f32 at load: exact fp32 math (matches transformers), "
                "about 4x the weight memory and slower decode");
+  cmd.add_option("--device", device, "auto | cpu | cuda (auto: CUDA when built with it and a GPU is visible)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd.add_option("--load-format", load_format,
+                 "auto | dummy (random weights of the shape in --model's config.json, for benchmarks)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                 "CUDA: share of GPU memory used (weights, activations, then the KV pool fills the rest)")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd.add_option("--dtype", dtype, "CUDA compute type: bfloat16 | float32")->check(CLI::IsMember({"bfloat16", "float32"}));
+  cmd.add_flag("--cuda-graphs", cuda_graphs, "CUDA: replay decode steps from graphs captured per batch-size bucket");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
 }
 
@@ -102,9 +138,12 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& b, const engin
 engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   const auto t0 = std::chrono::steady_clock::now();
   engine_bundle b;
-  b.model = load_model(flags.model.empty() ? default_model_path() : std::filesystem::path(flags.model));
+  const std::string device = resolve_device(flags.device);  // before loading: fail fast
+  const bool dummy = flags.load_format == "dummy";
+  b.model = load_model(flags.model.empty() ? default_model_path() : std::filesystem::path(flags.model),
+                       dummy ? load_format::dummy : load_format::automatic);
   const bool tty = !flags.quiet && isatty(STDERR_FILENO);
-  fault_in_weights(*b.model.weights, tty);
+  if (!dummy) fault_in_weights(*b.model.weights, tty);  // dummy weights are in memory already
   if (!flags.quiet) {
     for (const auto& w : b.model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
@@ -120,8 +159,24 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
           : kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib));
   exec_options.kv.num_host_blocks =
       kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib));
-  if (exec_options.kv.num_device_blocks < 1) throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
-  b.exec = make_cpu_executor(b.model.weights, exec_options);
+  if (device == "cuda") {
+#if TESSERA_WITH_CUDA
+    cuda_executor_options cuda;
+    cuda.dtype = flags.dtype == "float32" ? cuda_dtype::f32 : cuda_dtype::bf16;
+    cuda.gpu_memory_utilization = flags.gpu_memory_utilization;
+    cuda.max_num_batched_tokens = flags.max_num_batched_tokens;
+    cuda.cuda_graphs = flags.cuda_graphs;
+    cuda.kv.block_size = flags.block_size;
+    cuda.kv.num_device_blocks = flags.num_kv_blocks;  // 0: sized by --gpu-memory-utilization
+    cuda.kv.num_host_blocks = static_cast<int32_t>(std::min<int64_t>(
+        static_cast<int64_t>(flags.swap_space_gib * gib) / cuda_kv_block_bytes(config, flags.block_size, cuda.dtype),
+        std::numeric_limits<int32_t>::max()));
+    b.exec = make_cuda_executor(b.model.weights, cuda);
+#endif
+  } else {
+    if (exec_options.kv.num_device_blocks < 1) throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
+    b.exec = make_cpu_executor(b.model.weights, exec_options);
+  }
 
   if (direct_engine) b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, to_engine_options(flags));
 
@@ -131,11 +186,11 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
 
   if (!flags.quiet) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "loaded %s: %d layers, hidden %d, vocab %d; KV pool %d blocks x %d tokens (%.0f MiB), swap %d blocks; %.2f s\n",
-                 b.model.path.filename().c_str(), config.num_layers, config.hidden_size, config.vocab_size,
-                 exec_options.kv.num_device_blocks, flags.block_size,
-                 double(b.exec->kv_block_bytes()) * exec_options.kv.num_device_blocks / (1024.0 * 1024.0),
-                 exec_options.kv.num_host_blocks, secs);
+    const kv_cache_spec& kv = b.exec->kv_spec();
+    std::fprintf(stderr, "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%.0f MiB), swap %d blocks; %.2f s\n",
+                 b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers, config.hidden_size,
+                 config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
+                 double(b.exec->kv_block_bytes()) * kv.num_device_blocks / (1024.0 * 1024.0), kv.num_host_blocks, secs);
   }
   return b;
 }

@@ -28,6 +28,11 @@ struct engine_flags {
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
   bool dequantize_weights = false;   // fp32 weights: exact math (as transformers), slower decode
+  std::string device = "auto";       // auto (CUDA when built and a GPU is visible) | cpu | cuda
+  std::string load_format = "auto";  // auto (read the weights) | dummy (random weights from config.json)
+  double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights + activations + KV pool
+  std::string dtype = "bfloat16";    // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
+  bool cuda_graphs = false;          // CUDA: replay decode steps from captured graphs (not yet verified)
   bool quiet = false;                // no progress/stats on stderr
 
   void add_to(CLI::App& cmd);
@@ -41,10 +46,14 @@ struct engine_bundle {
   chat_template chat = chat_template::fallback_chatml();
 };
 
+// --device: "cpu" or "cuda" for "auto" | "cpu" | "cuda". auto is CUDA when this binary has the CUDA
+// executor and a device is visible; "cuda" without either is an invalid_request saying which.
+std::string resolve_device(const std::string& requested);
+
 // The engine (scheduler, KV pools, batching) options the flags ask for.
 engine_options to_engine_options(const engine_flags& flags);
 
-// Loads the model (progress on a TTY), builds the CPU executor and, with `direct_engine`, an
+// Loads the model (progress on a TTY), builds the executor --device picks and, with `direct_engine`, an
 // llm_engine driven by the caller. Throws load_error / invalid_request with a message for the user.
 engine_bundle make_engine(const engine_flags& flags, bool direct_engine = true);
 

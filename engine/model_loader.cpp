@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "engine/dummy_weights.hpp"
 #include "engine/error.hpp"
 #include "engine/gguf.hpp"
 #include "engine/hf_model.hpp"
@@ -38,10 +39,34 @@ loaded_model load_hf(const fs::path& path) {
   return model;
 }
 
+loaded_model load_dummy(const fs::path& path) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
+  if (!is_hf_model_dir(dir)) {
+    throw load_error(path.string() + ": --load-format dummy needs a Hugging Face config.json (a directory holding one, or the file)");
+  }
+  loaded_model model;
+  model.path = dir;
+  const model_config config = read_hf_config(dir, &model.warnings);
+  model.weights = make_dummy_weights(config);
+  if (fs::is_regular_file(dir / "tokenizer.json", ec)) {
+    model.tok = std::make_shared<const tokenizer>(read_hf_vocab(dir, config.vocab_size, &model.warnings));
+    model.chat_template = read_hf_chat_template(dir);
+  } else {
+    model.tok = make_byte_tokenizer(config.vocab_size);
+    model.warnings.push_back(dir.string() + ": no tokenizer.json; dummy model uses a byte-level placeholder vocabulary");
+  }
+  return model;
+}
+
 }  // namespace
 
-loaded_model load_model(const fs::path& path) {
+loaded_model load_model(const fs::path& path, load_format format) {
   std::error_code ec;
+  if (format == load_format::dummy) {
+    if (!fs::exists(path, ec)) throw load_error(path.string() + ": no such file or directory");
+    return load_dummy(path);
+  }
   if (!fs::exists(path, ec)) {
     throw load_error(path.string() + ": no such file or directory (run scripts/setup to fetch the default model)");
   }

@@ -22,8 +22,14 @@ struct loaded_model {
   std::vector<std::string> warnings;         // non-fatal problems worth logging
 };
 
+// Where the weights come from: `auto` reads them from the file/directory; `dummy` reads only a Hugging
+// Face config.json (`path` is the directory or the file itself) and fills random weights of its shape
+// (engine/dummy_weights.hpp), with the directory's tokenizer.json when there is one, else a byte-level
+// placeholder vocabulary.
+enum class load_format { automatic, dummy };
+
 // Throws load_error naming the file and the problem.
-loaded_model load_model(const std::filesystem::path& path);
+loaded_model load_model(const std::filesystem::path& path, load_format format = load_format::automatic);
 
 // The default model fetched by scripts/setup, relative to the repository / working directory.
 std::filesystem::path default_model_path();

@@ -1,52 +1,80 @@
-// CUDA kernels against straightforward CPU references. Skips (with the reason) where no GPU is present,
-// which is the case in CI; scripts/gpu-check.sh runs these on a machine with one.
+// CUDA kernels against the CPU references of tests/gpu/reference.hpp. GPU tests skip (with the reason)
+// where no GPU is present, which is the case in CI; scripts/gpu-check.sh runs them on a machine with
+// one (and under compute-sanitizer memcheck). The ReferenceSelfCheck tests need no GPU: they check
+// the references themselves against independent formulations, so a wrong reference cannot make a
+// wrong kernel pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <ostream>
 #include <random>
 #include <vector>
 
+#include "engine/ggml_types.hpp"
+#include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "tests/gpu/reference.hpp"
 
 namespace tessera::gpu {
 namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Host bf16 <-> float through the engine's converters (bit-compatible with __nv_bfloat16).
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = fp32_to_bf16(v[i]);
+  return out;
+}
+std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_fp32(v[i]);
+  return out;
+}
+std::vector<float> round_bf16(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
 
 class GpuKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped";
   }
+  void TearDown() override {
+    for (void* p : allocations_) cudaFree(p);
+  }
 
   template <class T>
   T* upload(const std::vector<T>& host) {
     T* dev = nullptr;
-    CUDA_CHECK(cudaMalloc(&dev, host.size() * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
+    if (!host.empty()) CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     allocations_.push_back(dev);
     return dev;
   }
-  float* alloc(size_t n) {
-    float* dev = nullptr;
-    CUDA_CHECK(cudaMalloc(&dev, n * sizeof(float)));
+  template <class T = float>
+  T* alloc(size_t n) {
+    T* dev = nullptr;
+    CUDA_CHECK(cudaMalloc(&dev, n * sizeof(T)));
+    CUDA_CHECK(cudaMemset(dev, 0, n * sizeof(T)));
     allocations_.push_back(dev);
     return dev;
   }
-  static std::vector<float> download(const float* dev, size_t n) {
-    std::vector<float> host(n);
-    CUDA_CHECK(cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+  template <class T = float>
+  static std::vector<T> download(const T* dev, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> host(n);
+    CUDA_CHECK(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
-  void TearDown() override {
-    for (void* p : allocations_) cudaFree(p);
-  }
-  static std::vector<float> random_floats(size_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = dist(rng);
-    return v;
-  }
+  static bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
 
   std::vector<void*> allocations_;
 };
@@ -56,11 +84,22 @@ TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
   auto table = random_floats(size_t(vocab) * hidden, 1);
   std::vector<int32_t> ids(rows);
   for (int32_t r = 0; r < rows; ++r) ids[r] = (r * 997 + 13) % vocab;
+  ids[5] = -1;  // out of range: a zero row, never a wild read
   float* out = alloc(size_t(rows) * hidden);
   embedding_gather(out, upload(table), upload(ids), rows, hidden, vocab, nullptr);
   auto got = download(out, size_t(rows) * hidden);
   for (int32_t r = 0; r < rows; ++r)
-    for (int32_t i = 0; i < hidden; ++i) ASSERT_EQ(got[size_t(r) * hidden + i], table[size_t(ids[r]) * hidden + i]);
+    for (int32_t i = 0; i < hidden; ++i)
+      ASSERT_EQ(got[size_t(r) * hidden + i], r == 5 ? 0.0f : table[size_t(ids[r]) * hidden + i]);
+
+  const auto table16 = to_bf16(table);
+  float* out16 = alloc(size_t(rows) * hidden);
+  embedding_gather(out16, as_bf16(upload(table16)), upload(ids), rows, hidden, vocab, nullptr);
+  got = download(out16, size_t(rows) * hidden);
+  for (int32_t r = 0; r < rows; ++r) {
+    if (r == 5) continue;
+    for (int32_t i = 0; i < hidden; ++i) ASSERT_EQ(got[size_t(r) * hidden + i], bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]));
+  }
 }
 
 TEST_F(GpuKernels, AddRmsNormMatchesCpu) {
@@ -69,38 +108,311 @@ TEST_F(GpuKernels, AddRmsNormMatchesCpu) {
   auto residual = random_floats(size_t(rows) * hidden, 2);
   auto x = random_floats(size_t(rows) * hidden, 3);
   auto weight = random_floats(hidden, 4);
+  std::vector<float> sum(residual.size()), want(residual.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + x[i];
+  for (int32_t r = 0; r < rows; ++r) ref::rms_norm(&sum[size_t(r) * hidden], weight.data(), &want[size_t(r) * hidden], hidden, eps);
+
   float* d_res = upload(residual);
   float* out = alloc(residual.size());
   add_rms_norm(out, d_res, upload(x), upload(weight), rows, hidden, eps, nullptr);
   auto got = download(out, residual.size());
   auto got_res = download(d_res, residual.size());
-  for (int32_t r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int32_t i = 0; i < hidden; ++i) {
-      const float v = residual[size_t(r) * hidden + i] + x[size_t(r) * hidden + i];
-      ASSERT_NEAR(got_res[size_t(r) * hidden + i], v, 1e-6f);
-      ss += double(v) * v;
-    }
-    const double inv = 1.0 / std::sqrt(ss / hidden + eps);
-    for (int32_t i = 0; i < hidden; ++i) {
-      const double want = (residual[size_t(r) * hidden + i] + x[size_t(r) * hidden + i]) * inv * weight[i];
-      ASSERT_NEAR(got[size_t(r) * hidden + i], want, 1e-4 * (1 + std::fabs(want))) << "row " << r << " col " << i;
-    }
+  for (size_t i = 0; i < sum.size(); ++i) {
+    ASSERT_NEAR(got_res[i], sum[i], 1e-6f);
+    ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
   }
+  // bf16 output, no add: the residual is left alone and the output is the rounded norm.
+  float* d_res2 = upload(sum);
+  uint16_t* out16 = alloc<uint16_t>(sum.size());
+  add_rms_norm(as_bf16(out16), d_res2, nullptr, upload(weight), rows, hidden, eps, nullptr);
+  const auto got16 = from_bf16(download(out16, sum.size()));
+  EXPECT_EQ(download(d_res2, sum.size()), sum);
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_NEAR(got16[i], want[i], 8e-3 * (1 + std::fabs(want[i]))) << i;
+}
+
+TEST_F(GpuKernels, RmsNormRowsNormalisesOnlyTheChosenRows) {
+  const int32_t rows = 9, hidden = 960;
+  auto x = random_floats(size_t(rows) * hidden, 21);
+  auto weight = random_floats(hidden, 22);
+  const std::vector<int32_t> pick = {8, 0, 3};
+  std::vector<float> want(pick.size() * hidden);
+  for (size_t r = 0; r < pick.size(); ++r) ref::rms_norm(&x[size_t(pick[r]) * hidden], weight.data(), &want[r * hidden], hidden, 1e-6f);
+  float* out = alloc(want.size());
+  rms_norm_rows(out, upload(x), upload(pick), upload(weight), 3, hidden, 1e-6f, nullptr);
+  const auto got = download(out, want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i])));
 }
 
 TEST_F(GpuKernels, SiluAndMulMatchesCpu) {
   const int32_t rows = 7, inter = 1536;
   auto gate_up = random_floats(size_t(rows) * 2 * inter, 5);
   float* out = alloc(size_t(rows) * inter);
-  silu_and_mul(out, upload(gate_up), rows, inter, nullptr);
+  float* d_gu = upload(gate_up);
+  silu_and_mul(out, d_gu, rows, inter, nullptr);
+  uint16_t* out16 = alloc<uint16_t>(size_t(rows) * inter);
+  silu_and_mul(as_bf16(out16), d_gu, rows, inter, nullptr);
   auto got = download(out, size_t(rows) * inter);
+  auto got16 = from_bf16(download(out16, size_t(rows) * inter));
   for (int32_t r = 0; r < rows; ++r)
     for (int32_t i = 0; i < inter; ++i) {
-      const float g = gate_up[size_t(r) * 2 * inter + i], u = gate_up[size_t(r) * 2 * inter + inter + i];
-      const float want = g / (1.0f + std::exp(-g)) * u;
-      ASSERT_NEAR(got[size_t(r) * inter + i], want, 1e-5f * (1 + std::fabs(want)));
+      const double g = gate_up[size_t(r) * 2 * inter + i], u = gate_up[size_t(r) * 2 * inter + inter + i];
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      ASSERT_NEAR(got[size_t(r) * inter + i], want, 1e-5 * (1 + std::fabs(want)));
+      ASSERT_NEAR(got16[size_t(r) * inter + i], want, 8e-3 * (1 + std::fabs(want)));
     }
+}
+
+// ---- RoPE + paged KV write ------------------------------------------------------------------------
+
+struct rope_case {
+  rope_style style;
+  int32_t rope_dims;  // < head_dim: partial rotary
+  bool bf16_cache;
+};
+
+// Deterministic test names for ctest (the default prints the struct's bytes, padding included).
+void PrintTo(const rope_case& c, std::ostream* os) {
+  *os << (c.style == rope_style::half ? "half" : "interleaved") << "_rope" << c.rope_dims
+      << (c.bf16_cache ? "_bf16" : "_f32");
+}
+
+class GpuRopeKv : public GpuKernels, public ::testing::WithParamInterface<rope_case> {};
+
+TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
+  const rope_case c = GetParam();
+  ref::kv_geometry g{3, 2, 16, 64};
+  const int32_t num_heads = 6, num_blocks = 7, layer = 1;
+  const int64_t stride = int64_t{num_heads + 2 * g.num_kv_heads} * g.head_dim + 8;  // padded rows
+  // 11 tokens of two sequences at scattered positions / slots (block tables out of order).
+  const std::vector<int32_t> positions = {0, 1, 2, 15, 16, 17, 40, 3, 4, 1000, 4094};  // no two share a slot
+  std::vector<int32_t> slots;
+  for (size_t t = 0; t < positions.size(); ++t) slots.push_back(int32_t((t * 5 + 3) % num_blocks) * g.block_size + positions[t] % g.block_size);
+  auto qkv = random_floats(positions.size() * stride, 7);
+  const auto freq = ref::inv_freq(c.rope_dims, 10000.0f);
+  const size_t cache_elems = size_t(num_blocks) * g.block_elems();
+  std::vector<float> want_kv(cache_elems, 0.0f), want_qkv = qkv;
+  ref::rope_kv_write(want_qkv, stride, want_kv, g, layer, num_heads, positions, slots, freq, c.style);
+
+  rope_kv_args a;
+  a.qkv = upload(qkv);
+  a.qkv_stride = stride;
+  a.positions = upload(positions);
+  a.slot_mapping = upload(slots);
+  a.inv_freq = upload(freq);
+  a.num_tokens = int32_t(positions.size());
+  a.num_heads = num_heads;
+  a.rope_dims = c.rope_dims;
+  a.interleaved_pairs = c.style == rope_style::interleaved;
+  a.layer = layer;
+  a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
+  std::vector<float> got_kv;
+  if (c.bf16_cache) {
+    uint16_t* kv = alloc<uint16_t>(cache_elems);
+    rope_kv_write(a, as_bf16(kv), nullptr);
+    got_kv = from_bf16(download(kv, cache_elems));
+    want_kv = round_bf16(want_kv);
+  } else {
+    float* kv = alloc(cache_elems);
+    rope_kv_write(a, kv, nullptr);
+    got_kv = download(kv, cache_elems);
+  }
+  const auto got_qkv = download(a.qkv, qkv.size());
+  for (size_t i = 0; i < qkv.size(); ++i) ASSERT_NEAR(got_qkv[i], want_qkv[i], 2e-5 * (1 + std::fabs(want_qkv[i]))) << i;
+  // Every element of the cache: written slots equal, untouched ones still zero.
+  for (size_t i = 0; i < cache_elems; ++i) ASSERT_NEAR(got_kv[i], want_kv[i], 1e-2 * (1 + std::fabs(want_kv[i]))) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuRopeKv,
+                         ::testing::Values(rope_case{rope_style::interleaved, 64, false},
+                                           rope_case{rope_style::half, 64, false},
+                                           rope_case{rope_style::half, 32, false},
+                                           rope_case{rope_style::interleaved, 48, true},
+                                           rope_case{rope_style::half, 64, true}));
+
+// ---- paged attention ------------------------------------------------------------------------------
+
+struct attention_case {
+  int32_t head_dim;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  bool prefill;        // several query tokens per sequence, causal (chunked prefill over cached prefix)
+  int32_t num_splits;  // 0: the executor's plan; >1 forced
+  bool bf16;
+};
+
+void PrintTo(const attention_case& c, std::ostream* os) {
+  *os << "d" << c.head_dim << "_h" << c.num_heads << "_kv" << c.num_kv_heads << (c.prefill ? "_prefill" : "_decode")
+      << "_splits" << c.num_splits << (c.bf16 ? "_bf16" : "_f32");
+}
+
+class GpuAttention : public GpuKernels, public ::testing::WithParamInterface<attention_case> {};
+
+TEST_P(GpuAttention, MatchesCpuReference) {
+  const attention_case c = GetParam();
+  ref::kv_geometry g{2, c.num_kv_heads, 16, c.head_dim};
+  const int32_t layer = 1;
+  // Three sequences with scattered block tables; contexts chosen to end mid-block and at a block edge.
+  const std::vector<int32_t> seq_len = {37, 16, 301};
+  const int32_t max_blocks = (301 + 15) / 16;
+  const int32_t num_blocks = 3 * max_blocks + 5;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(11));
+  std::vector<int32_t> tables(size_t(3) * max_blocks, 0);
+  for (int32_t s = 0, next = 0; s < 3; ++s)
+    for (int32_t b = 0; b < (seq_len[s] + 15) / 16; ++b) tables[size_t(s) * max_blocks + b] = perm[size_t(next++)];
+  std::vector<int32_t> context, token_seq;
+  for (int32_t s = 0; s < 3; ++s) {
+    // decode: the last position; prefill: a chunk of the last 20 positions (earlier ones cached)
+    const int32_t first = c.prefill ? std::max(0, seq_len[s] - 20) : seq_len[s] - 1;
+    for (int32_t p = first; p < seq_len[s]; ++p) {
+      context.push_back(p + 1);
+      token_seq.push_back(s);
+    }
+  }
+  const auto T = int32_t(context.size());
+  const int64_t q_stride = int64_t{c.num_heads} * c.head_dim + 16;
+  auto q = random_floats(size_t(T) * q_stride, 12);
+  auto kv = random_floats(size_t(num_blocks) * g.block_elems(), 13);
+  if (c.bf16) kv = round_bf16(kv);
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks, scale);
+
+  const size_t out_elems = size_t(T) * c.num_heads * c.head_dim;
+  auto fill = [&](auto& a) {
+    a.out_stride = int64_t{c.num_heads} * c.head_dim;
+    a.q = upload(q);
+    a.q_stride = q_stride;
+    a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
+    a.layer = layer;
+    a.num_heads = c.num_heads;
+    a.num_tokens = T;
+    a.context_lens = upload(context);
+    a.token_seq = upload(token_seq);
+    a.block_tables = upload(tables);
+    a.max_blocks_per_seq = max_blocks;
+    a.scale = scale;
+    split_plan plan = plan_attention_split(T, c.num_kv_heads, 301, 132);
+    if (c.num_splits > 1) plan = {c.num_splits, (301 + c.num_splits - 1) / c.num_splits};
+    a.num_splits = plan.num_splits;
+    a.partition_size = plan.partition_size;
+    if (plan.num_splits > 1) a.workspace = alloc(size_t(attention_workspace_floats(T, c.num_heads, c.head_dim, plan.num_splits)));
+  };
+  std::vector<float> got;
+  if (c.bf16) {
+    paged_attention_args<bf16> a;
+    fill(a);
+    a.kv_cache = as_bf16(upload(to_bf16(kv)));
+    uint16_t* out = alloc<uint16_t>(out_elems);
+    a.out = as_bf16(out);
+    paged_attention(a, nullptr);
+    got = from_bf16(download(out, out_elems));
+  } else {
+    paged_attention_args<float> a;
+    fill(a);
+    a.kv_cache = upload(kv);
+    float* out = alloc(out_elems);
+    a.out = out;
+    paged_attention(a, nullptr);
+    got = download(out, out_elems);
+  }
+  const double tol = c.bf16 ? 1e-2 : 2e-5;
+  for (size_t i = 0; i < out_elems; ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuAttention,
+    ::testing::Values(attention_case{64, 9, 3, false, 0, false},     // SmolLM2: group 3
+                      attention_case{64, 9, 3, true, 0, false},
+                      attention_case{128, 32, 8, false, 0, true},    // Llama-3-8B: group 4, bf16
+                      attention_case{128, 32, 8, true, 0, true},
+                      attention_case{128, 28, 4, false, 3, true},    // Qwen2.5-7B: group 7, split-KV
+                      attention_case{128, 12, 1, false, 4, false},   // MQA, group 12 > 8: two CTAs per KV head
+                      attention_case{256, 4, 4, true, 0, false},     // MHA, largest head
+                      attention_case{64, 8, 2, true, 7, false}));    // split with partitions past some contexts
+
+TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
+  paged_attention_args<float> a;
+  a.num_tokens = 1;
+  a.num_heads = 2;
+  a.layout = {1, 1, 16, 96};
+  EXPECT_THROW(paged_attention(a, nullptr), std::invalid_argument);
+  EXPECT_FALSE(attention_supports_head_dim(96));
+}
+
+TEST_F(GpuKernels, BlockCopyCopiesWholeBlocksAndNothingElse) {
+  const int64_t block_elems = 2 * 2 * 2 * 16 * 64;  // floats
+  const int32_t num_blocks = 6;
+  auto cache = random_floats(size_t(num_blocks) * block_elems, 31);
+  float* d = upload(cache);
+  const std::vector<int32_t> pairs = {0, 3, 5, 1, 2, 2};  // (src, dst): 0->3, 5->1, 2->2 (no-op)
+  block_copy(d, block_elems * 4, upload(pairs), 3, nullptr);
+  const auto got = download(d, cache.size());
+  auto want = cache;
+  std::copy_n(cache.begin() + 0 * block_elems, block_elems, want.begin() + 3 * block_elems);
+  std::copy_n(cache.begin() + 5 * block_elems, block_elems, want.begin() + 1 * block_elems);
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(block_copy(d, 24, upload(pairs), 1, nullptr), std::invalid_argument);
+}
+
+// ---- the references themselves (no GPU needed) ---------------------------------------------------
+
+TEST(ReferenceSelfCheck, PagedAttentionEqualsDenseAttention) {
+  // Scattered blocks read through a table == the same K/V laid out densely.
+  ref::kv_geometry g{1, 2, 4, 64};
+  const int32_t num_heads = 4, n = 10, max_blocks = 3;
+  const std::vector<int32_t> table = {5, 0, 3};
+  auto kv = random_floats(size_t(6) * g.block_elems(), 41);
+  auto q = random_floats(size_t(num_heads) * 64, 42);
+  const auto got = ref::paged_attention(q, num_heads * 64, kv, g, 0, num_heads, {n}, {0}, table, max_blocks, 0.125f);
+  for (int32_t h = 0; h < num_heads; ++h) {
+    const int32_t kvh = h / 2;
+    std::vector<double> w(n);
+    double sum = 0;
+    for (int32_t j = 0; j < n; ++j) {
+      const float* k = &kv[size_t(g.offset(table[j / 4], 0, 0, kvh, j % 4))];
+      double s = 0;
+      for (int d = 0; d < 64; ++d) s += double(q[size_t(h) * 64 + d]) * k[d];
+      sum += (w[size_t(j)] = std::exp(0.125 * s));
+    }
+    for (int d = 0; d < 64; ++d) {
+      double o = 0;
+      for (int32_t j = 0; j < n; ++j) o += w[size_t(j)] * kv[size_t(g.offset(table[j / 4], 0, 1, kvh, j % 4) + d)];
+      ASSERT_NEAR(got[size_t(h) * 64 + d], o / sum, 1e-5);
+    }
+  }
+}
+
+TEST(ReferenceSelfCheck, RopeStylesAreTheSameRotationUpToAPermutation) {
+  // GGUF's interleaved pairs are HF's rotate_half pairs after llama.cpp's Q/K row permutation:
+  // rotating v in one layout equals permuting, rotating in the other and permuting back.
+  const int32_t d = 16;
+  const auto freq = ref::inv_freq(d, 10000.0f);
+  auto v = random_floats(d, 51);
+  std::vector<float> inter = v, half(d);
+  for (int32_t i = 0; i < d / 2; ++i) {
+    half[size_t(i)] = v[size_t(2 * i)];
+    half[size_t(i + d / 2)] = v[size_t(2 * i + 1)];
+  }
+  ref::rope_head(inter.data(), 123, freq, rope_style::interleaved);
+  ref::rope_head(half.data(), 123, freq, rope_style::half);
+  for (int32_t i = 0; i < d / 2; ++i) {
+    EXPECT_FLOAT_EQ(inter[size_t(2 * i)], half[size_t(i)]);
+    EXPECT_FLOAT_EQ(inter[size_t(2 * i + 1)], half[size_t(i + d / 2)]);
+  }
+  // And it is a rotation: norms of each pair are kept.
+  for (int32_t i = 0; i < d / 2; ++i) {
+    EXPECT_NEAR(std::hypot(inter[size_t(2 * i)], inter[size_t(2 * i + 1)]), std::hypot(v[size_t(2 * i)], v[size_t(2 * i + 1)]), 1e-5);
+  }
+}
+
+TEST(ReferenceSelfCheck, SplitPlanOnlySplitsWhenTheGpuWouldIdle) {
+  EXPECT_EQ(plan_attention_split(1, 8, 512, 132).num_splits, 1);      // short context
+  EXPECT_EQ(plan_attention_split(256, 8, 32768, 132).num_splits, 1);  // big batch fills the GPU
+  const split_plan p = plan_attention_split(1, 8, 32768, 132);        // batch-1 decode at 32k
+  EXPECT_GT(p.num_splits, 1);
+  EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 32768);
+  EXPECT_GE(p.partition_size, 512);
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+// Paged attention over the KV cache of gpu/kernels.hpp's kv_layout, for decode and prefill alike:
+// every query token attends causally to positions [0, context_lens[t]) of its sequence, read through
+// the sequence's block table, so chunked prefill and prefix-cache hits (K/V of earlier positions
+// already in the blocks) need nothing special.
+//
+// GQA: one CTA serves all query heads of a KV head (up to 8 at a time), so each K/V row is read once
+// per group, not once per query head. Online softmax (flash-attention's running max / sum), fp32.
+// Split-KV (flash-decoding): when there are too few (token, KV head) pairs to fill the GPU and the
+// context is long, each pair's context is cut into partitions processed by separate CTAs, whose
+// partial results (max, sum, unnormalised output) a second kernel combines.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu/kernels.hpp"
+
+namespace tessera::gpu {
+
+template <class T>
+struct paged_attention_args {
+  T* out = nullptr;                     // [num_tokens, out_stride], head h at columns h*head_dim
+  int64_t out_stride = 0;
+  const float* q = nullptr;             // [num_tokens, q_stride], head h at columns h*head_dim (RoPE applied)
+  int64_t q_stride = 0;
+  const T* kv_cache = nullptr;
+  kv_layout layout;
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  int32_t num_tokens = 0;
+  const int32_t* context_lens = nullptr;  // [num_tokens]: position + 1 (causal)
+  const int32_t* token_seq = nullptr;     // [num_tokens]: row of block_tables
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  float scale = 1.0f;                     // 1/sqrt(head_dim)
+  // Split-KV: 1 = none. With more, `partition_size` positions per CTA and `workspace` of
+  // attention_workspace_floats(...) floats.
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+  float* workspace = nullptr;
+};
+
+// Head sizes the kernel is compiled for.
+bool attention_supports_head_dim(int32_t head_dim);
+
+// Floats of workspace a split launch needs.
+int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t num_splits);
+
+// How to split: (num_splits, partition_size) for `num_tokens` queries of at most `max_context`
+// positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the (token, KV head) CTAs
+// already fill the GPU or the context is short.
+struct split_plan {
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+};
+split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
+
+// Throws std::invalid_argument for an unsupported head_dim or a bad split.
+void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream);
+void paged_attention(const paged_attention_args<bf16>& a, cudaStream_t stream);
+
+}  // namespace tessera::gpu

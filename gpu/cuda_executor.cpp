@@ -1,0 +1,730 @@
+// The CUDA executor. One execute() = one batched forward pass over every token of the step, as in the
+// CPU executor: a [T, hidden] activation matrix, so each weight matrix is read once per step.
+//
+// Per layer, on one stream:
+//   add_rms_norm (x -> xn, GEMM input type)         gemm  qkv = xn Wqkv^T            (fp32 out)
+//   rope_kv_write (Q, K rotated; K, V -> cache)      paged_attention (-> attn)
+//   gemm  x += attn Wo^T  (beta = 1: the residual add is the GEMM's epilogue)
+//   add_rms_norm (x -> xn)   gemm gu = xn Wgu^T   silu_and_mul (-> mlp)   gemm x += mlp Wdown^T
+// then the final norm of only the rows whose logits are wanted, the LM head GEMM, and one copy of the
+// logits to pinned host memory (the engine's sampler runs on the host: docs/gpu_executor.md says why).
+#include "gpu/cuda_executor.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/error.hpp"
+#include "engine/ggml_types.hpp"
+#include "gpu/attention.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
+
+#define CUBLAS_CHECK(expr)                                                                                   \
+  do {                                                                                                       \
+    const cublasStatus_t tessera_cublas_status_ = (expr);                                                    \
+    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(tessera_cublas_status_) + \
+                               " in " #expr " at " __FILE__ ":" + std::to_string(__LINE__));                 \
+    }                                                                                                        \
+  } while (0)
+
+namespace tessera {
+namespace {
+
+using gpu::bf16;
+
+// cudaMalloc'd memory, grown on demand (never shrunk). Growing synchronises the device first.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  device_buffer(device_buffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  ~device_buffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    if (ptr_) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFree(ptr_));
+      ptr_ = nullptr;
+      bytes_ = 0;
+    }
+    CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    bytes_ = bytes;
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Page-locked host memory: the copies from/to it are real asynchronous DMA.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    if (ptr_) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFreeHost(ptr_));
+      ptr_ = nullptr;
+      bytes_ = 0;
+    }
+    CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault));
+    bytes_ = bytes;
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct gpu_layer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const void* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]
+  const void* wo = nullptr;       // [hidden, q_dim]
+  const void* gate_up = nullptr;  // [2 ffn, hidden]
+  const void* down = nullptr;     // [hidden, ffn]
+};
+
+template <class T>
+class cuda_executor final : public executor {
+ public:
+  static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
+
+  cuda_executor(std::shared_ptr<const model_weights> weights, const cuda_executor_options& options)
+      : weights_(std::move(weights)), spec_(options.kv), device_(options.device), use_graphs_(options.cuda_graphs) {
+    config_ = weights_->config;
+    config_.validate();
+    if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
+      throw invalid_request("cuda executor: bad kv_cache_spec");
+    }
+    if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
+      throw invalid_request("cuda executor: --gpu-memory-utilization must be in (0, 1]");
+    }
+    if (!gpu::attention_supports_head_dim(config_.head_dim)) {
+      throw load_error("cuda executor: head_dim " + std::to_string(config_.head_dim) +
+                       " is not supported by the attention kernel (64, 128, 256)");
+    }
+    layout_ = {config_.num_layers, config_.num_kv_heads, spec_.block_size, config_.head_dim};
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&swap_done_, cudaEventDisableTiming));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // A fixed workspace keeps cuBLAS from allocating during a step (and is what graph capture needs).
+    cublas_workspace_.reserve(size_t{32} << 20);
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
+    upload_weights();
+
+    const int32_t half = config_.rope_dims / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int32_t i = 0; i < half; ++i) {  // as the CPU executor, so both rotate by the same angles
+      inv_freq[static_cast<size_t>(i)] = static_cast<float>(
+          std::pow(static_cast<double>(config_.rope_theta), -2.0 * i / config_.rope_dims));
+    }
+    inv_freq_.reserve(inv_freq.size() * sizeof(float));
+    CUDA_CHECK(cudaMemcpy(inv_freq_.as<float>(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+    reserve_tokens(std::max(1, options.max_num_batched_tokens));
+    reserve_logit_rows(std::min(std::max(1, options.max_num_batched_tokens), 256));
+
+    block_bytes_ = layout_.block_elems() * static_cast<int64_t>(sizeof(T));
+    if (spec_.num_device_blocks == 0) {
+      size_t free_bytes = 0, total_bytes = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      // Budget: utilisation * total, minus what is in use already (weights, activations, context,
+      // other processes), minus a reserve for buffers that grow later (logits of long prompts,
+      // split-KV workspace).
+      const double reserve = 512.0 * 1024 * 1024;
+      const double budget = options.gpu_memory_utilization * static_cast<double>(total_bytes) -
+                            static_cast<double>(total_bytes - free_bytes) - reserve;
+      const double blocks = budget / static_cast<double>(block_bytes_);
+      spec_.num_device_blocks = static_cast<int32_t>(std::clamp(blocks, 0.0, double(std::numeric_limits<int32_t>::max())));
+      if (spec_.num_device_blocks < 1) {
+        throw invalid_request("cuda executor: no KV block fits in GPU memory after the weights (raise --gpu-memory-utilization)");
+      }
+    }
+    // One block more than the engine sees: the padding tokens of graph-replayed steps write there.
+    pad_block_ = spec_.num_device_blocks;
+    kv_.reserve(static_cast<size_t>(block_bytes_) * (static_cast<size_t>(spec_.num_device_blocks) + 1));
+    if (spec_.num_host_blocks > 0) host_pool_.reserve(static_cast<size_t>(block_bytes_) * static_cast<size_t>(spec_.num_host_blocks));
+  }
+
+  ~cuda_executor() override {
+    cudaDeviceSynchronize();
+    for (auto& g : graphs_) cudaGraphExecDestroy(g.exec);
+    if (cublas_) cublasDestroy(cublas_);
+    if (swap_done_) cudaEventDestroy(swap_done_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  }
+
+  const model_config& config() const override { return config_; }
+  const kv_cache_spec& kv_spec() const override { return spec_; }
+  int64_t kv_block_bytes() const override { return block_bytes_; }
+  const char* name() const override { return "cuda"; }
+
+  void execute(const step_batch& batch, step_output& out) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    plan_step(batch, out);  // validates everything before the cache is touched
+    upload_metadata();
+    const auto T_ = num_tokens_;
+    const bool swaps = !batch.swap_in.empty() || !batch.swap_out.empty();
+    if (swaps) {
+      // Swaps on their own stream: they overlap with the embedding gather; the first kernel that
+      // touches the cache waits for them. The previous step ended with a synchronise, so nothing is
+      // still reading or writing the blocks involved.
+      char* dev = kv_.as<char>();
+      char* host = host_pool_.as<char>();
+      const auto bytes = static_cast<size_t>(block_bytes_);
+      for (const block_copy& c : batch.swap_in) {
+        CUDA_CHECK(cudaMemcpyAsync(dev + bytes * c.dst, host + bytes * c.src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+      }
+      for (const block_copy& c : batch.swap_out) {
+        CUDA_CHECK(cudaMemcpyAsync(host + bytes * c.dst, dev + bytes * c.src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+      }
+      CUDA_CHECK(cudaEventRecord(swap_done_, copy_stream_));
+    }
+    if (T_ > 0 && !graph_step_) gpu::embedding_gather(x_.as<float>(), static_cast<const T*>(embedding_), meta_ptr(meta_ids_), T_,
+                                                     config_.hidden_size, config_.vocab_size, stream_);
+    if (swaps) CUDA_CHECK(cudaStreamWaitEvent(stream_, swap_done_, 0));
+    if (!batch.copies.empty()) {
+      gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()), stream_);
+    }
+    if (graph_step_) {
+      CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));
+    } else if (T_ > 0) {
+      forward();
+    }
+    const size_t logit_floats = out.logits.size();
+    if (logit_floats > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>(), logits_.as<float>(), logit_floats * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
+  }
+
+ private:
+  // ---- weights ---------------------------------------------------------------------------------
+
+  const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols, const char* what) {
+    int64_t rows = 0;
+    for (const weight_tensor* w : parts) rows += w->rows;
+    device_buffer buf;
+    buf.reserve(static_cast<size_t>(rows * cols) * sizeof(T));
+    // Host staging in the device element's bits (bf16 as uint16_t: __nv_bfloat16 is not trivially copyable).
+    using host_t = std::conditional_t<is_bf16, uint16_t, float>;
+    std::vector<host_t> host;
+    std::vector<float> row;
+    int64_t row0 = 0;
+    for (const weight_tensor* w : parts) {
+      if (w->empty() || w->cols != cols || !type_info(w->type).can_dequantize) {
+        throw load_error(std::string("cuda executor: weight ") + what + " ('" + w->name + "') is missing or has the wrong shape/type");
+      }
+      T* dst = buf.as<T>() + row0 * cols;
+      const bool same_type = (is_bf16 && w->type == ggml_type::bf16) || (!is_bf16 && w->type == ggml_type::f32);
+      if (same_type && w->row_stride_bytes == cols * static_cast<int64_t>(sizeof(T))) {
+        CUDA_CHECK(cudaMemcpy(dst, w->data, static_cast<size_t>(w->rows * w->row_stride_bytes), cudaMemcpyHostToDevice));
+      } else {
+        host.resize(static_cast<size_t>(w->rows * cols));
+        row.resize(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < w->rows; ++r) {
+          dequantize_row(w->type, w->row(r), row.data(), cols);
+          host_t* h = host.data() + r * cols;
+          if constexpr (is_bf16) {
+            for (int64_t c = 0; c < cols; ++c) h[c] = fp32_to_bf16(row[static_cast<size_t>(c)]);
+          } else {
+            std::memcpy(h, row.data(), static_cast<size_t>(cols) * sizeof(float));
+          }
+        }
+        CUDA_CHECK(cudaMemcpy(dst, host.data(), host.size() * sizeof(host_t), cudaMemcpyHostToDevice));
+      }
+      row0 += w->rows;
+    }
+    const void* p = buf.as<void>();
+    weight_buffers_.push_back(std::move(buf));
+    return p;
+  }
+
+  const float* upload_vector(const weight_tensor& w, int64_t n, const char* what) {
+    if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
+      throw load_error(std::string("cuda executor: norm weight ") + what + " is missing or has the wrong size");
+    }
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
+    device_buffer buf;
+    buf.reserve(v.size() * sizeof(float));
+    CUDA_CHECK(cudaMemcpy(buf.as<float>(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const float* p = buf.as<float>();
+    weight_buffers_.push_back(std::move(buf));
+    return p;
+  }
+
+  void upload_weights() {
+    const model_weights& w = *weights_;
+    const int64_t hidden = config_.hidden_size;
+    const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
+    const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
+    const int64_t ffn = config_.intermediate_size;
+    if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
+      throw load_error("cuda executor: layer count does not match the config");
+    }
+    auto check_rows = [](const weight_tensor& t, int64_t rows, const char* what) {
+      if (t.rows != rows) {
+        throw load_error(std::string("cuda executor: weight ") + what + " ('" + t.name + "') has " +
+                         std::to_string(t.rows) + " rows, expected " + std::to_string(rows));
+      }
+    };
+    check_rows(w.token_embedding, config_.vocab_size, "token_embedding");
+    embedding_ = upload({&w.token_embedding}, hidden, "token_embedding");
+    for (const layer_weights& lw : w.layers) {
+      check_rows(lw.wq, q_dim, "wq");
+      check_rows(lw.wk, kv_dim, "wk");
+      check_rows(lw.wv, kv_dim, "wv");
+      check_rows(lw.wo, hidden, "wo");
+      check_rows(lw.w_gate, ffn, "w_gate");
+      check_rows(lw.w_up, ffn, "w_up");
+      check_rows(lw.w_down, hidden, "w_down");
+      gpu_layer g;
+      g.attn_norm = upload_vector(lw.attn_norm, hidden, "attn_norm");
+      g.ffn_norm = upload_vector(lw.ffn_norm, hidden, "ffn_norm");
+      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden, "wq|wk|wv");
+      g.wo = upload({&lw.wo}, q_dim, "wo");
+      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden, "w_gate|w_up");
+      g.down = upload({&lw.w_down}, ffn, "w_down");
+      layers_.push_back(g);
+    }
+    output_norm_ = upload_vector(w.output_norm, hidden, "output_norm");
+    const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
+    if (out.data == w.token_embedding.data) {
+      output_ = embedding_;  // tied: one copy on the GPU
+    } else {
+      check_rows(out, config_.vocab_size, "output");
+      output_ = upload({&out}, hidden, "output");
+    }
+  }
+
+  // ---- buffers ---------------------------------------------------------------------------------
+
+  void reserve_tokens(int32_t n) {
+    if (n <= cap_tokens_) return;
+    const auto T_ = static_cast<size_t>(n);
+    const auto hidden = static_cast<size_t>(config_.hidden_size);
+    const size_t q_dim = static_cast<size_t>(config_.num_heads) * static_cast<size_t>(config_.head_dim);
+    const size_t qkv_cols = q_dim + 2 * static_cast<size_t>(config_.num_kv_heads) * static_cast<size_t>(config_.head_dim);
+    const auto ffn = static_cast<size_t>(config_.intermediate_size);
+    x_.reserve(T_ * hidden * sizeof(float));
+    xn_.reserve(T_ * hidden * sizeof(T));
+    qkv_.reserve(T_ * qkv_cols * sizeof(float));
+    attn_.reserve(T_ * q_dim * sizeof(T));
+    gu_.reserve(T_ * 2 * ffn * sizeof(float));
+    mlp_.reserve(T_ * ffn * sizeof(T));
+    cap_tokens_ = n;
+  }
+
+  void reserve_logit_rows(int32_t n) {
+    if (n <= cap_rows_) return;
+    const auto R = static_cast<size_t>(n);
+    lx_.reserve(R * static_cast<size_t>(config_.hidden_size) * sizeof(T));
+    logits_.reserve(R * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+    logits_host_.reserve(R * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+    cap_rows_ = n;
+  }
+
+  // ---- step planning ---------------------------------------------------------------------------
+
+  struct meta_range {
+    size_t offset = 0;
+  };
+
+  const int32_t* meta_ptr(meta_range r) const { return meta_dev_.as<int32_t>() + r.offset; }
+
+  void plan_step(const step_batch& batch, step_output& out) {
+    auto check_moves = [](const std::vector<block_copy>& moves, int32_t src_limit, int32_t dst_limit, const char* what) {
+      for (const block_copy& c : moves) {
+        if (c.src < 0 || c.src >= src_limit || c.dst < 0 || c.dst >= dst_limit) {
+          throw invalid_request(std::string("cuda executor: ") + what + " block id out of range");
+        }
+      }
+    };
+    check_moves(batch.swap_in, spec_.num_host_blocks, spec_.num_device_blocks, "swap_in");
+    check_moves(batch.swap_out, spec_.num_device_blocks, spec_.num_host_blocks, "swap_out");
+    check_moves(batch.copies, spec_.num_device_blocks, spec_.num_device_blocks, "copy");
+
+    ids_.clear();
+    positions_.clear();
+    slots_.clear();
+    context_.clear();
+    token_seq_.clear();
+    logit_rows_.clear();
+    max_context_ = 0;
+    max_blocks_ = 1;
+    out.vocab_size = config_.vocab_size;
+    out.first_row.assign(batch.seqs.size(), 0);
+    out.num_rows.assign(batch.seqs.size(), 0);
+    const int32_t bs = spec_.block_size;
+    int32_t rows = 0;
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const sequence_slice& sl = batch.seqs[s];
+      const int64_t n = static_cast<int64_t>(sl.tokens.size());
+      const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
+      if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) {
+        throw invalid_request("cuda executor: bad num_computed");
+      }
+      if (static_cast<int64_t>(sl.block_table.size()) * bs < end) {
+        throw invalid_request("cuda executor: block table does not cover the sequence");
+      }
+      const int64_t used_blocks = (end + bs - 1) / bs;
+      for (int64_t b = 0; b < used_blocks; ++b) {
+        const block_id id = sl.block_table[static_cast<size_t>(b)];
+        if (id < 0 || id >= spec_.num_device_blocks) throw invalid_request("cuda executor: block id out of range");
+      }
+      max_blocks_ = std::max<int32_t>(max_blocks_, static_cast<int32_t>(used_blocks));
+      for (int64_t i = 0; i < n; ++i) {
+        const token_id t = sl.tokens[static_cast<size_t>(i)];
+        if (t < 0 || t >= config_.vocab_size) throw invalid_request("cuda executor: token id out of range");
+        const auto pos = static_cast<int32_t>(sl.num_computed + i);
+        ids_.push_back(t);
+        positions_.push_back(pos);
+        slots_.push_back(sl.block_table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
+        context_.push_back(pos + 1);
+        token_seq_.push_back(static_cast<int32_t>(s));
+      }
+      max_context_ = std::max(max_context_, static_cast<int32_t>(end));
+      out.first_row[s] = rows;
+      const auto first_token = static_cast<int32_t>(ids_.size() - static_cast<size_t>(n));
+      if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
+        logit_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
+        out.num_rows[s] = 1;
+      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
+        for (int32_t i = 0; i < n; ++i) logit_rows_.push_back(first_token + i);
+        out.num_rows[s] = static_cast<int32_t>(n);
+      }
+      rows += out.num_rows[s];
+    }
+    out.logits.resize(logit_rows_.size() * static_cast<size_t>(config_.vocab_size));
+    graph_step_ = use_graphs_ && graph_eligible(batch);
+    if (graph_step_) pad_for_graph(batch.seqs.size());
+    num_tokens_ = static_cast<int32_t>(ids_.size());
+    num_logit_rows_ = static_cast<int32_t>(logit_rows_.size());
+
+    // Every int32 array of the step in one pinned buffer, uploaded with one copy.
+    size_t off = 0;
+    auto place = [&](size_t n) {
+      meta_range r{off};
+      off += (n + 31) / 32 * 32;  // 128-byte aligned sub-arrays
+      return r;
+    };
+    const size_t T_ = ids_.size();
+    meta_ids_ = place(T_);
+    meta_positions_ = place(T_);
+    meta_slots_ = place(T_);
+    meta_context_ = place(T_);
+    meta_token_seq_ = place(T_);
+    meta_logit_rows_ = place(logit_rows_.size());
+    if (!graph_step_) num_table_rows_ = batch.seqs.size();
+    meta_tables_ = place(num_table_rows_ * static_cast<size_t>(max_blocks_));
+    meta_copies_ = place(2 * batch.copies.size());
+    meta_size_ = off;
+    meta_host_.reserve(std::max<size_t>(off, 1) * sizeof(int32_t));
+    int32_t* h = meta_host_.as<int32_t>();
+    auto put = [&](meta_range r, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), h + r.offset); };
+    put(meta_ids_, ids_);
+    put(meta_positions_, positions_);
+    put(meta_slots_, slots_);
+    put(meta_context_, context_);
+    put(meta_token_seq_, token_seq_);
+    put(meta_logit_rows_, logit_rows_);
+    for (size_t s = 0; s < num_table_rows_; ++s) {
+      int32_t* row = h + meta_tables_.offset + s * static_cast<size_t>(max_blocks_);
+      if (s >= batch.seqs.size()) {  // a graph step's padding rows: every entry the padding block
+        std::fill(row, row + max_blocks_, pad_block_);
+        continue;
+      }
+      const auto& table = batch.seqs[s].block_table;
+      const size_t n = std::min(table.size(), static_cast<size_t>(max_blocks_));
+      std::copy(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(n), row);
+      std::fill(row + n, row + max_blocks_, 0);
+    }
+    for (size_t c = 0; c < batch.copies.size(); ++c) {
+      h[meta_copies_.offset + 2 * c] = batch.copies[c].src;
+      h[meta_copies_.offset + 2 * c + 1] = batch.copies[c].dst;
+    }
+
+    reserve_tokens(num_tokens_);
+    reserve_logit_rows(num_logit_rows_);
+    // A graph's kernels are fixed at capture: plan its split for the widest context its block tables
+    // allow (shorter contexts leave partitions empty, which the combine step skips).
+    split_ = gpu::plan_attention_split(num_tokens_, config_.num_kv_heads,
+                                       graph_step_ ? max_blocks_ * spec_.block_size : max_context_, num_sms_);
+    if (split_.num_splits > 1) {
+      attn_workspace_.reserve(static_cast<size_t>(gpu::attention_workspace_floats(
+                                  num_tokens_, config_.num_heads, config_.head_dim, split_.num_splits)) *
+                              sizeof(float));
+    }
+  }
+
+  void upload_metadata() {
+    if (meta_size_ == 0) return;
+    meta_dev_.reserve(meta_size_ * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(meta_dev_.as<int32_t>(), meta_host_.as<int32_t>(), meta_size_ * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream_));
+  }
+
+  // ---- CUDA graphs for decode steps ------------------------------------------------------------
+
+  static constexpr int32_t kGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+  // Decode only: every sequence brings one token and wants its last logits.
+  bool graph_eligible(const step_batch& batch) const {
+    if (batch.seqs.empty() || batch.seqs.size() > 256) return false;
+    for (const sequence_slice& sl : batch.seqs) {
+      if (sl.tokens.size() != 1 || sl.logits != sequence_slice::logits_mode::last) return false;
+    }
+    return true;
+  }
+
+  // Pads the step to its bucket: padding tokens (id 0, position 0, context 1) each read and write only
+  // the padding block, through a table row of their own; block tables widened to a power of two.
+  void pad_for_graph(size_t num_seqs) {
+    int32_t bucket = 256;
+    for (int32_t b : kGraphBuckets) {
+      if (static_cast<size_t>(b) >= num_seqs) {
+        bucket = b;
+        break;
+      }
+    }
+    int32_t width = 16;
+    while (width < max_blocks_) width *= 2;
+    max_blocks_ = width;
+    for (auto s = static_cast<int32_t>(num_seqs); s < bucket; ++s) {
+      ids_.push_back(0);
+      positions_.push_back(0);
+      slots_.push_back(pad_block_ * spec_.block_size);
+      context_.push_back(1);
+      token_seq_.push_back(s);
+      logit_rows_.push_back(s);
+    }
+    num_table_rows_ = static_cast<size_t>(bucket);
+  }
+
+  struct captured_graph {
+    int32_t bucket = 0;
+    int32_t width = 0;
+    std::vector<const void*> buffers;  // the device pointers baked into it
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  std::vector<const void*> graph_buffers() const {
+    return {x_.as<void>(), xn_.as<void>(), qkv_.as<void>(), attn_.as<void>(), gu_.as<void>(), mlp_.as<void>(),
+            lx_.as<void>(), logits_.as<void>(), attn_workspace_.as<void>(), meta_dev_.as<void>()};
+  }
+
+  // The graph for this step's (bucket, width), captured now if missing or if a buffer it uses moved.
+  cudaGraphExec_t graph_for_step() {
+    const std::vector<const void*> buffers = graph_buffers();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if (it->bucket != num_tokens_ || it->width != max_blocks_) continue;
+      if (it->buffers == buffers) return it->exec;
+      CUDA_CHECK(cudaGraphExecDestroy(it->exec));
+      graphs_.erase(it);
+      break;
+    }
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      gpu::embedding_gather(x_.as<float>(), static_cast<const T*>(embedding_), meta_ptr(meta_ids_), num_tokens_,
+                            config_.hidden_size, config_.vocab_size, stream_);
+      forward();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    captured_graph g;
+    g.bucket = num_tokens_;
+    g.width = max_blocks_;
+    g.buffers = buffers;
+    const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    graphs_.push_back(g);
+    return g.exec;
+  }
+
+  // ---- the forward pass ------------------------------------------------------------------------
+
+  // out[rows, n] (row stride ldc) = (or +=) in[rows, k] . W[n, k]^T. cuBLAS is column-major: this is
+  // out^T = W . in^T with W read transposed (its row-major [n, k] is a column-major [k, n]).
+  void gemm(const void* w, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc, bool accumulate) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    constexpr cudaDataType_t type = is_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), rows, static_cast<int>(k), &alpha,
+                              w, type, static_cast<int>(k), in, type, static_cast<int>(k), &beta, out, CUDA_R_32F,
+                              static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  void forward() {
+    const int32_t T_ = num_tokens_;
+    const int32_t hidden = config_.hidden_size;
+    const int32_t hd = config_.head_dim;
+    const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * hd;
+    const int64_t qkv_cols = q_dim + 2 * static_cast<int64_t>(config_.num_kv_heads) * hd;
+    const int64_t ffn = config_.intermediate_size;
+    const float eps = config_.rms_norm_eps;
+    float* x = x_.as<float>();
+    T* xn = xn_.as<T>();
+    float* qkv = qkv_.as<float>();
+    T* attn = attn_.as<T>();
+    float* gu = gu_.as<float>();
+    T* mlp = mlp_.as<T>();
+    T* kv = kv_.as<T>();
+
+    gpu::rope_kv_args rope;
+    rope.qkv = qkv;
+    rope.qkv_stride = qkv_cols;
+    rope.positions = meta_ptr(meta_positions_);
+    rope.slot_mapping = meta_ptr(meta_slots_);
+    rope.inv_freq = inv_freq_.as<float>();
+    rope.num_tokens = T_;
+    rope.num_heads = config_.num_heads;
+    rope.rope_dims = config_.rope_dims;
+    rope.interleaved_pairs = config_.rope == rope_style::interleaved;
+    rope.layout = layout_;
+
+    gpu::paged_attention_args<T> att;
+    att.out = attn;
+    att.out_stride = q_dim;
+    att.q = qkv;
+    att.q_stride = qkv_cols;
+    att.kv_cache = kv;
+    att.layout = layout_;
+    att.num_heads = config_.num_heads;
+    att.num_tokens = T_;
+    att.context_lens = meta_ptr(meta_context_);
+    att.token_seq = meta_ptr(meta_token_seq_);
+    att.block_tables = meta_ptr(meta_tables_);
+    att.max_blocks_per_seq = max_blocks_;
+    att.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    att.num_splits = split_.num_splits;
+    att.partition_size = split_.partition_size;
+    att.workspace = split_.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
+
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      const gpu_layer& L = layers_[static_cast<size_t>(l)];
+      gpu::add_rms_norm(xn, x, nullptr, L.attn_norm, T_, hidden, eps, stream_);
+      gemm(L.qkv, qkv_cols, hidden, xn, T_, qkv, qkv_cols, false);
+      rope.layer = l;
+      gpu::rope_kv_write(rope, kv, stream_);
+      att.layer = l;
+      gpu::paged_attention(att, stream_);
+      gemm(L.wo, hidden, q_dim, attn, T_, x, hidden, true);
+      gpu::add_rms_norm(xn, x, nullptr, L.ffn_norm, T_, hidden, eps, stream_);
+      gemm(L.gate_up, 2 * ffn, hidden, xn, T_, gu, 2 * ffn, false);
+      gpu::silu_and_mul(mlp, gu, T_, static_cast<int32_t>(ffn), stream_);
+      gemm(L.down, hidden, ffn, mlp, T_, x, hidden, true);
+    }
+    if (num_logit_rows_ == 0) return;
+    T* lx = lx_.as<T>();
+    gpu::rms_norm_rows(lx, x, meta_ptr(meta_logit_rows_), output_norm_, num_logit_rows_, hidden, eps, stream_);
+    gemm(output_, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
+  }
+
+  std::shared_ptr<const model_weights> weights_;
+  model_config config_;
+  kv_cache_spec spec_;
+  int device_ = 0;
+  int num_sms_ = 0;
+  gpu::kv_layout layout_;
+  int64_t block_bytes_ = 0;
+
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t swap_done_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  device_buffer cublas_workspace_;
+
+  std::vector<device_buffer> weight_buffers_;
+  std::vector<gpu_layer> layers_;
+  const void* embedding_ = nullptr;
+  const void* output_ = nullptr;
+  const float* output_norm_ = nullptr;
+  device_buffer inv_freq_;
+
+  device_buffer kv_;
+  pinned_buffer host_pool_;
+
+  int32_t cap_tokens_ = 0, cap_rows_ = 0;
+  device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, lx_, logits_, attn_workspace_;
+  pinned_buffer logits_host_;
+
+  bool use_graphs_ = false;
+  int32_t pad_block_ = 0;
+  std::vector<captured_graph> graphs_;
+
+  // ---- per-step state --------------------------------------------------------------------------
+  std::vector<int32_t> ids_, positions_, slots_, context_, token_seq_, logit_rows_;
+  int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_context_ = 0, max_blocks_ = 1;
+  bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
+  size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
+  gpu::split_plan split_;
+  meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,
+      meta_copies_;
+  size_t meta_size_ = 0;
+  pinned_buffer meta_host_;
+  device_buffer meta_dev_;
+};
+
+}  // namespace
+
+bool cuda_executor_available() noexcept { return gpu::device_count() > 0; }
+
+std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights> weights,
+                                             const cuda_executor_options& options) {
+  if (!weights) throw invalid_request("cuda executor: no weights");
+  const int n = gpu::device_count();
+  if (n == 0) throw invalid_request("--device cuda: no CUDA device is visible (no GPU, or no driver)");
+  if (options.device < 0 || options.device >= n) {
+    throw invalid_request("cuda executor: device " + std::to_string(options.device) + " does not exist (" +
+                          std::to_string(n) + " visible)");
+  }
+  if (options.dtype == cuda_dtype::f32) return std::make_unique<cuda_executor<float>>(std::move(weights), options);
+  return std::make_unique<cuda_executor<bf16>>(std::move(weights), options);
+}
+
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype) {
+  const gpu::kv_layout layout{config.num_layers, config.num_kv_heads, block_size, config.head_dim};
+  return layout.block_elems() * (dtype == cuda_dtype::f32 ? 4 : 2);
+}
+
+}  // namespace tessera

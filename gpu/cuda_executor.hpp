@@ -1,0 +1,48 @@
+// The CUDA executor: the LLaMA forward pass on one GPU behind engine/executor.hpp, so the scheduler,
+// block manager, sampler and actors are the same as with the CPU executor. Weights live on the GPU
+// in bf16 (or fp32 for exact comparisons) with Q|K|V and gate|up fused into one matrix each; GEMMs run
+// through cuBLAS with fp32 accumulation; the KV cache is a paged pool in GPU memory (same block layout
+// as the CPU executor's) with a pinned host swap pool. See docs/gpu_executor.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/executor.hpp"
+#include "engine/model_weights.hpp"
+
+namespace tessera {
+
+enum class cuda_dtype {
+  bf16,  // weights, KV cache and GEMM inputs in bf16 (what serving uses)
+  f32,   // everything fp32 (pure fp32 GEMMs, no TF32): matches the CPU executor's exact path
+};
+
+struct cuda_executor_options {
+  int device = 0;
+  cuda_dtype dtype = cuda_dtype::bf16;
+  // block_size and num_host_blocks are used as given; num_device_blocks as given when > 0, else as
+  // many blocks as fit in gpu_memory_utilization * total GPU memory once weights and activation
+  // buffers are allocated (as vLLM's --gpu-memory-utilization).
+  kv_cache_spec kv;
+  double gpu_memory_utilization = 0.9;
+  // Tokens per step the activation buffers are allocated for up front (they grow if a step has more).
+  int32_t max_num_batched_tokens = 2048;
+  // Replay decode steps (every sequence one new token, at most 256 sequences) from CUDA graphs
+  // captured per (batch-size bucket, block-table width) on first use: one launch instead of ~9 per
+  // layer. Off by default until verified on a GPU (docs/gpu_executor.md).
+  bool cuda_graphs = false;
+};
+
+// True when the binary has the CUDA executor and a CUDA device is visible (never throws).
+bool cuda_executor_available() noexcept;
+
+// Throws invalid_request when no device is present or the options are unusable, load_error when the
+// weights do not fit their config or the model's shape is not supported (head_dim 64/128/256).
+std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights> weights,
+                                             const cuda_executor_options& options);
+
+// Bytes of one KV block of `block_size` positions for `dtype` (every layer's K and V).
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype);
+
+}  // namespace tessera

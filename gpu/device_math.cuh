@@ -1,0 +1,67 @@
+// Small device helpers shared by the kernels: element conversions, vector loads, reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace tessera::gpu::detail {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// out[0..E) = p[0..E) as floats, with one 4/8/16-byte load per 16 bytes where the size allows.
+// pre: p aligned to the load size (every caller's offsets are multiples of E elements).
+template <class T, int E>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[E]) {
+  constexpr int bytes = static_cast<int>(sizeof(T)) * E;
+  if constexpr (bytes % 16 == 0) {
+    constexpr int per = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int i = 0; i < E / per; ++i) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[i];
+      const T* t = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < per; ++j) out[i * per + j] = to_float(t[j]);
+    }
+  } else if constexpr (bytes == 8 || bytes == 4) {
+    using word = std::conditional_t<bytes == 8, uint2, uint32_t>;
+    const word u = *reinterpret_cast<const word*>(p);
+    const T* t = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = to_float(t[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) out[j] = to_float(p[j]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Block-wide sum with warp shuffles; every thread gets the total. Any blockDim.x <= 1024.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int num_warps = (blockDim.x + 31) >> 5;
+  v = lane < num_warps ? partial[lane] : 0.0f;
+  v = warp_sum(v);
+  __syncthreads();  // partial[] may be reused by the next call
+  return v;
+}
+
+}  // namespace tessera::gpu::detail

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The GPU verification of issue #8 in one run (< 8 minutes on an H200):
+#   1. the kernel tests against their CPU references (tests/gpu/kernels_test.cpp)
+#   2. compute-sanitizer memcheck on the kernel tests and on the executor tests' synthetic part
+#   3. the CUDA executor against the CPU executor (tests/gpu/cuda_executor_test.cpp): logits through
+#      paging / prefix hits / copy-on-write / swap / split-KV, and the real default model's greedy
+#      output token for token (the CPU's exact fp32 path vs CUDA fp32; bf16's agreement reported)
+#   4. `tessera bench latency` (with and without --cuda-graphs) and `throughput` with --load-format
+#      dummy on the Llama-3-8B shape, bf16
+#   5. the paged decode attention kernel's bandwidth at 32k context (gpu_attention_bench)
+# Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
+# gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
+# whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
+#
+# Runs from a build carried from a machine with the dependencies (scripts/gpu-pack.sh makes
+# build-gpu-pack/, to be named in the device call's `carry`), or from a build directory:
+#   scripts/gpu-check.sh                 # build-gpu-pack/ if present, else build-gpu/ (built if needed)
+#   scripts/gpu-check.sh --build DIR     # a configured -DTESSERA_CUDA=on build dir (built here)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/build-gpu-check}
+mkdir -p "$out"
+log=$out/gpu-check.log
+results=$out/gpu-results.md
+: >"$log"
+say() { echo "$*" | tee -a "$log"; }
+deadline=$(($(date +%s) + ${GPU_CHECK_BUDGET_S:-450}))  # the whole check stays under 8 minutes
+run() {  # run LABEL TIMEOUT CMD...: logs the command and its output, records pass/fail
+  local label=$1 limit=$2
+  shift 2
+  local left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 15 ]; then
+    say "---- $label: SKIPPED (out of time)"
+    echo "| $label | SKIPPED (out of time) | 0 s |" >>"$out/.table"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say "---- $label: $*"
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >>"$log" 2>&1
+  local rc=$?
+  local secs=$(($(date +%s) - t0))
+  if [ $rc -eq 0 ]; then status="PASS"; elif [ $rc -eq 124 ]; then status="TIMEOUT"; else status="FAIL (exit $rc)"; fi
+  say "---- $label: $status in ${secs}s"
+  echo "| $label | $status | ${secs} s |" >>"$out/.table"
+  return $rc
+}
+
+build=""
+if [ "${1:-}" = "--build" ]; then build=$2; fi
+if [ -z "$build" ] && [ -f build-gpu-pack/tools.tar.xz ]; then
+  unpacked=${TMPDIR:-/tmp}/tessera-gpu-pack
+  rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xJf build-gpu-pack/tools.tar.xz
+  bin=$unpacked/bin
+  tests=$bin
+  export LD_LIBRARY_PATH="$unpacked/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  model=$(ls "$root"/build-gpu-pack/models/*.gguf 2>/dev/null | head -1)
+  say "gpu-check: using the carried build in build-gpu-pack/ (model: ${model:-none})"
+else
+  build=${build:-$root/build-gpu}
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=on >>"$log" 2>&1 ||
+      { say "gpu-check: configure failed (see $log)"; exit 1; }
+  fi
+  cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_cuda_executor_test gpu_attention_bench tessera >>"$log" 2>&1 ||
+    { say "gpu-check: build failed (see $log)"; exit 1; }
+  bin=$build/bin
+  tests=$build/tests
+  model=${TESSERA_GPU_CHECK_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+fi
+[ -n "${model:-}" ] && export TESSERA_GPU_CHECK_MODEL=$model
+rm -f "$out/.table"
+
+say "gpu-check: $(date -u +%FT%TZ) on $(hostname)"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  say "gpu-check: no GPU here (nvidia-smi -L fails): the device tests would only skip; stopping"
+  exit 2
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tee -a "$log"
+nvcc --version 2>/dev/null | tail -1 | tee -a "$log"
+
+# 1 + 3: correctness first (they are what the rest relies on).
+run "kernel tests" 60 "$tests/gpu_kernels_test"
+run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test"
+
+# 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
+if [ -x "$bin/gpu_attention_bench" ]; then
+  run "attention bandwidth" 40 "$bin/gpu_attention_bench"
+  grep '^{' "$log" | grep '"bench": "paged_attention"' >"$out/attention.jsonl" || true
+fi
+
+# 4: the Llama-3-8B shape in bf16 with dummy weights.
+shape=$root/bench/models/llama-3-8b
+common=(--model "$shape" --load-format dummy --device cuda --dtype bfloat16 --gpu-memory-utilization 0.9)
+run "bench latency (Llama-3-8B shape, bf16, dummy)" 100 \
+  "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
+grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency.json" || true
+run "bench latency with --cuda-graphs" 100 \
+  "$bin/tessera" bench latency "${common[@]}" --cuda-graphs --prompt-tokens 512 --gen-tokens 128 --repeats 3
+grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_graphs.json" || true
+run "bench throughput (Llama-3-8B shape, bf16, dummy, 200 ShareGPT-like requests)" 150 \
+  "$bin/tessera" bench throughput "${common[@]}" --workload "$root/bench/workloads/sharegpt_like.jsonl" \
+  --max-num-seqs 256 --max-num-batched-tokens 8192
+grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || true
+
+# 2, last (the slowest; it gets what the budget has left): memcheck on the kernels and on the
+# executor's synthetic steps (which go through cuBLAS too).
+if command -v compute-sanitizer >/dev/null; then
+  run "memcheck: kernel tests" 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_kernels_test"
+  run "memcheck: executor steps" 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$tests/gpu_cuda_executor_test" --gtest_filter='Variants/*half_bf16*:Variants/*graphs*:CudaExecutorSizing.*'
+else
+  say "gpu-check: compute-sanitizer not found: memcheck skipped"
+fi
+
+
+{
+  echo "# gpu-check $(date -u +%FT%TZ)"
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  echo '```'
+  echo
+  echo "| step | result | time |"
+  echo "|---|---|---|"
+  cat "$out/.table"
+  echo
+  echo "Model loads (KV pool sizes):"
+  echo '```'
+  grep -E "^loaded " "$log" || true
+  echo '```'
+  echo "Real-model parity lines:"
+  echo '```'
+  grep -E "model .*layers|agrees for|bf16 vs exact" "$log" || true
+  echo '```'
+  echo "Executor comparisons (max |cpu - cuda| per step):"
+  echo '```'
+  grep -E "^  .*max \|cpu - cuda\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
+  echo '```'
+  for f in attention.jsonl latency.json latency_graphs.json throughput.json; do
+    echo "$f:"
+    echo '```'
+    cat "$out/$f" 2>/dev/null
+    echo '```'
+  done
+} >"$results"
+rm -f "$out/.table"
+cat "$results"
+grep -q "FAIL\|TIMEOUT" "$results" && exit 1
+exit 0

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Assembles build-gpu-pack/: what scripts/gpu-check.sh needs on a GPU machine that has the CUDA 13
+# toolkit and driver but none of Tessera's other dependencies (Boost, CAF, simdjson, xxHash, toml++,
+# GoogleTest), small enough for a device call's 64 MiB carry limit:
+#   tools.tar.xz, unpacked by gpu-check.sh into
+#     bin/   the GPU test executables, gpu_attention_bench and `tessera`, stripped
+#     lib/   the shared libraries they load that are not glibc, libstdc++/libgcc or CUDA (from ldd);
+#            gpu-check.sh puts this folder on LD_LIBRARY_PATH
+#   models/  the default model cut to its first $TESSERA_PACK_LAYERS (default 4) layers: real weights
+#            and tokenizer, fewer layers (the whole file is 94 MiB)
+# bench/models and bench/workloads travel with the working tree, so they are not copied.
+# The folder matches .gitignore's /build*/: name it in the device call's `carry`.
+#
+# Usage: scripts/gpu-pack.sh [BUILD_DIR]   (default build-gpu, configured with -DTESSERA_CUDA=on)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-gpu}
+pack=$root/build-gpu-pack
+layers=${TESSERA_PACK_LAYERS:-4}
+model=${TESSERA_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+
+grep -q '^TESSERA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
+  { echo "gpu-pack: $build is not a configured build (cmake -S . -B $build -DTESSERA_CUDA=on)" >&2; exit 1; }
+targets=(gpu_kernels_test gpu_cuda_executor_test gpu_attention_bench tessera)
+echo "gpu-pack: building ${targets[*]} in $build"
+cmake --build "$build" -j"${TESSERA_JOBS:-2}" --target "${targets[@]}"
+
+rm -rf "$pack"
+mkdir -p "$pack/bin" "$pack/lib" "$pack/models"
+cp "$build/tests/gpu_kernels_test" "$build/tests/gpu_cuda_executor_test" "$build/bin/gpu_attention_bench" "$build/bin/tessera" "$pack/bin/"
+strip --strip-all "$pack"/bin/*
+
+# Shared libraries to carry: everything ldd resolves except the C/C++ runtime (present everywhere)
+# and CUDA's own (the device machine's toolkit provides the matching ones).
+for exe in "$pack"/bin/*; do
+  ldd "$exe" | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+    libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnvidia*) ;;
+    *) cp -L "$lib" "$pack/lib/" ;;
+  esac
+done
+strip --strip-unneeded "$pack"/lib/*.so* 2>/dev/null || true
+
+# The real model, first $layers layers (llama.block_count rewritten), through gguf-py.
+python3 - "$model" "$pack/models/default-${layers}layers.gguf" "$layers" <<'PY'
+import sys
+import gguf
+src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+r = gguf.GGUFReader(src)
+arch = r.fields["general.architecture"].contents()
+w = gguf.GGUFWriter(dst, arch)
+for f in r.fields.values():
+    if f.name.startswith("GGUF.") or f.name == "general.architecture":
+        continue
+    t = f.types[0]
+    value = keep if f.name == f"{arch}.block_count" else f.contents()
+    sub = f.types[-1] if t == gguf.GGUFValueType.ARRAY else None
+    w.add_key_value(f.name, value, t, sub_type=sub)
+def kept(name):
+    return not name.startswith("blk.") or int(name.split(".")[1]) < keep
+tensors = [t for t in r.tensors if kept(t.name)]
+for t in tensors:
+    w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_ti_data_to_file()
+for t in tensors:
+    w.write_tensor_data(t.data)
+w.close()
+PY
+
+# Executables and libraries compress about 3x (the model, quantized, does not): one archive, which
+# gpu-check.sh unpacks on the device machine.
+tar -C "$pack" -cJf "$pack/tools.tar.xz" bin lib
+rm -rf "$pack/bin" "$pack/lib"
+du -sh "$pack"/* | sed 's/^/gpu-pack: /'
+total=$(du -sm "$pack" | cut -f1)
+echo "gpu-pack: $pack is ${total} MiB (the device call carries at most 64 MiB with the working tree)"
+[ "$total" -lt 60 ] || echo "gpu-pack: WARNING: too large to carry; lower TESSERA_PACK_LAYERS" >&2

@@ -1,0 +1,157 @@
+// --load-format dummy: random weights of a config's shape, deterministic in the seed, with the
+// statistics the header promises; the byte-level placeholder tokenizer; loading from a config.json.
+#include "engine/dummy_weights.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "engine/error.hpp"
+#include "engine/hf_model.hpp"
+#include "engine/model_loader.hpp"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+model_config tiny_config() {
+  model_config c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 300;
+  c.context_length = 128;
+  c.rope_dims = 16;
+  c.rope = rope_style::half;
+  return c;
+}
+
+std::vector<float> values(const weight_tensor& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), out.data() + r * w.cols, w.cols);
+  return out;
+}
+
+TEST(DummyWeights, ShapesFollowTheConfig) {
+  const model_config c = tiny_config();
+  const auto w = make_dummy_weights(c);
+  ASSERT_EQ(w->layers.size(), 2u);
+  EXPECT_EQ(w->token_embedding.rows, 300);
+  EXPECT_EQ(w->token_embedding.cols, 64);
+  EXPECT_EQ(w->output.rows, 300);
+  EXPECT_NE(w->output.data, w->token_embedding.data);  // untied: its own matrix
+  for (const layer_weights& l : w->layers) {
+    EXPECT_EQ(l.wq.rows, 64);
+    EXPECT_EQ(l.wk.rows, 32);
+    EXPECT_EQ(l.wv.rows, 32);
+    EXPECT_EQ(l.wo.cols, 64);
+    EXPECT_EQ(l.w_gate.rows, 96);
+    EXPECT_EQ(l.w_down.cols, 96);
+    EXPECT_EQ(l.wq.type, ggml_type::bf16);
+    EXPECT_EQ(l.wq.row_stride_bytes, 64 * 2);
+    for (float v : values(l.attn_norm)) ASSERT_EQ(v, 1.0f);
+  }
+  model_config tied = c;
+  tied.tied_embeddings = true;
+  const auto wt = make_dummy_weights(tied);
+  EXPECT_EQ(wt->output.data, wt->token_embedding.data);
+}
+
+TEST(DummyWeights, DeterministicInTheSeedAndIndependentOfThreads) {
+  dummy_weights_options a;
+  a.seed = 7;
+  a.num_threads = 1;
+  dummy_weights_options b = a;
+  b.num_threads = 3;
+  dummy_weights_options other = a;
+  other.seed = 8;
+  const auto wa = make_dummy_weights(tiny_config(), a);
+  const auto wb = make_dummy_weights(tiny_config(), b);
+  const auto wo = make_dummy_weights(tiny_config(), other);
+  EXPECT_EQ(values(wa->layers[1].w_up), values(wb->layers[1].w_up));
+  EXPECT_EQ(values(wa->token_embedding), values(wb->token_embedding));
+  EXPECT_NE(values(wa->layers[1].w_up), values(wo->layers[1].w_up));
+  // Different tensors of one model are different streams.
+  EXPECT_NE(values(wa->layers[0].wq), values(wa->layers[1].wq));
+}
+
+TEST(DummyWeights, StatisticsScaleWithFanIn) {
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16}) {
+    dummy_weights_options o;
+    o.type = t;
+    const auto w = make_dummy_weights(tiny_config(), o);
+    const std::vector<float> v = values(w->layers[0].w_down);  // fan-in 96
+    double sum = 0, sq = 0;
+    for (float x : v) {
+      sum += x;
+      sq += double(x) * x;
+      ASSERT_LE(std::fabs(x), std::sqrt(3.0f / 96.0f) * 1.01f);
+    }
+    const double mean = sum / v.size(), sd = std::sqrt(sq / v.size() - mean * mean);
+    EXPECT_NEAR(mean, 0.0, 0.01);
+    EXPECT_NEAR(sd, 1.0 / std::sqrt(96.0), 0.1 / std::sqrt(96.0)) << type_info(t).name;
+  }
+  dummy_weights_options bad;
+  bad.type = ggml_type::q4_0;
+  EXPECT_THROW(make_dummy_weights(tiny_config(), bad), invalid_request);
+  model_config broken = tiny_config();
+  broken.num_kv_heads = 3;
+  EXPECT_THROW(make_dummy_weights(broken), load_error);
+}
+
+TEST(DummyWeights, ByteTokenizerRoundTripsText) {
+  const auto tok = make_byte_tokenizer(300);
+  EXPECT_EQ(tok->vocab_size(), 300u);
+  const std::string text = "Paged KV caches \xc3\xa9t\xc3\xa9 \x01 \xe2\x82\xac end.";  // valid UTF-8 (BPE repairs invalid bytes)
+  const std::vector<token_id> ids = tok->encode(text);
+  EXPECT_EQ(ids.size(), text.size());  // one token per byte: no merges
+  for (token_id id : ids) EXPECT_LT(id, 256);
+  EXPECT_EQ(tok->decode(ids), text);
+  EXPECT_THROW(make_byte_tokenizer(100), load_error);
+}
+
+TEST(DummyWeights, LoadsTheCommittedModelShapes) {
+  // The 8B shapes' configs are read (not their weights: 16 GB): what the GPU benchmark loads.
+  const fs::path models = fs::path(TESSERA_TEST_DATA_DIR) / ".." / ".." / "bench" / "models";
+  const model_config llama = read_hf_config(models / "llama-3-8b");
+  EXPECT_EQ(llama.num_layers, 32);
+  EXPECT_EQ(llama.hidden_size, 4096);
+  EXPECT_EQ(llama.num_kv_heads, 8);
+  EXPECT_EQ(llama.vocab_size, 128256);
+  EXPECT_EQ(llama.rope, rope_style::half);
+  const model_config qwen = read_hf_config(models / "qwen2.5-7b");
+  EXPECT_EQ(qwen.num_layers, 28);
+  EXPECT_EQ(qwen.num_heads, 28);
+  EXPECT_EQ(qwen.num_kv_heads, 4);
+  EXPECT_EQ(qwen.intermediate_size, 18944);
+}
+
+TEST(DummyWeights, LoadModelReadsOnlyTheConfig) {
+  const fs::path dir = fs::temp_directory_path() / ("tessera_dummy_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "vocab_size": 300, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0})";
+  for (const fs::path& p : {dir, dir / "config.json"}) {
+    const loaded_model m = load_model(p, load_format::dummy);
+    EXPECT_EQ(m.weights->config.hidden_size, 64);
+    EXPECT_EQ(m.weights->layers.size(), 2u);
+    EXPECT_EQ(m.tok->vocab_size(), 300u);
+    EXPECT_FALSE(m.warnings.empty());  // says the vocabulary is a placeholder
+  }
+  // Without the dummy format the directory is a checkpoint missing its weights: a clear load error.
+  EXPECT_THROW(load_model(dir), load_error);
+  EXPECT_THROW(load_model(dir / "missing", load_format::dummy), load_error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,117 @@
+// Straightforward CPU references of the CUDA kernels (gpu/kernels.hpp, gpu/attention.hpp): the same
+// math written the obvious way, in double where it accumulates. They follow the CPU executor's
+// conventions (cpu/cpu_executor.cpp): RoPE angles pos * inv_freq in float, cos/sin in double; the
+// paged KV layout of gpu::kv_layout.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/model_config.hpp"
+
+namespace tessera::gpu::ref {
+
+struct kv_geometry {
+  int32_t num_layers = 1;
+  int32_t num_kv_heads = 1;
+  int32_t block_size = 16;
+  int32_t head_dim = 64;
+  int64_t block_elems() const { return int64_t{num_layers} * 2 * num_kv_heads * block_size * head_dim; }
+  int64_t offset(int64_t block, int32_t layer, int32_t kind, int32_t kv_head, int32_t slot) const {
+    return block * block_elems() + ((int64_t{layer} * 2 + kind) * num_kv_heads + kv_head) * block_size * head_dim +
+           int64_t{slot} * head_dim;
+  }
+};
+
+inline std::vector<float> inv_freq(int32_t rope_dims, float theta) {
+  std::vector<float> f(static_cast<size_t>(rope_dims / 2));
+  for (int32_t i = 0; i < rope_dims / 2; ++i) {
+    f[static_cast<size_t>(i)] = static_cast<float>(std::pow(static_cast<double>(theta), -2.0 * i / rope_dims));
+  }
+  return f;
+}
+
+inline void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * inv * w[i]);
+}
+
+// Rotates one head vector in place, as cpu_executor's rope lambda.
+inline void rope_head(float* v, int32_t pos, const std::vector<float>& inv_freq, rope_style style) {
+  const auto half = static_cast<int64_t>(inv_freq.size());
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[static_cast<size_t>(i)];
+    const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
+    const auto s = static_cast<float>(std::sin(static_cast<double>(angle)));
+    const int64_t a = style == rope_style::interleaved ? 2 * i : i;
+    const int64_t b = style == rope_style::interleaved ? 2 * i + 1 : i + half;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+  }
+}
+
+// qkv [tokens, stride] rotated in place; K and V stored into `kv` (floats of the cache's elements).
+inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<float>& kv, const kv_geometry& g,
+                          int32_t layer, int32_t num_heads, const std::vector<int32_t>& positions,
+                          const std::vector<int32_t>& slots, const std::vector<float>& inv_freq, rope_style style) {
+  const int32_t hd = g.head_dim;
+  for (size_t t = 0; t < positions.size(); ++t) {
+    float* row = qkv.data() + static_cast<int64_t>(t) * stride;
+    for (int32_t h = 0; h < num_heads + g.num_kv_heads; ++h) rope_head(row + int64_t{h} * hd, positions[t], inv_freq, style);
+    const int32_t block = slots[t] / g.block_size, off = slots[t] % g.block_size;
+    const float* k = row + int64_t{num_heads} * hd;
+    const float* v = k + int64_t{g.num_kv_heads} * hd;
+    for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+      for (int32_t d = 0; d < hd; ++d) {
+        kv[static_cast<size_t>(g.offset(block, layer, 0, h, off) + d)] = k[h * hd + d];
+        kv[static_cast<size_t>(g.offset(block, layer, 1, h, off) + d)] = v[h * hd + d];
+      }
+    }
+  }
+}
+
+// Causal softmax attention of each token over positions [0, context_lens[t]) of its sequence, read
+// through the block table; in double. out [tokens, num_heads * head_dim].
+inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
+                                          const kv_geometry& g, int32_t layer, int32_t num_heads,
+                                          const std::vector<int32_t>& context_lens, const std::vector<int32_t>& token_seq,
+                                          const std::vector<int32_t>& tables, int32_t max_blocks, float scale) {
+  const int32_t hd = g.head_dim;
+  const int32_t group = num_heads / g.num_kv_heads;
+  std::vector<float> out(context_lens.size() * static_cast<size_t>(num_heads) * static_cast<size_t>(hd));
+  std::vector<double> scores;
+  for (size_t t = 0; t < context_lens.size(); ++t) {
+    const int32_t n = context_lens[t];
+    const int32_t* table = tables.data() + static_cast<int64_t>(token_seq[t]) * max_blocks;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      const float* qh = q.data() + static_cast<int64_t>(t) * q_stride + int64_t{h} * hd;
+      const int32_t kvh = h / group;
+      scores.assign(static_cast<size_t>(n), 0.0);
+      double mx = -1e300;
+      for (int32_t j = 0; j < n; ++j) {
+        const float* k = kv.data() + g.offset(table[j / g.block_size], layer, 0, kvh, j % g.block_size);
+        double s = 0;
+        for (int32_t d = 0; d < hd; ++d) s += double(qh[d]) * k[d];
+        scores[static_cast<size_t>(j)] = s * scale;
+        mx = std::max(mx, scores[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      for (double& s : scores) sum += (s = std::exp(s - mx));
+      float* o = out.data() + (static_cast<int64_t>(t) * num_heads + h) * hd;
+      for (int32_t d = 0; d < hd; ++d) {
+        double acc = 0;
+        for (int32_t j = 0; j < n; ++j) {
+          acc += scores[static_cast<size_t>(j)] *
+                 kv[static_cast<size_t>(g.offset(table[j / g.block_size], layer, 1, kvh, j % g.block_size) + d)];
+        }
+        o[d] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::gpu::ref
