@@ -53,10 +53,12 @@ class bench_command {
  private:
   int run_latency();
   int run_throughput();
+  int run_serve();  // execs bench/serve_client.py with the remaining arguments
 
   CLI::App* cmd_ = nullptr;
   CLI::App* latency_ = nullptr;
   CLI::App* throughput_ = nullptr;
+  CLI::App* serve_ = nullptr;
   engine_flags engine_;
   int prompt_tokens_ = 512;
   int gen_tokens_ = 128;
@@ -97,6 +99,16 @@ class serve_command {
   int server_threads_ = 2;
   std::vector<std::string> allowed_origins_;
   std::vector<std::string> allowed_hosts_;
+  std::string webui_dir_;
+  int request_timeout_s_ = 30;
+  int keep_alive_timeout_s_ = 15;
+  int ws_idle_timeout_s_ = 300;
+  int shutdown_timeout_s_ = 2;  // SIGINT/SIGTERM: open requests may finish this long, then are aborted
+  size_t ws_max_message_bytes_ = 64 * 1024;
+  std::string config_path_;  // --config: a TOML file (app/config.hpp); the command line wins
+  std::string log_level_ = "info";
+  std::string log_format_ = "text";
+  bool no_access_log_ = false;
 };
 
 }  // namespace tessera::app

@@ -1,19 +1,44 @@
 // `tessera serve`: the OpenAI-compatible HTTP + WebSocket server over the actor runtime.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
 #include "engine/error.hpp"
+#include "app/config.hpp"
 #include "server/http_server.hpp"
+#include "server/logging.hpp"
+#include "server/static_files.hpp"
 
 namespace tessera::app {
 
 void serve_command::add_to(CLI::App& app) {
   cmd_ = app.add_subcommand("serve", "Serve the OpenAI-compatible API (HTTP, SSE, WebSocket)");
+  // Defaults show in --help; tests/app/config_test.cpp checks config/tessera.toml lists the same ones.
+  cmd_->option_defaults()->always_capture_default();
   cmd_->add_option("model", positional_model_, "Model: a .gguf file (same as --model)");
+  cmd_->add_option("--config", config_path_,
+                   "TOML file of option values, e.g. config/tessera.toml (flags given here override it)")
+      ->check(CLI::ExistingFile);
+  // Help groups double as the config file's tables: [engine], [server], [logging].
+  const size_t num_before_engine = cmd_->get_options().size();
   engine_.add_to(*cmd_);
+  const std::vector<CLI::Option*> options = cmd_->get_options({});
+  for (size_t i = num_before_engine; i < options.size(); ++i) options[i]->group("Engine");
+  cmd_->option_defaults()->group("Server");
+  cmd_->add_option("--log-level", log_level_, "trace | debug | info | warn | error | critical | off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}))
+      ->group("Logging");
+  cmd_->add_option("--log-format", log_format_, "text (for people) | json (one object per line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->group("Logging");
+  cmd_->add_flag("--no-access-log", no_access_log_, "No per-request log lines")->group("Logging");
   cmd_->add_option("--host", host_, "Address to bind (default 127.0.0.1: loopback only)");
   cmd_->add_option("--port", port_, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd_->add_option("--api-key", api_key_, "Require 'Authorization: Bearer KEY' on every route but /health");
@@ -21,13 +46,64 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")->check(CLI::Range(1024, 1 << 30));
   cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 20));
   cmd_->add_option("--server-threads", server_threads_, "I/O threads")->check(CLI::Range(1, 64));
+  cmd_->add_option("--request-timeout", request_timeout_s_, "Seconds a client has to send a whole request (else closed)")
+      ->check(CLI::Range(1, 3600));
+  cmd_->add_option("--keep-alive-timeout", keep_alive_timeout_s_, "Seconds an idle keep-alive connection stays open")
+      ->check(CLI::Range(1, 3600));
+  cmd_->add_option("--ws-idle-timeout", ws_idle_timeout_s_,
+                   "Seconds a silent WebSocket is kept (pinged at half of it; no pong: closed)")
+      ->check(CLI::Range(1, 86400));
+  cmd_->add_option("--ws-max-message-bytes", ws_max_message_bytes_, "Largest WebSocket message a client may send")
+      ->check(CLI::Range(1024, 16 << 20));
+  cmd_->add_option("--shutdown-timeout", shutdown_timeout_s_,
+                   "Seconds open requests may still finish after SIGINT/SIGTERM before they are aborted")
+      ->check(CLI::Range(0, 3600));
   cmd_->add_option("--allowed-origin", allowed_origins_, "Extra allowed Origin for browsers/WebSockets ('*': any)");
   cmd_->add_option("--allowed-host", allowed_hosts_, "Extra accepted Host header name");
+  cmd_->add_option("--webui-dir", webui_dir_, "Browser UI directory served at / (default: the built-in webui/; 'none': no UI)");
 }
 
 int serve_command::run() {
+  if (!config_path_.empty()) {
+    try {
+      apply_config_file(*cmd_, config_path_);  // fills only what the command line left unset
+    } catch (const config_error& e) {
+      std::fprintf(stderr, "tessera: config: %s\n", e.what());
+      return 2;
+    }
+  }
+  server::log_options log_options;
+  log_options.level = log_level_;
+  log_options.format = server::parse_log_format(log_format_);
+  log_options.access_log = !no_access_log_;
+  server::setup_logging(log_options);
+  // Every way out writes the queued log lines first; when stderr takes none (a pipe nobody reads), the
+  // process leaves without the normal exit's flush of stderr, which would wait for it forever.
+  auto finish = [](int code) {
+    if (!server::shutdown_logging()) std::_Exit(code);
+    return code;
+  };
+  struct finish_on_exception {
+    ~finish_on_exception() {
+      if (std::uncaught_exceptions() > 0 && !server::shutdown_logging()) std::_Exit(1);
+    }
+  } finish_if_thrown;
+  if (!config_path_.empty()) spdlog::info("config: {}", config_path_);
+
   if (!positional_model_.empty()) engine_.model = positional_model_;
-  engine_bundle b = make_engine(engine_, /*direct_engine=*/false);
+  engine_bundle b;
+  try {
+    b = make_engine(engine_, /*direct_engine=*/false);
+  } catch (const load_error& e) {
+    spdlog::critical("cannot load model: {}", e.what());
+    return finish(1);
+  } catch (const invalid_request& e) {
+    spdlog::critical("{}", e.what());
+    return finish(2);
+  }
+  const model_config& mc = b.model.weights->config;
+  const kv_cache_spec kv = b.exec->kv_spec();
+  const std::string executor_name = b.exec->name();
   std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, max_waiting_);
   actors::engine_facade& facade = *runtime;
 
@@ -38,8 +114,17 @@ int serve_command::run() {
   so.model_name = model_name_.empty() ? b.model.path.filename().string() : model_name_;
   so.max_body_bytes = max_body_bytes_;
   so.num_threads = server_threads_;
+  so.read_timeout = std::chrono::seconds(request_timeout_s_);
+  so.idle_timeout = std::chrono::seconds(keep_alive_timeout_s_);
+  so.ws_idle_timeout = std::chrono::seconds(ws_idle_timeout_s_);
+  so.ws_max_message_bytes = ws_max_message_bytes_;
   so.allowed_origins = allowed_origins_;
   so.allowed_hosts = allowed_hosts_;
+  so.webui_dir = server::find_webui_dir(webui_dir_).string();
+  if (so.webui_dir.empty() && !webui_dir_.empty() && webui_dir_ != "none") {
+    spdlog::error("--webui-dir {} has no index.html", webui_dir_);
+    return finish(2);
+  }
   so.limits.sampling = to_engine_options(engine_).limits;
   so.encode_chat = [&b](const std::vector<chat_message>& messages) {
     return encode_messages(b, messages);
@@ -52,17 +137,39 @@ int serve_command::run() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  server::http_server server(facade, so);
-  server.start();
-  std::fprintf(stderr, "tessera: serving %s on http://%s:%u\n", so.model_name.c_str(), so.host.c_str(),
-               static_cast<unsigned>(server.port()));
-  std::fflush(stderr);
+  const engine_options eo = to_engine_options(engine_);
+  spdlog::info("model {} ({}): {} layers, hidden {}, vocab {}, context {}", so.model_name, b.model.path.string(),
+               mc.num_layers, mc.hidden_size, mc.vocab_size, mc.context_length);
+  spdlog::info("executor {}: {} compute threads{}; KV pool {} blocks x {} tokens, swap pool {} blocks",
+               executor_name, engine_.threads > 0 ? engine_.threads : static_cast<int>(std::thread::hardware_concurrency()),
+               engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size, kv.num_host_blocks);
+  spdlog::info("scheduler: max {} sequences, {} tokens per step, max model length {}, preemption {}, prefix caching {}",
+               eo.max_num_seqs, eo.max_num_batched_tokens, eo.max_model_len > 0 ? eo.max_model_len : mc.context_length,
+               engine_.preemption_mode, eo.enable_prefix_caching ? "on" : "off");
+
+  std::optional<server::http_server> server;
+  try {
+    server.emplace(facade, so);
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot listen on {}:{}: {}", so.host, so.port, e.what());
+    facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
+    return finish(1);
+  }
+  server->start();
+  spdlog::info("serving {} on http://{}:{} ({} I/O threads, API key {}, max body {} bytes, max waiting {})",
+               so.model_name, so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, server->port(),
+               so.num_threads, so.api_key.empty() ? "not required" : "required", so.max_body_bytes, max_waiting_);
+  if (so.host != "127.0.0.1" && so.host != "::1" && so.host != "localhost" && so.api_key.empty()) {
+    spdlog::warn("bound to {} without --api-key: anyone who can reach this address can use the server", so.host);
+  }
+  if (!so.webui_dir.empty()) spdlog::info("web UI (chat, dashboard) at / from {}", so.webui_dir);
   int sig = 0;
   sigwait(&signals, &sig);
-  std::fprintf(stderr, "tessera: signal %d, shutting down\n", sig);
-  server.stop();
-  facade.shutdown(std::chrono::milliseconds(2000));
-  return 0;
+  spdlog::info("signal {}, shutting down", sig);
+  server->stop();
+  facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
+  spdlog::info("stopped");
+  return finish(0);
 }
 
 }  // namespace tessera::app

@@ -112,6 +112,10 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   append_f(out, "tessera_num_preemptions_total{mode=\"swap\"} %llu\n", static_cast<unsigned long long>(e.num_preemptions_swap));
   append_f(out, "tessera_num_preemptions_total{mode=\"recompute\"} %llu\n",
            static_cast<unsigned long long>(e.num_preemptions_recompute));
+  metric(out, "tessera_kv_blocks_swapped_total", "counter", "KV blocks copied between the pools by swapping");
+  append_f(out, "tessera_kv_blocks_swapped_total{direction=\"in\"} %llu\n", static_cast<unsigned long long>(e.num_blocks_swapped_in));
+  append_f(out, "tessera_kv_blocks_swapped_total{direction=\"out\"} %llu\n",
+           static_cast<unsigned long long>(e.num_blocks_swapped_out));
   metric(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens computed (prefill and recompute)");
   append_f(out, "tessera_prompt_tokens_total %llu\n", static_cast<unsigned long long>(e.num_prefill_tokens));
   metric(out, "tessera_cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache");

@@ -15,8 +15,10 @@ import os
 import random
 import re
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
@@ -40,12 +42,14 @@ def free_port():
 class server:
     def __init__(self, *extra):
         self.port = free_port()
+        # stderr (the log) goes to a file: a pipe nobody reads would fill up and block the server.
+        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *ENGINE, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.proc.stderr.read().decode(errors="replace"))
+                raise RuntimeError("server exited: " + self.log())
             try:
                 if self.request("GET", "/health")[0] == 200:
                     return
@@ -95,6 +99,24 @@ class server:
                 values[name] = float(value)
         return values
 
+    def log(self):
+        with open(self.log_file.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def wait_log(self, ready, timeout=10):
+        """The log once ready(log) holds (lines are written by the server's logging thread)."""
+        deadline = time.time() + timeout
+        while True:
+            log = self.log()
+            if ready(log) or time.time() > deadline:
+                return log
+            time.sleep(0.05)
+
+    def json_log(self, ready=lambda records: True):
+        def records_of(log):
+            return [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
+        return records_of(self.wait_log(lambda log: ready(records_of(log))))
+
     def stop(self):
         self.proc.terminate()
         try:
@@ -102,6 +124,8 @@ class server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log_file.close()
+        os.unlink(self.log_file.name)
 
 
 def case(fn):
@@ -218,9 +242,98 @@ def metrics_exposes_the_engine():
     for name in ['tessera_kv_blocks_total{pool="device"}', "tessera_num_requests_running",
                  'tessera_request_success_total{finished_reason="stop"}', "tessera_generation_tokens_total",
                  "tessera_time_to_first_token_seconds_count", 'tessera_num_preemptions_total{mode="swap"}',
-                 "tessera_prefix_cache_hit_rate", "tessera_e2e_request_latency_seconds_count"]:
+                 "tessera_prefix_cache_hit_rate", "tessera_e2e_request_latency_seconds_count",
+                 'tessera_request_success_total{finished_reason="length"}', 'tessera_request_success_total{finished_reason="abort"}',
+                 "tessera_num_requests_waiting", "tessera_num_requests_swapped", 'tessera_kv_blocks_total{pool="host"}',
+                 'tessera_kv_cache_usage_perc{pool="device"}', 'tessera_kv_cache_usage_perc{pool="host"}',
+                 'tessera_num_preemptions_total{mode="recompute"}', 'tessera_kv_blocks_swapped_total{direction="in"}',
+                 'tessera_kv_blocks_swapped_total{direction="out"}', "tessera_prompt_tokens_total",
+                 "tessera_inter_token_latency_seconds_count", 'tessera_requests_rejected_total{status="429"}']:
         assert name in m, name
     assert m["tessera_generation_tokens_total"] > 0 and m["tessera_time_to_first_token_seconds_count"] > 0
+    assert m["tessera_inter_token_latency_seconds_count"] > 0 and m["tessera_prompt_tokens_total"] > 0
+    assert m['tessera_kv_blocks_total{pool="host"}'] > 0  # --swap-space 0.05 gives a small host pool
+
+
+TIMING_KEYS = {"queue_seconds", "prefill_seconds", "first_token_seconds", "total_seconds", "decode_tokens_per_second",
+               "num_preemptions", "num_swaps", "num_cached_prompt_tokens"}
+
+
+@case
+def timings_in_bodies_headers_and_stream_ends():
+    raw = client.completions.with_raw_response.create(model=MODEL_ID, prompt="Tell me a story:", max_tokens=8,
+                                                      temperature=0, extra_body={"ignore_eos": True})
+    r = raw.parse()
+    t = r.model_extra["timings"]
+    assert set(t) == TIMING_KEYS, t
+    assert 0 <= t["queue_seconds"] <= t["first_token_seconds"] <= t["total_seconds"], t
+    assert t["prefill_seconds"] >= 0 and t["decode_tokens_per_second"] > 0 and t["num_preemptions"] == 0, t
+    for key, value in t.items():  # each member also as a header: queue_seconds -> X-Tessera-Queue-Seconds
+        header = "x-tessera-" + key.replace("_", "-")
+        assert abs(float(raw.headers[header]) - value) < 1e-6, (header, raw.headers.get(header), value)
+    assert raw.headers["x-request-id"] == r.id, (raw.headers, r.id)
+    # Streams: the chunk that closes the (last) choice carries timings; chat with usage too.
+    chunks = list(client.completions.create(model=MODEL_ID, prompt="Tell me a story:", max_tokens=8, temperature=0,
+                                            stream=True))
+    timed = [c for c in chunks if (c.model_extra or {}).get("timings")]
+    assert len(timed) == 1 and timed[0].choices[0].finish_reason == "length", chunks[-1]
+    assert set(timed[0].model_extra["timings"]) == TIMING_KEYS
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=CHAT, max_tokens=6, temperature=0, n=2,
+                                                 stream=True, stream_options={"include_usage": True}))
+    timed = [c for c in chunks if (c.model_extra or {}).get("timings")]
+    assert len(timed) == 1 and timed[0].choices[0].finish_reason, chunks
+    token_chunks = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
+    assert chunks[-1].usage and chunks[-1].usage.completion_tokens == len(token_chunks), (chunks[-1], len(token_chunks))
+
+
+@case
+def sampling_fields_take_effect():
+    # logit_bias: +100 on one token makes it the only choice; -100 on the greedy token removes it.
+    tok = json.loads(srv.request("POST", "/tokenize", {"prompt": " banana", "add_special_tokens": False})[1])["tokens"]
+    assert len(tok) == 1, tok
+    r = client.completions.create(model=MODEL_ID, prompt="Hello", max_tokens=3, temperature=0.7, seed=3,
+                                  logit_bias={str(tok[0]): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == " banana" * 3, r.choices[0].text
+    greedy = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=1, temperature=0,
+                                       logprobs=1)
+    first = json.loads(srv.request("POST", "/tokenize", {"prompt": greedy.choices[0].text,
+                                                         "add_special_tokens": False})[1])["tokens"]
+    banned = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=1, temperature=0,
+                                       logit_bias={str(first[0]): -100})
+    assert banned.choices[0].text != greedy.choices[0].text, (banned.choices[0].text, greedy.choices[0].text)
+    # seed: same seed, same sample; top_k=1 is greedy whatever the temperature.
+    a, b = (client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.2, seed=77)
+            for _ in range(2))
+    assert a.choices[0].text == b.choices[0].text, (a.choices[0].text, b.choices[0].text)
+    g = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=0)
+    k1 = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.5,
+                                   extra_body={"top_k": 1})
+    assert k1.choices[0].text == g.choices[0].text, (k1.choices[0].text, g.choices[0].text)
+    # top_p and min_p that keep only the most likely token are greedy too.
+    for kwargs in [{"top_p": 1e-6}, {"extra_body": {"min_p": 1.0}}]:
+        r = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.5,
+                                      seed=9, **kwargs)
+        assert r.choices[0].text == g.choices[0].text, (kwargs, r.choices[0].text, g.choices[0].text)
+    # ignore_eos + max_tokens: exactly max_tokens; min_tokens; stop_token_ids; include_stop_str_in_output;
+    # priority and user are accepted.
+    r = client.chat.completions.create(model=MODEL_ID, messages=CHAT, max_tokens=40, temperature=0,
+                                       extra_body={"ignore_eos": True, "priority": -1}, user="tester")
+    assert r.usage.completion_tokens == 40 and r.choices[0].finish_reason == "length", r.usage
+    stop_id = json.loads(srv.request("POST", "/tokenize", {"prompt": " 4", "add_special_tokens": False})[1])["tokens"]
+    r = client.completions.create(model=MODEL_ID, prompt="1, 2, 3,", max_tokens=10, temperature=0,
+                                  extra_body={"stop_token_ids": stop_id})
+    assert r.choices[0].finish_reason == "stop" and "4" not in r.choices[0].text, r.choices[0]
+    r = client.completions.create(model=MODEL_ID, prompt="1, 2, 3,", max_tokens=10, temperature=0, stop=[" 5"],
+                                  extra_body={"include_stop_str_in_output": True})
+    assert r.choices[0].text.endswith(" 5"), r.choices[0].text
+    # presence/frequency penalties change a repetitive greedy continuation.
+    plain = client.completions.create(model=MODEL_ID, prompt="a a a a a a a a", max_tokens=8, temperature=0)
+    penal = client.completions.create(model=MODEL_ID, prompt="a a a a a a a a", max_tokens=8, temperature=0,
+                                      frequency_penalty=2.0, presence_penalty=2.0)
+    assert plain.choices[0].text != penal.choices[0].text, (plain.choices[0].text, penal.choices[0].text)
+    rep = client.completions.create(model=MODEL_ID, prompt="a a a a a a a a", max_tokens=8, temperature=0,
+                                    extra_body={"repetition_penalty": 2.0})
+    assert plain.choices[0].text != rep.choices[0].text, (plain.choices[0].text, rep.choices[0].text)
 
 
 # ---- bad inputs: (method, path, body, headers, status, message substring) ---------------------------
@@ -281,6 +394,14 @@ BAD = [
     ("POST", CH, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, {}, 400, "messages.content"),
     ("POST", CH, {"prompt": "x"}, {}, 400, "prompt"),
     ("POST", CH, {"messages": MSG, "chat_template": "{{ 7*7 }}"}, {}, 400, "chat templates are refused"),
+    ("POST", CH, {"messages": MSG, "chat_template_kwargs": {"x": 1}}, {}, 400, "chat templates are refused"),
+    ("POST", C, {"prompt": "x", "chat_template": "{{ 7*7 }}"}, {}, 400, "chat templates are refused"),
+    ("POST", C, {"prompt": "x", "logit_bias": {"abc": 1}}, {}, 400, "logit_bias"),
+    ("POST", C, {"prompt": "x", "logit_bias": {"-1": 1}}, {}, 400, "logit_bias"),
+    ("POST", C, {"prompt": "x", "stop_token_ids": [-3]}, {}, 400, "stop_token_ids"),
+    ("POST", C, {"prompt": "x", "priority": 10**9}, {}, 400, "priority"),
+    ("POST", C, {"prompt": "x", "n": "2"}, {}, 400, "must be an integer"),
+    ("POST", C, {"prompt": [[1, 2], [3]]}, {}, 400, "batches"),
     ("POST", CH, {"messages": MSG, "tools": [{"type": "function"}]}, {}, 400, "tools"),
     ("POST", CH, {"messages": MSG, "top_logprobs": 2}, {}, 400, "top_logprobs"),
     ("POST", CH, {"messages": MSG, "logprobs": True, "top_logprobs": 99}, {}, 400, "top_logprobs"),
@@ -289,7 +410,7 @@ BAD = [
     ("DELETE", CH, None, {}, 405, "not allowed"),
     ("POST", "/v1/models", "{}", {}, 405, "not allowed"),
     ("GET", "/v1/nothing", None, {}, 404, "no route"),
-    ("GET", "/", None, {}, 404, "no route"),
+    ("POST", "/", None, {}, 404, "no route"),  # GET / is the web UI
     ("POST", "/tokenize", {"prompt": 3}, {}, 400, "prompt"),
     ("POST", "/tokenize", {}, {}, 400, "prompt"),
     ("POST", "/detokenize", {"tokens": [1, 999999]}, {}, 400, "outside the vocabulary"),
@@ -387,32 +508,93 @@ def wait_kv_free(timeout=15):
     while time.time() < deadline:
         m = srv.metrics()
         if (m['tessera_kv_blocks_used{pool="device"}'] == 0 and m['tessera_kv_blocks_used{pool="host"}'] == 0
-                and m["tessera_num_streams_open"] == 0 and m["tessera_num_requests_running"] == 0):
+                and m["tessera_num_streams_open"] == 0 and m["tessera_num_requests_running"] == 0
+                and m["tessera_num_requests_waiting"] == 0 and m["tessera_num_requests_queued"] == 0):
             return m
         time.sleep(0.2)
     raise AssertionError({k: v for k, v in m.items() if "kv_blocks" in k or "num_" in k})
 
 
+def http_cut(i):
+    """One request on a raw socket, closed at a random point: a stream after 0..5000 bytes (0: while
+    queued or in prefill), half of the mid-stream ones with a TCP reset; a non-streaming one while it runs."""
+    rng = random.Random(1000 + i)
+    stream = i % 7 != 6
+    body = json.dumps({"prompt": f"Story number {i}:", "max_tokens": 400, "ignore_eos": True, "stream": stream,
+                       "temperature": 0.8, "seed": i}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    if stream:
+        want = rng.choice([0, rng.randint(1, 800), rng.randint(800, 5000)])
+        got = b""
+        while len(got) < want:
+            chunk = s.recv(min(4096, want - len(got)))
+            assert chunk, "server closed a stream early"
+            got += chunk
+        assert b"[DONE]" not in got, "a stream finished before it was cut"
+        if want > 0 and rng.random() < 0.5:  # reset instead of FIN (the request surely reached the server)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    else:
+        time.sleep(rng.uniform(0.0, 0.6))
+    s.close()
+
+
+async def ws_cut(j, limit):
+    """Two generations on one socket, cut after 0..40 deltas by a close handshake or a dropped transport."""
+    rng = random.Random(2000 + j)
+    async with limit:
+        ws = await websockets.connect(f"ws://127.0.0.1:{srv.port}/v1/ws")
+        for g in "ab":
+            await ws.send(json.dumps({"type": "start", "id": g, "request": {
+                "prompt": f"Tale {j}{g}:", "max_tokens": 400, "ignore_eos": True, "temperature": 0.8, "seed": j}}))
+        started, deltas, want = 0, 0, rng.randint(0, 40)
+        while started < 2 or deltas < want:
+            m = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            assert m["type"] in ("started", "delta"), m
+            started += m["type"] == "started"
+            deltas += m["type"] == "delta"
+        transport = getattr(ws, "transport", None)
+        if j % 2 and transport is not None:
+            transport.abort()  # no close frame, no FIN handshake: the server finds out from the socket
+        else:
+            await ws.close()
+
+
+async def ws_cuts(n):
+    limit = asyncio.Semaphore(4)
+    await asyncio.gather(*(ws_cut(j, limit) for j in range(n)))
+
+
+def abort_lines():
+    return srv.log().count("finish=abort")
+
+
 @case
 def disconnects_free_the_kv_pool():
-    rng = random.Random(1234)
-    aborted_before = srv.metrics()['tessera_request_success_total{finished_reason="abort"}']
-    for i in range(40):
-        body = json.dumps({"prompt": f"Story number {i}:", "max_tokens": 200, "ignore_eos": True, "stream": True,
-                           "temperature": 0.8, "seed": i}).encode()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        want = rng.randint(0, 3000)  # bytes to read before hanging up (0: while queued / in prefill)
-        got = 0
-        while got < want:
-            chunk = s.recv(min(4096, want - got))
-            if not chunk:
-                break
-            got += len(chunk)
-        s.close()
-    m = wait_kv_free()
-    assert m['tessera_request_success_total{finished_reason="abort"}'] > aborted_before, m
+    import concurrent.futures
+    num_http, num_ws_sockets = 70, 20  # 60 SSE streams + 10 non-streaming; 40 WebSocket generations
+    before = srv.metrics()
+    log_before = abort_lines()
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        ws_done = pool.submit(lambda: asyncio.run(ws_cuts(num_ws_sockets)))
+        list(pool.map(http_cut, range(num_http)))
+        ws_done.result()
+    m = wait_kv_free(timeout=30)
+    total = num_http + 2 * num_ws_sockets
+    submitted = m["tessera_requests_submitted_total"] - before["tessera_requests_submitted_total"]
+    key = 'tessera_request_success_total{finished_reason="abort"}'
+    aborted = m[key] - before[key]
+    assert submitted == total and aborted == total, (submitted, aborted, total)
+    assert m['tessera_kv_blocks_free{pool="device"}'] + m['tessera_kv_blocks_cached{pool="device"}'] >= \
+        m['tessera_kv_blocks_total{pool="device"}'], m
+    deadline = time.time() + 5
+    while abort_lines() - log_before < total and time.time() < deadline:
+        time.sleep(0.1)
+    assert abort_lines() - log_before == total, (abort_lines() - log_before, total)  # one access line each
+    print(f"  {total} requests cut in {time.time() - t0:.1f} s; KV pool free again")
+    assert srv.request("GET", "/health")[0] == 200
 
 
 async def ws_generations():
@@ -463,6 +645,49 @@ def websocket_events_stream():
     asyncio.run(ws_events())
 
 
+async def ws_lifecycle():
+    # A /v1/ws generation names its engine request, and /v1/events tells that request's whole life in
+    # order: queued, admitted, first token, finished. Its inter-token latencies land in /metrics.
+    itl_before = srv.metrics()["tessera_inter_token_latency_seconds_count"]
+    async with websockets.connect(f"ws://127.0.0.1:{srv.port}/v1/events") as events, \
+            websockets.connect(f"ws://127.0.0.1:{srv.port}/v1/ws") as ws:
+        await ws.send(json.dumps({"type": "start", "id": "life", "endpoint": "completions",
+                                  "request": {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0,
+                                              "ignore_eos": True}}))
+        engine_ids, token_deltas, final = [], 0, None
+        while final is None:
+            m = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            assert m["type"] in ("started", "delta", "final"), m
+            if m["type"] == "started":
+                assert m["request_id"].startswith("ws-"), m
+            if "engine_request_id" in m:
+                engine_ids.append(m["engine_request_id"])
+            if m["type"] == "delta":
+                token_deltas += bool(m["token_ids"])
+            if m["type"] == "final":
+                final = m
+        assert final["finish_reason"] == "length", final
+        # Once on the first delta, and on the final.
+        assert len(engine_ids) == 2 and engine_ids[0] == engine_ids[1] and engine_ids[0] > 0, engine_ids
+        kinds = []
+        deadline = time.time() + 30
+        while "finished" not in kinds and time.time() < deadline:
+            m = json.loads(await asyncio.wait_for(events.recv(), 30))
+            for e in m.get("events", []):
+                if e["request"] == engine_ids[0]:
+                    assert e.get("age", 0) >= 0, e
+                    kinds.append(e["kind"])
+        assert kinds == ["queued", "admitted", "first_token", "finished"], kinds
+    itl = srv.metrics()["tessera_inter_token_latency_seconds_count"] - itl_before
+    assert itl == token_deltas - 1 and token_deltas >= 2, (itl, token_deltas)
+
+
+@case
+def websocket_names_its_engine_request_and_events_tell_its_lifecycle():
+    asyncio.run(ws_lifecycle())
+    wait_kv_free()
+
+
 async def ws_bad_origin():
     try:
         async with websockets.connect(f"ws://127.0.0.1:{srv.port}/v1/ws", origin="http://evil.example"):
@@ -478,11 +703,108 @@ def websocket_origin_checked():
     asyncio.run(ws_bad_origin())
 
 
+async def ws_limits():
+    async with websockets.connect(f"ws://127.0.0.1:{srv.port}/v1/ws", max_size=None) as ws:
+        await ws.send("{not json")
+        m = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert m["type"] == "error" and m["status"] == 400, m
+        await ws.send(json.dumps({"type": "start", "id": "x", "request": {"prompt": "x", "n": 99}}))
+        m = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert m["type"] == "error" and m["status"] == 400 and m["id"] == "x" and "'n'" in m["error"]["message"], m
+        await ws.send(json.dumps({"type": "cancel", "id": "nothing"}))
+        m = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert m["type"] == "error" and m["status"] == 404, m
+        await ws.send("x" * (65 * 1024))  # over the 64 KiB message limit: closed with 1009
+        try:
+            await asyncio.wait_for(ws.recv(), 10)
+            raise AssertionError("oversized message accepted")
+        except websockets.exceptions.ConnectionClosed as e:
+            code = e.rcvd.code if e.rcvd is not None else None
+            assert code == 1009, e
+
+
+@case
+def websocket_bad_messages_and_size_limit():
+    asyncio.run(ws_limits())
+    assert srv.request("GET", "/health")[0] == 200
+
+
+@case
+def log_has_startup_and_one_access_line_per_request():
+    log = srv.wait_log(lambda text: "serving " in text)
+    for needed in ["model " + MODEL_ID, "executor cpu:", "compute threads", "KV pool 96 blocks x 16 tokens",
+                   f"serving {MODEL_ID} on http://127.0.0.1:{srv.port}"]:
+        assert needed in log, (needed, log[:2000])
+    raw = client.completions.with_raw_response.create(model=MODEL_ID, prompt="Hi", max_tokens=3, temperature=0)
+    rid = raw.headers["x-request-id"]
+    status, _, _ = srv.request("GET", "/v1/nothing?q=1")
+    assert status == 404
+    lines = srv.wait_log(lambda text: "/v1/nothing" in text).splitlines()
+    mine = [ln for ln in lines if f"id={rid}" in ln]
+    assert len(mine) == 1, mine
+    assert re.search(r'access: 127\.0\.0\.1:\d+ "POST /v1/completions" 200 \d+\.\d{3}s id=' + re.escape(rid) +
+                     r" prompt_tokens=\d+ completion_tokens=3 finish=length$", mine[0]), mine[0]
+    assert any(re.search(r'"GET /v1/nothing" 404 .* id=-$', ln) for ln in lines), lines[-5:]
+    # The bad-input table above: every one of its requests got its line with its status.
+    assert sum(1 for ln in lines if '" 400 ' in ln) >= sum(1 for b in BAD if b[4] == 400), "missing 400 lines"
+
+
 srv.stop()
 
-# ---- a server with an API key -------------------------------------------------------------------
+# ---- a server configured by a TOML file, with an API key ----------------------------------------------
+# The file sets the key, the queue limit, short timeouts, the model name, JSON logs, log level "off" and a
+# port; the command line overrides the port (the harness picks a free one) and the log level.
 KEY = "s3cret-key"
-keyed = server("--api-key", KEY, "--max-waiting", "2")
+CONFIG_PORT = free_port()
+config_file = tempfile.NamedTemporaryFile("w", prefix="tessera-", suffix=".toml", delete=False)
+config_file.write(f"""# test config
+[server]
+port = {CONFIG_PORT}
+api_key = "{KEY}"
+max_waiting = 2
+served_model_name = "from-config"
+request_timeout = 2
+ws_idle_timeout = 2
+
+[logging]
+log_format = "json"
+log_level = "off"
+""")
+config_file.close()
+
+
+@case
+def bad_config_files_are_refused_naming_the_key():
+    for text, expected in [("[server]\nprot = 1\n", "unknown key 'server.prot'"),
+                           ("[server]\nport = \"8000\"\n", "'server.port' must be an integer, not a string"),
+                           ("[engine]\nmax_num_seqs = 0\n", "'engine.max_num_seqs'"),
+                           ("[server\n", ":1:")]:
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+            f.write(text)
+        try:
+            r = subprocess.run([BIN, "serve", MODEL, "--config", f.name], capture_output=True, text=True, timeout=60)
+        finally:
+            os.unlink(f.name)
+        assert r.returncode == 2 and expected in r.stderr and f.name in r.stderr, (text, r.returncode, r.stderr)
+
+
+keyed = server("--config", config_file.name, "--log-level", "info")
+MODEL_ID = "from-config"
+
+
+@case
+def config_file_values_apply_and_flags_override():
+    # port: the command line's (the harness connects there); the file's port stays closed.
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", CONFIG_PORT)) != 0, "the file's port won over --port"
+    status, data, _ = keyed.request("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})
+    assert status == 200 and [m["id"] for m in json.loads(data)["data"]] == ["from-config"], data
+    # log_format from the file (json), log_level from the command line (info beats the file's "off").
+    records = keyed.json_log(lambda rs: any(r.get("path") == "/v1/models" for r in rs))
+    assert any(r["logger"] == "tessera" and "serving from-config" in r["msg"] for r in records), records[:5]
+    access = [r for r in records if r["logger"] == "access" and r.get("path") == "/v1/models"]
+    assert access and access[-1]["status"] == 200 and access[-1]["method"] == "GET", records[-3:]
+    assert all(set(r) >= {"time", "level", "logger", "msg"} for r in records), records[:3]
 
 
 @case
@@ -495,7 +817,12 @@ def api_key_required_everywhere_but_health():
             status, data, _ = keyed.request(method, path, body, headers)
             assert status == 401 and json.loads(data)["error"]["type"] == "authentication_error", (path, headers, data)
     c = openai.OpenAI(base_url=f"http://127.0.0.1:{keyed.port}/v1", api_key=KEY, max_retries=0)
-    assert c.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+    r = c.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2)
+    assert r.usage.completion_tokens >= 1
+    records = keyed.json_log(lambda rs: any(x.get("request_id") == r.id for x in rs))
+    line = [x for x in records if x.get("request_id") == r.id]
+    assert len(line) == 1 and line[0]["completion_tokens"] == r.usage.completion_tokens, line
+    assert line[0]["prompt_tokens"] == r.usage.prompt_tokens and line[0]["duration_seconds"] > 0, line
     bad = openai.OpenAI(base_url=f"http://127.0.0.1:{keyed.port}/v1", api_key="nope", max_retries=0)
     try:
         bad.models.list()
@@ -520,6 +847,13 @@ def overload_gets_429_then_recovers():
 
 async def ws_auth():
     url = f"ws://127.0.0.1:{keyed.port}/v1/ws"
+    async with websockets.connect(url, additional_headers={"Authorization": "Bearer " + KEY}) as ws:  # key in the upgrade
+        await ws.send(json.dumps({"type": "start", "id": "h", "request": {"prompt": "Hi", "max_tokens": 2}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "started"
+    async with websockets.connect(url, additional_headers={"Authorization": "Bearer wrong"}) as ws:
+        await ws.send(json.dumps({"type": "start", "id": "w", "request": {"prompt": "Hi", "max_tokens": 2}}))
+        m = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert m["type"] == "error" and m["status"] == 401, m
     async with websockets.connect(url) as ws:  # no key: the first message must authenticate
         await ws.send(json.dumps({"type": "start", "id": "x", "request": {"prompt": "Hi", "max_tokens": 2}}))
         m = json.loads(await asyncio.wait_for(ws.recv(), 10))
@@ -539,7 +873,32 @@ def websocket_auth_by_first_message():
     asyncio.run(ws_auth())
 
 
+@case
+def slow_and_half_open_connections_are_dropped():
+    # request_timeout = 2 (from the file): a client that never finishes its headers is disconnected.
+    t0 = time.time()
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        assert s.recv(4096) == b"", "slow request not dropped"
+    assert time.time() - t0 < 15
+    # ws_idle_timeout = 2: a WebSocket peer that never answers the server's pings is disconnected.
+    t0 = time.time()
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
+        s.sendall(b"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 101"), data[:100]
+    assert time.time() - t0 < 20, time.time() - t0
+    assert keyed.request("GET", "/health")[0] == 200
+
+
 keyed.stop()
+os.unlink(config_file.name)
 
 failed = [name for name, e in results if e is not None]
 print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
