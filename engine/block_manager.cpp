@@ -321,6 +321,20 @@ std::vector<block_info> block_manager::snapshot() const {
   return out;
 }
 
+std::vector<block_info> block_manager::host_snapshot() const {
+  std::vector<block_info> out(static_cast<size_t>(num_host_blocks_));
+  for (size_t b = 0; b < out.size(); ++b) out[b].id = static_cast<block_id>(b);
+  for (const auto& [id, s] : seqs_) {
+    for (size_t i = 0; i < s.host.size(); ++i) {
+      block_info& info = out[static_cast<size_t>(s.host[i])];
+      info.ref_count = 1;
+      info.num_filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
+      info.owner = id;
+    }
+  }
+  return out;
+}
+
 block_manager::slot_usage block_manager::slots() const {
   slot_usage u;
   std::vector<int32_t> filled(blocks_.size(), -1);

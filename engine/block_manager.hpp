@@ -96,6 +96,9 @@ class block_manager {
 
   // ---- observability -----------------------------------------------------------------------------
   std::vector<block_info> snapshot() const;  // one entry per device block; O(blocks)
+  // One entry per host (swap) block: ids are host block ids; a held block has ref_count 1 (a swapped
+  // sequence owns its host copies alone) and is never cached. O(host blocks).
+  std::vector<block_info> host_snapshot() const;
   // Allocated device slots and the slots holding computed tokens (shared blocks counted once).
   struct slot_usage {
     int64_t num_allocated = 0;

@@ -81,6 +81,9 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   r.choices.push_back(std::make_unique<choice_state>(0, next_seq_ - 1, r.params, r.prompt, eos_ids_, tok_));
   seq_owner_[next_seq_ - 1] = {id, 0};
   requests_.emplace(id, std::move(r));
+  engine_event queued{event_kind::queued, id, next_seq_ - 1};
+  queued.at = engine_clock::now();
+  pending_events_.push_back(queued);
   ++stats_.num_requests;
   return id;
 }
@@ -134,6 +137,7 @@ void llm_engine::finish_choice(request_state& r, choice_state& c, finish_reason 
   if (seq) out.timeline = std::move(seq->timeline);
   seq_owner_.erase(c.seq);
   engine_event e{kind, r.id, c.seq};
+  e.at = engine_clock::now();
   pending_events_.push_back(e);
 }
 
@@ -142,7 +146,13 @@ void llm_engine::accept_token(request_state& r, choice_state& c, const sample_re
   sequence* seq = sched_.find(c.seq);
   ++c.num_generated;
   ++stats_.num_generated_tokens;
-  if (c.num_generated == 1 && seq) seq->record(lifecycle_stage::first_token, record_.step);
+  if (c.num_generated == 1) {
+    const auto now = engine_clock::now();
+    if (seq) seq->record(lifecycle_stage::first_token, record_.step, now);
+    engine_event e{event_kind::first_token, r.id, c.seq};
+    e.at = now;
+    pending_events_.push_back(e);
+  }
   out.token_ids.push_back(s.token);
   if (r.params.logprobs >= 0) out.logprobs.push_back({s.token, s.logprob, s.top_logprobs});
   out.num_generated_tokens = c.num_generated;
@@ -197,6 +207,9 @@ std::vector<request_output> llm_engine::step() {
   const auto t0 = engine_clock::now();
   std::vector<request_output> outs = std::move(pending_);
   pending_.clear();
+  // Events of add_request / abort since the last step precede this step's own.
+  std::vector<engine_event> events = std::move(pending_events_);
+  pending_events_.clear();
   output_index index;
   for (size_t i = 0; i < outs.size(); ++i) index[{outs[i].id, outs[i].index}] = i;
 
@@ -238,6 +251,8 @@ std::vector<request_output> llm_engine::step() {
     if (plan.num_prefill_tokens > plan.num_decode_tokens)
       sched_.observe_prefill(plan.num_prefill_tokens, record_.execute_seconds);
     stats_.num_prefill_tokens += static_cast<uint64_t>(plan.num_prefill_tokens);
+    stats_.num_blocks_swapped_in += plan.swap_in.size();
+    stats_.num_blocks_swapped_out += plan.swap_out.size();
     for (const engine_event& e : plan.events)
       if (e.kind == event_kind::admitted)
         if (auto owner = seq_owner_.find(e.seq); owner != seq_owner_.end())
@@ -269,7 +284,9 @@ std::vector<request_output> llm_engine::step() {
           seq_owner_[child] = {r.id, c};
           r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));
           samplers.push_back(r.choices.back().get());
-          plan.events.push_back({event_kind::forked, r.id, child});
+          engine_event forked{event_kind::forked, r.id, child};
+          forked.at = engine_clock::now();
+          plan.events.push_back(forked);
         }
       }
       for (choice_state* c : samplers) {
@@ -282,9 +299,15 @@ std::vector<request_output> llm_engine::step() {
 
   // ---- the step record -------------------------------------------------------------------------
   sched_.fill_record(plan, record_);
-  record_.events = std::move(plan.events);
-  for (engine_event& e : pending_events_) record_.events.push_back(e);
+  // Order: between-step events, the plan's scheduling decisions (stamped with the step's start), then
+  // what sampling produced (first tokens, finishes, failures).
+  for (engine_event& e : plan.events) {
+    if (e.at == engine_clock::time_point{}) e.at = t0;
+    events.push_back(e);
+  }
+  events.insert(events.end(), pending_events_.begin(), pending_events_.end());
   pending_events_.clear();
+  record_.events = std::move(events);
   for (const engine_event& e : record_.events) {
     stats_.num_preemptions_swap += e.kind == event_kind::preempted_swap;
     stats_.num_preemptions_recompute += e.kind == event_kind::preempted_recompute;

@@ -73,6 +73,8 @@ struct engine_stats {
   uint64_t num_cached_prompt_tokens = 0;
   uint64_t num_preemptions_swap = 0;
   uint64_t num_preemptions_recompute = 0;
+  uint64_t num_blocks_swapped_in = 0;   // host -> device block copies
+  uint64_t num_blocks_swapped_out = 0;  // device -> host block copies
   uint64_t num_failed_steps = 0;
   double kv_waste = 0;                 // now: allocated-but-unused slots / allocated slots
 };
@@ -143,7 +145,7 @@ class llm_engine {
   std::unordered_map<request_id, request_state> requests_;
   std::unordered_map<seq_id, std::pair<request_id, int32_t>> seq_owner_;
   std::vector<request_output> pending_;  // abort outputs waiting for the next step()
-  std::vector<engine_event> pending_events_;
+  std::vector<engine_event> pending_events_;  // queued / aborted between steps, then the step's own
   request_id next_request_ = 1;
   seq_id next_seq_ = 1;
   uint64_t arrival_ = 0;

@@ -396,6 +396,8 @@ void scheduler::fill_record(const scheduler_output& plan, step_record& r) const 
 
 std::vector<block_info> scheduler::block_snapshot() const {
   std::vector<block_info> out = blocks_.snapshot();
+  const std::vector<block_info> host = blocks_.host_snapshot();
+  out.insert(out.end(), host.begin(), host.end());
   for (block_info& b : out)
     if (b.ref_count > 0)
       if (const sequence* s = find(b.owner)) b.owner_request = s->request;

@@ -113,7 +113,8 @@ class scheduler {
 
   // Fills the pool, queue and batch parts of a step record (timings are the engine's).
   void fill_record(const scheduler_output& plan, step_record& record) const;
-  // Per-block view with owner requests filled in.
+  // Per-block view with owner requests filled in: every device block (index = block id), then every
+  // host (swap) block (index - num_device_blocks = host block id).
   std::vector<block_info> block_snapshot() const;
   // Block-manager invariants plus queue/block-table consistency; empty when all hold.
   std::string check_invariants() const;

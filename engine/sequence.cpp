@@ -50,6 +50,8 @@ std::string_view to_string(event_kind kind) {
     case event_kind::finished: return "finished";
     case event_kind::aborted: return "aborted";
     case event_kind::failed: return "failed";
+    case event_kind::queued: return "queued";
+    case event_kind::first_token: return "first_token";
   }
   return "?";
 }

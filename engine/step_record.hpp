@@ -10,6 +10,10 @@
 
 namespace tessera {
 
+// A request's events come in this order: queued, admitted, [prefix_cache_hit], first_token, then any
+// preemption / swap-in / re-admission cycles, then exactly one of finished / aborted / failed (a
+// request aborted or failed early skips the stages it never reached). forked and the later
+// first_token / end events of an n > 1 request are per sequence.
 enum class event_kind : uint8_t {
   admitted,             // waiting -> running (first chunk scheduled)
   prefix_cache_hit,     // admission reused `num_blocks` cached blocks (their prefill skipped)
@@ -20,6 +24,8 @@ enum class event_kind : uint8_t {
   finished,             // stop / length
   aborted,              // aborted by the caller
   failed,               // the executor threw while the sequence was in the step
+  queued,               // add_request: the request entered the waiting queue (its arrival)
+  first_token,          // the sequence's first output token was sampled (once, even across recompute)
 };
 
 enum class preemption_reason : uint8_t {
@@ -40,6 +46,9 @@ struct engine_event {
   int64_t swap_bytes = 0;         // preempted_swap / swapped_in: bytes moved one way
   int32_t recompute_tokens = 0;   // preempted_recompute: tokens that must be prefilled again
   double estimated_seconds = 0;   // cost-model estimate of the chosen preemption
+  // When it happened (the step's start for scheduling decisions): lets a viewer that receives events
+  // in coalesced batches still place them in time. Default (epoch) when unknown.
+  engine_clock::time_point at{};
 };
 
 // One KV pool's occupancy. used + free == total; cached <= free (free blocks whose content is

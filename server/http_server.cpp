@@ -16,9 +16,13 @@
 #include <sstream>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/event_hub.hpp"
+#include "server/logging.hpp"
+#include "server/static_files.hpp"
 
 namespace tessera::server {
 
@@ -69,6 +73,7 @@ struct http_server::impl {
   server_options opt;
   server_metrics metrics;
   std::shared_ptr<event_hub> hub = std::make_shared<event_hub>();
+  std::unique_ptr<static_files> ui;  // the browser UI; null: none
   std::string id_prefix;
   std::atomic<uint64_t> next_id{1};
   std::mutex stop_mutex;
@@ -78,6 +83,7 @@ struct http_server::impl {
   int32_t vocab_size = 0;
   net::io_context ioc;  // after everything the sessions use: destroyed (with its handlers) first
   tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_retry{ioc};
   std::vector<std::thread> threads;
 
   impl(actors::engine_facade& e, server_options o) : engine(e), opt(std::move(o)) {}
@@ -114,6 +120,22 @@ std::string sse_event(std::string_view json_text) {
   return out;
 }
 
+// "decode_tokens_per_second" -> "X-Tessera-Decode-Tokens-Per-Second".
+std::string timing_header(std::string_view key) {
+  std::string name = "X-Tessera-";
+  bool upper = true;
+  for (char c : key) {
+    if (c == '_') {
+      name += '-';
+      upper = true;
+    } else {
+      name += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+      upper = false;
+    }
+  }
+  return name;
+}
+
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -133,7 +155,11 @@ int submit_error_status(actors::submit_error e) {
 class http_session : public std::enable_shared_from_this<http_session> {
  public:
   http_session(http_server::impl& srv, tcp::socket socket)
-      : srv_(srv), stream_(std::move(socket)), poll_timer_(stream_.get_executor()) {}
+      : srv_(srv), stream_(std::move(socket)), poll_timer_(stream_.get_executor()) {
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
+  }
 
   void run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
@@ -168,6 +194,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
         ec == net::error::connection_reset || ec == net::error::operation_aborted) {
       return do_close();
     }
+    note_request();
     if (ec == http::error::body_limit) {
       return send_error(api_error(413, "request body exceeds " + std::to_string(srv_.opt.max_body_bytes) + " bytes",
                                   "", "body_too_large"), false);
@@ -185,8 +212,49 @@ class http_session : public std::enable_shared_from_this<http_session> {
     } catch (const api_error& e) {
       send_error(e, request_.keep_alive());
     } catch (const std::exception& e) {
+      spdlog::error("{} {}: internal error: {}", log_method_, log_path_, e.what());
       send_error(api_error(500, std::string("internal error: ") + e.what()), false);
     }
+  }
+
+  // ---- access log ----------------------------------------------------------------------------
+  // What the access line of the current request says beyond method, path and status.
+  struct access_note {
+    std::string request_id;
+    std::string outcome;
+    int64_t prompt_tokens = -1;
+    int64_t completion_tokens = -1;
+  };
+
+  void note_request() {
+    started_at_ = std::chrono::steady_clock::now();
+    const auto& m = parser_->get();
+    log_method_ = m.method_string().empty() ? std::string("-") : std::string(m.method_string());
+    const std::string_view target(m.target().data(), m.target().size());
+    log_path_ = target.empty() ? std::string("-") : std::string(target.substr(0, target.find('?')));
+    access_ = {};
+  }
+
+  void note_final(const stream_final& f) {
+    access_.request_id = gen_->meta.id;
+    access_.outcome = std::string(to_string(f.reason));
+    access_.prompt_tokens = f.num_prompt_tokens;
+    access_.completion_tokens = f.num_generated_tokens;
+  }
+
+  void log_response(int status) {
+    access_entry e;
+    e.method = log_method_;
+    e.path = log_path_;
+    e.status = status;
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count();
+    e.request_id = access_.request_id;
+    e.peer = peer_;
+    e.outcome = access_.outcome;
+    e.prompt_tokens = access_.prompt_tokens;
+    e.completion_tokens = access_.completion_tokens;
+    log_access(e);
+    access_ = {};
   }
 
   // ---- routing -------------------------------------------------------------------------------
@@ -217,6 +285,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
     const route* found = nullptr;
     for (const auto& r : routes) {
       if (r.path == path) found = &r;
+    }
+    if (!found && srv_.ui && (method == http::verb::get || method == http::verb::head)) {
+      // The UI's own files need no API key: the page asks for it and sends it on its API calls.
+      if (auto res = srv_.ui->respond(request_, path)) return send_message(std::move(*res), keep_alive);
     }
     if (!found) throw api_error(404, "no route for " + std::string(path), "", "not_found");
     if (found->method != method && !(method == http::verb::head && found->method == http::verb::get)) {
@@ -405,6 +477,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (f.seconds_to_first_token >= 0) srv_.metrics.observe_ttft(f.seconds_to_first_token);
     const tokenizer* tok = srv_.engine.tok().get();
     const bool keep_alive = g.keep_alive;
+    note_final(f);
+    if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.meta.id, f.error);
 
     if (f.reason == finish_reason::error && !g.headers_sent) {
       // Nothing was sent yet: a plain error response. A request the engine refused (prompt too
@@ -419,10 +493,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
       http::response<http::string_body> res{http::status::ok, 11};
       res.set(http::field::content_type, "application/json");
       res.set("X-Request-Id", g.meta.id);
-      const json::object t = timings_json(f);
-      res.set("X-Tessera-Queue-Seconds", json::serialize(t.at("queue_seconds")));
-      res.set("X-Tessera-First-Token-Seconds", json::serialize(t.at("first_token_seconds")));
-      res.set("X-Tessera-Total-Seconds", json::serialize(t.at("total_seconds")));
+      // Every member of `timings` as a header too: queue_seconds -> X-Tessera-Queue-Seconds, ...
+      for (const auto& [key, value] : timings_json(f)) {
+        char text[48];
+        if (value.is_double()) std::snprintf(text, sizeof text, "%.6f", value.get_double());
+        res.set(timing_header(key), value.is_double() ? std::string(text) : json::serialize(value));
+      }
       res.body() = full_response(g.req, g.meta, g.choices, f, tok);
       gen_.reset();
       return send_message(std::move(res), keep_alive);
@@ -447,6 +523,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     out += frame("data: [DONE]\n\n");
     if (g.chunked) out += "0\r\n\r\n";
     srv_.metrics.record_http(200);
+    log_response(200);
     gen_.reset();
     response_done_ = true;
     close_after_write_ = !keep_alive;
@@ -455,6 +532,12 @@ class http_session : public std::enable_shared_from_this<http_session> {
 
   void abort_generation() {
     if (!gen_) return;
+    // The client went away: 499 (nginx's "client closed request") when nothing was sent yet.
+    access_.request_id = gen_->meta.id;
+    access_.outcome = "abort";
+    access_.completion_tokens = 0;
+    for (const auto& c : gen_->choices) access_.completion_tokens += static_cast<int64_t>(c.token_ids.size());
+    log_response(gen_->headers_sent ? 200 : 499);
     srv_.metrics.record_finish(finish_reason::abort);  // its final message is never read
     gen_->stream.abort();
     gen_.reset();  // dropping the last handle also aborts; the scheduler frees the KV blocks
@@ -516,6 +599,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
       res.prepare_payload();
     }
     srv_.metrics.record_http(static_cast<int>(res.result_int()));
+    log_response(static_cast<int>(res.result_int()));
     std::ostringstream os;
     if (request_.method() == http::verb::head) os << res.base();
     else os << res;
@@ -586,6 +670,10 @@ class http_session : public std::enable_shared_from_this<http_session> {
   bool want_read_ = false;
   bool closed_ = false;
   uint64_t num_requests_ = 0;
+  std::string peer_;  // "address:port" of the client
+  std::string log_method_ = "-", log_path_ = "-";
+  std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+  access_note access_;
 };
 
 // ---- WebSocket: /v1/ws (generations) and /v1/events (the event bus) ------------------------------
@@ -594,7 +682,11 @@ namespace websocket = beast::websocket;
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
   ws_session(http_server::impl& srv, ws_kind kind, tcp::socket socket, bool authed)
-      : srv_(srv), kind_(kind), ws_(std::move(socket)), poll_timer_(ws_.get_executor()), authed_(authed) {}
+      : srv_(srv), kind_(kind), ws_(std::move(socket)), poll_timer_(ws_.get_executor()), authed_(authed) {
+    beast::error_code ec;
+    const tcp::endpoint peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
+  }
 
   ~ws_session() {
     if (hub_id_) srv_.hub->remove(hub_id_);
@@ -618,10 +710,34 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     generation_request req;
     actors::stream_handle stream;
     std::string request_id;
+    int64_t num_tokens = 0;  // streamed so far (the access line of an aborted one)
+    std::vector<double> last_token_at;  // per choice: `t` of its newest token, for the ITL histogram
+    bool sent_engine_id = false;        // the engine's id rides on the first delta (it is assigned after tokenizing)
+    std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
   };
 
+  // One access-log line per generation on the socket ("WS /v1/ws").
+  void log_generation(int status, const std::string& request_id, double seconds, std::string_view outcome,
+                      int64_t prompt_tokens, int64_t completion_tokens) {
+    access_entry e;
+    e.method = "WS";
+    e.path = kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events";
+    e.status = status;
+    e.seconds = seconds;
+    e.request_id = request_id;
+    e.peer = peer_;
+    e.outcome = outcome;
+    e.prompt_tokens = prompt_tokens;
+    e.completion_tokens = completion_tokens;
+    log_access(e);
+  }
+
   void on_accept(beast::error_code ec) {
-    if (ec) return;
+    if (ec) {
+      spdlog::debug("websocket {} from {}: handshake failed: {}", std::string(req_.target()), peer_, ec.message());
+      return;
+    }
+    spdlog::debug("websocket {} open from {}", std::string(req_.target()), peer_);
     if (authed_) on_authed();
     do_read();
   }
@@ -635,6 +751,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         if (auto self = weak.lock()) self->send_event(m);
       });
     });
+    // The pools as they are now, even if the engine is idle (a local actor query, not engine work).
+    if (auto hello = srv_.hub->initial_message()) send(std::move(*hello));
   }
 
   void do_read() {
@@ -716,14 +834,20 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
                           : endpoint == "chat"      ? api_kind::chat
                           : body["messages"].get(probe) ? api_kind::completion
                                                           : api_kind::chat;
-    generation_request req =
-        parse_generation_request(simdjson::minify(body), kind, srv_.engine.config().vocab_size, srv_.opt.limits);
-    actors::submit_result r = srv_.engine.submit(req.prompt, req.params, req.priority);
-    if (!r) {
-      const int status = submit_error_status(r.error);
-      if (status != 400) srv_.metrics.record_rejected(status);
-      throw api_error(status, r.message.empty() ? std::string(actors::to_string(r.error)) : r.message, "",
-                      std::string(actors::to_string(r.error)));
+    generation_request req;
+    actors::submit_result r;
+    try {
+      req = parse_generation_request(simdjson::minify(body), kind, srv_.engine.config().vocab_size, srv_.opt.limits);
+      r = srv_.engine.submit(req.prompt, req.params, req.priority);
+      if (!r) {
+        const int status = submit_error_status(r.error);
+        if (status != 400) srv_.metrics.record_rejected(status);
+        throw api_error(status, r.message.empty() ? std::string(actors::to_string(r.error)) : r.message, "",
+                        std::string(actors::to_string(r.error)));
+      }
+    } catch (const api_error& e) {
+      log_generation(e.status, "", 0, "", -1, -1);
+      throw;
     }
     ws_generation g;
     g.request_id = srv_.new_id("ws");
@@ -754,11 +878,23 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
         if (auto* d = std::get_if<stream_delta>(&*item)) {
           const request_output& o = d->output;
           if (o.token_ids.empty() && o.text.empty()) continue;
+          it->second.num_tokens += static_cast<int64_t>(o.token_ids.size());
+          auto& last_at = it->second.last_token_at;
+          if (!o.token_ids.empty() && o.index >= 0 && o.index < 1024) {
+            if (last_at.size() <= static_cast<size_t>(o.index)) last_at.resize(static_cast<size_t>(o.index) + 1, -1);
+            double& prev = last_at[static_cast<size_t>(o.index)];
+            if (prev >= 0) srv_.metrics.observe_itl((d->seconds_since_submit - prev) / double(o.token_ids.size()));
+            prev = d->seconds_since_submit;
+          }
           json::array ids;
           for (token_id t : o.token_ids) ids.push_back(t);
           json::object m{{"type", "delta"}, {"id", it->first}, {"index", o.index}, {"token_ids", std::move(ids)},
                          {"text", sanitize_utf8(o.text)}, {"t", d->seconds_since_submit}};
           if (it->second.req.want_logprobs) m["logprobs"] = logprobs_json(api_kind::chat, o.logprobs, tok, 0);
+          if (!it->second.sent_engine_id) {
+            m["engine_request_id"] = o.id;
+            it->second.sent_engine_id = true;
+          }
           send(json::serialize(m));
         } else {
           const stream_final& f = std::get<stream_final>(*item);
@@ -772,8 +908,14 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
           }
           json::object m{{"type", "final"}, {"id", it->first}, {"finish_reason", finish_reason_json(f.reason)},
                          {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
-          if (f.reason == finish_reason::error) m["error"] = f.error;
+          if (f.request != 0) m["engine_request_id"] = f.request;
+          if (f.reason == finish_reason::error) {
+            m["error"] = f.error;
+            spdlog::error("request {} failed: {}", it->second.request_id, f.error);
+          }
           send(json::serialize(m));
+          log_generation(200, it->second.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
+                         f.num_generated_tokens);
           done = true;
         }
       }
@@ -791,7 +933,10 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
 
   void push(event_hub::message m) {
     if (closed_) return;
-    if (queue_.size() >= srv_.opt.ws_max_queued_messages) return close(websocket::close_code::policy_error);
+    if (queue_.size() >= srv_.opt.ws_max_queued_messages) {
+      spdlog::warn("websocket from {}: {} messages queued, closing a reader that does not keep up", peer_, queue_.size());
+      return close(websocket::close_code::policy_error);
+    }
     queue_.push_back(std::move(m));
     if (queue_.size() == 1) do_write();
   }
@@ -819,7 +964,11 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     for (auto& [id, g] : gens_) {
       g.stream.abort();  // a socket that goes away frees its requests' KV
       srv_.metrics.record_finish(finish_reason::abort);
+      log_generation(200, g.request_id,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started_at).count(), "abort", -1,
+                     g.num_tokens);
     }
+    spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
     gens_.clear();
     poll_timer_.cancel();
     if (hub_id_) {
@@ -837,6 +986,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   std::map<std::string, ws_generation> gens_;
   std::deque<event_hub::message> queue_;
   uint64_t hub_id_ = 0;
+  std::string peer_;
   bool authed_ = false;
   bool polling_ = false;
   bool closed_ = false;
@@ -852,8 +1002,16 @@ void start_websocket(http_server::impl& srv, ws_kind kind, tcp::socket socket, h
 void http_server::impl::do_accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) std::make_shared<http_session>(*this, std::move(socket))->run();
-    do_accept();
+    if (!ec) {
+      std::make_shared<http_session>(*this, std::move(socket))->run();
+      return do_accept();
+    }
+    // Out of file descriptors and the like: back off instead of spinning on the error.
+    spdlog::warn("accept failed: {}; retrying in 100 ms", ec.message());
+    accept_retry.expires_after(std::chrono::milliseconds(100));
+    accept_retry.async_wait([this](beast::error_code wait_ec) {
+      if (!wait_ec && acceptor.is_open()) do_accept();
+    });
   });
 }
 
@@ -872,7 +1030,9 @@ http_server::http_server(actors::engine_facade& engine, server_options options)
   s.acceptor.bind(endpoint);
   s.acceptor.listen(net::socket_base::max_listen_connections);
   s.bound_port = s.acceptor.local_endpoint().port();
+  if (!s.opt.webui_dir.empty()) s.ui = std::make_unique<static_files>(s.opt.webui_dir);
   // The facade's event thread publishes into the hub; the hub outlives this server if it must.
+  s.hub->set_block_source([&engine] { return engine.kv_occupancy_snapshot(); });  // the dashboard's mosaic
   std::weak_ptr<event_hub> hub = s.hub;
   engine.subscribe_events([hub](const actors::event_batch& batch) {
     if (auto h = hub.lock()) h->publish(batch);

@@ -34,6 +34,9 @@ struct server_options {
   // Conversation -> token ids as the runtime would encode it (chat template + special tokens), for
   // POST /tokenize with "messages"; unset: /tokenize accepts "prompt" only.
   std::function<std::vector<token_id>(const std::vector<chat_message>&)> encode_chat;
+  // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
+  // empty: none (see find_webui_dir in server/static_files.hpp).
+  std::string webui_dir;
 };
 
 class http_server {

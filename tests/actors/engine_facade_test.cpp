@@ -317,7 +317,7 @@ TEST(engine_facade, event_subscribers_see_every_admission_and_finish) {
   for (int i = 0; i < 200; ++i) {
     {
       std::lock_guard lock(mutex);
-      if (seen.count({event_kind::finished, *requests.rbegin()}) || seen.size() >= 20) break;
+      if (seen.count({event_kind::finished, *requests.rbegin()}) || seen.size() >= 40) break;
     }
     std::this_thread::sleep_for(10ms);
   }
@@ -328,7 +328,9 @@ TEST(engine_facade, event_subscribers_see_every_admission_and_finish) {
   EXPECT_GT(num_records, 0u);
   EXPECT_LE(num_records, engine.stats().engine.num_steps);
   for (request_id r : requests) {
+    EXPECT_EQ(seen.count({event_kind::queued, r}), 1u) << r;
     EXPECT_EQ(seen.count({event_kind::admitted, r}), 1u) << r;
+    EXPECT_EQ(seen.count({event_kind::first_token, r}), 1u) << r;
     EXPECT_EQ(seen.count({event_kind::finished, r}), 1u) << r;
   }
 }

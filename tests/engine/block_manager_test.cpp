@@ -269,6 +269,36 @@ TEST(block_manager, snapshot_and_slot_usage_count_shared_blocks_once) {
   EXPECT_DOUBLE_EQ(usage.waste(), 0.25);
 }
 
+TEST(block_manager, host_snapshot_shows_swapped_blocks_and_their_owner) {
+  auto bm = make(4, 8, 6, false);
+  std::vector<block_copy> copies, out, in;
+  auto t = iota_tokens(10);
+  ASSERT_TRUE(bm.allocate_slots(3, t, 0, 10, 0, copies));
+  bm.commit_computed(3, t, 10);
+  auto host = bm.host_snapshot();
+  ASSERT_EQ(host.size(), 6u);
+  for (const auto& b : host) EXPECT_EQ(b.ref_count, 0);
+  ASSERT_TRUE(bm.swap_out(3, out));
+  host = bm.host_snapshot();
+  ASSERT_EQ(out.size(), 3u);
+  std::vector<int32_t> filled;
+  for (const auto& c : out) {  // device -> host pairs, in block-table order
+    const block_info& b = host[static_cast<size_t>(c.dst)];
+    EXPECT_EQ(b.id, c.dst);
+    EXPECT_EQ(b.ref_count, 1);
+    EXPECT_EQ(b.owner, 3u);
+    EXPECT_FALSE(b.cached);
+    filled.push_back(b.num_filled);
+  }
+  EXPECT_EQ(filled, (std::vector<int32_t>{4, 4, 2}));
+  int held = 0;
+  for (const auto& b : host) held += b.ref_count;
+  EXPECT_EQ(held, 3);
+  for (const auto& b : bm.snapshot()) EXPECT_EQ(b.ref_count, 0) << "swapped out: no device block held";
+  ASSERT_TRUE(bm.swap_in(3, 0, in));
+  for (const auto& b : bm.host_snapshot()) EXPECT_EQ(b.ref_count, 0);
+}
+
 // Randomized: a reference model of reference counts checked against the manager after every op.
 TEST(block_manager, random_operations_keep_invariants) {
   for (uint32_t seed = 0; seed < 200; ++seed) {

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <random>
@@ -381,7 +383,7 @@ TEST(llm_engine, step_records_describe_the_step) {
   EXPECT_EQ(admitted, 2);
   EXPECT_GE(r.step_seconds, r.execute_seconds);
   auto snap = engine.block_snapshot();
-  ASSERT_EQ(snap.size(), 16u);
+  ASSERT_EQ(snap.size(), 16u + 16u);  // the device pool's blocks, then the host pool's
   int owned = 0;
   for (const auto& b : snap) owned += b.ref_count > 0 && b.owner_request != 0;
   EXPECT_EQ(owned, 5);
@@ -393,6 +395,97 @@ TEST(llm_engine, step_records_describe_the_step) {
     EXPECT_EQ(tl.front().stage, lifecycle_stage::queued);
     EXPECT_EQ(tl.back().stage, lifecycle_stage::finished);
     EXPECT_TRUE(std::any_of(tl.begin(), tl.end(), [](const lifecycle_entry& e) { return e.stage == lifecycle_stage::first_token; }));
+  }
+}
+
+// Each sequence's events, in the order the step records carry them: a lifecycle a viewer can replay.
+struct sequence_events {
+  request_id request = 0;
+  std::vector<event_kind> kinds;
+};
+
+std::map<seq_id, sequence_events> events_per_sequence(llm_engine& engine, const std::function<void(int)>& before_step = {}) {
+  std::map<seq_id, sequence_events> out;
+  const auto add = [&](const engine_event& e) {
+    sequence_events& s = out[e.seq];
+    EXPECT_TRUE(s.request == 0 || s.request == e.request);
+    s.request = e.request;
+    s.kinds.push_back(e.kind);
+  };
+  for (int step = 0; step < 100000 && engine.has_unfinished(); ++step) {
+    if (before_step) before_step(step);
+    engine.step();
+    engine_clock::time_point last{};
+    for (const engine_event& e : engine.last_record().events) {
+      EXPECT_NE(e.at, engine_clock::time_point{}) << to_string(e.kind) << " has no time";
+      EXPECT_GE(e.at, last) << to_string(e.kind) << " is out of time order";
+      last = e.at;
+      add(e);
+    }
+  }
+  engine.step();  // aborts after the last step are reported by the next
+  for (const engine_event& e : engine.last_record().events) add(e);
+  return out;
+}
+
+std::string kinds_text(const std::vector<event_kind>& kinds) {
+  std::string s;
+  for (event_kind k : kinds) s += std::string(s.empty() ? "" : " ") + std::string(to_string(k));
+  return s;
+}
+
+TEST(llm_engine, every_request_is_queued_gets_a_first_token_and_ends_once_in_order) {
+  // Crowded enough to preempt (both ways) and swap back in, with a request of n = 2 and one aborted
+  // while it waits: queued comes first and exactly once, first_token once per sequence after its
+  // admission, one end event last.
+  for (preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    sim_executor exec(4, 14, 32, vocab);
+    engine_options o = opts(14, 32);
+    o.preemption = mode;
+    o.max_num_batched_tokens = 8;
+    llm_engine engine(exec, test_tokenizer(), o);
+    std::mt19937 rng(21);
+    std::vector<request_id> ids;
+    for (int i = 0; i < 6; ++i) {
+      sampling_params p = greedy(16);
+      p.ignore_eos = true;
+      p.n = i == 2 ? 2 : 1;
+      ids.push_back(engine.add_request(random_prompt(rng, 10), p));
+    }
+    const request_id aborted = ids.back();
+    auto per_seq = events_per_sequence(engine, [&](int step) {
+      if (step == 1) engine.abort(aborted);  // still waiting: 8 tokens a step admit one prompt at a time
+    });
+    ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
+    int num_preempted = 0;
+    for (const auto& [seq, events] : per_seq) {
+      const std::vector<event_kind>& kinds = events.kinds;
+      const std::string text = kinds_text(kinds);
+      ASSERT_FALSE(kinds.empty());
+      const auto count = [&](event_kind k) { return std::count(kinds.begin(), kinds.end(), k); };
+      const bool is_fork = kinds.front() == event_kind::forked;
+      EXPECT_EQ(count(event_kind::forked), is_fork ? 1 : 0) << text;
+      EXPECT_EQ(kinds.front(), is_fork ? event_kind::forked : event_kind::queued) << text;
+      EXPECT_EQ(count(event_kind::queued), is_fork ? 0 : 1) << text;
+      EXPECT_EQ(count(event_kind::finished) + count(event_kind::aborted) + count(event_kind::failed), 1) << text;
+      num_preempted += static_cast<int>(count(event_kind::preempted_swap) + count(event_kind::preempted_recompute));
+      if (kinds.back() == event_kind::aborted && count(event_kind::admitted) == 0) {
+        EXPECT_EQ(text, "queued aborted");
+        continue;
+      }
+      EXPECT_EQ(kinds.back(), event_kind::finished) << text;
+      EXPECT_EQ(count(event_kind::first_token), 1) << text;
+      // The first token follows the (first) admission of the sequence, or its fork.
+      const auto first = std::find(kinds.begin(), kinds.end(), event_kind::first_token);
+      const auto admitted = std::find(kinds.begin(), kinds.end(), event_kind::admitted);
+      EXPECT_TRUE(is_fork || admitted < first) << text;
+    }
+    EXPECT_EQ(per_seq.size(), ids.size() + 1) << "one sequence per request, plus the fork of n = 2";
+    EXPECT_GT(num_preempted, 0) << "the test must exercise preemption";
+    std::map<request_id, std::string> by_request;
+    for (const auto& [seq, events] : per_seq) by_request[events.request] += "[" + kinds_text(events.kinds) + "]";
+    EXPECT_EQ(by_request.size(), ids.size());
+    EXPECT_EQ(by_request[aborted], "[queued aborted]");
   }
 }
 

@@ -1,0 +1,461 @@
+// The dashboard page: /v1/events drives the KV mosaic, gauges, time series, event timeline and the
+// request table; /metrics adds TTFT, ITL and the prefix-cache hit rate; a second socket on /v1/ws
+// runs the synthetic load. Incoming messages are coalesced and drawn once per animation frame.
+import { BlockView, TILE_FREE, hitTest, mosaicLayout, tileOrigin, tileStyle } from './blocks.js';
+import { LiveSocket, authHeaders, wireHeader } from './conn.js';
+import { DashboardModel, EVENT_LABELS, coalesce, lifecycleBars, lifecycleMarks } from './events.js';
+
+const $ = (id) => document.getElementById(id);
+const t0 = performance.now();
+const now = () => (performance.now() - t0) / 1000;
+
+const view = new BlockView();
+const model = new DashboardModel();
+let inbox = [];
+let frameQueued = false;
+let layout = null;
+let hover = null;      // {pool, index}
+let cursor = null;     // keyboard cursor {pool, index}
+let selected = null;   // engine request id
+let mosaicDirty = true;
+let panelsDirty = true;
+
+// Exposed for the end-to-end test and for poking around in the console.
+const stats = { numMessages: 0 };
+// redrawMosaic() draws synchronously and returns the milliseconds it took.
+window.tesseraDashboard = { view, model, stats, redrawMosaic: () => {
+  const t = performance.now();
+  drawMosaic();
+  return performance.now() - t;
+} };
+
+const events = new LiveSocket('/v1/events', {
+  onMessage: (m) => {
+    if (m.type !== 'events') return;
+    stats.numMessages++;
+    inbox.push(m);
+    queueFrame();
+  },
+  onState: () => updateHeader(),
+});
+const load = new LiveSocket('/v1/ws', { onMessage: onLoadMessage, onState: () => updateHeader() });
+const updateHeader = wireHeader([events, load]);
+
+function queueFrame() {
+  if (frameQueued) return;
+  frameQueued = true;
+  requestAnimationFrame(frame);
+}
+
+function frame() {
+  frameQueued = false;
+  if (inbox.length) {
+    const update = coalesce(inbox);
+    inbox = [];
+    for (const b of update.blocks) if (view.apply(b)) mosaicDirty = true;
+    model.ingest(update, now());
+    panelsDirty = true;
+  }
+  if (mosaicDirty) drawMosaic();
+  if (panelsDirty) drawPanels();
+  mosaicDirty = panelsDirty = false;
+}
+
+// ---- mosaic ---------------------------------------------------------------------------------------
+
+const canvas = $('mosaic');
+const ctx = canvas.getContext('2d');
+
+function drawMosaic() {
+  const wrap = canvas.parentElement;
+  const width = wrap.clientWidth;
+  const maxHeight = Math.max(200, Math.min(window.innerHeight * 0.55, 520));
+  const nd = view.device.size || (model.latest ? model.latest.device.total : 0);
+  const nh = view.host.size;
+  layout = mosaicLayout(nd, nh, width, maxHeight);
+  const dpr = window.devicePixelRatio || 1;
+  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(layout.height * dpr)) {
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(layout.height * dpr);
+    canvas.style.height = layout.height + 'px';
+  }
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, layout.height);
+  ctx.fillStyle = '#9aa4b5';
+  ctx.font = '12px system-ui, sans-serif';
+  ctx.textBaseline = 'top';
+  const dUsed = view.device.numUsed(), hUsed = view.host.numUsed();
+  ctx.fillText(`Device pool: ${view.device.size} blocks, ${dUsed} held`, 0, 2);
+  if (nh) ctx.fillText(`Swap (host) pool: ${nh} blocks, ${hUsed} held`, 0, layout.hostLabelTop + 2);
+  drawPool(view.device, 'device');
+  drawPool(view.host, 'host');
+  for (const mark of [hover, cursor]) {
+    if (!mark) continue;
+    const o = tileOrigin(layout, mark.pool, mark.index);
+    ctx.strokeStyle = '#ffffff';
+    ctx.lineWidth = 1.5;
+    ctx.strokeRect(o.x - 1, o.y - 1, layout.size + 2, layout.size + 2);
+  }
+  canvas.dataset.deviceUsed = String(dUsed);
+  canvas.dataset.hostUsed = String(hUsed);
+  canvas.dataset.step = String(view.step);
+  $('mosaic-caption').textContent = view.step >= 0 ? `(view of step ${view.step})` : '(waiting for the first block view)';
+}
+
+function drawPool(pool, name) {
+  const s = layout.size;
+  const { maxFilled } = view;
+  for (let i = 0; i < pool.size; i++) {
+    const o = tileOrigin(layout, name, i);
+    const st = tileStyle(pool, i, maxFilled, selected);
+    ctx.globalAlpha = st.dim ? 0.3 : 1;
+    if (pool.ref[i] > 0) {
+      // Unfilled slots darker, filled part in the owner's colour, from the bottom up.
+      ctx.fillStyle = '#3a4254';
+      ctx.fillRect(o.x, o.y, s, s);
+      ctx.fillStyle = st.color;
+      const h = Math.max(1, Math.round(s * st.fill));
+      ctx.fillRect(o.x, o.y + s - h, s, h);
+    } else {
+      ctx.fillStyle = st.color;
+      ctx.fillRect(o.x, o.y, s, s);
+    }
+    if (s >= 6) {
+      if (st.shared) {  // white corner: copy-on-write / prefix-shared block
+        ctx.fillStyle = '#ffffff';
+        ctx.fillRect(o.x, o.y, Math.max(2, s >> 2), Math.max(2, s >> 2));
+      }
+      if (st.cached && pool.ref[i] > 0) {  // dot: indexed by the prefix cache
+        ctx.fillStyle = '#0b0f17';
+        ctx.fillRect(o.x + s - Math.max(2, s >> 2), o.y + s - Math.max(2, s >> 2), Math.max(2, s >> 2), Math.max(2, s >> 2));
+      }
+    }
+  }
+  ctx.globalAlpha = 1;
+}
+
+function describe(hit) {
+  const pool = hit.pool === 'host' ? view.host : view.device;
+  const b = pool.info(hit.index);
+  const where = hit.pool === 'host' ? 'swap (host) block' : 'device block';
+  if (b.ref <= 0) return `${where} ${b.id}: free${b.cached ? ', holds a cached prefix (revivable)' : ''}`;
+  return `${where} ${b.id}: request ${b.owner}, ref count ${b.ref}, ${b.filled} tokens filled` +
+    (b.ref > 1 ? ' (shared)' : '') + (b.cached ? ', in prefix cache' : '');
+}
+
+canvas.addEventListener('mousemove', (e) => {
+  if (!layout) return;
+  const r = canvas.getBoundingClientRect();
+  const hit = hitTest(layout, e.clientX - r.left, e.clientY - r.top);
+  const tip = $('tooltip');
+  if (!hit) {
+    tip.hidden = true;
+    if (hover) (hover = null), (mosaicDirty = true), queueFrame();
+    return;
+  }
+  const same = hover && hover.pool === hit.pool && hover.index === hit.index;
+  hover = hit;
+  tip.hidden = false;
+  tip.textContent = describe(hit);
+  tip.style.left = Math.min(e.clientX - r.left + 12, r.width - 260) + 'px';
+  tip.style.top = e.clientY - r.top + 14 + 'px';
+  $('block-info').textContent = describe(hit);
+  if (same) return;  // same tile: only the tooltip moved
+  mosaicDirty = true;
+  queueFrame();
+});
+canvas.addEventListener('mouseleave', () => {
+  $('tooltip').hidden = true;
+  hover = null;
+  mosaicDirty = true;
+  queueFrame();
+});
+canvas.addEventListener('click', () => {
+  if (!hover) return select(null);
+  const pool = hover.pool === 'host' ? view.host : view.device;
+  select(pool.ref[hover.index] > 0 ? pool.owner[hover.index] : null);
+});
+canvas.addEventListener('keydown', (e) => {
+  if (!layout) return;
+  const total = { device: view.device.size, host: view.host.size };
+  if (!cursor) cursor = { pool: 'device', index: 0 };
+  const step = { ArrowLeft: -1, ArrowRight: 1, ArrowUp: -layout.cols, ArrowDown: layout.cols }[e.key];
+  if (step !== undefined) {
+    e.preventDefault();
+    let i = cursor.index + step;
+    let pool = cursor.pool;
+    if (i >= total[pool] && pool === 'device' && total.host) (pool = 'host'), (i = i - total.device);
+    else if (i < 0 && pool === 'host') (pool = 'device'), (i = total.device + i);
+    cursor = { pool, index: Math.max(0, Math.min(total[pool] - 1, i)) };
+    $('block-info').textContent = describe(cursor);
+  } else if (e.key === 'Enter') {
+    const pool = cursor.pool === 'host' ? view.host : view.device;
+    select(pool.ref[cursor.index] > 0 ? pool.owner[cursor.index] : null);
+  } else if (e.key === 'Escape') {
+    select(null);
+  } else {
+    return;
+  }
+  mosaicDirty = true;
+  queueFrame();
+});
+window.addEventListener('resize', () => {
+  mosaicDirty = panelsDirty = true;
+  queueFrame();
+});
+
+function select(request) {
+  selected = request;
+  mosaicDirty = panelsDirty = true;
+  queueFrame();
+}
+
+// ---- panels ---------------------------------------------------------------------------------------
+
+function pct(x) {
+  return (100 * x).toFixed(0) + '%';
+}
+
+function drawPanels() {
+  const m = model.latest;
+  if (m) {
+    $('step').textContent = 'step ' + m.step;
+    const d = m.device, h = m.host;
+    $('g-device').value = d.total ? d.used / d.total : 0;
+    $('g-device-text').textContent = `${d.used}/${d.total} (${d.cached} cached free)`;
+    $('g-host').value = h.total ? h.used / h.total : 0;
+    $('g-host-text').textContent = h.total ? `${h.used}/${h.total}` : 'none';
+    $('c-running').textContent = m.num_running;
+    $('c-waiting').textContent = m.num_waiting;
+    const why = Object.entries(m.num_waiting_by_reason || {}).filter(([, n]) => n > 0).map(([k, n]) => `${k.replace('_', ' ')} ${n}`);
+    $('c-waiting-why').textContent = why.length ? `held back: ${why.join(', ')}` : '';
+    $('c-swapped').textContent = m.num_swapped;
+  }
+  $('c-preempt').textContent = model.numPreemptions;
+  if (model.prefixHitRate !== null) {
+    $('g-hit').value = model.prefixHitRate;
+    $('g-hit-text').textContent = pct(model.prefixHitRate);
+  }
+  $('dropped').textContent = model.numDroppedEvents ? `(${model.numDroppedEvents} dropped)` : '';
+  const s = model.series;
+  drawChart($('ch-tps'), s.tokensPerSecond, '#4fb3bf', $('v-tps'), (v) => v.toFixed(0));
+  drawChart($('ch-batch'), s.batchSize, '#e0a040', $('v-batch'), (v) => v.toFixed(0));
+  drawChart($('ch-ttft'), s.ttft, '#9a7fd1', $('v-ttft'), (v) => v.toFixed(3));
+  drawChart($('ch-itl'), s.itl, '#d16f7f', $('v-itl'), (v) => (v * 1000).toFixed(1), 1000);
+  // The lists are rebuilt; keep keyboard focus on the same request button.
+  const focused = document.activeElement && document.activeElement.classList.contains('req-link')
+    ? [document.activeElement.closest('section').id || document.activeElement.closest('section').className, document.activeElement.getAttribute('aria-label')]
+    : null;
+  drawTimeline();
+  drawRequests();
+  if (focused) {
+    for (const b of document.querySelectorAll('.req-link')) {
+      const s = b.closest('section');
+      if ((s.id || s.className) === focused[0] && b.getAttribute('aria-label') === focused[1]) {
+        b.focus();
+        break;
+      }
+    }
+  }
+}
+
+function drawChart(cv, series, color, label, fmt, scale = 1) {
+  const w = cv.clientWidth, h = cv.clientHeight;
+  const dpr = window.devicePixelRatio || 1;
+  if (cv.width !== Math.round(w * dpr)) (cv.width = Math.round(w * dpr)), (cv.height = Math.round(h * dpr));
+  const c = cv.getContext('2d');
+  c.setTransform(dpr, 0, 0, dpr, 0, 0);
+  c.clearRect(0, 0, w, h);
+  const last = series.last();
+  label.textContent = last === null ? '' : fmt(last);
+  if (series.t.length < 1) return;
+  const tNow = now();
+  const tMin = tNow - series.windowSeconds;
+  const vMax = Math.max(series.max() * 1.1, 1e-9);
+  c.strokeStyle = color;
+  c.lineWidth = 1.5;
+  c.beginPath();
+  series.t.forEach((t, k) => {
+    const x = ((t - tMin) / series.windowSeconds) * w;
+    const y = h - 2 - (series.v[k] / vMax) * (h - 4);
+    if (k === 0) c.moveTo(x, y);
+    else c.lineTo(x, y);
+  });
+  c.stroke();
+  c.fillStyle = '#9aa4b5';
+  c.font = '10px system-ui, sans-serif';
+  c.textBaseline = 'top';
+  c.fillText(fmt(vMax), 2, 1);
+  void scale;
+}
+
+function requestButton(id) {
+  const b = document.createElement('button');
+  b.className = 'req-link';
+  b.textContent = '#' + id;
+  b.setAttribute('aria-label', 'Select request ' + id);
+  if (id === selected) b.classList.add('selected');
+  b.addEventListener('click', () => select(id === selected ? null : id));
+  return b;
+}
+
+function drawTimeline() {
+  const ol = $('timeline');
+  ol.replaceChildren();
+  const items = model.timeline.slice(-150).reverse();
+  for (const e of items) {
+    const li = document.createElement('li');
+    li.className = 'ev ev-' + e.kind;
+    if (e.request === selected) li.classList.add('selected');
+    const time = document.createElement('span');
+    time.className = 'ev-time';
+    time.textContent = e.t.toFixed(1) + 's';
+    const what = document.createElement('span');
+    what.className = 'ev-kind';
+    what.textContent = EVENT_LABELS[e.kind] || e.kind;
+    const detail = document.createElement('span');
+    detail.className = 'ev-detail';
+    const bits = [`step ${e.step}`];
+    if (e.num_blocks) bits.push(`${e.num_blocks} blocks`);
+    if (e.reason) bits.push(e.reason.replace('_', ' '));
+    if (e.swap_bytes) bits.push(`${(e.swap_bytes / 1048576).toFixed(1)} MiB`);
+    if (e.recompute_tokens) bits.push(`${e.recompute_tokens} tokens to recompute`);
+    if (e.estimated_seconds) bits.push(`≈${(e.estimated_seconds * 1000).toFixed(1)} ms`);
+    detail.textContent = bits.join(' · ');
+    li.append(time, requestButton(e.request), what, detail);
+    ol.append(li);
+  }
+}
+
+function drawRequests() {
+  const tbody = $('requests').querySelector('tbody');
+  tbody.replaceChildren();
+  const t = now();
+  for (const r of model.liveRequests().slice(0, 60)) {
+    const tr = document.createElement('tr');
+    tr.className = 'st-' + r.state + (r.id === selected ? ' selected' : '');
+    const cells = [null, r.state, r.waitingReason ? r.waitingReason.replace('_', ' ') : '', r.numTokens || '', r.numBlocks || '',
+      r.numPreemptions || '', ((r.endedAt ?? t) - r.firstSeen).toFixed(1) + 's'];
+    cells.forEach((v, k) => {
+      const td = document.createElement('td');
+      if (k === 0) td.append(requestButton(r.id));
+      else td.textContent = String(v);
+      tr.append(td);
+    });
+    tbody.append(tr);
+  }
+  const box = $('lifecycle');
+  const r = selected !== null ? model.requests.get(selected) : null;
+  box.hidden = !r;
+  if (!r) return;
+  $('lifecycle-title').textContent = `Request ${r.id}: ${r.state}`;
+  const bar = $('lifecycle-bar');
+  bar.replaceChildren();
+  const legend = $('lifecycle-legend');
+  legend.replaceChildren();
+  for (const b of lifecycleBars(r, t)) {
+    const seg = document.createElement('div');
+    seg.className = 'seg seg-' + b.state;
+    seg.style.left = (100 * b.start).toFixed(2) + '%';
+    seg.style.width = Math.max(0.5, 100 * b.width).toFixed(2) + '%';
+    seg.title = `${b.state} ${b.seconds.toFixed(2)} s${b.reason ? ' (' + b.reason + ')' : ''}`;
+    bar.append(seg);
+    const li = document.createElement('li');
+    li.textContent = `${b.state}${b.reason ? ' (' + b.reason.replace('_', ' ') + ')' : ''}: ${b.seconds.toFixed(2)} s` +
+      (b.cost ? `, est. cost ${(b.cost * 1000).toFixed(1)} ms` : '');
+    li.className = 'seg-' + b.state;
+    legend.append(li);
+  }
+  for (const mk of lifecycleMarks(r, t)) {
+    const line = document.createElement('div');
+    line.className = 'mark mark-' + mk.kind;
+    line.style.left = (100 * mk.at).toFixed(2) + '%';
+    line.title = `first token after ${mk.seconds.toFixed(2)} s`;
+    bar.append(line);
+    const li = document.createElement('li');
+    li.className = 'mark-' + mk.kind;
+    li.textContent = `first token: ${mk.seconds.toFixed(2)} s after arrival`;
+    legend.append(li);
+  }
+}
+
+// ---- synthetic load -----------------------------------------------------------------------------------
+
+const WORDS = ('the quick brown fox jumps over a lazy dog while seven small birds sing about rivers ' +
+  'mountains cities and the long quiet road home').split(' ');
+const loadGens = new Map();  // id -> {lastT}
+let loadCounter = 0, loadDone = 0;
+
+function loadPrompt(numTokens, salt) {
+  // Roughly one token per common word; the salt keeps prompts distinct (no accidental prefix sharing).
+  const out = [`Story ${salt}:`];
+  for (let i = 0; i < numTokens; i++) out.push(WORDS[(i * 7 + salt) % WORDS.length]);
+  return out.join(' ');
+}
+
+function onLoadMessage(m) {
+  if (!m.id || !loadGens.has(m.id)) return;
+  const g = loadGens.get(m.id);
+  if (m.type === 'delta') {
+    if (g.lastT !== null && m.token_ids && m.token_ids.length) model.noteItl(now(), (m.t - g.lastT) / m.token_ids.length);
+    if (m.token_ids && m.token_ids.length) g.lastT = m.t;
+  } else if (m.type === 'final' || m.type === 'error') {
+    loadGens.delete(m.id);
+    loadDone++;
+    updateLoadStatus();
+  }
+}
+
+function updateLoadStatus() {
+  $('load-status').textContent = loadCounter ? `${loadGens.size} running, ${loadDone} done` : '';
+}
+
+$('load-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  const n = Math.max(1, Math.min(64, Number($('load-n').value) | 0));
+  const promptTokens = Math.max(1, Number($('load-prompt').value) | 0);
+  const maxTokens = Math.max(1, Number($('load-max').value) | 0);
+  let sent = 0;
+  for (let i = 0; i < n; i++) {
+    const id = 'load-' + ++loadCounter;
+    const ok = load.send({
+      type: 'start', id, endpoint: 'completions',
+      request: { prompt: loadPrompt(promptTokens, loadCounter), max_tokens: maxTokens, temperature: 0.8, seed: loadCounter, ignore_eos: true },
+    });
+    if (!ok) break;
+    loadGens.set(id, { lastT: null });
+    sent++;
+  }
+  $('load-status').textContent = sent ? `${sent} started` : 'not connected';
+  setTimeout(updateLoadStatus, 500);
+});
+$('load-cancel').addEventListener('click', () => {
+  for (const id of loadGens.keys()) load.send({ type: 'cancel', id });
+});
+
+// ---- /metrics ---------------------------------------------------------------------------------------------
+
+async function scrapeMetrics() {
+  try {
+    const r = await fetch('/metrics', { headers: authHeaders(), cache: 'no-store' });
+    if (r.ok) {
+      model.ingestMetrics(await r.text(), now());
+      panelsDirty = true;
+      queueFrame();
+    }
+  } catch {
+    /* the server is restarting; the sockets show it */
+  }
+}
+
+setInterval(scrapeMetrics, 2000);
+setInterval(() => {
+  panelsDirty = true;  // ages and open lifecycle bars move on even without messages
+  queueFrame();
+}, 1000);
+scrapeMetrics();
+events.connect();
+load.connect();
+mosaicDirty = true;
+queueFrame();
+void TILE_FREE;
