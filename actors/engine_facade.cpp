@@ -272,7 +272,9 @@ engine_facade::engine_facade(facade_components components, facade_options option
 }
 
 engine_facade::~engine_facade() {
-  if (in_) shutdown();
+  if (!in_) return;
+  shutdown();
+  in_->sys.reset();  // waits for every actor to finish, clients' sinks included
 }
 
 caf::actor_system& engine_facade::system() { return *in_->sys; }
@@ -402,7 +404,8 @@ void engine_facade::shutdown(std::chrono::milliseconds timeout) {
   in_->stop_actors();
   in_->release_handles();
   in_->stopped = true;
-  in_->sys.reset();  // waits for every actor to finish
+  // The actor system itself lives until the destructor: clients may still hold event subscriptions and
+  // streams (a server writing the finals produced above), and destroying the system waits for them.
 }
 
 }  // namespace tessera::actors

@@ -115,7 +115,7 @@ struct health_report {
 class engine_facade {
  public:
   engine_facade(facade_components components, facade_options options = {});
-  ~engine_facade();  // shutdown() with options.shutdown_timeout
+  ~engine_facade();  // shutdown() with options.shutdown_timeout, then destroys the actor system
   engine_facade(const engine_facade&) = delete;
   engine_facade& operator=(const engine_facade&) = delete;
 

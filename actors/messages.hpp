@@ -109,7 +109,8 @@ struct exec_job {
 };
 
 // kv_manager <- scheduler, once per step: published occupancy. `blocks` is refreshed at a bounded
-// rate (blocks_step says from which step it is); the pool usage is exact for `step`.
+// rate (blocks_step says from which step it is); the pool usage is exact for `step`. `blocks` holds
+// the device pool's blocks, then the host (swap) pool's (see scheduler::block_snapshot).
 struct kv_occupancy {
   uint64_t step = 0;
   pool_usage device;

@@ -318,7 +318,9 @@ class scheduler_actor : public caf::event_based_actor {
       occupancy->device = record.device;
       occupancy->host = record.host;
       const auto now = runtime_clock::now();
-      if (last_snapshot_ == runtime_clock::time_point{} ||
+      // An engine going idle publishes nothing more: its last block view must be exact (the dashboard).
+      const bool idle = record.num_running == 0 && record.num_waiting == 0 && record.num_swapped == 0;
+      if (idle || last_snapshot_ == runtime_clock::time_point{} ||
           seconds_between(last_snapshot_, now) >= config_.kv_snapshot_interval_seconds) {
         last_snapshot_ = now;
         occupancy->blocks = std::make_shared<const std::vector<block_info>>(engine_->block_snapshot());

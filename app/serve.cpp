@@ -18,6 +18,11 @@
 
 namespace tessera::app {
 
+namespace {
+// After the runtime has shut down, how long connections get to write the final messages it produced.
+constexpr auto k_final_write_grace = std::chrono::milliseconds(250);
+}  // namespace
+
 void serve_command::add_to(CLI::App& app) {
   cmd_ = app.add_subcommand("serve", "Serve the OpenAI-compatible API (HTTP, SSE, WebSocket)");
   // Defaults show in --help; tests/app/config_test.cpp checks config/tessera.toml lists the same ones.
@@ -166,8 +171,13 @@ int serve_command::run() {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}, shutting down", sig);
-  server->stop();
+  // Graceful order: stop taking connections, let the runtime finish (or abort, after the timeout) the
+  // open requests so every stream gets its final message, give the connections a moment to write those
+  // finals, then close everything.
+  server->stop_accepting();
   facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
+  std::this_thread::sleep_for(k_final_write_grace);
+  server->stop();
   spdlog::info("stopped");
   return finish(0);
 }

@@ -1050,6 +1050,14 @@ void http_server::start() {
   for (int i = 0; i < n; ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
 }
 
+void http_server::stop_accepting() {
+  impl& s = *impl_;
+  net::post(s.ioc, [&s] {
+    beast::error_code ec;
+    s.acceptor.close(ec);
+  });
+}
+
 void http_server::stop() {
   impl& s = *impl_;
   {

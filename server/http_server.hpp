@@ -49,6 +49,7 @@ class http_server {
 
   uint16_t port() const;  // the bound port
   void start();           // starts the I/O threads; returns at once
+  void stop_accepting();  // closes the listener; open connections keep being served (graceful shutdown)
   void stop();            // closes the listener and every connection, joins the threads
   void wait();            // blocks until stop() (e.g. from a signal handler thread)
 

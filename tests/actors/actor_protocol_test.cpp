@@ -1,12 +1,17 @@
 // Each actor's protocol on its own, driven by a scoped_actor: tokenizer (encode), executor (exec
 // jobs, failure -> error reply and actor down), the actor_executor adapter, the KV manager (publish /
 // query), the event bus (coalescing, one batch in flight, bounded events) and the scheduler (stream
-// of deltas then one final, abort, subscriber down -> abort).
+// of deltas then one final, abort, subscriber down -> abort, executor failure or death -> error
+// finals within a second, the executor off CAF's worker threads, and an abort in every state a
+// request can be in: being tokenized, queued, prefilling, swapped out).
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <map>
+#include <set>
+#include <string>
+#include <thread>
 
 #include "actor_test_support.hpp"
 #include "actors/runtime_actors.hpp"
@@ -205,17 +210,26 @@ struct scheduler_fixture : actor_test {
   void start(int32_t num_blocks = 64, int64_t fail_at = -1) {
     exec = std::make_shared<sim_executor>(16, num_blocks, 0, test_vocab);
     if (fail_at > 0) exec->fail_at_step(fail_at);
+    engine_options eo;
+    eo.block_size = 16;
+    start_with(exec, eo);
+  }
+  // `tokenizers` empty: one real tokenizer actor.
+  void start_with(std::shared_ptr<executor> e, engine_options eo, std::vector<caf::actor> tokenizers = {}) {
     tok = char_tokenizer();
-    tokenizer_actor = spawn_tokenizer_actor(sys, std::make_shared<const prompt_encoder>(tok, std::nullopt));
-    exec_actor = spawn_executor_actor(sys, exec);
+    if (tokenizers.empty()) {
+      tokenizer_actor = spawn_tokenizer_actor(sys, std::make_shared<const prompt_encoder>(tok, std::nullopt));
+      tokenizers = {tokenizer_actor};
+    }
+    exec_actor = spawn_executor_actor(sys, e);
     kv = spawn_kv_manager_actor(sys);
     shared = std::make_shared<runtime_shared>();
     scheduler_config c;
     c.executor_actor = exec_actor;
-    c.executor_metadata = exec;
+    c.executor_metadata = e;
     c.tok = tok;
-    c.engine.block_size = 16;
-    c.tokenizers = {tokenizer_actor};
+    c.engine = eo;
+    c.tokenizers = std::move(tokenizers);
     c.kv_manager = kv;
     c.shared = shared;
     c.kv_snapshot_interval_seconds = 0;
@@ -348,6 +362,203 @@ TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
   auto [tokens, final] = collect(self, 9);
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::error);
+}
+
+TEST_F(scheduler_fixture, an_executor_actor_killed_mid_stream_errors_every_stream_within_a_second) {
+  start();
+  caf::scoped_actor self{sys};
+  for (ticket_id t = 1; t <= 4; ++t)
+    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
+               caf::actor(self));
+  int deltas = 0;
+  self->receive_for(deltas, 8)([&](delta_atom, delta_ptr&) {});  // streaming
+  // Not an exception inside execute(): the actor itself goes away (a crash, a kill).
+  caf::anon_send_exit(exec_actor, caf::exit_reason::kill);
+  const auto killed_at = std::chrono::steady_clock::now();
+  int finals = 0;
+  while (finals < 4) {
+    bool timed_out = false;
+    self->receive([&](delta_atom, delta_ptr&) {},
+                  [&](final_atom, final_ptr& f) {
+                    EXPECT_EQ(f->reason, finish_reason::error);
+                    EXPECT_FALSE(f->error.empty());
+                    ++finals;
+                  },
+                  caf::after(1s) >> [&] { timed_out = true; });
+    ASSERT_FALSE(timed_out) << "a stream got no final within a second of the executor's death";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2s);  // generous: milliseconds in practice
+  EXPECT_FALSE(shared->healthy.load());
+  runtime_status status;
+  self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+  EXPECT_FALSE(status.healthy);
+  EXPECT_FALSE(status.message.empty());
+  EXPECT_EQ(status.num_tickets, 0);
+}
+
+TEST_F(scheduler_fixture, the_executor_runs_on_its_own_thread_never_on_a_caf_worker) {
+  auto held = std::make_shared<testing::held_executor>(64, 0);
+  start_with(held, engine_options{});
+  caf::scoped_actor self{sys};
+  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 4), caf::actor(self));
+  auto [tokens, final] = collect(self, 1);
+  EXPECT_EQ(final.reason, finish_reason::length);
+  // The compute blocks for a whole step: it must run on the executor actor's private thread, or it
+  // would stall every event-based actor sharing that cooperative worker.
+  EXPECT_EQ(held->thread_names(), (std::set<std::string>{"caf.actor"}));
+}
+
+// ---- cancellation in every state --------------------------------------------------------------
+// An abort takes effect at the next step at the latest, whatever state the request is in. Each test
+// holds the executor inside a chosen step (the scheduler is blocked there), sends the abort, then
+// releases the step: the abort meets exactly the state that step left the request in, and the
+// request's timeline shows which state that was.
+
+std::vector<lifecycle_stage> stages_of(const stream_final& f) {
+  std::vector<lifecycle_stage> out;
+  if (!f.choices.empty())
+    for (const lifecycle_entry& e : f.choices.front().timeline) out.push_back(e.stage);
+  return out;
+}
+
+std::vector<token_id> greedy_oracle(std::vector<token_id> history, int32_t num_tokens) {
+  std::vector<token_id> out;
+  for (int32_t i = 0; i < num_tokens; ++i) {
+    out.push_back(testing::ranked_token(history, test_vocab));
+    history.push_back(out.back());
+  }
+  return out;
+}
+
+TEST_F(scheduler_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_stream_at_once) {
+  // The test plays the tokenizer, so the prompt stays "being tokenized" as long as it likes.
+  caf::scoped_actor tokenizer{sys};
+  start_with(std::make_shared<sim_executor>(16, 64, 0, test_vocab), engine_options{}, {caf::actor(tokenizer)});
+  caf::scoped_actor self{sys};
+  self->send(scheduler, submit_atom_v, make_submit(5, prompt_input::from_text("abc"), 8), caf::actor(self));
+  caf::response_promise answer;
+  bool asked = false;
+  tokenizer->receive(
+      [&](encode_atom, prompt_ptr& p) {
+        EXPECT_EQ(p->text, "abc");
+        answer = tokenizer->make_response_promise();
+        asked = true;
+      },
+      caf::after(10s) >> [] {});
+  ASSERT_TRUE(asked) << "the scheduler asks a tokenizer actor to encode a text prompt";
+  self->send(scheduler, abort_atom_v, ticket_id{5});
+  auto [tokens, final] = collect(self, 5);
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(final.reason, finish_reason::abort);
+  EXPECT_EQ(final.request, 0u) << "it never reached the engine";
+  // The late token ids are dropped: nothing more reaches the subscriber, the engine stays empty.
+  answer.deliver(std::vector<token_id>{1, 2, 3});
+  bool extra = false;
+  self->receive([&](delta_atom, delta_ptr&) { extra = true; }, [&](final_atom, final_ptr&) { extra = true; },
+                caf::after(200ms) >> [] {});
+  EXPECT_FALSE(extra);
+  runtime_status status;
+  self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+  EXPECT_EQ(status.num_tickets, 0);
+  EXPECT_EQ(status.num_waiting + status.num_running, 0);
+  EXPECT_EQ(shared->num_open.load(), 0);
+  EXPECT_EQ(shared->num_queued.load(), 0);
+}
+
+TEST_F(scheduler_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_ever_scheduled) {
+  auto held = std::make_shared<testing::held_executor>(64, 0);
+  engine_options eo;
+  eo.max_num_seqs = 1;  // the second request waits behind the first
+  start_with(held, eo);
+  held->hold_when([](const step_batch&) { return true; });
+  caf::scoped_actor self{sys}, first{sys}, second{sys};
+  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
+  ASSERT_TRUE(held->wait_held(10s));
+  self->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
+  self->send(scheduler, abort_atom_v, ticket_id{2});
+  held->release();
+  auto [tokens2, final2] = collect(second, 2);
+  EXPECT_TRUE(tokens2.empty());
+  EXPECT_EQ(final2.reason, finish_reason::abort);
+  EXPECT_EQ(stages_of(final2), (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::aborted}));
+  auto [tokens1, final1] = collect(first, 1);
+  EXPECT_EQ(final1.reason, finish_reason::length);
+  EXPECT_EQ(tokens1, greedy_oracle({1, 2, 3}, 6));
+  EXPECT_EQ(shared->num_queued.load(), 0);
+  EXPECT_TRUE(held->sim().errors().empty());
+}
+
+TEST_F(scheduler_fixture, an_abort_during_a_chunked_prefill_ends_it_before_its_first_token) {
+  auto held = std::make_shared<testing::held_executor>(64, 0);
+  engine_options eo;
+  eo.max_num_batched_tokens = 16;  // a 100-token prompt takes 7 prefill steps
+  start_with(held, eo);
+  held->hold_when([n = 0](const step_batch&) mutable { return ++n == 2; });
+  std::vector<token_id> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(1 + i % (test_vocab - 1));
+  caf::scoped_actor self{sys};
+  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt), 6), caf::actor(self));
+  ASSERT_TRUE(held->wait_held(10s));
+  self->send(scheduler, abort_atom_v, ticket_id{1});
+  held->release();
+  auto [tokens, final] = collect(self, 1);
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(final.reason, finish_reason::abort);
+  EXPECT_EQ(stages_of(final),
+            (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::scheduled, lifecycle_stage::aborted}));
+  EXPECT_EQ(held->sim().num_steps(), 2) << "no prefill step ran after the abort";
+  usage_report usage;
+  for (int i = 0; i < 100; ++i) {
+    self->request(kv, 5s, query_atom_v, usage_atom_v).receive([&](usage_report& u) { usage = u; }, [](caf::error&) {});
+    if (usage.device.num_used == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(usage.device.num_used, 0) << "the partly prefilled blocks are free";
+}
+
+TEST_F(scheduler_fixture, an_abort_of_a_swapped_out_request_frees_its_host_blocks) {
+  // 6 device blocks of 16 tokens: two requests growing to 60 tokens each cannot both stay; the
+  // preempted one is swapped to the 16 host blocks.
+  auto held = std::make_shared<testing::held_executor>(6, 16);
+  engine_options eo;
+  eo.preemption = preemption_mode::swap;
+  eo.watermark = 0;
+  eo.enable_prefix_caching = false;
+  start_with(held, eo);
+  held->hold_when([](const step_batch& b) { return !b.swap_out.empty(); });
+  caf::scoped_actor self{sys}, a{sys}, b{sys};
+  const std::vector<token_id> prompt_a = {1, 2, 3, 4, 5, 6, 7, 8}, prompt_b = {9, 10, 11, 12, 13, 14, 15, 16};
+  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt_a), 52), caf::actor(a));
+  self->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids(prompt_b), 52), caf::actor(b));
+  ASSERT_TRUE(held->wait_held(20s)) << "no swap-out happened";
+  // The held step swaps one request out and runs the other; the running one is recognised by the
+  // prompt its sequence was first scheduled with.
+  const std::vector<uint64_t> running = held->held_seqs();
+  ASSERT_EQ(running.size(), 1u);
+  const bool a_runs = held->first_tokens().at(running[0]) == prompt_a;
+  caf::scoped_actor& kept = a_runs ? a : b;
+  caf::scoped_actor& swapped = a_runs ? b : a;
+  const ticket_id kept_ticket = a_runs ? 1 : 2, swapped_ticket = a_runs ? 2 : 1;
+  self->send(scheduler, abort_atom_v, swapped_ticket);
+  held->release();
+  auto [swapped_tokens, swapped_final] = collect(swapped, swapped_ticket);
+  EXPECT_EQ(swapped_final.reason, finish_reason::abort);
+  const auto s = stages_of(swapped_final);
+  ASSERT_GE(s.size(), 2u);
+  EXPECT_EQ(s[s.size() - 2], lifecycle_stage::swapped_out) << "aborted while swapped out";
+  EXPECT_EQ(s.back(), lifecycle_stage::aborted);
+  auto [kept_tokens, kept_final] = collect(kept, kept_ticket);
+  EXPECT_EQ(kept_final.reason, finish_reason::length);
+  EXPECT_EQ(kept_tokens, greedy_oracle(a_runs ? prompt_a : prompt_b, 52)) << "the other request is unaffected";
+  usage_report usage;
+  for (int i = 0; i < 100; ++i) {
+    self->request(kv, 5s, query_atom_v, usage_atom_v).receive([&](usage_report& u) { usage = u; }, [](caf::error&) {});
+    if (usage.device.num_used == 0 && usage.host.num_used == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(usage.device.num_used, 0);
+  EXPECT_EQ(usage.host.num_used, 0) << "the swapped request's host blocks are free";
+  EXPECT_TRUE(held->sim().errors().empty());
 }
 
 }  // namespace

@@ -1,11 +1,17 @@
 // Helpers shared by the actor tests: a character-level test tokenizer, a simulated executor that
-// can be held at a gate (to fill queues deterministically), and the offline oracle: the same
-// requests run through llm_engine directly, on a fresh simulated executor.
+// can be held at a gate (to fill queues deterministically) or inside a chosen step (to meet a
+// request in a known state), and the offline oracle: the same requests run through llm_engine
+// directly, on a fresh simulated executor.
 #pragma once
+#include <pthread.h>
+
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +68,81 @@ class gated_executor : public executor {
   std::mutex mutex_;
   std::condition_variable gate_;
   bool open_;
+};
+
+// sim_executor that can hold one chosen step: the first execute() whose batch matches `when` records
+// the batch's sequence ids, reports itself held and waits for release(). While it is held the
+// scheduler actor is blocked inside that step, so the test knows exactly which engine state the
+// messages it sends meanwhile (aborts, submits) meet once the step ends.
+class held_executor : public executor {
+ public:
+  held_executor(int32_t num_blocks, int32_t num_host_blocks) : sim_(16, num_blocks, num_host_blocks, test_vocab) {}
+  const model_config& config() const override { return sim_.config(); }
+  const kv_cache_spec& kv_spec() const override { return sim_.kv_spec(); }
+  int64_t kv_block_bytes() const override { return sim_.kv_block_bytes(); }
+  const char* name() const override { return "held_sim"; }
+
+  void hold_when(std::function<bool(const step_batch&)> when) {
+    std::lock_guard lock(mutex_);
+    when_ = std::move(when);
+  }
+  void execute(const step_batch& batch, step_output& out) override {
+    {
+      std::unique_lock lock(mutex_);
+      char thread_name[16] = {};
+      pthread_getname_np(pthread_self(), thread_name, sizeof thread_name);
+      thread_names_.insert(thread_name);
+      for (const sequence_slice& s : batch.seqs)
+        if (s.num_computed == 0) first_tokens_.try_emplace(s.seq_id, s.tokens);
+      if (when_ && when_(batch)) {
+        when_ = nullptr;
+        held_ = true;
+        held_seqs_.clear();
+        for (const sequence_slice& s : batch.seqs) held_seqs_.push_back(s.seq_id);
+        changed_.notify_all();
+        changed_.wait(lock, [&] { return !held_; });
+      }
+    }
+    sim_.execute(batch, out);
+  }
+  // Waits until a step is held; false after `timeout`.
+  bool wait_held(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] { return held_; });
+  }
+  std::vector<uint64_t> held_seqs() {
+    std::lock_guard lock(mutex_);
+    return held_seqs_;
+  }
+  // The tokens each sequence was first scheduled with (its prompt, or the prompt's first chunk).
+  std::map<uint64_t, std::vector<token_id>> first_tokens() {
+    std::lock_guard lock(mutex_);
+    return first_tokens_;
+  }
+  // The names of the threads execute() ran on (CAF names a detached actor's thread "caf.actor" and
+  // its cooperative scheduler's workers "caf.multiplexer").
+  std::set<std::string> thread_names() {
+    std::lock_guard lock(mutex_);
+    return thread_names_;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex_);
+      held_ = false;
+    }
+    changed_.notify_all();
+  }
+  sim_executor& sim() { return sim_; }
+
+ private:
+  sim_executor sim_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<bool(const step_batch&)> when_;
+  bool held_ = false;
+  std::vector<uint64_t> held_seqs_;
+  std::map<uint64_t, std::vector<token_id>> first_tokens_;
+  std::set<std::string> thread_names_;
 };
 
 struct offline_request {

@@ -900,6 +900,46 @@ def slow_and_half_open_connections_are_dropped():
 keyed.stop()
 os.unlink(config_file.name)
 
+
+@case
+def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
+    # --shutdown-timeout 2: a request that ends within the grace period completes normally, a longer
+    # one gets its final chunk (finish_reason "abort") and [DONE]; the process exits soon after.
+    grace = server("--shutdown-timeout", "2")
+
+    def open_stream(max_tokens):
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+                           "stream": True}).encode()
+        s = socket.create_connection(("127.0.0.1", grace.port), timeout=30)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        return s
+
+    def read_all(s):
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+    short, long_ = open_stream(12), open_stream(4000)
+    time.sleep(0.5)
+    t0 = time.time()
+    grace.proc.terminate()
+    short_data, long_data = read_all(short), read_all(long_)
+    short.close()
+    long_.close()
+    grace.proc.wait(timeout=20)
+    elapsed = time.time() - t0
+    log = grace.log()
+    grace.log_file.close()
+    os.unlink(grace.log_file.name)
+    assert b'"finish_reason":"length"' in short_data and b"data: [DONE]" in short_data, short_data[-300:]
+    assert b'"finish_reason":"abort"' in long_data and b"data: [DONE]" in long_data, long_data[-300:]
+    assert grace.proc.returncode == 0, (grace.proc.returncode, log[-2000:])
+    assert elapsed < 15, elapsed
+
 failed = [name for name, e in results if e is not None]
 print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
