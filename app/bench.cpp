@@ -1,8 +1,16 @@
 // `tessera bench latency|throughput`: measurements printed as one JSON line, so that
 // bench/compare_*.py can run them side by side with peers (see docs/benchmarks.md).
+// `tessera bench serve`: the serving benchmark client bench/serve_client.py (Python, so that it
+// can be run against any OpenAI-compatible server without building Tessera), exec'd with the
+// arguments that follow `serve`.
+#include <unistd.h>
+
 #include <boost/json.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -52,9 +60,40 @@ void bench_command::add_to(CLI::App& app) {
   engine_.add_to(*throughput_);
   throughput_->add_option("--workload", workload_, "JSONL requests {\"id\",\"prompt\",\"max_tokens\"}")->required();
   throughput_->add_option("--num-requests", num_requests_, "Use the first K requests (0: all)")->check(CLI::Range(0, 1 << 24));
+
+  serve_ = cmd_->add_subcommand(
+      "serve", "Serving benchmark against an OpenAI-compatible server (bench/serve_client.py; --help for its flags)");
+  serve_->prefix_command();  // every argument goes to the client, --help included
+  serve_->set_help_flag();
 }
 
-int bench_command::run() { return latency_->parsed() ? run_latency() : run_throughput(); }
+int bench_command::run() {
+  if (serve_->parsed()) return run_serve();
+  return latency_->parsed() ? run_latency() : run_throughput();
+}
+
+// Paths compiled in by app/CMakeLists.txt; the fallbacks serve builds configured without them.
+#ifndef TESSERA_PYTHON3
+#define TESSERA_PYTHON3 ""
+#endif
+#ifndef TESSERA_BENCH_DIR
+#define TESSERA_BENCH_DIR "bench"
+#endif
+
+int bench_command::run_serve() {
+  const std::string python = std::strlen(TESSERA_PYTHON3) ? TESSERA_PYTHON3 : "python3";
+  const std::string script = std::string(TESSERA_BENCH_DIR) + "/serve_client.py";
+  if (!std::filesystem::exists(script)) throw invalid_request("the serving client is not at " + script);
+  std::vector<std::string> args{python, script};
+  for (const std::string& a : serve_->remaining()) args.push_back(a);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(argv[0], argv.data());
+  // execvp returns only on failure (e.g. no such interpreter).
+  throw std::runtime_error("cannot run " + python + ": " + std::strerror(errno));
+}
 
 int bench_command::run_latency() {
   engine_.no_prefix_caching = true;  // every repeat must really prefill
