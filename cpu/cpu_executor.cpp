@@ -277,17 +277,8 @@ void cpu_executor::prepare_weights() {
 
 void cpu_executor::apply_block_moves(const step_batch& batch) {
   const size_t bytes = static_cast<size_t>(kv_block_bytes());
-  auto check = [](const std::vector<block_copy>& moves, int32_t src_limit, int32_t dst_limit, const char* what) {
-    for (const block_copy& c : moves) {
-      if (c.src < 0 || c.src >= src_limit || c.dst < 0 || c.dst >= dst_limit) {
-        throw invalid_request(std::string("cpu executor: ") + what + " block id out of range");
-      }
-    }
-  };
   // All checks first: a rejected step leaves the cache as it was.
-  check(batch.swap_in, spec_.num_host_blocks, spec_.num_device_blocks, "swap_in");
-  check(batch.swap_out, spec_.num_device_blocks, spec_.num_host_blocks, "swap_out");
-  check(batch.copies, spec_.num_device_blocks, spec_.num_device_blocks, "copy");
+  check_block_moves(batch, spec_, "cpu");
   for (const block_copy& c : batch.swap_in) {
     std::memcpy(kv_device_.get() + c.dst * block_floats_, kv_host_.get() + c.src * block_floats_, bytes);
   }

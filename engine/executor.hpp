@@ -60,6 +60,10 @@ struct step_output {
   }
 };
 
+// Throws invalid_request naming `executor_name` when a swap or copy of `batch` refers to a block outside
+// the pools of `spec`. Executors call it before moving anything, so a rejected step leaves the cache as it was.
+void check_block_moves(const step_batch& batch, const kv_cache_spec& spec, const char* executor_name);
+
 class executor {
  public:
   virtual ~executor() = default;

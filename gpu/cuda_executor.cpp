@@ -369,16 +369,7 @@ class cuda_executor final : public executor {
   const int32_t* meta_ptr(meta_range r) const { return meta_dev_.as<int32_t>() + r.offset; }
 
   void plan_step(const step_batch& batch, step_output& out) {
-    auto check_moves = [](const std::vector<block_copy>& moves, int32_t src_limit, int32_t dst_limit, const char* what) {
-      for (const block_copy& c : moves) {
-        if (c.src < 0 || c.src >= src_limit || c.dst < 0 || c.dst >= dst_limit) {
-          throw invalid_request(std::string("cuda executor: ") + what + " block id out of range");
-        }
-      }
-    };
-    check_moves(batch.swap_in, spec_.num_host_blocks, spec_.num_device_blocks, "swap_in");
-    check_moves(batch.swap_out, spec_.num_device_blocks, spec_.num_host_blocks, "swap_out");
-    check_moves(batch.copies, spec_.num_device_blocks, spec_.num_device_blocks, "copy");
+    check_block_moves(batch, spec_, "cuda");
 
     ids_.clear();
     positions_.clear();
