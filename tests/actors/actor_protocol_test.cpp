@@ -338,14 +338,10 @@ TEST_F(scheduler_fixture, abort_and_subscriber_down_end_requests_and_free_their_
   EXPECT_EQ(usage.device.num_used, 0) << "every block returned";
 }
 
-TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
-  start(64, 3);
-  caf::scoped_actor self{sys};
-  for (ticket_id t = 1; t <= 4; ++t)
-    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
-               caf::actor(self));
-  int finals = 0;
-  while (finals < 4) {
+// Receives (skipping deltas) until `num_streams` finals arrived, each an error with a message; false
+// when `patience` passes without the next one.
+bool receive_error_finals(caf::scoped_actor& self, int num_streams, caf::timespan patience) {
+  for (int finals = 0; finals < num_streams;) {
     bool timed_out = false;
     self->receive([&](delta_atom, delta_ptr&) {},
                   [&](final_atom, final_ptr& f) {
@@ -353,9 +349,19 @@ TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
                     EXPECT_FALSE(f->error.empty());
                     ++finals;
                   },
-                  caf::after(5s) >> [&] { timed_out = true; });
-    ASSERT_FALSE(timed_out) << "a stream hangs after the executor failed";
+                  caf::after(patience) >> [&] { timed_out = true; });
+    if (timed_out) return false;
   }
+  return true;
+}
+
+TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
+  start(64, 3);
+  caf::scoped_actor self{sys};
+  for (ticket_id t = 1; t <= 4; ++t)
+    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
+               caf::actor(self));
+  ASSERT_TRUE(receive_error_finals(self, 4, 5s)) << "a stream hangs after the executor failed";
   EXPECT_FALSE(shared->healthy.load());
   // Later submits get an error final at once.
   self->send(scheduler, submit_atom_v, make_submit(9, prompt_input::from_ids({1}), 4), caf::actor(self));
@@ -375,18 +381,7 @@ TEST_F(scheduler_fixture, an_executor_actor_killed_mid_stream_errors_every_strea
   // Not an exception inside execute(): the actor itself goes away (a crash, a kill).
   caf::anon_send_exit(exec_actor, caf::exit_reason::kill);
   const auto killed_at = std::chrono::steady_clock::now();
-  int finals = 0;
-  while (finals < 4) {
-    bool timed_out = false;
-    self->receive([&](delta_atom, delta_ptr&) {},
-                  [&](final_atom, final_ptr& f) {
-                    EXPECT_EQ(f->reason, finish_reason::error);
-                    EXPECT_FALSE(f->error.empty());
-                    ++finals;
-                  },
-                  caf::after(1s) >> [&] { timed_out = true; });
-    ASSERT_FALSE(timed_out) << "a stream got no final within a second of the executor's death";
-  }
+  ASSERT_TRUE(receive_error_finals(self, 4, 1s)) << "a stream got no final within a second of the executor's death";
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2s);  // generous: milliseconds in practice
   EXPECT_FALSE(shared->healthy.load());
   runtime_status status;
