@@ -6,6 +6,7 @@
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
+#include "gpu/launch.cuh"
 
 namespace tessera::gpu {
 
@@ -172,10 +173,10 @@ void launch_for_dim(const paged_attention_args<T>& a, cudaStream_t stream) {
   const int32_t group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  paged_attention_kernel<D, T><<<grid, 32 * kWarps, 0, stream>>>(a, group_chunks);
+  TESSERA_LAUNCH(grid, 32 * kWarps, 0, stream, paged_attention_kernel<D, T>)(a, group_chunks);
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1) {
-    combine_splits_kernel<T><<<dim3(a.num_tokens, a.num_heads), D, 0, stream>>>(a);
+    TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T>)(a);
     CUDA_CHECK(cudaGetLastError());
   }
 }

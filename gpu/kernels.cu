@@ -4,6 +4,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
+#include "gpu/launch.cuh"
 #include "gpu/kernels.hpp"
 
 namespace tessera::gpu {
@@ -120,7 +121,7 @@ template <class T>
 void launch_embedding(float* out, const T* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
                       cudaStream_t stream) {
   if (rows == 0) return;
-  embedding_gather_kernel<<<rows, kThreads, 0, stream>>>(out, table, ids, hidden, vocab);
+  TESSERA_LAUNCH(rows, kThreads, 0, stream, embedding_gather_kernel)(out, table, ids, hidden, vocab);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -128,7 +129,7 @@ template <class T>
 void launch_add_rms_norm(T* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                          float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<rows, kThreads, 0, stream>>>(out, residual, x, weight, hidden, eps);
+  TESSERA_LAUNCH(rows, kThreads, 0, stream, add_rms_norm_kernel)(out, residual, x, weight, hidden, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -136,14 +137,14 @@ template <class T>
 void launch_rms_norm_rows(T* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
                           int32_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_rows_kernel<<<rows, kThreads, 0, stream>>>(out, x, row_index, weight, hidden, eps);
+  TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_rows_kernel)(out, x, row_index, weight, hidden, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
 void launch_silu_and_mul(T* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
   if (rows == 0) return;
-  silu_and_mul_kernel<<<rows, kThreads, 0, stream>>>(out, gate_up, inter);
+  TESSERA_LAUNCH(rows, kThreads, 0, stream, silu_and_mul_kernel)(out, gate_up, inter);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -153,7 +154,7 @@ void launch_rope_kv_write(const rope_kv_args& a, T* kv, cudaStream_t stream) {
   if (a.rope_dims < 2 || a.rope_dims % 2 != 0 || a.rope_dims > a.layout.head_dim) {
     throw std::invalid_argument("rope_kv_write: rope_dims must be even and in [2, head_dim]");
   }
-  rope_kv_write_kernel<<<a.num_tokens, 128, 0, stream>>>(a, kv);
+  TESSERA_LAUNCH(a.num_tokens, 128, 0, stream, rope_kv_write_kernel)(a, kv);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -214,7 +215,7 @@ void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32
   for (int32_t first = 0; first < num_copies; first += max_grid_y) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((words + per_cta - 1) / per_cta, 1024)),
                     static_cast<unsigned>(std::min(max_grid_y, num_copies - first)));
-    block_copy_kernel<<<grid, 256, 0, stream>>>(static_cast<uint4*>(kv_cache), pairs + 2 * int64_t{first}, words);
+    TESSERA_LAUNCH(grid, 256, 0, stream, block_copy_kernel)(static_cast<uint4*>(kv_cache), pairs + 2 * int64_t{first}, words);
     CUDA_CHECK(cudaGetLastError());
   }
 }
