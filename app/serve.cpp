@@ -20,7 +20,9 @@ namespace tessera::app {
 
 namespace {
 // After the runtime has shut down, how long connections get to write the final messages it produced.
-constexpr auto k_final_write_grace = std::chrono::milliseconds(250);
+// How long shutdown waits for the final messages of open streams to reach the wire: a client that
+// stopped reading must not hold the process.
+constexpr auto k_final_write_timeout = std::chrono::seconds(2);
 }  // namespace
 
 void serve_command::add_to(CLI::App& app) {
@@ -172,11 +174,13 @@ int serve_command::run() {
   sigwait(&signals, &sig);
   spdlog::info("signal {}, shutting down", sig);
   // Graceful order: stop taking connections, let the runtime finish (or abort, after the timeout) the
-  // open requests so every stream gets its final message, give the connections a moment to write those
-  // finals, then close everything.
+  // open requests so every stream gets its final message, wait until the connections have written
+  // those finals (bounded: a client may have stopped reading), then close everything.
   server->stop_accepting();
   facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
-  std::this_thread::sleep_for(k_final_write_grace);
+  if (!server->wait_for_responses(k_final_write_timeout)) {
+    spdlog::warn("some clients did not take their final message within {} s; closing them", k_final_write_timeout.count());
+  }
   server->stop();
   spdlog::info("stopped");
   return finish(0);

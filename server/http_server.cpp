@@ -79,6 +79,10 @@ struct http_server::impl {
   std::mutex stop_mutex;
   std::condition_variable stop_cv;
   bool stopped = false;
+  // Generations whose final message is not written yet (graceful shutdown waits for them).
+  std::mutex busy_mutex;
+  std::condition_variable busy_cv;
+  int64_t num_busy = 0;
   uint16_t bound_port = 0;
   int32_t vocab_size = 0;
   net::io_context ioc;  // after everything the sessions use: destroyed (with its handlers) first
@@ -98,6 +102,25 @@ struct http_server::impl {
 };
 
 namespace {
+
+// Held by a session from the moment it has a generation until that generation's final message is on
+// the wire (or the connection is gone): what http_server::wait_for_responses() counts.
+class busy_token {
+ public:
+  explicit busy_token(http_server::impl& srv) : srv_(&srv) {
+    std::lock_guard lock(srv.busy_mutex);
+    ++srv.num_busy;
+  }
+  busy_token(const busy_token&) = delete;
+  busy_token& operator=(const busy_token&) = delete;
+  ~busy_token() {
+    std::lock_guard lock(srv_->busy_mutex);
+    if (--srv_->num_busy == 0) srv_->busy_cv.notify_all();
+  }
+
+ private:
+  http_server::impl* srv_;
+};
 
 std::string_view header_value(const http::request<http::string_body>& req, http::field f) {
   auto it = req.find(f);
@@ -391,6 +414,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
       throw api_error(status, r.message.empty() ? std::string(actors::to_string(r.error)) : r.message, "",
                       std::string(actors::to_string(r.error)));
     }
+    busy_.emplace(srv_);
     gen_.emplace();
     gen_->meta = {srv_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(),
                   req.model.empty() ? srv_.opt.model_name : req.model};
@@ -631,6 +655,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (!pending_.empty()) return start_write();
     if (!response_done_ || gen_) return;
     response_done_ = false;
+    busy_.reset();
     if (close_after_write_) return do_close();
     if (watch_pending_) {
       // The watch read is still pending (cancelling it would also cancel writes): it becomes the first
@@ -649,6 +674,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
     if (closed_) return;
     closed_ = true;
     abort_generation();
+    busy_.reset();
     poll_timer_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
@@ -662,6 +688,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   http::request<http::string_body> request_;
   net::steady_timer poll_timer_;
   std::optional<generation> gen_;
+  std::optional<busy_token> busy_;
   std::string writing_, pending_;
   bool write_in_flight_ = false;
   bool response_done_ = false;
@@ -855,6 +882,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     g.stream = std::move(r.stream);
     send(json::serialize(json::object{{"type", "started"}, {"id", id}, {"request_id", g.request_id}}));
     gens_.emplace(id, std::move(g));
+    update_busy();
     if (!polling_) schedule_poll();
   }
 
@@ -921,6 +949,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
       }
       it = done ? gens_.erase(it) : std::next(it);
     }
+    update_busy();
     if (!gens_.empty()) schedule_poll();
   }
 
@@ -950,6 +979,16 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     if (ec) return on_closed();
     queue_.pop_front();
     if (!queue_.empty() && !closed_) do_write();
+    update_busy();
+  }
+
+  // Busy while a generation runs or its messages are still queued for the wire.
+  void update_busy() {
+    if (kind_ == ws_kind::generate && !closed_ && (!gens_.empty() || !queue_.empty())) {
+      if (!busy_) busy_.emplace(srv_);
+    } else {
+      busy_.reset();
+    }
   }
 
   void close(websocket::close_code code) {
@@ -970,6 +1009,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     }
     spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
     gens_.clear();
+    busy_.reset();
     poll_timer_.cancel();
     if (hub_id_) {
       srv_.hub->remove(hub_id_);
@@ -984,6 +1024,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
   http::request<http::string_body> req_;
   net::steady_timer poll_timer_;
   std::map<std::string, ws_generation> gens_;
+  std::optional<busy_token> busy_;
   std::deque<event_hub::message> queue_;
   uint64_t hub_id_ = 0;
   std::string peer_;
@@ -1074,6 +1115,12 @@ void http_server::stop() {
     if (t.joinable()) t.join();
   }
   s.stop_cv.notify_all();
+}
+
+bool http_server::wait_for_responses(std::chrono::milliseconds timeout) {
+  impl& s = *impl_;
+  std::unique_lock lock(s.busy_mutex);
+  return s.busy_cv.wait_for(lock, timeout, [&] { return s.num_busy == 0; });
 }
 
 void http_server::wait() {

@@ -51,6 +51,9 @@ class http_server {
   void start();           // starts the I/O threads; returns at once
   void stop_accepting();  // closes the listener; open connections keep being served (graceful shutdown)
   void stop();            // closes the listener and every connection, joins the threads
+  // Blocks until every generation's final message has been written (or its client is gone), at most
+  // `timeout`; false on timeout. With the engine shut down first, this is how long finals take to send.
+  bool wait_for_responses(std::chrono::milliseconds timeout);
   void wait();            // blocks until stop() (e.g. from a signal handler thread)
 
   struct impl;

@@ -904,7 +904,8 @@ os.unlink(config_file.name)
 @case
 def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
     # --shutdown-timeout 2: a request that ends within the grace period completes normally, a longer
-    # one gets its final chunk (finish_reason "abort") and [DONE]; the process exits soon after.
+    # one gets its final chunk (finish_reason "abort") and [DONE], a WebSocket generation its "final";
+    # the process exits soon after.
     grace = server("--shutdown-timeout", "2")
 
     def open_stream(max_tokens):
@@ -923,10 +924,26 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
                 return data
             data += chunk
 
+    async def ws_final_after_sigterm():
+        # A /v1/ws generation running at SIGTERM also gets its final message before the socket closes.
+        async with websockets.connect(f"ws://127.0.0.1:{grace.port}/v1/ws") as ws:
+            await ws.send(json.dumps({"type": "start", "id": "w",
+                                      "request": {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}}))
+            while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
+                pass
+            grace.proc.terminate()
+            try:
+                while True:
+                    m = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    if m["type"] == "final":
+                        return m
+            except websockets.exceptions.ConnectionClosed:
+                return None
+
     short, long_ = open_stream(12), open_stream(4000)
     time.sleep(0.5)
     t0 = time.time()
-    grace.proc.terminate()
+    ws_final = asyncio.run(ws_final_after_sigterm())
     short_data, long_data = read_all(short), read_all(long_)
     short.close()
     long_.close()
@@ -937,6 +954,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
     os.unlink(grace.log_file.name)
     assert b'"finish_reason":"length"' in short_data and b"data: [DONE]" in short_data, short_data[-300:]
     assert b'"finish_reason":"abort"' in long_data and b"data: [DONE]" in long_data, long_data[-300:]
+    assert ws_final is not None and ws_final["finish_reason"] == "abort", ws_final
     assert grace.proc.returncode == 0, (grace.proc.returncode, log[-2000:])
     assert elapsed < 15, elapsed
 
