@@ -1,0 +1,144 @@
+// The CUDA executor under the CPU emulation of CUDA (gpu/emu), for what only the emulator can see:
+// every byte of device and pinned memory it allocates is freed again, and with --cuda-graphs a decode
+// graph captured before the activation buffers grow is not replayed with the freed buffers' pointers
+// (the emulator checks kernel and cuBLAS pointers at every replay) and still gives the CPU's logits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "cpu/cpu_executor.hpp"
+#include "engine/dummy_weights.hpp"
+#include "gpu/cuda_executor.hpp"
+#include "gpu/emu/emulator.hpp"
+
+namespace tessera {
+namespace {
+
+model_config tiny_config() {
+  model_config c;
+  c.num_layers = 2;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.vocab_size = 512;
+  c.context_length = 4096;
+  c.rope_dims = 64;
+  c.rope = rope_style::half;
+  return c;
+}
+
+kv_cache_spec pool() {
+  kv_cache_spec kv;
+  kv.block_size = 16;
+  kv.num_device_blocks = 64;
+  kv.num_host_blocks = 4;
+  return kv;
+}
+
+sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
+                     sequence_slice::logits_mode mode = sequence_slice::logits_mode::last) {
+  sequence_slice s;
+  s.seq_id = id;
+  s.tokens = std::move(tokens);
+  s.num_computed = num_computed;
+  s.block_table = std::move(table);
+  s.logits = mode;
+  return s;
+}
+
+std::vector<token_id> tokens(int32_t n, int32_t seed) {
+  std::vector<token_id> t(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + seed * 11 + 3) % 512;
+  return t;
+}
+
+void expect_close(const step_output& cpu, const step_output& gpu, const char* what) {
+  ASSERT_EQ(cpu.logits.size(), gpu.logits.size()) << what;
+  float scale = 1.0f;
+  for (float v : cpu.logits) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < cpu.logits.size(); ++i) {
+    ASSERT_NEAR(cpu.logits[i], gpu.logits[i], 1e-3f * scale) << what << ": logit " << i;
+  }
+}
+
+TEST(CudaExecutorEmulated, EveryAllocationIsFreedWithTheExecutor) {
+  const gpu::emu::memory_stats before = gpu::emu::memory();
+  {
+    dummy_weights_options wo;
+    wo.type = ggml_type::f32;
+    const auto w = make_dummy_weights(tiny_config(), wo);
+    for (const cuda_dtype dtype : {cuda_dtype::f32, cuda_dtype::bf16}) {
+      cuda_executor_options o;
+      o.kv = pool();
+      o.dtype = dtype;
+      o.cuda_graphs = true;
+      const auto exec = make_cuda_executor(w, o);
+      step_output out;
+      step_batch prefill;
+      prefill.seqs.push_back(slice(1, tokens(20, 1), 0, {3, 5}));
+      exec->execute(prefill, out);
+      step_batch decode;  // replayed from a graph
+      decode.seqs.push_back(slice(1, {7}, 20, {3, 5}));
+      exec->execute(decode, out);
+      step_batch swap;
+      swap.swap_out = {{3, 0}};
+      exec->execute(swap, out);
+      EXPECT_GT(gpu::emu::memory().device_bytes, before.device_bytes);
+      EXPECT_GT(gpu::emu::memory().host_bytes, before.host_bytes);  // pinned swap pool, staging buffers
+    }
+  }
+  const gpu::emu::memory_stats after = gpu::emu::memory();
+  EXPECT_EQ(after.device_bytes, before.device_bytes);
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.host_bytes, before.host_bytes);
+  EXPECT_EQ(after.host_allocations, before.host_allocations);
+}
+
+TEST(CudaExecutorEmulated, GraphsCapturedBeforeTheBuffersGrowAreNotReplayedWithStalePointers) {
+  dummy_weights_options wo;
+  wo.type = ggml_type::f32;
+  wo.seed = 5;
+  const auto w = make_dummy_weights(tiny_config(), wo);
+  cpu_executor_options co;
+  co.kv = pool();
+  co.num_threads = 1;
+  const auto cpu = make_cpu_executor(w, co);
+  cuda_executor_options go;
+  go.kv = pool();
+  go.dtype = cuda_dtype::f32;
+  go.cuda_graphs = true;
+  go.max_num_batched_tokens = 4;  // small buffers, so a later prefill reallocates them
+  const auto gpu = make_cuda_executor(w, go);
+  auto both = [&](const step_batch& b, const char* what) {
+    step_output oc, og;
+    cpu->execute(b, oc);
+    gpu->execute(b, og);
+    expect_close(oc, og, what);
+    return static_cast<token_id>(std::max_element(oc.logits.begin(), oc.logits.end()) - oc.logits.begin());
+  };
+  step_batch a0;
+  a0.seqs.push_back(slice(1, tokens(4, 1), 0, {2}));
+  token_id next = both(a0, "prefill A");
+  for (int32_t i = 0; i < 2; ++i) {  // captured, then replayed
+    step_batch d;
+    d.seqs.push_back(slice(1, {next}, 4 + i, {2}));
+    next = both(d, "decode A (graph)");
+  }
+  // 40 tokens with every row's logits: the token and logit buffers are reallocated (the old ones freed).
+  step_batch b0;
+  b0.seqs.push_back(slice(2, tokens(40, 2), 0, {9, 10, 11}, sequence_slice::logits_mode::all));
+  both(b0, "prefill B (buffers grow)");
+  for (int32_t i = 0; i < 2; ++i) {
+    step_batch d;
+    d.seqs.push_back(slice(1, {next}, 6 + i, {2}));
+    next = both(d, "decode A after growth (graph)");
+  }
+}
+
+}  // namespace
+}  // namespace tessera
