@@ -1,6 +1,9 @@
-// Decode attention bandwidth: times gpu::paged_attention on Llama-3-8B's attention shape (32 query
-// heads, 8 KV heads, head_dim 128, bf16 cache of 32 layers, 16-token blocks in shuffled order) and
-// reports the K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak. One JSON line per case.
+// Attention kernels on Llama-3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, bf16
+// cache of 32 layers, 16-token blocks in shuffled order). One JSON line per case.
+//   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak;
+//   prefill: gpu::prefill_attention (tiled) against paged_attention on the same causal prompt chunk,
+//            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
+//            QK^T and PV multiply-adds) and their ratio.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/prefill_attention.hpp"
 
 using namespace tessera::gpu;
 
@@ -84,6 +88,117 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   cudaEventDestroy(t0), cudaEventDestroy(t1);
 }
 
+// Mean seconds per call of f() over 20 calls after 3 warm-up calls.
+template <class F>
+double time_calls(F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t t0, t1;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  const int iters = 20;
+  CUDA_CHECK(cudaEventRecord(t0));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(t1));
+  CUDA_CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  cudaEventDestroy(t0), cudaEventDestroy(t1);
+  return ms / 1e3 / iters;
+}
+
+// One sequence: `cached` positions already in the cache (a prefix hit; 0 for a fresh prompt), then a
+// chunk of `chunk` new tokens attending causally. Both kernels compute the same output.
+void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
+  const kv_layout layout{32, 8, 16, 128};
+  const int32_t num_heads = 32, head_dim = 128, context = cached + chunk, num_blocks = (context + 15) / 16;
+  const size_t cache_elems = static_cast<size_t>(num_blocks * layout.block_elems());
+  bf16* kv = nullptr;
+  CUDA_CHECK(cudaMalloc(&kv, cache_elems * sizeof(bf16)));
+  CUDA_CHECK(cudaMemset(kv, 0, cache_elems * sizeof(bf16)));
+  std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(1));
+  std::vector<int32_t> ctx(static_cast<size_t>(chunk)), seq(static_cast<size_t>(chunk), 0);
+  std::iota(ctx.begin(), ctx.end(), cached + 1);
+  const int32_t tile_tokens = prefill_tile_tokens(head_dim, num_heads, 8);
+  const std::vector<prefill_tile> tiles = plan_prefill_tiles({{0, chunk, cached, 0}}, tile_tokens);
+  std::vector<void*> owned;
+  auto upload = [&](const void* data, size_t bytes) {
+    void* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, bytes));
+    CUDA_CHECK(cudaMemcpy(d, data, bytes, cudaMemcpyHostToDevice));
+    owned.push_back(d);
+    return d;
+  };
+  const size_t q_elems = size_t(chunk) * num_heads * head_dim;
+  float* q = nullptr;
+  bf16* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(float)));
+  CUDA_CHECK(cudaMemset(q, 0, q_elems * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&out, q_elems * sizeof(bf16)));
+  const auto* tables_dev = static_cast<const int32_t*>(upload(table.data(), table.size() * sizeof(int32_t)));
+
+  prefill_attention_args<bf16> p;
+  p.out = out;
+  p.out_stride = num_heads * head_dim;
+  p.q = q;
+  p.q_stride = num_heads * head_dim;
+  p.kv_cache = kv;
+  p.layout = layout;
+  p.num_heads = num_heads;
+  p.tiles = static_cast<const prefill_tile*>(upload(tiles.data(), tiles.size() * sizeof(prefill_tile)));
+  p.num_tiles = static_cast<int32_t>(tiles.size());
+  p.tile_tokens = tile_tokens;
+  p.block_tables = tables_dev;
+  p.max_blocks_per_seq = num_blocks;
+  p.scale = 0.088f;
+  const prefill_split tiled_plan = plan_prefill_split(p.num_tiles, head_dim, num_heads, 8, context, num_sms);
+  p.num_splits = tiled_plan.num_splits;
+  p.partition_size = tiled_plan.partition_size;
+  float* tiled_ws = nullptr;
+  if (tiled_plan.num_splits > 1) {
+    CUDA_CHECK(cudaMalloc(&tiled_ws, size_t(prefill_workspace_floats(p.num_tiles, tile_tokens, num_heads, head_dim,
+                                                                    tiled_plan.num_splits)) * sizeof(float)));
+    p.workspace = tiled_ws;
+  }
+  const double tiled = time_calls([&] { prefill_attention(p, nullptr); });
+
+  paged_attention_args<bf16> a;
+  a.out = out;
+  a.out_stride = num_heads * head_dim;
+  a.q = q;
+  a.q_stride = num_heads * head_dim;
+  a.kv_cache = kv;
+  a.layout = layout;
+  a.num_heads = num_heads;
+  a.num_tokens = chunk;
+  a.context_lens = static_cast<const int32_t*>(upload(ctx.data(), ctx.size() * sizeof(int32_t)));
+  a.token_seq = static_cast<const int32_t*>(upload(seq.data(), seq.size() * sizeof(int32_t)));
+  a.block_tables = tables_dev;
+  a.max_blocks_per_seq = num_blocks;
+  a.scale = 0.088f;
+  const split_plan plan = plan_attention_split(chunk, 8, context, num_sms);  // as the executor would
+  a.num_splits = plan.num_splits;
+  a.partition_size = plan.partition_size;
+  float* ws = nullptr;
+  if (plan.num_splits > 1) {
+    CUDA_CHECK(cudaMalloc(&ws, size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
+    a.workspace = ws;
+  }
+  const double per_token = time_calls([&] { paged_attention(a, nullptr); });
+
+  // Visible (query, position) pairs: query i of the chunk sees cached + i + 1 positions.
+  const double pairs = double(chunk) * cached + double(chunk) * (chunk + 1) / 2;
+  const double flops = 4.0 * head_dim * num_heads * pairs;
+  std::printf("{\"bench\": \"prefill_attention\", \"cached\": %d, \"chunk\": %d, \"tile_tokens\": %d, "
+              "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"paged_splits\": %d, "
+              "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f}\n",
+              cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, plan.num_splits,
+              per_token * 1e6, flops / per_token / 1e12, per_token / tiled);
+  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(tiled_ws);
+  for (void* d : owned) cudaFree(d);
+}
+
 }  // namespace
 
 int main() {
@@ -97,5 +212,8 @@ int main() {
   bench(8, 32768, num_sms);
   bench(64, 4096, num_sms);
   bench(256, 1024, num_sms);
+  bench_prefill(0, 4096, num_sms);     // a 4k-token prompt
+  bench_prefill(3584, 512, num_sms);   // a 512-token chunk after 3.5k cached positions (chunked prefill / prefix hit)
+  bench_prefill(16384, 64, num_sms);   // 64 new tokens after a 16k cached prefix (multi-turn chat): split
   return 0;
 }

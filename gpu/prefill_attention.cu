@@ -1,0 +1,402 @@
+// Tiled causal prefill attention over the paged KV cache (FlashAttention, Dao et al. 2022,
+// https://arxiv.org/abs/2205.14135, algorithm 1: K/V tiles in shared memory, online softmax).
+// See gpu/prefill_attention.hpp for the contract and docs/gpu_executor.md for the design.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/device_math.cuh"
+#include "gpu/launch.cuh"
+#include "gpu/prefill_attention.hpp"
+
+namespace tessera::gpu {
+
+namespace {
+
+using detail::from_float;
+using detail::load_floats;
+
+// A CTA's work: `rows` query rows (tile tokens x the heads it serves) against K/V tiles of `keys`
+// positions, with `threads` threads. Sized so that the three shared arrays stay within the 48 KiB of
+// static shared memory in fp32 (Q rows, one K-or-V tile, the probabilities): 45.5 KiB for head_dim 128.
+// head_dim 256 gets 24 rows only (42 KiB); dynamic shared memory would allow more.
+template <int D>
+struct tile_shape;
+template <>
+struct tile_shape<64> {
+  static constexpr int rows = 64, keys = 32, threads = 128;
+};
+template <>
+struct tile_shape<128> {
+  static constexpr int rows = 64, keys = 16, threads = 128;
+};
+template <>
+struct tile_shape<256> {
+  static constexpr int rows = 24, keys = 16, threads = 128;
+};
+
+// Threads side by side over a tile's keys (scores) and over the output's columns (P.V): 16, so a
+// row's reductions are xor-shuffles within a half-warp.
+constexpr int kKeyLanes = 16;
+
+int32_t tile_rows(int32_t head_dim) {
+  switch (head_dim) {
+    case 64: return tile_shape<64>::rows;
+    case 128: return tile_shape<128>::rows;
+    case 256: return tile_shape<256>::rows;
+    default: return 0;
+  }
+}
+
+__device__ __forceinline__ float half_warp_max(float v) {
+#pragma unroll
+  for (int off = kKeyLanes / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+__device__ __forceinline__ float half_warp_sum(float v) {
+#pragma unroll
+  for (int off = kKeyLanes / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// grid: (num_kv_heads * group_chunks, num_tiles, num_splits), block: tile_shape<D>::threads.
+//
+// Row r of the CTA is token r / heads_per_cta of the tile and query head head0 + r % heads_per_cta.
+// Thread (tr, tc) = (threadIdx.x / 16, threadIdx.x % 16) owns rows [tr * RPT, tr * RPT + RPT):
+//   scores: keys tc, tc + 16, ... of the K tile;   output: float4 columns tc, tc + 16, ... of each row.
+// So the 16 threads of a half-warp share the same rows: the row max and sum of a tile are half-warp
+// shuffles, and each thread keeps its rows' running max m, sum l (replicated across the 16) and its
+// columns of the unnormalised output acc, all fp32.
+template <int D, class T>
+__global__ void __launch_bounds__(tile_shape<D>::threads)
+    prefill_attention_kernel(prefill_attention_args<T> a, int32_t heads_per_cta, int32_t group_chunks) {
+  using shape = tile_shape<D>;
+  constexpr int R = shape::rows, K = shape::keys, NT = shape::threads, D4 = D / 4;
+  constexpr int RPT = R / (NT / kKeyLanes);  // rows per thread
+  constexpr int KPT = K / kKeyLanes;         // keys per thread (scores)
+  constexpr int CPT = D4 / kKeyLanes;        // float4 output columns per thread
+  static_assert(RPT >= 1 && KPT >= 1 && CPT >= 1 && R % (NT / kKeyLanes) == 0, "tile shape");
+  __shared__ float4 q_s[R][D4];        // scaled Q rows: read as broadcasts (one row per half-warp)
+  __shared__ float4 kv_s[K][D4 + 1];   // the K tile, then the V tile; +1: keys start in different banks
+  __shared__ float p_s[R][K + 1];      // this tile's probabilities exp(s - m)
+
+  const prefill_tile tile = a.tiles[blockIdx.y];
+  const int32_t nkv = a.layout.num_kv_heads;
+  const int32_t kvh = static_cast<int32_t>(blockIdx.x) / group_chunks;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.x) % group_chunks;
+  const int32_t group = a.num_heads / nkv;
+  const int32_t head0 = kvh * group + chunk * heads_per_cta;
+  const int32_t num_heads_here = min(heads_per_cta, group - chunk * heads_per_cta);
+  const int tr = static_cast<int>(threadIdx.x) / kKeyLanes, tc = static_cast<int>(threadIdx.x) % kKeyLanes;
+
+  for (int idx = static_cast<int>(threadIdx.x); idx < R * D4; idx += NT) {
+    const int r = idx / D4, c4 = idx % D4;
+    const int i = r / heads_per_cta, g = r % heads_per_cta;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < tile.num_tokens && g < num_heads_here) {
+      const float* src = a.q + static_cast<int64_t>(tile.token_begin + i) * a.q_stride +
+                         static_cast<int64_t>(head0 + g) * D + 4 * c4;
+      v = make_float4(src[0] * a.scale, src[1] * a.scale, src[2] * a.scale, src[3] * a.scale);
+    }
+    q_s[r][c4] = v;
+  }
+  // Each row's position; -1 for the CTA's unused rows (past the tile's tokens or the group's heads),
+  // which then see no position and are never written.
+  int32_t row_pos[RPT];
+#pragma unroll
+  for (int rr = 0; rr < RPT; ++rr) {
+    const int r = tr * RPT + rr;
+    const int i = r / heads_per_cta, g = r % heads_per_cta;
+    row_pos[rr] = (i < tile.num_tokens && g < num_heads_here) ? tile.first_position + i : -1;
+  }
+
+  // Causal: the tile's last query sees positions [0, kv_end); tiles beyond are never loaded. A split
+  // walks its partition [start, end) of that range only (empty for partitions past kv_end).
+  const int32_t kv_end = tile.first_position + tile.num_tokens;
+  const int32_t split = static_cast<int32_t>(blockIdx.z);
+  const int32_t start = a.num_splits == 1 ? 0 : split * a.partition_size;
+  const int32_t end = a.num_splits == 1 ? kv_end : min(kv_end, start + a.partition_size);
+  const int32_t* table = a.block_tables + static_cast<int64_t>(tile.table_row) * a.max_blocks_per_seq;
+  const int32_t bs = a.layout.block_size;
+  const int64_t block_elems = a.layout.block_elems();
+  const int64_t k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * bs * D;
+  const int64_t v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kvh) * bs * D;
+
+  // kv_s[key] = positions k0 + key of K (or V) through the block table; zeros from `end` on, so that
+  // P.V never multiplies a zero probability by uninitialised memory.
+  auto load_tile = [&](int32_t k0, int64_t kind_off) {
+    for (int idx = static_cast<int>(threadIdx.x); idx < K * D4; idx += NT) {
+      const int key = idx / D4, c4 = idx % D4;
+      const int32_t j = k0 + key;
+      float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (j < end) {
+        load_floats<T, 4>(a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + kind_off +
+                              static_cast<int64_t>(j % bs) * D + 4 * c4,
+                          f);
+      }
+      kv_s[key][c4] = make_float4(f[0], f[1], f[2], f[3]);
+    }
+  };
+
+  float m[RPT], l[RPT];
+  float4 acc[RPT][CPT];
+#pragma unroll
+  for (int rr = 0; rr < RPT; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) acc[rr][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+
+  for (int32_t k0 = start; k0 < end; k0 += K) {
+    __syncthreads();  // the previous V tile is consumed (and, the first time, q_s is written)
+    load_tile(k0, k_off);
+    __syncthreads();
+
+    // S = Q K^T for this thread's rows x keys.
+    float s[RPT][KPT];
+#pragma unroll
+    for (int rr = 0; rr < RPT; ++rr)
+#pragma unroll
+      for (int kk = 0; kk < KPT; ++kk) s[rr][kk] = 0.0f;
+#pragma unroll 8
+    for (int d4 = 0; d4 < D4; ++d4) {
+      float4 kf[KPT];
+#pragma unroll
+      for (int kk = 0; kk < KPT; ++kk) kf[kk] = kv_s[tc + kKeyLanes * kk][d4];
+#pragma unroll
+      for (int rr = 0; rr < RPT; ++rr) {
+        const float4 qf = q_s[tr * RPT + rr][d4];
+#pragma unroll
+        for (int kk = 0; kk < KPT; ++kk) {
+          s[rr][kk] = fmaf(qf.x, kf[kk].x, s[rr][kk]);
+          s[rr][kk] = fmaf(qf.y, kf[kk].y, s[rr][kk]);
+          s[rr][kk] = fmaf(qf.z, kf[kk].z, s[rr][kk]);
+          s[rr][kk] = fmaf(qf.w, kf[kk].w, s[rr][kk]);
+        }
+      }
+    }
+
+    // Causal mask, then the online-softmax update of each row (rescale by exp(m_old - m_new)).
+#pragma unroll
+    for (int rr = 0; rr < RPT; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int kk = 0; kk < KPT; ++kk) {
+        const int32_t j = k0 + tc + kKeyLanes * kk;
+        if (j > row_pos[rr] || j >= end) s[rr][kk] = -INFINITY;
+        mx = fmaxf(mx, s[rr][kk]);
+      }
+      mx = half_warp_max(mx);
+      const float m_new = fmaxf(m[rr], mx);
+      // m_new = -inf: the row has seen no visible position yet (an unused row, or a row whose position
+      // precedes this split's partition).
+      const bool none = m_new == -INFINITY;
+      const float correction = none ? 1.0f : expf(m[rr] - m_new);  // 0 on the row's first tile
+      float sum = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KPT; ++kk) {
+        const float p = none ? 0.0f : expf(s[rr][kk] - m_new);
+        p_s[tr * RPT + rr][tc + kKeyLanes * kk] = p;
+        sum += p;
+      }
+      sum = half_warp_sum(sum);
+      l[rr] = l[rr] * correction + sum;
+      m[rr] = m_new;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        acc[rr][c].x *= correction;
+        acc[rr][c].y *= correction;
+        acc[rr][c].z *= correction;
+        acc[rr][c].w *= correction;
+      }
+    }
+    __syncthreads();  // every K read is done before V overwrites the tile; p_s is complete
+    load_tile(k0, v_off);
+    __syncthreads();
+
+    // O += P V over the tile's positions that exist (the rest are zero rows of V anyway).
+    const int num_keys = min(K, end - k0);
+    for (int k = 0; k < num_keys; ++k) {
+      float p[RPT];
+#pragma unroll
+      for (int rr = 0; rr < RPT; ++rr) p[rr] = p_s[tr * RPT + rr][k];
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) {
+        const float4 v = kv_s[k][tc + kKeyLanes * c];
+#pragma unroll
+        for (int rr = 0; rr < RPT; ++rr) {
+          acc[rr][c].x = fmaf(p[rr], v.x, acc[rr][c].x);
+          acc[rr][c].y = fmaf(p[rr], v.y, acc[rr][c].y);
+          acc[rr][c].z = fmaf(p[rr], v.z, acc[rr][c].z);
+          acc[rr][c].w = fmaf(p[rr], v.w, acc[rr][c].w);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < RPT; ++rr) {
+    if (row_pos[rr] < 0) continue;
+    const int r = tr * RPT + rr;
+    const int i = r / heads_per_cta, g = r % heads_per_cta;
+    if (a.num_splits > 1) {
+      // The partial state, -inf / 0 / zeros for a row that saw nothing here (the merge skips it).
+      const int64_t part = ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) *
+                               a.num_splits + split;
+      const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
+      float* o = a.workspace + part * D;
+#pragma unroll
+      for (int c = 0; c < CPT; ++c) reinterpret_cast<float4*>(o)[tc + kKeyLanes * c] = acc[rr][c];
+      if (tc == 0) {
+        a.workspace[num_parts * D + 2 * part] = m[rr];
+        a.workspace[num_parts * D + 2 * part + 1] = l[rr];
+      }
+      continue;
+    }
+    // l >= 1: the row's maximum position contributes exp(0).
+    const float inv = 1.0f / l[rr];
+    T* dst = a.out + static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head0 + g) * D;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      const int col = 4 * (tc + kKeyLanes * c);
+      dst[col + 0] = from_float<T>(acc[rr][c].x * inv);
+      dst[col + 1] = from_float<T>(acc[rr][c].y * inv);
+      dst[col + 2] = from_float<T>(acc[rr][c].z * inv);
+      dst[col + 3] = from_float<T>(acc[rr][c].w * inv);
+    }
+  }
+}
+
+// grid: (num_tiles, num_heads), block: head_dim threads. Merges the splits of each (tile token, head),
+// as combine_splits_kernel of gpu/attention.cu does for decode.
+template <class T>
+__global__ void prefill_combine_kernel(prefill_attention_args<T> a) {
+  const prefill_tile tile = a.tiles[blockIdx.x];
+  const int32_t head = static_cast<int32_t>(blockIdx.y), d = static_cast<int32_t>(threadIdx.x);
+  const int32_t D = a.layout.head_dim;
+  const int64_t num_parts = static_cast<int64_t>(gridDim.x) * a.tile_tokens * a.num_heads * a.num_splits;
+  const float* part_o = a.workspace;
+  const float* part_ml = a.workspace + num_parts * D;
+  for (int32_t i = 0; i < tile.num_tokens; ++i) {
+    const int64_t first = ((static_cast<int64_t>(blockIdx.x) * a.tile_tokens + i) * a.num_heads + head) * a.num_splits;
+    float mx = -INFINITY;
+    for (int32_t s = 0; s < a.num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (first + s)]);
+    float sum = 0.0f, o = 0.0f;
+    for (int32_t s = 0; s < a.num_splits; ++s) {
+      const float m = part_ml[2 * (first + s)];
+      if (m == -INFINITY) continue;  // a partition this token does not reach
+      const float f = expf(m - mx);
+      sum += part_ml[2 * (first + s) + 1] * f;
+      o += part_o[(first + s) * D + d] * f;
+    }
+    // sum >= 1: position 0's partition always contributes.
+    a.out[static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head) * D + d] =
+        from_float<T>(o / sum);
+  }
+}
+
+template <int D, class T>
+void launch_for_dim(const prefill_attention_args<T>& a, cudaStream_t stream) {
+  const int32_t nkv = a.layout.num_kv_heads;
+  const int32_t group = a.num_heads / nkv;
+  const int32_t heads_per_cta = std::min(group, tile_shape<D>::rows);
+  const int32_t group_chunks = (group + heads_per_cta - 1) / heads_per_cta;
+  // gridDim.y is at most 65535: more tiles take several launches.
+  constexpr int32_t max_tiles = 65535;
+  for (int32_t first = 0; first < a.num_tiles; first += max_tiles) {
+    prefill_attention_args<T> part = a;
+    part.tiles = a.tiles + first;
+    part.num_tiles = std::min(max_tiles, a.num_tiles - first);
+    const dim3 grid(static_cast<unsigned>(nkv * group_chunks), static_cast<unsigned>(part.num_tiles),
+                    static_cast<unsigned>(a.num_splits));
+    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T>)(part, heads_per_cta,
+                                                                                            group_chunks);
+    CUDA_CHECK(cudaGetLastError());
+    if (a.num_splits > 1) {  // the workspace is indexed by tile within this launch: merge before the next
+      TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T>)(part);
+      CUDA_CHECK(cudaGetLastError());
+    }
+  }
+}
+
+template <class T>
+void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
+  if (a.num_tiles <= 0) return;
+  if (a.layout.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
+    throw std::invalid_argument("prefill_attention: num_heads must be a positive multiple of num_kv_heads");
+  }
+  if (tile_rows(a.layout.head_dim) == 0) {
+    throw std::invalid_argument("prefill_attention: head_dim " + std::to_string(a.layout.head_dim) +
+                                " is not compiled (64, 128, 256)");
+  }
+  // The kernel gives each tile token heads_per_cta rows: tiles cut for another shape would overflow.
+  if (a.tile_tokens != prefill_tile_tokens(a.layout.head_dim, a.num_heads, a.layout.num_kv_heads)) {
+    throw std::invalid_argument("prefill_attention: tiles were not cut with prefill_tile_tokens for this shape");
+  }
+  if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
+    throw std::invalid_argument("prefill_attention: bad split (num_splits, partition_size, workspace)");
+  }
+  switch (a.layout.head_dim) {
+    case 64: return launch_for_dim<64>(a, stream);
+    case 128: return launch_for_dim<128>(a, stream);
+    default: return launch_for_dim<256>(a, stream);
+  }
+}
+
+}  // namespace
+
+int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_heads) {
+  const int32_t rows = tile_rows(head_dim);
+  if (rows == 0 || num_kv_heads < 1 || num_heads < 1 || num_heads % num_kv_heads != 0) return 0;
+  return rows / std::min(num_heads / num_kv_heads, rows);
+}
+
+prefill_split plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
+                                 int32_t max_context, int32_t num_sms) {
+  prefill_split p;
+  if (prefill_tile_tokens(head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
+  // As plan_attention_split: partitions of >= 512 positions, and only when the unsplit grid (at about
+  // 2 resident CTAs per SM) would leave multiprocessors idle; then about 2 CTAs per SM in all.
+  constexpr int32_t min_partition = 512;
+  const int32_t group = num_heads / num_kv_heads;
+  const int32_t heads_per_cta = std::min(group, tile_rows(head_dim));
+  const int64_t ctas = static_cast<int64_t>(num_tiles) * num_kv_heads * ((group + heads_per_cta - 1) / heads_per_cta);
+  if (max_context <= 2 * min_partition || ctas >= 2 * static_cast<int64_t>(num_sms)) return p;
+  const int64_t want = (2 * static_cast<int64_t>(num_sms) + ctas - 1) / ctas;
+  const int64_t most = (max_context + min_partition - 1) / min_partition;
+  const int64_t splits = std::clamp<int64_t>(std::min(want, most), 1, 256);
+  if (splits == 1) return p;
+  p.num_splits = static_cast<int32_t>(splits);
+  // A multiple of every K-tile size (16, 32), so the partitions cut no K tile in two.
+  p.partition_size = static_cast<int32_t>((max_context + splits - 1) / splits + 31) / 32 * 32;
+  return p;
+}
+
+int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,
+                                 int32_t num_splits) {
+  // Per launch of at most 65535 tiles (prefill_attention launches larger plans in parts).
+  const int64_t tiles = std::min(num_tiles, 65535);
+  return tiles * tile_tokens * num_heads * num_splits * (head_dim + 2);
+}
+
+std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& chunks, int32_t tile_tokens) {
+  if (tile_tokens < 1) throw std::invalid_argument("plan_prefill_tiles: tile_tokens must be >= 1");
+  std::vector<prefill_tile> tiles;
+  for (const prefill_tile& c : chunks) {
+    for (int32_t t0 = 0; t0 < c.num_tokens; t0 += tile_tokens) {
+      tiles.push_back({c.token_begin + t0, std::min(tile_tokens, c.num_tokens - t0), c.first_position + t0, c.table_row});
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [](const prefill_tile& x, const prefill_tile& y) {
+    return x.first_position + x.num_tokens > y.first_position + y.num_tokens;
+  });
+  return tiles;
+}
+
+void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream) { launch(a, stream); }
+void prefill_attention(const prefill_attention_args<bf16>& a, cudaStream_t stream) { launch(a, stream); }
+
+}  // namespace tessera::gpu

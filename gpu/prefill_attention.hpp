@@ -1,0 +1,96 @@
+// Prefill attention over the paged KV cache: a tiled flash-attention kernel (FlashAttention, Dao et
+// al. 2022, https://arxiv.org/abs/2205.14135: K/V walked in tiles held in shared memory, online
+// softmax with a running max and sum per query row, fp32).
+//
+// One CTA takes a tile of consecutive query tokens of ONE sequence times the query heads of one KV
+// head's GQA group (its "rows": token-major, head-minor), so each K/V tile it loads serves every row.
+// It walks the sequence's positions [0, last query's position] through the block table of
+// gpu/kernels.hpp's kv_layout, masking causally per row (a query at position p sees [0, p]); tiles
+// past the tile's last query are never loaded. A chunk of a prompt that starts at num_computed > 0
+// (chunked prefill, prefix-cache hit) is the same case: the earlier positions are already in the cache.
+//
+// The host describes the work as tiles (plan_prefill_tiles): each is 4 int32 (prefill_tile), packed by
+// the executor into its per-step metadata buffer. When there are too few tiles to fill the GPU and the
+// context is long (a short chunk after a long cached prefix), plan_prefill_split cuts the positions
+// over several CTAs per tile and a second kernel merges their partial softmax states (split-KV).
+// Decode tokens (fewer than 4 new tokens per sequence) keep using paged_attention (gpu/attention.hpp).
+//
+// SIMT fp32 FMAs from shared memory (no Tensor Cores yet: see docs/gpu_executor.md).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/kernels.hpp"
+
+namespace tessera::gpu {
+
+// A run of consecutive query tokens of one sequence: batch rows [token_begin, token_begin + num_tokens)
+// of q/out are positions [first_position, first_position + num_tokens) of the sequence whose block
+// table is row `table_row`. Used both for a sequence's whole chunk and for one CTA's tile of it.
+struct prefill_tile {
+  int32_t token_begin = 0;
+  int32_t num_tokens = 0;
+  int32_t first_position = 0;
+  int32_t table_row = 0;
+};
+static_assert(sizeof(prefill_tile) == 4 * sizeof(int32_t), "packed as 4 int32 in the step metadata");
+
+template <class T>
+struct prefill_attention_args {
+  T* out = nullptr;            // [tokens, out_stride], head h at columns h*head_dim
+  int64_t out_stride = 0;
+  const float* q = nullptr;    // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
+  int64_t q_stride = 0;
+  const T* kv_cache = nullptr;
+  kv_layout layout;
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  const prefill_tile* tiles = nullptr;  // [num_tiles], from plan_prefill_tiles with prefill_tile_tokens
+  int32_t num_tiles = 0;
+  int32_t tile_tokens = 0;              // prefill_tile_tokens(...) the tiles were cut with
+  const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  float scale = 1.0f;                   // 1/sqrt(head_dim)
+  // Split over positions (flash-decoding's split-KV, for few tiles over long contexts): 1 = none.
+  // With more, split s of a tile covers positions [s * partition_size, (s + 1) * partition_size) and
+  // writes its partial (max, sum, unnormalised output) to `workspace` (prefill_workspace_floats(...)
+  // floats); a second kernel merges them.
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+  float* workspace = nullptr;
+};
+
+// Query tokens per tile for this shape: the CTA's rows (64 for head_dim 64/128, 24 for 256) divided
+// by the query heads it serves (the GQA group, at most the row count). 0 for an unsupported head_dim.
+int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_heads);
+
+// Cuts each chunk into tiles of at most `tile_tokens` tokens, ordered by decreasing number of
+// positions to read (the causal work of a tile grows with its last position), so the longest CTAs are
+// scheduled first and the short ones fill the tail. Chunks with no tokens are skipped.
+std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& chunks, int32_t tile_tokens);
+
+// How to split: (num_splits, partition_size) for `num_tiles` tiles reading at most `max_context`
+// positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
+// the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
+// prefix: few tiles, long walks, so split).
+struct prefill_split {
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+};
+prefill_split plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
+                                 int32_t max_context, int32_t num_sms);
+
+// Floats of workspace a split launch needs.
+int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,
+                                 int32_t num_splits);
+
+// Throws std::invalid_argument for an unsupported head_dim, a head count that is not a multiple of the
+// KV heads, tiles not cut with prefill_tile_tokens for this shape, or a bad split. Nothing to do for
+// num_tiles 0.
+void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream);
+void prefill_attention(const prefill_attention_args<bf16>& a, cudaStream_t stream);
+
+}  // namespace tessera::gpu

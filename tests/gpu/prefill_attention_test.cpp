@@ -1,0 +1,391 @@
+// The tiled prefill attention kernel (gpu/prefill_attention.cu) against the CPU reference of paged
+// attention (tests/gpu/reference.hpp), which the ReferenceSelfCheck tests of kernels_test.cpp check
+// against dense attention. Skips (with the reason) where no CUDA device is present; the tile-plan tests
+// need no device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_executor.hpp"
+#include "engine/dummy_weights.hpp"
+#include "engine/ggml_types.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/cuda_executor.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/prefill_attention.hpp"
+#include "tests/gpu/reference.hpp"
+
+namespace tessera::gpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Host bf16 <-> float through the engine's converters (bit-compatible with __nv_bfloat16).
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = fp32_to_bf16(v[i]);
+  return out;
+}
+std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_fp32(v[i]);
+  return out;
+}
+
+// ---- the tile plan (host only) -------------------------------------------------------------------
+
+TEST(PrefillTilePlan, TokensPerTileFollowTheGqaGroup) {
+  EXPECT_EQ(prefill_tile_tokens(128, 32, 8), 16);  // Llama-3-8B: group 4, 64 rows
+  EXPECT_EQ(prefill_tile_tokens(64, 9, 3), 21);    // SmolLM2: group 3 (63 of 64 rows used)
+  EXPECT_EQ(prefill_tile_tokens(128, 28, 4), 9);   // Qwen2.5-7B: group 7
+  EXPECT_EQ(prefill_tile_tokens(128, 8, 1), 8);    // MQA
+  EXPECT_EQ(prefill_tile_tokens(64, 4, 4), 64);    // MHA
+  EXPECT_EQ(prefill_tile_tokens(256, 4, 4), 24);   // head_dim 256: 24 rows
+  EXPECT_EQ(prefill_tile_tokens(256, 32, 1), 1);   // group 32 > 24 rows: one token, two CTAs per KV head
+  EXPECT_EQ(prefill_tile_tokens(96, 8, 8), 0);     // head_dim not compiled
+  EXPECT_EQ(prefill_tile_tokens(128, 10, 4), 0);   // heads not a multiple of KV heads
+}
+
+TEST(PrefillTilePlan, CoversEveryTokenOnceLongestContextFirst) {
+  const std::vector<prefill_tile> chunks = {{0, 37, 0, 0}, {37, 0, 5, 1}, {37, 70, 45, 2}, {107, 1, 200, 3}};
+  const int32_t tt = 16;
+  const auto tiles = plan_prefill_tiles(chunks, tt);
+  std::vector<int32_t> seen(108, 0);
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const prefill_tile& t = tiles[i];
+    ASSERT_GE(t.num_tokens, 1);
+    ASSERT_LE(t.num_tokens, tt);
+    // Inside its chunk, with the chunk's row and consistent positions.
+    const auto c = std::find_if(chunks.begin(), chunks.end(), [&](const prefill_tile& chunk) {
+      return chunk.num_tokens > 0 && t.token_begin >= chunk.token_begin && t.token_begin < chunk.token_begin + chunk.num_tokens;
+    });
+    ASSERT_NE(c, chunks.end());
+    EXPECT_EQ(t.table_row, c->table_row);
+    EXPECT_EQ(t.first_position - c->first_position, t.token_begin - c->token_begin);
+    EXPECT_LE(t.token_begin + t.num_tokens, c->token_begin + c->num_tokens);
+    for (int32_t k = 0; k < t.num_tokens; ++k) ++seen[size_t(t.token_begin + k)];
+    if (i > 0) {
+      EXPECT_GE(tiles[i - 1].first_position + tiles[i - 1].num_tokens, t.first_position + t.num_tokens);
+    }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 108);
+  EXPECT_EQ(tiles.size(), size_t(3 + 5 + 1));  // ceil(37/16) + ceil(70/16) + 1
+  EXPECT_THROW(plan_prefill_tiles(chunks, 0), std::invalid_argument);
+}
+
+TEST(PrefillTilePlan, SplitsOnlyFewTilesOverLongContexts) {
+  // A 4k prompt on Llama-3-8B: 256 tiles x 8 KV heads fill 132 SMs; no split.
+  EXPECT_EQ(plan_prefill_split(256, 128, 32, 8, 4096, 132).num_splits, 1);
+  // Few tiles but a short context: no split.
+  EXPECT_EQ(plan_prefill_split(2, 128, 32, 8, 900, 132).num_splits, 1);
+  // 64 new tokens after 16k cached (multi-turn chat with a prefix hit): 4 tiles x 8 CTAs; split.
+  const prefill_split p = plan_prefill_split(4, 128, 32, 8, 16384 + 64, 132);
+  EXPECT_GT(p.num_splits, 1);
+  EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 16384 + 64);
+  EXPECT_GE(p.partition_size, 512);
+  EXPECT_EQ(p.partition_size % 32, 0);
+  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);  // about 2 CTAs per SM, not more
+  EXPECT_EQ(plan_prefill_split(4, 96, 32, 8, 16384, 132).num_splits, 1);  // unsupported shape
+}
+
+TEST(PrefillTilePlan, LaunchRejectsBadShapesBeforeTouchingTheDevice) {
+  prefill_tile tile{0, 1, 0, 0};
+  prefill_attention_args<float> a;
+  a.num_heads = 8;
+  a.layout = {1, 2, 16, 96};
+  a.tiles = &tile;
+  a.num_tiles = 1;
+  EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);  // head_dim 96
+  a.layout.head_dim = 128;
+  a.tile_tokens = 64;  // cut for another shape: 8/2 heads give 16 tokens a tile
+  EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);
+  a.num_heads = 7;
+  a.tile_tokens = 0;
+  EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);  // 7 heads over 2 KV heads
+  a.num_heads = 8;
+  a.tile_tokens = 16;
+  a.num_splits = 2;  // split without a workspace
+  a.partition_size = 512;
+  EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------
+
+struct prefill_case {
+  int32_t head_dim;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t block_size;
+  bool bf16;
+  int32_t partition = 0;  // > 0: split the positions into partitions of this size (split-KV)
+};
+
+void PrintTo(const prefill_case& c, std::ostream* os) {
+  *os << "d" << c.head_dim << "_h" << c.num_heads << "_kv" << c.num_kv_heads << "_bs" << c.block_size
+      << (c.bf16 ? "_bf16" : "_f32") << "_part" << c.partition;
+}
+
+class GpuPrefillAttention : public ::testing::TestWithParam<prefill_case> {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped";
+  }
+  void TearDown() override {
+    for (void* p : allocations_) cudaFree(p);
+  }
+  template <class U>
+  U* upload(const std::vector<U>& host) {
+    U* dev = nullptr;
+    CUDA_CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(U)));
+    if (!host.empty()) CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice));
+    allocations_.push_back(dev);
+    return dev;
+  }
+  template <class U>
+  static std::vector<U> download(const U* dev, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<U> host(n);
+    CUDA_CHECK(cudaMemcpy(host.data(), dev, n * sizeof(U), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  std::vector<void*> allocations_;
+};
+
+// One launch over several sequences' chunks plus rows that belong to no tile (where a step's decode
+// tokens would be): every chunk's rows must equal the reference, the others stay untouched.
+//   seq 0: a whole prompt of 37 tokens (not a multiple of any tile, ends mid-block);
+//   seq 1: a prefix-cache hit: 45 positions cached, 70 new (starts mid-block, tiles straddle blocks);
+//   seq 2: a later chunk of a chunked prefill: 96 cached (a block edge), 33 new;
+//   seq 3: a single new token at position 20 given to the prefill kernel (a 1-token tile).
+TEST_P(GpuPrefillAttention, MatchesCpuReference) {
+  const prefill_case c = GetParam();
+  const int32_t bs = c.block_size;
+  ref::kv_geometry g{2, c.num_kv_heads, bs, c.head_dim};
+  const int32_t layer = 1;
+  const std::vector<int32_t> num_computed = {0, 45, 96, 20};
+  const std::vector<int32_t> num_new = {37, 70, 33, 1};
+  const auto num_seqs = int32_t(num_computed.size());
+  int32_t max_blocks = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) max_blocks = std::max(max_blocks, (num_computed[s] + num_new[s] + bs - 1) / bs);
+  const int32_t num_blocks = num_seqs * max_blocks + 3;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(21));
+  std::vector<int32_t> tables(size_t(num_seqs) * max_blocks, 0);
+  for (int32_t s = 0, next = 0; s < num_seqs; ++s)
+    for (int32_t b = 0; b < (num_computed[s] + num_new[s] + bs - 1) / bs; ++b) tables[size_t(s) * max_blocks + b] = perm[size_t(next++)];
+
+  // Batch rows: [gap][seq 0][gap][seq 1][seq 2][gap][seq 3]: the gaps are rows of no tile.
+  std::vector<int32_t> context, token_seq;
+  std::vector<bool> in_tile;
+  std::vector<prefill_tile> chunks;
+  auto gap = [&] {
+    context.push_back(1);
+    token_seq.push_back(0);
+    in_tile.push_back(false);
+  };
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    if (s != 2) gap();
+    chunks.push_back({int32_t(context.size()), num_new[s], num_computed[s], s});
+    for (int32_t p = num_computed[s]; p < num_computed[s] + num_new[s]; ++p) {
+      context.push_back(p + 1);
+      token_seq.push_back(s);
+      in_tile.push_back(true);
+    }
+  }
+  const auto T = int32_t(context.size());
+  const int64_t q_stride = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;  // as the executor's qkv rows
+  const auto q = random_floats(size_t(T) * q_stride, 22);
+  auto kv = random_floats(size_t(num_blocks) * g.block_elems(), 23);
+  if (c.bf16) kv = from_bf16(to_bf16(kv));  // the reference reads what the bf16 cache holds
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks, scale);
+
+  const int32_t tile_tokens = prefill_tile_tokens(c.head_dim, c.num_heads, c.num_kv_heads);
+  ASSERT_GT(tile_tokens, 0);
+  const auto tiles = plan_prefill_tiles(chunks, tile_tokens);
+  const size_t out_elems = size_t(T) * c.num_heads * c.head_dim;
+  constexpr float sentinel = 7.0f;  // exactly representable in bf16
+  auto fill = [&](auto& a) {
+    a.out_stride = int64_t{c.num_heads} * c.head_dim;
+    a.q = upload(q);
+    a.q_stride = q_stride;
+    a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
+    a.layer = layer;
+    a.num_heads = c.num_heads;
+    a.tiles = upload(tiles);
+    a.num_tiles = int32_t(tiles.size());
+    a.tile_tokens = tile_tokens;
+    a.block_tables = upload(tables);
+    a.max_blocks_per_seq = max_blocks;
+    a.scale = scale;
+    if (c.partition > 0) {
+      // 129 = the furthest position read + 1 (seq 2); partitions past a tile's context stay empty.
+      a.num_splits = (129 + c.partition - 1) / c.partition;
+      a.partition_size = c.partition;
+      // Left unwritten (the emulation fills fresh allocations with NaN): the kernels must write every
+      // partial they read.
+      float* ws = nullptr;
+      const auto ws_floats = size_t(prefill_workspace_floats(a.num_tiles, tile_tokens, c.num_heads, c.head_dim, a.num_splits));
+      CUDA_CHECK(cudaMalloc(&ws, ws_floats * sizeof(float)));
+      allocations_.push_back(ws);
+      a.workspace = ws;
+    }
+  };
+  std::vector<float> got;
+  if (c.bf16) {
+    prefill_attention_args<bf16> a;
+    fill(a);
+    a.kv_cache = reinterpret_cast<const bf16*>(upload(to_bf16(kv)));
+    uint16_t* out = upload(to_bf16(std::vector<float>(out_elems, sentinel)));
+    a.out = reinterpret_cast<bf16*>(out);
+    prefill_attention(a, nullptr);
+    got = from_bf16(download(out, out_elems));
+  } else {
+    prefill_attention_args<float> a;
+    fill(a);
+    a.kv_cache = upload(kv);
+    float* out = upload(std::vector<float>(out_elems, sentinel));
+    a.out = out;
+    prefill_attention(a, nullptr);
+    got = download(out, out_elems);
+  }
+  // fp32: the kernel's only departures from the double reference are fp32 rounding of D-term dot
+  // products and softmax sums (scores ~N(0, 1) after scaling, outputs convex combinations of N(0, 1)
+  // values): ~1e-6, so 2e-5 relative is tight yet safe (the decode kernel's bound). bf16: the output
+  // is rounded to bf16 (relative error <= 2^-9 ~ 2e-3) on top, the cache holds exactly what the
+  // reference reads; 4e-3 relative.
+  const double tol = c.bf16 ? 4e-3 : 2e-5;
+  const size_t row = size_t(c.num_heads) * c.head_dim;
+  for (size_t i = 0; i < out_elems; ++i) {
+    if (in_tile[i / row]) {
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i << " (row " << i / row << ")";
+    } else {
+      ASSERT_EQ(got[i], sentinel) << "row " << i / row << " belongs to no tile but was written";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuPrefillAttention,
+    ::testing::Values(prefill_case{64, 9, 3, 16, false},    // SmolLM2: group 3, 21-token tiles
+                      prefill_case{64, 9, 3, 16, true},
+                      prefill_case{128, 32, 8, 16, true},   // Llama-3-8B: group 4
+                      prefill_case{128, 32, 8, 8, false},   // 8-position blocks: each K tile spans two
+                      prefill_case{128, 28, 4, 16, true},   // Qwen2.5-7B: group 7, 9-token tiles
+                      prefill_case{128, 8, 1, 32, false},   // MQA group 8; blocks larger than a K tile
+                      prefill_case{64, 4, 4, 16, false},    // MHA: group 1, 64-token tiles
+                      prefill_case{256, 4, 4, 16, true},    // head_dim 256, group 1
+                      prefill_case{256, 32, 1, 16, false},  // group 32 > 24 rows: two CTAs per KV head
+                      // Split over positions: partitions that are no multiple of the K tile, rows
+                      // whose position precedes a partition, partitions past a tile's context.
+                      prefill_case{128, 32, 8, 16, true, 40},
+                      prefill_case{64, 9, 3, 8, false, 48},
+                      prefill_case{256, 8, 1, 16, false, 64}));
+
+// ---- in the executor ------------------------------------------------------------------------------
+
+// The executor gives prompt chunks (>= 4 new tokens) to prefill_attention and the other sequences to
+// paged_attention in the same step, moving the chunks' rows after the decode rows. Steps that
+// interleave them in the batch (chunk, decode, chunk, decode) must give the CPU executor's logits in
+// the batch's order. (tests/gpu/cuda_executor_test.cpp covers paging, swaps and the real model.)
+struct executor_dtype {
+  cuda_dtype dtype;
+};
+// Deterministic ctest names (the default prints the parameter's bytes).
+void PrintTo(const executor_dtype& d, std::ostream* os) { *os << (d.dtype == cuda_dtype::f32 ? "f32" : "bf16"); }
+
+class PrefillInTheExecutor : public ::testing::TestWithParam<executor_dtype> {};
+
+TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine: CUDA executor tests skipped";
+  model_config cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 384;
+  cfg.intermediate_size = 512;
+  cfg.num_heads = 6;  // group 3: 21-token tiles
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.vocab_size = 256;
+  cfg.context_length = 4096;
+  cfg.rope_dims = 64;
+  dummy_weights_options wo;
+  wo.type = ggml_type::f32;
+  wo.seed = 5;
+  const auto weights = make_dummy_weights(cfg, wo);
+  kv_cache_spec kv;
+  kv.block_size = 16;
+  kv.num_device_blocks = 64;
+  cpu_executor_options co;
+  co.kv = kv;
+  co.num_threads = 2;
+  const auto cpu = make_cpu_executor(weights, co);
+  cuda_executor_options go;
+  go.kv = kv;
+  go.dtype = GetParam().dtype;
+  const auto gpu = make_cuda_executor(weights, go);
+
+  using mode = sequence_slice::logits_mode;
+  auto slice = [](uint64_t id, int32_t first, int32_t n, int32_t num_computed, std::vector<block_id> table, mode m) {
+    sequence_slice s;
+    s.seq_id = id;
+    for (int32_t i = 0; i < n; ++i) s.tokens.push_back((first + i) * 37 % 256);
+    s.num_computed = num_computed;
+    s.block_table = std::move(table);
+    s.logits = m;
+    return s;
+  };
+  auto both = [&](const step_batch& b, const char* what) {
+    step_output oc, og;
+    cpu->execute(b, oc);
+    gpu->execute(b, og);
+    EXPECT_EQ(oc.first_row, og.first_row) << what;
+    EXPECT_EQ(oc.num_rows, og.num_rows) << what;
+    ASSERT_EQ(oc.logits.size(), og.logits.size()) << what;
+    float scale = 1.0f;
+    for (float v : oc.logits) scale = std::max(scale, std::fabs(v));
+    // As cuda_executor_test.cpp: fp32 GEMMs and attention differ from the CPU's only in summation
+    // order; bf16 weights, activations and cache lose ~3 significant digits on the way.
+    const float tol = (GetParam().dtype == cuda_dtype::f32 ? 1e-3f : 6e-2f) * scale;
+    for (size_t i = 0; i < oc.logits.size(); ++i) {
+      ASSERT_NEAR(oc.logits[i], og.logits[i], tol) << what << ": logit " << i << " (row " << i / 256 << ")";
+    }
+  };
+  // Step 1: A's 40-token prompt (every row's logits), B's 3 tokens (under the threshold: decode
+  // kernel), C's first chunk of 30.
+  step_batch s1;
+  s1.seqs.push_back(slice(1, 0, 40, 0, {5, 9, 1}, mode::all));
+  s1.seqs.push_back(slice(2, 100, 3, 0, {12}, mode::last));
+  s1.seqs.push_back(slice(3, 200, 30, 0, {20, 3, 30}, mode::last));
+  both(s1, "step 1");
+  // Step 2: C's second chunk (starts mid-block), A decoding, D a prefix hit on A's first two blocks
+  // with 9 new tokens, B decoding: prefill rows and decode rows interleaved in the batch.
+  step_batch s2;
+  s2.seqs.push_back(slice(3, 230, 13, 30, {20, 3, 30}, mode::all));
+  s2.seqs.push_back(slice(1, 40, 1, 40, {5, 9, 1}, mode::last));
+  s2.seqs.push_back(slice(4, 300, 9, 32, {5, 9, 40}, mode::last));
+  s2.seqs.push_back(slice(2, 103, 1, 3, {12}, mode::last));
+  both(s2, "step 2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillInTheExecutor,
+                         ::testing::Values(executor_dtype{cuda_dtype::f32}, executor_dtype{cuda_dtype::bf16}),
+                         [](const ::testing::TestParamInfo<executor_dtype>& i) {
+                           return std::string(i.param.dtype == cuda_dtype::f32 ? "f32" : "bf16");
+                         });
+
+}  // namespace
+}  // namespace tessera::gpu
