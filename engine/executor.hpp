@@ -4,7 +4,9 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/model_config.hpp"
@@ -21,6 +23,35 @@ struct kv_cache_spec {
   int32_t num_host_blocks = 0;    // blocks in the host swap pool (0: no swap)
 };
 
+// Sampling done by the executor (optional: executor::samples_on_device()): everything the engine's
+// sampler would do with this sequence's last logits row, as plain data, made by
+// sampler::device_request() with the semantics of sampler::sample() (docs/sampling.md). Token ids
+// outside the vocabulary are ignored.
+struct device_sampling {
+  bool greedy = false;                 // argmax, lowest id on ties (temperature below 1e-5)
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = -1;                  // <= 0: off
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t num_logprobs = -1;           // -1: none; else the token's raw logprob plus that many top ones
+  uint64_t stream_key = 0;             // the draw is sampler::uniform_draw(stream_key, position)
+  uint64_t position = 0;               // output position of the token to choose
+  std::vector<std::pair<token_id, float>> logit_bias;  // distinct ids, added first
+  std::vector<token_id> masked;                        // set to -inf (min_tokens not reached yet)
+  std::vector<token_id> penalized;                     // distinct ids: repetition penalty
+  std::vector<std::pair<token_id, int32_t>> output_counts;  // distinct ids: presence / frequency
+};
+
+// A token the executor sampled, with the raw logprobs asked for (as sample_result).
+struct sampled_token {
+  token_id token = -1;  // -1: not sampled by the executor (its logits row is returned instead)
+  float logprob = 0.0f;
+  std::vector<std::pair<token_id, float>> top_logprobs;
+};
+
 // One sequence's part of a step: `tokens` are new tokens at positions
 // [num_computed, num_computed + tokens.size()); K/V of earlier positions are already in the blocks of
 // `block_table`, which covers every position up to the end of `tokens`.
@@ -31,6 +62,9 @@ struct sequence_slice {
   std::vector<block_id> block_table;
   // Which logits to return: none, the last token's (sampling), or every token's (prompt logprobs, tests).
   enum class logits_mode : uint8_t { none, last, all } logits = logits_mode::last;
+  // With logits == last and an executor that samples_on_device(): sample there and return the token
+  // in step_output::sampled instead of the logits row. Ignored by other executors.
+  std::optional<device_sampling> sampling;
 };
 
 struct block_copy {
@@ -54,6 +88,9 @@ struct step_output {
   std::vector<float> logits;
   std::vector<int32_t> first_row;
   std::vector<int32_t> num_rows;
+  // Executors whose samples_on_device() is true: one entry per seqs[i], token >= 0 where the executor
+  // sampled (then num_rows[i] == 0). Other executors leave it untouched.
+  std::vector<sampled_token> sampled;
 
   std::span<const float> row(int32_t r) const {
     return {logits.data() + static_cast<size_t>(r) * vocab_size, static_cast<size_t>(vocab_size)};
@@ -74,6 +111,9 @@ class executor {
   // Runs one step. pre: block ids in range; every block written this step is owned by one sequence.
   virtual void execute(const step_batch& batch, step_output& out) = 0;
   virtual const char* name() const = 0;  // "cpu", "cuda"
+  // True when execute() honours sequence_slice::sampling (gpu/cuda_executor.cpp); the engine then
+  // sends its sampler's state and records the tokens the executor returns.
+  virtual bool samples_on_device() const { return false; }
 };
 
 }  // namespace tessera

@@ -219,8 +219,23 @@ std::vector<request_output> llm_engine::step() {
   record_.schedule_seconds = seconds_since(t0);
 
   bool failed = false;
+  std::vector<bool> asked_device(plan.scheduled.size(), false);  // sampling sent to the executor
   if (!plan.scheduled.empty() || !plan.swap_in.empty() || !plan.swap_out.empty() || !plan.copies.empty()) {
-    const step_batch batch = sched_.make_batch(plan);
+    step_batch batch = sched_.make_batch(plan);
+    if (exec_.samples_on_device()) {
+      // The executor samples these sequences itself from the sampler's state and returns tokens
+      // instead of logits rows (docs/sampling.md). The fork step of an n > 1 request draws n tokens
+      // from one row and stays on the host, as does a sampler device_request() declines.
+      for (size_t i = 0; i < plan.scheduled.size() && i < batch.seqs.size(); ++i) {
+        if (!plan.scheduled[i].samples) continue;
+        auto owner = seq_owner_.find(plan.scheduled[i].id);
+        if (owner == seq_owner_.end()) continue;
+        const request_state& r = requests_.at(owner->second.first);
+        if (!r.forked && r.params.n > 1) continue;
+        batch.seqs[i].sampling = r.choices[static_cast<size_t>(owner->second.second)]->samp.device_request();
+        asked_device[i] = batch.seqs[i].sampling.has_value();
+      }
+    }
     const auto t_exec = engine_clock::now();
     try {
       exec_.execute(batch, logits_);
@@ -267,12 +282,18 @@ std::vector<request_output> llm_engine::step() {
       auto owner = seq_owner_.find(s.id);
       if (owner == seq_owner_.end()) continue;
       request_state& r = requests_.at(owner->second.first);
-      if (logits_.num_rows.size() <= i || logits_.num_rows[i] < 1) {
+      const sampled_token* device_token = nullptr;
+      if (asked_device[i] && i < logits_.sampled.size() && logits_.sampled[i].token >= 0 &&
+          logits_.sampled[i].token < exec_.config().vocab_size) {
+        device_token = &logits_.sampled[i];
+      }
+      if (!device_token && (logits_.num_rows.size() <= i || logits_.num_rows[i] < 1)) {
         fail_request(r, "executor returned no logits", outs, index);
         drop_if_done(r.id);
         continue;
       }
-      const auto row = logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
+      const auto row = device_token ? std::span<const float>()
+                                    : logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
       std::vector<choice_state*> samplers{r.choices[static_cast<size_t>(owner->second.second)].get()};
       if (!r.forked && r.params.n > 1) {
         // Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its
@@ -290,7 +311,15 @@ std::vector<request_output> llm_engine::step() {
         }
       }
       for (choice_state* c : samplers) {
-        const sample_result res = c->samp.sample(row);
+        sample_result res;
+        if (device_token) {  // one sampler: requests that fork were not sent
+          res.token = device_token->token;
+          res.logprob = device_token->logprob;
+          res.top_logprobs = device_token->top_logprobs;
+          c->samp.append_external_token(res.token);
+        } else {
+          res = c->samp.sample(row);
+        }
         accept_token(r, *c, res, output_for(outs, index, r, *c));
       }
       drop_if_done(r.id);

@@ -1,5 +1,7 @@
 #include "engine/sampler.hpp"
 
+#include "engine/sampling_math.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,16 +15,9 @@ namespace {
 constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 constexpr float max_float = std::numeric_limits<float>::max();
 
-// SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number generators", OOPSLA 2014):
-// the n-th output of a stream with state s is mix64(s + n * golden_gamma). Used here as a
-// counter-based generator, so any output position can be drawn without drawing the ones before.
-constexpr uint64_t golden_gamma = 0x9E3779B97F4A7C15ull;
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using sampling_math::candidate_weight;
+using sampling_math::order_key;
+using sampling_math::sanitize_logit;
 
 uint64_t random_seed() {
   std::random_device device;
@@ -30,12 +25,8 @@ uint64_t random_seed() {
 }
 
 // NaN (a broken executor row) must not reach the comparisons below, whose sort algorithms need a
-// strict weak order; +inf would turn the softmax into NaN. Adding +0 turns -0 into +0, so equal
-// values also have equal bit patterns (order_key buckets).
-float sanitize(float x) {
-  const float not_nan = x == x ? x : neg_inf;
-  return std::min(not_nan, max_float) + 0.0f;
-}
+// strict weak order; +inf would turn the softmax into NaN (engine/sampling_math.hpp).
+float sanitize(float x) { return sanitize_logit(x); }
 
 struct candidate {
   float score;  // a logit, later an unnormalized probability (monotone in the logit)
@@ -77,14 +68,6 @@ void select_top(std::span<const float> logits, size_t count, std::vector<candida
       std::push_heap(out.begin(), out.end(), ranks_before);
     }
   }
-}
-
-// Maps a float to an unsigned key with the same order (IEEE 754 totalOrder for non-NaN values).
-uint32_t order_key(float x) {
-  uint32_t bits = 0;
-  static_assert(sizeof bits == sizeof x);
-  std::memcpy(&bits, &x, sizeof bits);
-  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
 }
 
 // The `count` best-ranked finite entries of `logits` for large counts, by one round of radix
@@ -200,11 +183,39 @@ void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucke
   cands.resize(hi);
 }
 
-// Inverse-CDF sampling with one uniform draw over the candidates in their current (deterministic)
-// order. Returns -1 when no candidate has positive mass.
-token_id pick(const std::vector<candidate>& cands, double uniform) {
+// Inverse-CDF sampling with one uniform draw over weights indexed by token id, in id order, given
+// their total (summed in any order: only rounding depends on it). Returns -1 when no weight is
+// positive.
+token_id pick_weights(std::span<const float> weights, double total, double uniform) {
+  if (!(total > 0.0)) return -1;
+  const double target = uniform * total;
+  double cumulative = 0.0;
+  token_id last_positive = -1;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    cumulative += weights[i];
+    last_positive = static_cast<token_id>(i);
+    if (target < cumulative) return last_positive;
+  }
+  return last_positive;  // rounding left target at the very end of the CDF
+}
+
+// pick_weights() over a candidate list: the CDF runs in token id order whatever order truncation
+// left the candidates in, so the draw does not depend on the selection algorithm (and the GPU sampler,
+// gpu/sampling.cu, walks the same order). Small lists are sorted by id; large ones are scattered into
+// a vocabulary-sized row (no sort).
+token_id pick(std::vector<candidate>& cands, size_t vocab, double uniform) {
   double total = 0.0;
   for (const candidate& c : cands) total += c.score;
+  constexpr size_t sort_limit = 2048;
+  if (cands.size() > sort_limit) {
+    thread_local std::vector<float> tls_row;
+    std::vector<float>& row = tls_row;
+    row.assign(vocab, 0.0f);
+    for (const candidate& c : cands) row[static_cast<size_t>(c.id)] = c.score;
+    return pick_weights(row, total, uniform);
+  }
+  std::sort(cands.begin(), cands.end(), [](const candidate& a, const candidate& b) { return a.id < b.id; });
   if (!(total > 0.0)) return -1;
   const double target = uniform * total;
   double cumulative = 0.0;
@@ -218,33 +229,18 @@ token_id pick(const std::vector<candidate>& cands, double uniform) {
   return last_positive;  // rounding left target at the very end of the CDF
 }
 
-// pick() over weights indexed by token id.
-token_id pick_weights(std::span<const float> weights, double uniform) {
-  double total = 0.0;
-  for (float w : weights) total += w;
-  if (!(total > 0.0)) return -1;
-  const double target = uniform * total;
-  double cumulative = 0.0;
-  token_id last_positive = -1;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i] <= 0.0f) continue;
-    cumulative += weights[i];
-    last_positive = static_cast<token_id>(i);
-    if (target < cumulative) return last_positive;
-  }
-  return last_positive;
-}
-
 // Sampling without top-k/top-p (min-p at most): weights in place, in id order, no candidate list.
 token_id sample_whole_vocabulary(std::span<float> work, float min_p, double uniform) {
   float max_logit = neg_inf;
   for (float l : work) max_logit = l > max_logit ? l : max_logit;
   if (max_logit == neg_inf) return -1;
+  double total = 0.0;
   for (float& l : work) {
-    const float w = std::exp(l - max_logit);  // -inf: 0; the top token: exactly 1
-    l = w >= min_p ? w : 0.0f;                // min-p (p / p_max == w); NaN: 0
+    const float w = candidate_weight(l, max_logit);  // -inf: 0; the top token: exactly 1
+    l = w >= min_p ? w : 0.0f;                       // min-p (p / p_max == w); NaN: 0
+    total += l;
   }
-  return pick_weights(work, uniform);
+  return pick_weights(work, total, uniform);
 }
 
 // Top-k, then top-p on the top-k distribution, then min-p; `work` holds processed logits.
@@ -274,7 +270,7 @@ token_id sample_truncated(std::span<const float> work, const sampling_params& pa
   if (nucleus) bucket_mass.assign(num_weight_buckets, 0.0);
   double total = 0.0;
   for (candidate& c : cands) {
-    c.score = std::exp(c.score - max_logit);  // the top candidate's weight is exactly 1
+    c.score = candidate_weight(c.score, max_logit);  // the top candidate's weight is exactly 1
     total += c.score;
     if (nucleus) bucket_mass[weight_bucket(c.score)] += c.score;
   }
@@ -284,20 +280,17 @@ token_id sample_truncated(std::span<const float> work, const sampling_params& pa
     // top-k and top-p.
     std::erase_if(cands, [&](const candidate& c) { return c.score < params.min_p; });
   }
-  return pick(cands, uniform);
+  return pick(cands, vocab, uniform);
 }
 
 }  // namespace
 
 uint64_t sampler::derive_stream_key(uint64_t seed, uint64_t fork_index) {
-  // mix64 is a bijection and (fork_index + 1) * gamma differs per fork (gamma is odd), so the forks
-  // of one seed always get distinct keys.
-  return mix64(mix64(seed) + (fork_index + 1) * golden_gamma);
+  return sampling_math::derive_stream_key(seed, fork_index);
 }
 
 double sampler::uniform_draw(uint64_t key, uint64_t position) {
-  const uint64_t bits = mix64(key + (position + 1) * golden_gamma);
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 random bits: uniform in [0, 1)
+  return sampling_math::uniform_draw(key, position);
 }
 
 sampler::sampler(const sampling_params& params, uint64_t fork_index,
@@ -420,6 +413,40 @@ sample_result sampler::sample(std::span<const float> logits) {
 }
 
 void sampler::append_external_token(token_id token) { record(token); }
+
+std::optional<device_sampling> sampler::device_request() const {
+  device_sampling d;
+  d.logit_bias = params_.logit_bias;
+  std::vector<token_id> bias_ids;
+  bias_ids.reserve(d.logit_bias.size());
+  for (const auto& entry : d.logit_bias) bias_ids.push_back(entry.first);
+  std::sort(bias_ids.begin(), bias_ids.end());
+  if (std::adjacent_find(bias_ids.begin(), bias_ids.end()) != bias_ids.end()) return std::nullopt;
+  d.greedy = params_.greedy();
+  d.temperature = params_.temperature;
+  d.top_p = params_.top_p;
+  d.top_k = params_.top_k;
+  d.min_p = params_.min_p;
+  d.repetition_penalty = params_.repetition_penalty;
+  d.presence_penalty = params_.presence_penalty;
+  d.frequency_penalty = params_.frequency_penalty;
+  d.num_logprobs = params_.logprobs;
+  d.stream_key = stream_key_;
+  d.position = static_cast<uint64_t>(num_generated_);
+  if (num_generated_ < params_.min_tokens) d.masked = min_tokens_mask_;
+  if (params_.repetition_penalty != 1.0f) {
+    d.penalized = prompt_unique_;
+    for (const auto& entry : output_counts_) {
+      if (!std::binary_search(prompt_unique_.begin(), prompt_unique_.end(), entry.first)) {
+        d.penalized.push_back(entry.first);
+      }
+    }
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    d.output_counts.assign(output_counts_.begin(), output_counts_.end());
+  }
+  return d;
+}
 
 void sampler::record(token_id token) {
   ++num_generated_;

@@ -11,6 +11,7 @@
 // the same tokens whatever else is in the batch, however steps are batched, and after preemption.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -52,6 +53,12 @@ class sampler {
   // Records a token that did NOT come from sample() (e.g. a forced continuation) so penalties and the
   // output position stay right. Never call it for tokens sample() returned: they are recorded already.
   void append_external_token(token_id token);
+
+  // This sequence's next sample() as plain data for an executor that samples on its device
+  // (executor::samples_on_device()); record the token it returns with append_external_token().
+  // nullopt when the device sampler cannot reproduce sample(): logit_bias with a repeated id (the
+  // host adds the biases one after the other, the device in parallel).
+  std::optional<device_sampling> device_request() const;
 
   // The logit processors sample() runs before truncation, in order: logit_bias, the min_tokens mask,
   // repetition penalty, presence/frequency penalties, temperature (skipped when greedy). In place;

@@ -1,0 +1,130 @@
+#include "gpu/sampling_batch.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tessera::gpu {
+namespace {
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+void sampling_batch::clear() {
+  rows_.clear();
+  ids_.clear();
+  values_.clear();
+  max_top_ = 0;
+}
+
+void sampling_batch::add(const device_sampling& d, int32_t logits_row) {
+  sampling_row r;
+  r.stream_key = d.stream_key;
+  r.position = d.position;
+  r.logits_row = logits_row;
+  r.top_k = d.top_k;
+  r.num_logprobs = d.num_logprobs;
+  r.greedy = d.greedy ? 1 : 0;
+  r.temperature = d.temperature;
+  r.top_p = d.top_p;
+  r.min_p = d.min_p;
+  r.repetition_penalty = d.repetition_penalty;
+  r.presence_penalty = d.presence_penalty;
+  r.frequency_penalty = d.frequency_penalty;
+  const auto mark = [this] { return static_cast<int32_t>(ids_.size()); };
+  r.bias_begin = mark();
+  for (const auto& [token, bias] : d.logit_bias) ids_.push_back(token), values_.push_back(bias);
+  r.bias_count = mark() - r.bias_begin;
+  r.mask_begin = mark();
+  for (token_id t : d.masked) ids_.push_back(t), values_.push_back(0.0f);
+  r.mask_count = mark() - r.mask_begin;
+  r.rep_begin = mark();
+  for (token_id t : d.penalized) ids_.push_back(t), values_.push_back(0.0f);
+  r.rep_count = mark() - r.rep_begin;
+  r.count_begin = mark();
+  // The host multiplies by static_cast<float>(count): the same float.
+  for (const auto& [token, count] : d.output_counts) ids_.push_back(token), values_.push_back(static_cast<float>(count));
+  r.count_count = mark() - r.count_begin;
+  max_top_ = std::max(max_top_, d.num_logprobs);
+  rows_.push_back(r);
+}
+
+sampling_batch::layout sampling_batch::input_layout() const {
+  layout l;
+  l.rows = 0;
+  l.ids = align16(rows_.size() * sizeof(sampling_row));
+  l.values = l.ids + align16(ids_.size() * sizeof(int32_t));
+  l.end = l.values + align16(values_.size() * sizeof(float));
+  return l;
+}
+
+sampling_batch::out_layout sampling_batch::output_layout() const {
+  const size_t n = rows_.size();
+  const size_t top = n * static_cast<size_t>(max_top_);
+  out_layout l;
+  l.tokens = 0;
+  l.logprobs = align16(n * sizeof(int32_t));
+  l.top_ids = l.logprobs + align16(n * sizeof(float));
+  l.top_logprobs = l.top_ids + align16(top * sizeof(int32_t));
+  l.end = l.top_logprobs + align16(top * sizeof(float));
+  return l;
+}
+
+size_t sampling_batch::input_bytes() const { return input_layout().end; }
+size_t sampling_batch::output_bytes() const { return output_layout().end; }
+
+void sampling_batch::pack_inputs(void* host) const {
+  const layout l = input_layout();
+  auto* base = static_cast<char*>(host);
+  std::memset(base, 0, l.end);
+  if (!rows_.empty()) std::memcpy(base + l.rows, rows_.data(), rows_.size() * sizeof(sampling_row));
+  if (!ids_.empty()) std::memcpy(base + l.ids, ids_.data(), ids_.size() * sizeof(int32_t));
+  if (!values_.empty()) std::memcpy(base + l.values, values_.data(), values_.size() * sizeof(float));
+}
+
+sampling_kernel_args sampling_batch::kernel_args(const void* device_inputs, void* device_outputs, const float* logits,
+                                                 int32_t vocab, float* work) const {
+  const layout in = input_layout();
+  const out_layout out = output_layout();
+  const auto* src = static_cast<const char*>(device_inputs);
+  auto* dst = static_cast<char*>(device_outputs);
+  sampling_kernel_args a;
+  a.logits = logits;
+  a.vocab = vocab;
+  a.work = work;
+  a.rows = reinterpret_cast<const sampling_row*>(src + in.rows);
+  a.num_rows = num_rows();
+  a.ids = reinterpret_cast<const int32_t*>(src + in.ids);
+  a.values = reinterpret_cast<const float*>(src + in.values);
+  a.out_tokens = reinterpret_cast<int32_t*>(dst + out.tokens);
+  a.out_logprobs = reinterpret_cast<float*>(dst + out.logprobs);
+  a.max_top = max_top_;
+  a.out_top_ids = reinterpret_cast<int32_t*>(dst + out.top_ids);
+  a.out_top_logprobs = reinterpret_cast<float*>(dst + out.top_logprobs);
+  return a;
+}
+
+std::vector<sampled_token> sampling_batch::unpack_outputs(const void* host) const {
+  const out_layout l = output_layout();
+  const auto* base = static_cast<const char*>(host);
+  std::vector<sampled_token> out(rows_.size());
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    sampled_token& s = out[i];
+    std::memcpy(&s.token, base + l.tokens + i * sizeof(int32_t), sizeof(int32_t));
+    const int32_t n = rows_[i].num_logprobs;
+    if (n < 0) continue;
+    std::memcpy(&s.logprob, base + l.logprobs + i * sizeof(float), sizeof(float));
+    for (int32_t j = 0; j < n; ++j) {
+      const size_t k = i * static_cast<size_t>(max_top_) + static_cast<size_t>(j);
+      int32_t id = -1;
+      float lp = 0.0f;
+      std::memcpy(&id, base + l.top_ids + k * sizeof(int32_t), sizeof(int32_t));
+      if (id < 0) break;
+      std::memcpy(&lp, base + l.top_logprobs + k * sizeof(float), sizeof(float));
+      s.top_logprobs.emplace_back(id, lp);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::gpu
