@@ -3,11 +3,13 @@
 //
 // Per layer, on one stream:
 //   add_rms_norm (x -> xn, GEMM input type)         gemm  qkv = xn Wqkv^T            (fp32 out)
-//   rope_kv_write (Q, K rotated; K, V -> cache)      paged_attention (-> attn)
+//   rope_kv_write (Q, K rotated; K, V -> cache)      paged_attention (decode rows) + prefill_attention
+//                                                    (prompt-chunk rows) (-> attn)
 //   gemm  x += attn Wo^T  (beta = 1: the residual add is the GEMM's epilogue)
 //   add_rms_norm (x -> xn)   gemm gu = xn Wgu^T   silu_and_mul (-> mlp)   gemm x += mlp Wdown^T
-// then the final norm of only the rows whose logits are wanted, the LM head GEMM, and one copy of the
-// logits to pinned host memory (the engine's sampler runs on the host: docs/gpu_executor.md says why).
+// then the final norm of only the rows whose logits are wanted, the LM head GEMM, the GPU sampler
+// (gpu/sampling.hpp) over the rows the engine asked to sample here, and one copy of the tokens and of
+// the remaining logits rows to pinned host memory (docs/gpu_executor.md).
 #include "gpu/cuda_executor.hpp"
 
 #include <cublas_v2.h>
@@ -26,6 +28,10 @@
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/op_profiler.hpp"
+#include "gpu/sampling.hpp"
+#include "gpu/sampling_batch.hpp"
+#include "gpu/prefill_attention.hpp"
 
 #define CUBLAS_CHECK(expr)                                                                                   \
   do {                                                                                                       \
@@ -132,6 +138,7 @@ class cuda_executor final : public executor {
                        " is not supported by the attention kernel (64, 128, 256)");
     }
     layout_ = {config_.num_layers, config_.num_kv_heads, spec_.block_size, config_.head_dim};
+    prefill_tile_tokens_ = gpu::prefill_tile_tokens(config_.head_dim, config_.num_heads, config_.num_kv_heads);
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -191,11 +198,16 @@ class cuda_executor final : public executor {
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "cuda"; }
+  bool samples_on_device() const override { return true; }
 
   void execute(const step_batch& batch, step_output& out) override {
     CUDA_CHECK(cudaSetDevice(device_));
     plan_step(batch, out);  // validates everything before the cache is touched
     upload_metadata();
+    if (!sampling_.empty()) {
+      CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<void>(), sample_in_host_.as<void>(), sampling_.input_bytes(),
+                                 cudaMemcpyHostToDevice, stream_));
+    }
     const auto T_ = num_tokens_;
     const bool swaps = !batch.swap_in.empty() || !batch.swap_out.empty();
     if (swaps) {
@@ -222,15 +234,29 @@ class cuda_executor final : public executor {
     if (graph_step_) {
       CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));
     } else if (T_ > 0) {
+      profiler_.begin(stream_, num_prefill_tokens_ == 0 && batch.seqs.size() == static_cast<size_t>(T_));
       forward();
     }
-    const size_t logit_floats = out.logits.size();
+    if (!sampling_.empty()) {  // after the LM head (a replayed graph included); only tokens come back
+      gpu::sample_rows(sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
+                                             config_.vocab_size, sample_work_.as<float>()),
+                       stream_);
+      CUDA_CHECK(cudaMemcpyAsync(sample_out_host_.as<void>(), sample_out_dev_.as<void>(), sampling_.output_bytes(),
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    const size_t logit_floats = out.logits.size();  // the host-sampled rows, which come first
     if (logit_floats > 0) {
       CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>(), logits_.as<float>(), logit_floats * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
     }
+    if (!graph_step_ && T_ > 0) profiler_.mark(stream_, "sampling + copies");
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    profiler_.end_step();
     if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
+    if (!sampling_.empty()) {
+      std::vector<sampled_token> sampled = sampling_.unpack_outputs(sample_out_host_.as<void>());
+      for (size_t j = 0; j < sampled.size(); ++j) out.sampled[device_seqs_[j]] = std::move(sampled[j]);
+    }
   }
 
  private:
@@ -377,6 +403,8 @@ class cuda_executor final : public executor {
     context_.clear();
     token_seq_.clear();
     logit_rows_.clear();
+    device_seqs_.clear();
+    device_rows_.clear();
     max_context_ = 0;
     max_blocks_ = 1;
     out.vocab_size = config_.vocab_size;
@@ -413,7 +441,10 @@ class cuda_executor final : public executor {
       max_context_ = std::max(max_context_, static_cast<int32_t>(end));
       out.first_row[s] = rows;
       const auto first_token = static_cast<int32_t>(ids_.size() - static_cast<size_t>(n));
-      if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
+      if (n > 0 && sl.logits == sequence_slice::logits_mode::last && sl.sampling) {
+        device_seqs_.push_back(s);  // sampled here: its logits row goes after the host rows
+        device_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
+      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
         logit_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
         out.num_rows[s] = 1;
       } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
@@ -423,6 +454,14 @@ class cuda_executor final : public executor {
       rows += out.num_rows[s];
     }
     out.logits.resize(logit_rows_.size() * static_cast<size_t>(config_.vocab_size));
+    // Rows sampled on the device follow the rows returned to the host (gpu/sampling.hpp).
+    out.sampled.assign(batch.seqs.size(), sampled_token{});
+    sampling_.clear();
+    for (size_t j = 0; j < device_seqs_.size(); ++j) {
+      sampling_.add(*batch.seqs[device_seqs_[j]].sampling, static_cast<int32_t>(logit_rows_.size()));
+      logit_rows_.push_back(device_rows_[j]);
+    }
+    plan_prefill(batch);
     graph_step_ = use_graphs_ && graph_eligible(batch);
     if (graph_step_) pad_for_graph(batch.seqs.size());
     num_tokens_ = static_cast<int32_t>(ids_.size());
@@ -445,6 +484,7 @@ class cuda_executor final : public executor {
     if (!graph_step_) num_table_rows_ = batch.seqs.size();
     meta_tables_ = place(num_table_rows_ * static_cast<size_t>(max_blocks_));
     meta_copies_ = place(2 * batch.copies.size());
+    meta_tiles_ = place(4 * prefill_tiles_.size());
     meta_size_ = off;
     meta_host_.reserve(std::max<size_t>(off, 1) * sizeof(int32_t));
     int32_t* h = meta_host_.as<int32_t>();
@@ -470,18 +510,82 @@ class cuda_executor final : public executor {
       h[meta_copies_.offset + 2 * c] = batch.copies[c].src;
       h[meta_copies_.offset + 2 * c + 1] = batch.copies[c].dst;
     }
+    if (!prefill_tiles_.empty()) {
+      std::memcpy(h + meta_tiles_.offset, prefill_tiles_.data(), prefill_tiles_.size() * sizeof(gpu::prefill_tile));
+    }
 
     reserve_tokens(num_tokens_);
     reserve_logit_rows(num_logit_rows_);
+    if (!sampling_.empty()) {
+      sample_in_host_.reserve(sampling_.input_bytes());
+      sampling_.pack_inputs(sample_in_host_.as<void>());
+      sample_in_dev_.reserve(sampling_.input_bytes());
+      sample_out_dev_.reserve(sampling_.output_bytes());
+      sample_out_host_.reserve(sampling_.output_bytes());
+      sample_work_.reserve(static_cast<size_t>(sampling_.num_rows()) * static_cast<size_t>(config_.vocab_size) *
+                           sizeof(float));
+    }
     // A graph's kernels are fixed at capture: plan its split for the widest context its block tables
     // allow (shorter contexts leave partitions empty, which the combine step skips).
-    split_ = gpu::plan_attention_split(num_tokens_, config_.num_kv_heads,
+    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads,
                                        graph_step_ ? max_blocks_ * spec_.block_size : max_context_, num_sms_);
     if (split_.num_splits > 1) {
       attn_workspace_.reserve(static_cast<size_t>(gpu::attention_workspace_floats(
                                   num_tokens_, config_.num_heads, config_.head_dim, split_.num_splits)) *
                               sizeof(float));
     }
+    // The prefill kernel runs after paged_attention on the same stream: it reuses the workspace. Its
+    // tiles come longest first, so the first one reads the most positions.
+    const int32_t prefill_context =
+        prefill_tiles_.empty() ? 0 : prefill_tiles_.front().first_position + prefill_tiles_.front().num_tokens;
+    prefill_split_ = gpu::plan_prefill_split(static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
+                                             config_.num_heads, config_.num_kv_heads, prefill_context, num_sms_);
+    if (prefill_split_.num_splits > 1) {
+      attn_workspace_.reserve(static_cast<size_t>(gpu::prefill_workspace_floats(
+                                  static_cast<int32_t>(prefill_tiles_.size()), prefill_tile_tokens_, config_.num_heads,
+                                  config_.head_dim, prefill_split_.num_splits)) *
+                              sizeof(float));
+    }
+  }
+
+  // Sequences bringing at least kMinPrefillTokens new tokens (prompt chunks) take the tiled prefill
+  // kernel; the others (decode) paged_attention, whose one CTA per token and split-KV keep a long
+  // context busy when there are few queries. (A threshold to tune on the H200.) The prefill tokens are
+  // moved after the decode tokens, so paged_attention runs over the contiguous rows
+  // [0, num_tokens_ - num_prefill_tokens_); logit_rows_ follows the move, so the logits keep the
+  // batch's order. A step without prefill chunks (every graph step) is left as it is.
+  static constexpr size_t kMinPrefillTokens = 4;
+
+  void plan_prefill(const step_batch& batch) {
+    prefill_tiles_.clear();
+    num_prefill_tokens_ = 0;
+    const auto is_prefill = [](const sequence_slice& sl) { return sl.tokens.size() >= kMinPrefillTokens; };
+    if (std::none_of(batch.seqs.begin(), batch.seqs.end(), is_prefill)) return;
+    // row_order_[new row] = row plan_step gave the token (sequence by sequence): decode rows, then prefill.
+    row_order_.clear();
+    prefill_chunks_.clear();
+    for (const bool prefill : {false, true}) {
+      int32_t row = 0;
+      for (size_t s = 0; s < batch.seqs.size(); ++s) {
+        const sequence_slice& sl = batch.seqs[s];
+        const auto n = static_cast<int32_t>(sl.tokens.size());
+        if (is_prefill(sl) == prefill) {
+          if (prefill) prefill_chunks_.push_back({static_cast<int32_t>(row_order_.size()), n, sl.num_computed, static_cast<int32_t>(s)});
+          for (int32_t i = 0; i < n; ++i) row_order_.push_back(row + i);
+        }
+        row += n;
+      }
+    }
+    const size_t T_ = row_order_.size();
+    for (std::vector<int32_t>* v : {&ids_, &positions_, &slots_, &context_, &token_seq_}) {
+      row_scratch_.assign(v->begin(), v->end());
+      for (size_t r = 0; r < T_; ++r) (*v)[r] = row_scratch_[static_cast<size_t>(row_order_[r])];
+    }
+    row_scratch_.resize(T_);
+    for (size_t r = 0; r < T_; ++r) row_scratch_[static_cast<size_t>(row_order_[r])] = static_cast<int32_t>(r);
+    for (int32_t& r : logit_rows_) r = row_scratch_[static_cast<size_t>(r)];
+    for (const gpu::prefill_tile& c : prefill_chunks_) num_prefill_tokens_ += c.num_tokens;
+    prefill_tiles_ = gpu::plan_prefill_tiles(prefill_chunks_, prefill_tile_tokens_);
   }
 
   void upload_metadata() {
@@ -621,7 +725,7 @@ class cuda_executor final : public executor {
     att.kv_cache = kv;
     att.layout = layout_;
     att.num_heads = config_.num_heads;
-    att.num_tokens = T_;
+    att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
     att.block_tables = meta_ptr(meta_tables_);
@@ -631,24 +735,56 @@ class cuda_executor final : public executor {
     att.partition_size = split_.partition_size;
     att.workspace = split_.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
 
+    gpu::prefill_attention_args<T> pre;
+    pre.out = attn;
+    pre.out_stride = q_dim;
+    pre.q = qkv;
+    pre.q_stride = qkv_cols;
+    pre.kv_cache = kv;
+    pre.layout = layout_;
+    pre.num_heads = config_.num_heads;
+    pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
+    pre.num_tiles = static_cast<int32_t>(prefill_tiles_.size());
+    pre.tile_tokens = prefill_tile_tokens_;
+    pre.block_tables = meta_ptr(meta_tables_);
+    pre.max_blocks_per_seq = max_blocks_;
+    pre.scale = att.scale;
+    pre.num_splits = prefill_split_.num_splits;
+    pre.partition_size = prefill_split_.partition_size;
+    pre.workspace = prefill_split_.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
+
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       const gpu_layer& L = layers_[static_cast<size_t>(l)];
       gpu::add_rms_norm(xn, x, nullptr, L.attn_norm, T_, hidden, eps, stream_);
+      profiler_.mark(stream_, "rms_norm");
       gemm(L.qkv, qkv_cols, hidden, xn, T_, qkv, qkv_cols, false);
+      profiler_.mark(stream_, "gemm qkv");
       rope.layer = l;
       gpu::rope_kv_write(rope, kv, stream_);
+      profiler_.mark(stream_, "rope_kv_write");
       att.layer = l;
       gpu::paged_attention(att, stream_);
+      profiler_.mark(stream_, "attention decode");
+      pre.layer = l;
+      gpu::prefill_attention(pre, stream_);
+      profiler_.mark(stream_, "attention prefill");
       gemm(L.wo, hidden, q_dim, attn, T_, x, hidden, true);
+      profiler_.mark(stream_, "gemm o");
       gpu::add_rms_norm(xn, x, nullptr, L.ffn_norm, T_, hidden, eps, stream_);
+      profiler_.mark(stream_, "rms_norm");
       gemm(L.gate_up, 2 * ffn, hidden, xn, T_, gu, 2 * ffn, false);
+      profiler_.mark(stream_, "gemm gate_up");
       gpu::silu_and_mul(mlp, gu, T_, static_cast<int32_t>(ffn), stream_);
+      profiler_.mark(stream_, "silu_and_mul");
       gemm(L.down, hidden, ffn, mlp, T_, x, hidden, true);
+      profiler_.mark(stream_, "gemm down");
     }
     if (num_logit_rows_ == 0) return;
     T* lx = lx_.as<T>();
     gpu::rms_norm_rows(lx, x, meta_ptr(meta_logit_rows_), output_norm_, num_logit_rows_, hidden, eps, stream_);
+    profiler_.mark(stream_, "rms_norm");
     gemm(output_, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
+    profiler_.mark(stream_, "gemm lm_head");
   }
 
   std::shared_ptr<const model_weights> weights_;
@@ -664,6 +800,7 @@ class cuda_executor final : public executor {
   cudaEvent_t swap_done_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   device_buffer cublas_workspace_;
+  gpu::op_profiler profiler_;  // TESSERA_CUDA_PROFILE=1
 
   std::vector<device_buffer> weight_buffers_;
   std::vector<gpu_layer> layers_;
@@ -678,6 +815,12 @@ class cuda_executor final : public executor {
   int32_t cap_tokens_ = 0, cap_rows_ = 0;
   device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, lx_, logits_, attn_workspace_;
   pinned_buffer logits_host_;
+  // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
+  gpu::sampling_batch sampling_;
+  std::vector<size_t> device_seqs_;    // batch.seqs index of each device-sampled row
+  std::vector<int32_t> device_rows_;   // its token row (before the rows are appended to logit_rows_)
+  pinned_buffer sample_in_host_, sample_out_host_;
+  device_buffer sample_in_dev_, sample_out_dev_, sample_work_;
 
   bool use_graphs_ = false;
   int32_t pad_block_ = 0;
@@ -689,8 +832,13 @@ class cuda_executor final : public executor {
   bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
   gpu::split_plan split_;
+  gpu::prefill_split prefill_split_;
+  int32_t prefill_tile_tokens_ = 0;  // query tokens per prefill tile for this model's heads
+  int32_t num_prefill_tokens_ = 0;   // the step's last rows, handled by prefill_attention
+  std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;
+  std::vector<int32_t> row_order_, row_scratch_;
   meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,
-      meta_copies_;
+      meta_copies_, meta_tiles_;
   size_t meta_size_ = 0;
   pinned_buffer meta_host_;
   device_buffer meta_dev_;

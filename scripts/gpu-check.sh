@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU verification of issue #8 in one run (< 8 minutes on an H200):
-#   1. the kernel tests against their CPU references (tests/gpu/kernels_test.cpp)
+#   1. the kernel tests against their CPU references (tests/gpu/kernels_test.cpp,
+#      tests/gpu/prefill_attention_test.cpp)
 #   2. compute-sanitizer memcheck on the kernel tests and on the executor tests' synthetic part
 #   3. the CUDA executor against the CPU executor (tests/gpu/cuda_executor_test.cpp): logits through
 #      paging / prefix hits / copy-on-write / swap / split-KV, and the real default model's greedy
 #      output token for token (the CPU's exact fp32 path vs CUDA fp32; bf16's agreement reported)
 #   4. `tessera bench latency` (with and without --cuda-graphs) and `throughput` with --load-format
 #      dummy on the Llama-3-8B shape, bf16
-#   5. the paged decode attention kernel's bandwidth at 32k context (gpu_attention_bench)
+#   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
+#      TFLOP/s on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -63,7 +65,7 @@ else
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=on >>"$log" 2>&1 ||
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
-  cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_cuda_executor_test gpu_attention_bench tessera >>"$log" 2>&1 ||
+  cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -82,12 +84,20 @@ nvcc --version 2>/dev/null | tail -1 | tee -a "$log"
 
 # 1 + 3: correctness first (they are what the rest relies on).
 run "kernel tests" 60 "$tests/gpu_kernels_test"
+run "prefill attention kernel tests" 60 "$tests/gpu_prefill_attention_test"
+run "sampling kernels vs the host sampler" 60 "$tests/gpu_sampling_test"
 run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test"
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
 if [ -x "$bin/gpu_attention_bench" ]; then
   run "attention bandwidth" 40 "$bin/gpu_attention_bench"
-  grep '^{' "$log" | grep '"bench": "paged_attention"' >"$out/attention.jsonl" || true
+  grep '^{' "$log" | grep -E '"bench": "(paged|prefill)_attention"' >"$out/attention.jsonl" || true
+fi
+
+# GPU sampling vs copying the logits rows to the host (vocab 128256).
+if [ -x "$bin/gpu_sampling_bench" ]; then
+  run "sampling bench" 40 "$bin/gpu_sampling_bench"
+  grep -E '^vocab ' "$log" >"$out/sampling.txt" || true
 fi
 
 # 4: the Llama-3-8B shape in bf16 with dummy weights.
@@ -108,6 +118,15 @@ grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || 
 # executor's synthetic steps (which go through cuBLAS too).
 if command -v compute-sanitizer >/dev/null; then
   run "memcheck: kernel tests" 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_kernels_test"
+  run "memcheck: sampling tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_sampling_test"
+  run "memcheck: prefill attention tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$tests/gpu_prefill_attention_test"
+  # Shared-memory races: the CPU emulation only interleaves threads at barriers and warp collectives,
+  # so a missing __syncthreads between two of them goes unseen there.
+  run "racecheck: prefill attention tests" 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_prefill_attention_test" --gtest_filter='Shapes/*/0:Shapes/*/2:Shapes/*/7:Shapes/*/9'
+  run "racecheck: decode attention tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.*'
   run "memcheck: executor steps" 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_cuda_executor_test" --gtest_filter='Variants/*half_bf16*:Variants/*graphs*:CudaExecutorSizing.*'
 else
@@ -138,7 +157,7 @@ fi
   echo '```'
   grep -E "^  .*max \|cpu - cuda\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl latency.json latency_graphs.json throughput.json; do
+  for f in attention.jsonl sampling.txt latency.json latency_graphs.json throughput.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null
