@@ -50,6 +50,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 // Block-wide sum with warp shuffles; every thread gets the total. Any blockDim.x <= 1024.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float partial[32];

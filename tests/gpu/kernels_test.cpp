@@ -407,12 +407,16 @@ TEST(ReferenceSelfCheck, RopeStylesAreTheSameRotationUpToAPermutation) {
 }
 
 TEST(ReferenceSelfCheck, SplitPlanOnlySplitsWhenTheGpuWouldIdle) {
-  EXPECT_EQ(plan_attention_split(1, 8, 512, 132).num_splits, 1);      // short context
+  EXPECT_EQ(plan_attention_split(1, 8, 256, 132).num_splits, 1);      // short context: one tile pair
   EXPECT_EQ(plan_attention_split(256, 8, 32768, 132).num_splits, 1);  // big batch fills the GPU
   const split_plan p = plan_attention_split(1, 8, 32768, 132);        // batch-1 decode at 32k
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 32768);
-  EXPECT_GE(p.partition_size, 512);
+  EXPECT_GE(p.partition_size, 256);
+  EXPECT_EQ(p.partition_size % 128, 0);                               // whole tiles of positions
+  const split_plan shortish = plan_attention_split(1, 8, 600, 132);   // batch-1 decode at 600
+  EXPECT_EQ(shortish.num_splits, 3);
+  EXPECT_GE(int64_t{shortish.num_splits} * shortish.partition_size, 600);
 }
 
 }  // namespace
