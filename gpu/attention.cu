@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -20,7 +21,7 @@ using detail::warp_sum;
 constexpr int kThreads = 128;  // per CTA
 constexpr int kTile = kThreads; // positions per tile: one per thread for Q.K
 constexpr int kMaxGroup = 8;   // query heads per CTA (larger GQA groups take several CTAs)
-constexpr int kVec = 4;        // V dims per thread in P.V (one 8-byte bf16 / 16-byte f32 load)
+// V dims per thread in P.V: VEC, a template parameter (16 bytes of T by default; see launch_for_dim).
 
 // grid: (num_tokens, num_kv_heads * group_chunks, num_splits), block: kThreads.
 // The CTA walks its positions in tiles of kTile (flash-decoding):
@@ -28,18 +29,18 @@ constexpr int kVec = 4;        // V dims per thread in P.V (one 8-byte bf16 / 16
 //      is one thread's: 16-byte loads, no cross-lane reduction per position);
 //   2. softmax: tile max and sum per head by block reductions; the running max m and sum l (the same
 //      in every thread) are rescaled as in flash-attention;
-//   3. P.V: thread t owns kVec consecutive dims of one row part: row_lanes = D / kVec threads cover a
+//   3. P.V: thread t owns VEC consecutive dims of one row part: row_lanes = D / VEC threads cover a
 //      V row (coalesced), and the kThreads / row_lanes parts take every parts-th position of the tile.
 // The parts' accumulators are summed through shared memory at the end.
 // An earlier version gave each warp one position at a time with the head dim split over lanes: a
 // warp reduction per position and head made it latency-bound (measured on an H200: 14% of HBM
 // bandwidth at 32k, and 43% of a batch-1 Llama-3-8B decode step).
-template <int D, class T>
+template <int D, int VEC, class T>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attention_args<T> a, int32_t group_chunks) {
-  constexpr int row_lanes = D / kVec;
+  constexpr int row_lanes = D / VEC;
   constexpr int parts = kThreads / row_lanes;
   static_assert(row_lanes <= kThreads && kThreads % row_lanes == 0, "head_dim must be 4..512 and divide the CTA");
-  __shared__ float q_s[kMaxGroup][D];
+  __shared__ float4 q_s[kMaxGroup][D / 4];  // float4: one 16-byte shared load feeds 4 FMAs per head
   __shared__ float p_s[kMaxGroup][kTile];
   __shared__ float red_s[kThreads / 32][kMaxGroup];
   __shared__ float acc_s[parts][kMaxGroup][D];
@@ -53,11 +54,11 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   const int32_t head0 = kvh * group + chunk * kMaxGroup;
   const int32_t ng = min(kMaxGroup, group - chunk * kMaxGroup);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int part = tid / row_lanes, d0 = (tid % row_lanes) * kVec;
+  const int part = tid / row_lanes, d0 = (tid % row_lanes) * VEC;
 
   const float* q = a.q + static_cast<int64_t>(token) * a.q_stride + static_cast<int64_t>(head0) * D;
   for (int i = tid; i < kMaxGroup * D; i += kThreads) {
-    q_s[i / D][i % D] = i / D < ng ? q[i] * a.scale : 0.0f;
+    reinterpret_cast<float*>(&q_s[0][0])[i] = i / D < ng ? q[i] * a.scale : 0.0f;
   }
   __syncthreads();
 
@@ -73,13 +74,13 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     return a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + static_cast<int64_t>(j % bs) * D;
   };
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kVec];
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][VEC];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
+    for (int e = 0; e < VEC; ++e) acc[g][e] = 0.0f;
   }
 
   for (int32_t tile0 = start; tile0 < end; tile0 += kTile) {
@@ -97,8 +98,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
         for (int g = 0; g < kMaxGroup; ++g) {
           if (g < ng) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) s[g] += q_s[g][c + i] * kf[i];
+            const float4 q0 = q_s[g][c / 4], q1 = q_s[g][c / 4 + 1];
+            s[g] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] + q1.y * kf[5] +
+                    q1.z * kf[6] + q1.w * kf[7];
           }
         }
       }
@@ -132,17 +134,17 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[g][e] *= corr[g];
+      for (int e = 0; e < VEC; ++e) acc[g][e] *= corr[g];
     }
-#pragma unroll 4
+#pragma unroll 8
     for (int32_t jj = part; jj < n; jj += parts) {
-      float vf[kVec];
-      load_floats<T, kVec>(row(tile0 + jj) + v_off + d0, vf);
+      float vf[VEC];
+      load_floats<T, VEC>(row(tile0 + jj) + v_off + d0, vf);
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {
         const float p = p_s[g][jj];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[g][e] += p * vf[e];
+        for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
       }
     }
     __syncthreads();  // the sums are in red_s; p_s and red_s are free for the next tile afterwards
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) acc_s[part][g][d0 + e] = acc[g][e];
+    for (int e = 0; e < VEC; ++e) acc_s[part][g][d0 + e] = acc[g][e];
   }
   __syncthreads();
 
@@ -218,19 +220,36 @@ __global__ void combine_splits_kernel(paged_attention_args<T> a) {
       from_float<T>(sum > 0.0f ? o / sum : 0.0f);
 }
 
-template <int D, class T>
-void launch_for_dim(const paged_attention_args<T>& a, cudaStream_t stream) {
+// Bytes of V each thread loads per position in P.V: 16 (default) or 8, from TESSERA_ATTN_VEC_BYTES
+// (a tuning knob for A/B runs on a device; the kernel tests cover the default).
+int attention_vec_bytes() {
+  static const int bytes = [] {
+    const char* env = std::getenv("TESSERA_ATTN_VEC_BYTES");
+    return env != nullptr && std::string(env) == "8" ? 8 : 16;
+  }();
+  return bytes;
+}
+
+template <int D, int VEC, class T>
+void launch_kernels(const paged_attention_args<T>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
   const int32_t group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, T>)(a, group_chunks);
+  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, T>)(a, group_chunks);
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1) {
     TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T>)(a);
     CUDA_CHECK(cudaGetLastError());
   }
+}
+
+template <int D, class T>
+void launch_for_dim(const paged_attention_args<T>& a, cudaStream_t stream) {
+  constexpr int vec16 = 16 / static_cast<int>(sizeof(T));
+  if (attention_vec_bytes() == 16) return launch_kernels<D, vec16, T>(a, stream);
+  return launch_kernels<D, vec16 / 2, T>(a, stream);
 }
 
 template <class T>
