@@ -13,6 +13,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/error.hpp"
 #include "engine/ggml_types.hpp"
+#include "tests/support/step_slices.hpp"
 
 namespace tessera {
 namespace {
@@ -261,13 +262,7 @@ std::vector<token_id> random_tokens(size_t n, uint32_t seed) {
 
 sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
                      sequence_slice::logits_mode mode = sequence_slice::logits_mode::all) {
-  sequence_slice s;
-  s.seq_id = id;
-  s.tokens = std::move(tokens);
-  s.num_computed = num_computed;
-  s.block_table = std::move(table);
-  s.logits = mode;
-  return s;
+  return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
 // Runs `tokens` through `ex` in steps of the given chunk sizes (cycled), returning every row.

@@ -22,6 +22,7 @@
 #include "engine/llm_engine.hpp"
 #include "engine/model_loader.hpp"
 #include "gpu/kernels.hpp"
+#include "tests/support/step_slices.hpp"
 
 namespace tessera {
 namespace {
@@ -51,13 +52,7 @@ kv_cache_spec small_pool() {
 
 sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
                      sequence_slice::logits_mode mode = sequence_slice::logits_mode::last) {
-  sequence_slice s;
-  s.seq_id = id;
-  s.tokens = std::move(tokens);
-  s.num_computed = num_computed;
-  s.block_table = std::move(table);
-  s.logits = mode;
-  return s;
+  return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
 std::vector<token_id> tokens(int32_t n, int32_t seed, int32_t vocab) {

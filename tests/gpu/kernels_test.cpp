@@ -16,67 +16,17 @@
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
+#include "tests/gpu/test_data.hpp"
 
 namespace tessera::gpu {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
-// Host bf16 <-> float through the engine's converters (bit-compatible with __nv_bfloat16).
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = fp32_to_bf16(v[i]);
-  return out;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_fp32(v[i]);
-  return out;
-}
-std::vector<float> round_bf16(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
-
-class GpuKernels : public ::testing::Test {
+class GpuKernels : public device_fixture<> {
  protected:
-  void SetUp() override {
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped";
-  }
-  void TearDown() override {
-    for (void* p : allocations_) cudaFree(p);
-  }
-
-  template <class T>
-  T* upload(const std::vector<T>& host) {
-    T* dev = nullptr;
-    CUDA_CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(T)));
-    if (!host.empty()) CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    allocations_.push_back(dev);
-    return dev;
-  }
-  template <class T = float>
-  T* alloc(size_t n) {
-    T* dev = nullptr;
-    CUDA_CHECK(cudaMalloc(&dev, n * sizeof(T)));
-    CUDA_CHECK(cudaMemset(dev, 0, n * sizeof(T)));
-    allocations_.push_back(dev);
-    return dev;
-  }
-  template <class T = float>
-  static std::vector<T> download(const T* dev, size_t n) {
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<T> host(n);
-    CUDA_CHECK(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
   static bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
-
-  std::vector<void*> allocations_;
 };
 
 TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {

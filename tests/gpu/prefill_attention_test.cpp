@@ -20,30 +20,13 @@
 #include "gpu/cuda_executor.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/prefill_attention.hpp"
+#include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
+#include "tests/gpu/test_data.hpp"
 
 namespace tessera::gpu {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-// Host bf16 <-> float through the engine's converters (bit-compatible with __nv_bfloat16).
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = fp32_to_bf16(v[i]);
-  return out;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_fp32(v[i]);
-  return out;
-}
 
 // ---- the tile plan (host only) -------------------------------------------------------------------
 
@@ -138,31 +121,7 @@ void PrintTo(const prefill_case& c, std::ostream* os) {
       << (c.bf16 ? "_bf16" : "_f32") << "_part" << c.partition;
 }
 
-class GpuPrefillAttention : public ::testing::TestWithParam<prefill_case> {
- protected:
-  void SetUp() override {
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine: GPU kernel tests skipped";
-  }
-  void TearDown() override {
-    for (void* p : allocations_) cudaFree(p);
-  }
-  template <class U>
-  U* upload(const std::vector<U>& host) {
-    U* dev = nullptr;
-    CUDA_CHECK(cudaMalloc(&dev, std::max<size_t>(1, host.size()) * sizeof(U)));
-    if (!host.empty()) CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice));
-    allocations_.push_back(dev);
-    return dev;
-  }
-  template <class U>
-  static std::vector<U> download(const U* dev, size_t n) {
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<U> host(n);
-    CUDA_CHECK(cudaMemcpy(host.data(), dev, n * sizeof(U), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  std::vector<void*> allocations_;
-};
+class GpuPrefillAttention : public device_fixture<::testing::TestWithParam<prefill_case>> {};
 
 // One launch over several sequences' chunks plus rows that belong to no tile (where a step's decode
 // tokens would be): every chunk's rows must equal the reference, the others stay untouched.

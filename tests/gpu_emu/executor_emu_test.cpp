@@ -13,6 +13,7 @@
 #include "engine/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/emu/emulator.hpp"
+#include "tests/support/step_slices.hpp"
 
 namespace tessera {
 namespace {
@@ -42,13 +43,7 @@ kv_cache_spec pool() {
 
 sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
                      sequence_slice::logits_mode mode = sequence_slice::logits_mode::last) {
-  sequence_slice s;
-  s.seq_id = id;
-  s.tokens = std::move(tokens);
-  s.num_computed = num_computed;
-  s.block_table = std::move(table);
-  s.logits = mode;
-  return s;
+  return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
 std::vector<token_id> tokens(int32_t n, int32_t seed) {
