@@ -9,7 +9,11 @@ Token times are scheduled against the request's arrival (first + k * itl), so a 
 shift the tokens after it. Every --fail-every-th request (1-based) gets HTTP 500 instead.
 
 GET /v1/models answers a model list; GET /stats answers what was served so far:
-{"requests", "failed", "completion_tokens", "prompt_chars"}.
+{"requests", "failed", "completion_tokens", "prompt_chars"} and the timings the server actually
+produced (sums in ms over the streamed requests: "ttft_ms_sum" first token after arrival,
+"e2e_ms_sum" last token after arrival, "tpot_ms_sum" each request's mean gap, with
+"timed_requests" and "tpot_count"; "itl_ms_sum" over every gap, with "itl_count"). On a loaded
+machine the event loop wakes late, so these, not the injected values, are what a client must measure.
 
 Usage: fake_server.py --port 0 [--ttft-ms 150] [--itl-ms 25] [--no-usage] [--fail-every N]
 The bound port is printed on stdout as "PORT <n>" once the server listens.
@@ -22,7 +26,9 @@ import json
 import sys
 import time
 
-stats = {"requests": 0, "failed": 0, "completion_tokens": 0, "prompt_chars": 0}
+stats = {"requests": 0, "failed": 0, "completion_tokens": 0, "prompt_chars": 0, "timed_requests": 0,
+         "ttft_ms_sum": 0.0, "e2e_ms_sum": 0.0, "tpot_ms_sum": 0.0, "tpot_count": 0, "itl_ms_sum": 0.0,
+         "itl_count": 0}
 
 
 def http_head(status: str, content_type: str, extra: str = "") -> bytes:
@@ -35,6 +41,20 @@ def chunked(data: bytes) -> bytes:
 
 def sse(obj) -> bytes:
     return chunked(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+
+
+def record_timings(arrival: float, sent: list) -> None:
+    if not sent:
+        return
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    stats["timed_requests"] += 1
+    stats["ttft_ms_sum"] += (sent[0] - arrival) * 1000.0
+    stats["e2e_ms_sum"] += (sent[-1] - arrival) * 1000.0
+    stats["itl_ms_sum"] += sum(gaps) * 1000.0
+    stats["itl_count"] += len(gaps)
+    if gaps:
+        stats["tpot_ms_sum"] += sum(gaps) / len(gaps) * 1000.0
+        stats["tpot_count"] += 1
 
 
 async def stream_completion(writer, body: dict, chat: bool, args) -> None:
@@ -52,6 +72,7 @@ async def stream_completion(writer, body: dict, chat: bool, args) -> None:
             return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
         return {"index": 0, "text": text or "", "finish_reason": finish}
 
+    sent = []
     for k in range(max_tokens):
         due = arrival + (args.ttft_ms + k * args.itl_ms) / 1000.0
         delay = due - time.perf_counter()
@@ -59,6 +80,8 @@ async def stream_completion(writer, body: dict, chat: bool, args) -> None:
             await asyncio.sleep(delay)
         writer.write(sse({"id": "cmpl-fake", "object": kind, "model": "fake", "choices": [choice(f" w{k}", None)]}))
         await writer.drain()
+        sent.append(time.perf_counter())
+    record_timings(arrival, sent)
     writer.write(sse({"id": "cmpl-fake", "object": kind, "model": "fake", "choices": [choice(None, "length")]}))
     if include_usage:
         writer.write(sse({"id": "cmpl-fake", "object": kind, "model": "fake", "choices": [],

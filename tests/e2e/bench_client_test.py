@@ -3,9 +3,10 @@
 
 1. Against bench/fake_server.py, which streams with known timings (first token TTFT after the
    request, then one token every ITL): the client's mean TTFT, ITL, TPOT and E2E latency must match
-   the injected timings within 5%, and its request and token counts must equal what the server
-   served, both with usage chunks and (on a server that sends none) counting chunks, with injected
-   failures counted as failures.
+   the timings the server actually produced (it reports them; on a loaded machine its wake-ups run
+   late, so the injected values are only checked loosely) within 5%, and its request and token counts
+   must equal what the server served, both with usage chunks and (on a server that sends none)
+   counting chunks, with injected failures counted as failures.
 2. Against the real `tessera serve` on loopback (a few short requests): the report is complete and
    sane (no timing asserts).
 Prints "N passed, M failed" and exits non-zero on any failure.
@@ -24,8 +25,8 @@ from pathlib import Path
 BIN, MODEL = sys.argv[1], sys.argv[2]
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "bench" / "fake_server.py"
-# Injected delays: large enough that scheduler jitter on a loaded 2-core CI machine (a few ms per
-# wake-up) stays well inside 5% of them.
+# Injected delays. The client is judged against what the server actually did (served_means), which
+# on a loaded 2-core CI machine can run a few ms per wake-up late.
 TTFT_MS, ITL_MS = 800.0, 40.0
 results = []
 workdir = Path(tempfile.mkdtemp(prefix="tessera_bench_test_"))
@@ -39,6 +40,13 @@ def check(name, ok, detail=""):
 def within(name, measured, expected, rel=0.05):
     check(f"{name} {measured:.2f} within {rel:.0%} of {expected:.2f}",
           abs(measured - expected) <= rel * expected, f"measured {measured}, expected {expected}")
+
+
+def served_means(served):
+    """Mean TTFT, ITL, TPOT and E2E (ms) the fake server actually produced."""
+    n = served["timed_requests"]
+    return {"ttft": served["ttft_ms_sum"] / n, "itl": served["itl_ms_sum"] / served["itl_count"],
+            "tpot": served["tpot_ms_sum"] / served["tpot_count"], "e2e": served["e2e_ms_sum"] / n}
 
 
 def start_fake(*extra):
@@ -87,11 +95,13 @@ def fake_server_checks():
           (r["total_output_tokens"], served, sum(requested)))
     check("usage: token counts came from usage", r["output_tokens_from_usage"] is True)
     check("usage: output lengths vary (the range ratio is applied)", len(set(requested)) > 3, requested)
-    within("usage: mean TTFT ms", r["ttft_ms"]["mean"], TTFT_MS)
-    within("usage: mean ITL ms", r["itl_ms"]["mean"], ITL_MS)
-    within("usage: mean TPOT ms", r["tpot_ms"]["mean"], ITL_MS)
-    expected_e2e = sum(TTFT_MS + ITL_MS * (n - 1) for n in requested) / len(requested)
-    within("usage: mean E2E ms", r["e2el_ms"]["mean"], expected_e2e)
+    actual = served_means(served)
+    check("usage: the server's timings are near the injected ones",
+          abs(actual["ttft"] - TTFT_MS) < 0.25 * TTFT_MS and abs(actual["itl"] - ITL_MS) < 0.5 * ITL_MS, actual)
+    within("usage: mean TTFT ms", r["ttft_ms"]["mean"], actual["ttft"])
+    within("usage: mean ITL ms", r["itl_ms"]["mean"], actual["itl"])
+    within("usage: mean TPOT ms", r["tpot_ms"]["mean"], actual["tpot"])
+    within("usage: mean E2E ms", r["e2el_ms"]["mean"], actual["e2e"])
     num_gaps = sum(len(q["itl"]) for q in r["requests"])
     check("usage: one ITL per token after the first", num_gaps == sum(n - 1 for n in requested),
           (num_gaps, sum(requested)))
@@ -118,8 +128,9 @@ def fake_server_checks():
           (r["total_output_tokens"], served))
     check("chunks: not from usage", r["output_tokens_from_usage"] is False)
     check("chunks: the failures carry the server's error", any("HTTP 500" in e for e in r["errors"]), r["errors"])
-    within("chunks: mean TTFT ms", r["ttft_ms"]["mean"], TTFT_MS)
-    within("chunks: mean ITL ms", r["itl_ms"]["mean"], ITL_MS)
+    actual = served_means(served)
+    within("chunks: mean TTFT ms", r["ttft_ms"]["mean"], actual["ttft"])
+    within("chunks: mean ITL ms", r["itl_ms"]["mean"], actual["itl"])
     sends = sorted(q["send_time"] for q in r["requests"])
     check("chunks: Poisson arrivals are spread out, not all at t=0", sends[-1] - sends[0] > 0.05, sends)
 
