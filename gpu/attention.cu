@@ -15,6 +15,7 @@ namespace {
 
 using detail::from_float;
 using detail::load_floats;
+using detail::merge_splits;
 using detail::warp_max;
 using detail::warp_sum;
 
@@ -204,20 +205,8 @@ __global__ void combine_splits_kernel(paged_attention_args<T> a) {
   const int64_t first = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_splits;
   const float* part_o = a.workspace;
   const float* part_ml = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * D;
-  float mx = -INFINITY;
-  for (int32_t s = 0; s < a.num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (first + s)]);
-  float sum = 0.0f, o = 0.0f;
-  if (mx != -INFINITY) {
-    for (int32_t s = 0; s < a.num_splits; ++s) {
-      const float m = part_ml[2 * (first + s)];
-      if (m == -INFINITY) continue;  // a partition past this token's context
-      const float f = expf(m - mx);
-      sum += part_ml[2 * (first + s) + 1] * f;
-      o += part_o[(first + s) * D + d] * f;
-    }
-  }
   a.out[static_cast<int64_t>(token) * a.out_stride + static_cast<int64_t>(head) * D + d] =
-      from_float<T>(sum > 0.0f ? o / sum : 0.0f);
+      from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
 }
 
 // Bytes of V each thread loads per position in P.V: 16 (default) or 8, from TESSERA_ATTN_VEC_BYTES

@@ -50,6 +50,25 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Split-KV merge (flash-decoding): the normalised output at dim d of one (query, head) from its
+// num_splits partitions, each a (max, sum) pair at part_ml[2 * (first + s)] and an unnormalised output
+// row at part_o[(first + s) * D]. Partitions that saw no position (max -inf) are skipped; 0 when
+// none did.
+__device__ __forceinline__ float merge_splits(const float* part_o, const float* part_ml, int64_t first,
+                                              int32_t num_splits, int32_t D, int32_t d) {
+  float mx = -INFINITY;
+  for (int32_t s = 0; s < num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (first + s)]);
+  float sum = 0.0f, o = 0.0f;
+  for (int32_t s = 0; s < num_splits; ++s) {
+    const float m = part_ml[2 * (first + s)];
+    if (m == -INFINITY) continue;
+    const float f = expf(m - mx);
+    sum += part_ml[2 * (first + s) + 1] * f;
+    o += part_o[(first + s) * D + d] * f;
+  }
+  return sum > 0.0f ? o / sum : 0.0f;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));

@@ -17,6 +17,7 @@ namespace {
 
 using detail::from_float;
 using detail::load_floats;
+using detail::merge_splits;
 
 // A CTA's work: `rows` query rows (tile tokens x the heads it serves) against K/V tiles of `keys`
 // positions, with `threads` threads. Sized so that the three shared arrays stay within the 48 KiB of
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 }
 
 // grid: (num_tiles, num_heads), block: head_dim threads. Merges the splits of each (tile token, head),
-// as combine_splits_kernel of gpu/attention.cu does for decode.
+// with the same merge_splits as the decode kernel's combine_splits_kernel.
 template <class T>
 __global__ void prefill_combine_kernel(prefill_attention_args<T> a) {
   const prefill_tile tile = a.tiles[blockIdx.x];
@@ -282,19 +283,8 @@ __global__ void prefill_combine_kernel(prefill_attention_args<T> a) {
   const float* part_ml = a.workspace + num_parts * D;
   for (int32_t i = 0; i < tile.num_tokens; ++i) {
     const int64_t first = ((static_cast<int64_t>(blockIdx.x) * a.tile_tokens + i) * a.num_heads + head) * a.num_splits;
-    float mx = -INFINITY;
-    for (int32_t s = 0; s < a.num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (first + s)]);
-    float sum = 0.0f, o = 0.0f;
-    for (int32_t s = 0; s < a.num_splits; ++s) {
-      const float m = part_ml[2 * (first + s)];
-      if (m == -INFINITY) continue;  // a partition this token does not reach
-      const float f = expf(m - mx);
-      sum += part_ml[2 * (first + s) + 1] * f;
-      o += part_o[(first + s) * D + d] * f;
-    }
-    // sum >= 1: position 0's partition always contributes.
     a.out[static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head) * D + d] =
-        from_float<T>(o / sum);
+        from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
   }
 }
 
