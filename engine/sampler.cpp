@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 namespace tessera {
 namespace {
@@ -183,25 +184,33 @@ void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucke
   cands.resize(hi);
 }
 
-// Inverse-CDF sampling with one uniform draw over weights indexed by token id, in id order, given
-// their total (summed in any order: only rounding depends on it). Returns -1 when no weight is
-// positive.
-token_id pick_weights(std::span<const float> weights, double total, double uniform) {
+// Inverse-CDF sampling with one uniform draw over `count` (id, weight) entries given in increasing id
+// order, and their total (summed in any order: only rounding depends on it). Returns -1 when no weight
+// is positive.
+template <class Entry>  // entry(i) -> std::pair<token_id, float>
+token_id walk_cdf(size_t count, Entry entry, double total, double uniform) {
   if (!(total > 0.0)) return -1;
   const double target = uniform * total;
   double cumulative = 0.0;
   token_id last_positive = -1;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i] <= 0.0f) continue;
-    cumulative += weights[i];
-    last_positive = static_cast<token_id>(i);
-    if (target < cumulative) return last_positive;
+  for (size_t i = 0; i < count; ++i) {
+    const auto [id, weight] = entry(i);
+    if (weight <= 0.0f) continue;
+    cumulative += weight;
+    last_positive = id;
+    if (target < cumulative) return id;
   }
   return last_positive;  // rounding left target at the very end of the CDF
 }
 
-// pick_weights() over a candidate list: the CDF runs in token id order whatever order truncation
-// left the candidates in, so the draw does not depend on the selection algorithm (and the GPU sampler,
+// walk_cdf() over weights indexed by token id.
+token_id pick_weights(std::span<const float> weights, double total, double uniform) {
+  return walk_cdf(
+      weights.size(), [&](size_t i) { return std::pair{static_cast<token_id>(i), weights[i]}; }, total, uniform);
+}
+
+// walk_cdf() over a candidate list: the CDF runs in token id order whatever order truncation left the
+// candidates in, so the draw does not depend on the selection algorithm (and the GPU sampler,
 // gpu/sampling.cu, walks the same order). Small lists are sorted by id; large ones are scattered into
 // a vocabulary-sized row (no sort).
 token_id pick(std::vector<candidate>& cands, size_t vocab, double uniform) {
@@ -216,17 +225,8 @@ token_id pick(std::vector<candidate>& cands, size_t vocab, double uniform) {
     return pick_weights(row, total, uniform);
   }
   std::sort(cands.begin(), cands.end(), [](const candidate& a, const candidate& b) { return a.id < b.id; });
-  if (!(total > 0.0)) return -1;
-  const double target = uniform * total;
-  double cumulative = 0.0;
-  token_id last_positive = -1;
-  for (const candidate& c : cands) {
-    if (c.score <= 0.0f) continue;
-    cumulative += c.score;
-    last_positive = c.id;
-    if (target < cumulative) return c.id;
-  }
-  return last_positive;  // rounding left target at the very end of the CDF
+  return walk_cdf(
+      cands.size(), [&](size_t i) { return std::pair{cands[i].id, cands[i].score}; }, total, uniform);
 }
 
 // Sampling without top-k/top-p (min-p at most): weights in place, in id order, no candidate list.
