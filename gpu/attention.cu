@@ -22,9 +22,15 @@ using detail::warp_sum;
 constexpr int kThreads = 128;  // per CTA
 constexpr int kTile = kThreads; // positions per tile: one per thread for Q.K
 constexpr int kMaxGroup = 8;   // query heads per CTA (larger GQA groups take several CTAs)
+
+// Query heads one CTA serves, G, is a template parameter: the smallest of 1, 2, 4, 8 that holds the
+// GQA group (kMaxGroup for larger groups). The per-head registers (accumulators, scores) and the
+// shared partial outputs scale with G, so a group of 4 (Llama-3-8B) neither computes P.V for 4
+// empty heads nor pays 32 KiB of shared memory that would cap the CTAs resident per SM.
+constexpr int heads_per_cta(int32_t group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
 // V dims per thread in P.V: VEC, a template parameter (16 bytes of T by default; see launch_for_dim).
 
-// grid: (num_tokens, num_kv_heads * group_chunks, num_splits), block: kThreads.
+// grid: (num_tokens, num_kv_heads * group_chunks, num_splits), block: kThreads; G query heads per CTA.
 // The CTA walks its positions in tiles of kTile (flash-decoding):
 //   1. Q.K: thread t scores position tile0 + t against every query head of the group (the whole K row
 //      is one thread's: 16-byte loads, no cross-lane reduction per position);
@@ -36,15 +42,15 @@ constexpr int kMaxGroup = 8;   // query heads per CTA (larger GQA groups take se
 // An earlier version gave each warp one position at a time with the head dim split over lanes: a
 // warp reduction per position and head made it latency-bound (measured on an H200: 14% of HBM
 // bandwidth at 32k, and 43% of a batch-1 Llama-3-8B decode step).
-template <int D, int VEC, class T>
+template <int D, int VEC, int G, class T>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attention_args<T> a, int32_t group_chunks) {
   constexpr int row_lanes = D / VEC;
   constexpr int parts = kThreads / row_lanes;
   static_assert(row_lanes <= kThreads && kThreads % row_lanes == 0, "head_dim must be 4..512 and divide the CTA");
-  __shared__ float4 q_s[kMaxGroup][D / 4];  // float4: one 16-byte shared load feeds 4 FMAs per head
-  __shared__ float p_s[kMaxGroup][kTile];
-  __shared__ float red_s[kThreads / 32][kMaxGroup];
-  __shared__ float acc_s[parts][kMaxGroup][D];
+  __shared__ float4 q_s[G][D / 4];  // float4: one 16-byte shared load feeds 4 FMAs per head
+  __shared__ float p_s[G][kTile];
+  __shared__ float red_s[kThreads / 32][G];
+  __shared__ float acc_s[parts][G][D];
 
   const int32_t token = blockIdx.x;
   const int32_t kvh = blockIdx.y / group_chunks;
@@ -52,13 +58,13 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   const int32_t split = blockIdx.z;
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
-  const int32_t head0 = kvh * group + chunk * kMaxGroup;
-  const int32_t ng = min(kMaxGroup, group - chunk * kMaxGroup);
+  const int32_t head0 = kvh * group + chunk * G;
+  const int32_t ng = min(G, group - chunk * G);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int part = tid / row_lanes, d0 = (tid % row_lanes) * VEC;
 
   const float* q = a.q + static_cast<int64_t>(token) * a.q_stride + static_cast<int64_t>(head0) * D;
-  for (int i = tid; i < kMaxGroup * D; i += kThreads) {
+  for (int i = tid; i < G * D; i += kThreads) {
     reinterpret_cast<float*>(&q_s[0][0])[i] = i / D < ng ? q[i] * a.scale : 0.0f;
   }
   __syncthreads();
@@ -75,9 +81,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     return a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + static_cast<int64_t>(j % bs) * D;
   };
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][VEC];
+  float m[G], l[G], acc[G][VEC];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
@@ -87,9 +93,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   for (int32_t tile0 = start; tile0 < end; tile0 += kTile) {
     const int32_t n = min(kTile, end - tile0);
     // 1. scores of position tile0 + tid
-    float s[kMaxGroup];
+    float s[G];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+    for (int g = 0; g < G; ++g) s[g] = 0.0f;
     if (tid < n) {
       const T* k = row(tile0 + tid) + k_off;
 #pragma unroll 4
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
         float kf[8];
         load_floats<T, 8>(k + c, kf);
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
+        for (int g = 0; g < G; ++g) {
           if (g < ng) {
             const float4 q0 = q_s[g][c / 4], q1 = q_s[g][c / 4 + 1];
             s[g] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] + q1.x * kf[4] + q1.y * kf[5] +
@@ -108,14 +114,14 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     }
     // 2. tile max, new running max, probabilities, tile sum
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
       const float v = warp_max(tid < n ? s[g] : -INFINITY);
       if (lane == 0) red_s[warp][g] = v;
     }
     __syncthreads();
-    float corr[kMaxGroup];
+    float corr[G];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
       float tile_max = red_s[0][g];
 #pragma unroll
       for (int w = 1; w < kThreads / 32; ++w) tile_max = fmaxf(tile_max, red_s[w][g]);
@@ -127,13 +133,13 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     }
     __syncthreads();  // red_s is reused for the sums; p_s complete
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
       const float v = warp_sum(s[g]);
       if (lane == 0) red_s[warp][g] = v;
     }
     // 3. P.V over this thread's part of the tile
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[g][e] *= corr[g];
     }
@@ -142,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
       float vf[VEC];
       load_floats<T, VEC>(row(tile0 + jj) + v_off + d0, vf);
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
+      for (int g = 0; g < G; ++g) {
         const float p = p_s[g][jj];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[g][e] += p * vf[e];
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     }
     __syncthreads();  // the sums are in red_s; p_s and red_s are free for the next tile afterwards
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
       float tile_sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kThreads / 32; ++w) tile_sum += red_s[w][g];
@@ -160,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   }
 
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) acc_s[part][g][d0 + e] = acc[g][e];
   }
@@ -174,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     // m and l are the same in every thread; select the head's by unrolled compare (no local memory)
     float mg = -INFINITY, lg = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kMaxGroup; ++k) {
+    for (int k = 0; k < G; ++k) {
       if (k == g) {
         mg = m[k];
         lg = l[k];
@@ -219,14 +225,14 @@ int attention_vec_bytes() {
   return bytes;
 }
 
-template <int D, int VEC, class T>
+template <int D, int VEC, int G, class T>
 void launch_kernels(const paged_attention_args<T>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
-  const int32_t group_chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int32_t group_chunks = (group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, T>)(a, group_chunks);
+  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T>)(a, group_chunks);
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1) {
     TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T>)(a);
@@ -234,11 +240,21 @@ void launch_kernels(const paged_attention_args<T>& a, cudaStream_t stream) {
   }
 }
 
+template <int D, int VEC, class T>
+void launch_for_group(const paged_attention_args<T>& a, cudaStream_t stream) {
+  switch (heads_per_cta(a.num_heads / a.layout.num_kv_heads)) {
+    case 1: return launch_kernels<D, VEC, 1, T>(a, stream);
+    case 2: return launch_kernels<D, VEC, 2, T>(a, stream);
+    case 4: return launch_kernels<D, VEC, 4, T>(a, stream);
+    default: return launch_kernels<D, VEC, kMaxGroup, T>(a, stream);
+  }
+}
+
 template <int D, class T>
 void launch_for_dim(const paged_attention_args<T>& a, cudaStream_t stream) {
   constexpr int vec16 = 16 / static_cast<int>(sizeof(T));
-  if (attention_vec_bytes() == 16) return launch_kernels<D, vec16, T>(a, stream);
-  return launch_kernels<D, vec16 / 2, T>(a, stream);
+  if (attention_vec_bytes() == 16) return launch_for_group<D, vec16, T>(a, stream);
+  return launch_for_group<D, vec16 / 2, T>(a, stream);
 }
 
 template <class T>

@@ -278,6 +278,7 @@ INSTANTIATE_TEST_SUITE_P(
                       attention_case{128, 32, 8, true, 0, true},
                       attention_case{128, 28, 4, false, 3, true},    // Qwen2.5-7B: group 7, split-KV
                       attention_case{128, 12, 1, false, 4, false},   // MQA, group 12 > 8: two CTAs per KV head
+                      attention_case{64, 8, 4, false, 2, true},      // group 2, split-KV, bf16
                       attention_case{256, 4, 4, true, 0, false},     // MHA, largest head
                       attention_case{64, 8, 2, true, 7, false}));    // split with partitions past some contexts
 
