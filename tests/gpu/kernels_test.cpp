@@ -52,8 +52,12 @@ TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
   }
 }
 
-TEST_F(GpuKernels, AddRmsNormMatchesCpu) {
-  const int32_t rows = 19, hidden = 576;
+// hidden 576 and 8192 take the row-in-registers kernel (hidden % 4 == 0, at most 8192), 570 and 8196
+// the general one.
+class GpuNorm : public GpuKernels, public ::testing::WithParamInterface<int32_t> {};
+
+TEST_P(GpuNorm, AddRmsNormMatchesCpu) {
+  const int32_t rows = 19, hidden = GetParam();
   const float eps = 1e-5f;
   auto residual = random_floats(size_t(rows) * hidden, 2);
   auto x = random_floats(size_t(rows) * hidden, 3);
@@ -80,8 +84,8 @@ TEST_F(GpuKernels, AddRmsNormMatchesCpu) {
   for (size_t i = 0; i < sum.size(); ++i) ASSERT_NEAR(got16[i], want[i], 8e-3 * (1 + std::fabs(want[i]))) << i;
 }
 
-TEST_F(GpuKernels, RmsNormRowsNormalisesOnlyTheChosenRows) {
-  const int32_t rows = 9, hidden = 960;
+TEST_P(GpuNorm, RmsNormRowsNormalisesOnlyTheChosenRows) {
+  const int32_t rows = 9, hidden = GetParam();
   auto x = random_floats(size_t(rows) * hidden, 21);
   auto weight = random_floats(hidden, 22);
   const std::vector<int32_t> pick = {8, 0, 3};
@@ -92,6 +96,8 @@ TEST_F(GpuKernels, RmsNormRowsNormalisesOnlyTheChosenRows) {
   const auto got = download(out, want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i])));
 }
+
+INSTANTIATE_TEST_SUITE_P(Hidden, GpuNorm, ::testing::Values(576, 8192, 570, 8196));
 
 TEST_F(GpuKernels, SiluAndMulMatchesCpu) {
   const int32_t rows = 7, inter = 1536;
