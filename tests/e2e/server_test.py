@@ -907,10 +907,11 @@ os.unlink(config_file.name)
 
 @case
 def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
-    # --shutdown-timeout 2: a request that ends within the grace period completes normally, a longer
+    # --shutdown-timeout 6: a request that ends within the grace period completes normally, a longer
     # one gets its final chunk (finish_reason "abort") and [DONE], a WebSocket generation its "final";
-    # the process exits soon after.
-    grace = server("--shutdown-timeout", "2")
+    # the process exits soon after. (6 s, not less: on a machine loaded to ~2 tokens/s the short
+    # request must still end inside the grace period.)
+    grace = server("--shutdown-timeout", "6")
 
     def open_stream(max_tokens):
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
@@ -944,7 +945,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
             except websockets.exceptions.ConnectionClosed:
                 return None
 
-    short, long_ = open_stream(12), open_stream(4000)
+    short, long_ = open_stream(8), open_stream(4000)
     time.sleep(0.5)
     t0 = time.time()
     ws_final = asyncio.run(ws_final_after_sigterm())
@@ -960,7 +961,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
     assert b'"finish_reason":"abort"' in long_data and b"data: [DONE]" in long_data, long_data[-300:]
     assert ws_final is not None and ws_final["finish_reason"] == "abort", ws_final
     assert grace.proc.returncode == 0, (grace.proc.returncode, log[-2000:])
-    assert elapsed < 15, elapsed
+    assert elapsed < 30, elapsed
 
 failed = [name for name, e in results if e is not None]
 print(f"{len(results) - len(failed)} passed, {len(failed)} failed")

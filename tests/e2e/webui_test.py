@@ -167,7 +167,7 @@ def chat_tests(page, port):
         "() => !document.querySelector('.message.assistant.streaming')"), 15)
     last_stats = page.evaluate("() => [...document.querySelectorAll('.message.assistant .stats')].pop().textContent")
     check("Stop ends the generation with finish reason abort", stopped and "finish: abort" in last_stats, last_stats)
-    idle = wait_for(lambda: b"\ntessera_num_requests_running 0\n" in http_get(port, "/metrics")[1], 10, 0.2)
+    idle = wait_for(lambda: b"\ntessera_num_requests_running 0\n" in http_get(port, "/metrics")[1], 30, 0.2)
     check("the server stopped generating (no request running)", idle)
 
     # 3. Regenerate replaces the last answer with a new generation.
@@ -199,7 +199,7 @@ def chat_tests(page, port):
         "() => [...document.querySelectorAll('.conv-open')].filter(b => b.textContent.endsWith('●')).length") == 2, 10, 0.02)
     check("two conversations stream at once", both)
     done = wait_for(lambda: page.evaluate(
-        "() => ![...document.querySelectorAll('.conv-open')].some(b => b.textContent.endsWith('●'))"), 60, 0.2)
+        "() => ![...document.querySelectorAll('.conv-open')].some(b => b.textContent.endsWith('●'))"), 180, 0.2)
     finals = page.evaluate("""() => JSON.parse(localStorage.getItem('tessera.conversations')).slice(0, 2)
         .map(c => { const m = c.messages[c.messages.length - 1]; return [m.finishReason, m.content.length]; })""")
     check("both finish with their own answers", done and all(f in ("stop", "length") and n > 0 for f, n in finals), finals)
@@ -227,7 +227,8 @@ def dashboard_tests(page, port):
     check("a block view arrives", got_view)
     total = page.evaluate("() => window.tesseraDashboard.view.device.size")
     check("the mosaic has one tile per device block", total == 40, total)
-    check("the mosaic is empty while idle", page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0)
+    check("the mosaic is empty while idle",
+          wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0, 30, 0.2))
 
     page.fill("#load-n", "8")
     page.fill("#load-prompt", "64")
@@ -236,7 +237,7 @@ def dashboard_tests(page, port):
     max_used = 0
     preempted = False
     shot = False
-    deadline = time.time() + 90
+    deadline = time.time() + 240  # generous: a loaded CI machine may decode at a few tokens/s
     while time.time() < deadline:
         used = page.evaluate("() => window.tesseraDashboard.view.device.numUsed()")
         max_used = max(max_used, used)
@@ -270,7 +271,7 @@ def dashboard_tests(page, port):
     check("dashboard screenshot taken under load", shot)
     status = page.inner_text("#load-status")
     check("all synthetic requests finish", "0 running, 8 done" in status, status)
-    emptied = wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0, 20, 0.2)
+    emptied = wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0, 60, 0.2)
     check("the mosaic is empty once the requests finished", emptied,
           page.evaluate("() => window.tesseraDashboard.view.device.numUsed()"))
     kinds = page.evaluate("() => window.tesseraDashboard.model.timeline.map(e => e.kind)")
