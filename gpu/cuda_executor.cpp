@@ -27,6 +27,7 @@
 #include "engine/ggml_types.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/gemv.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/op_profiler.hpp"
 #include "gpu/sampling.hpp"
@@ -124,7 +125,8 @@ class cuda_executor final : public executor {
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
 
   cuda_executor(std::shared_ptr<const model_weights> weights, const cuda_executor_options& options)
-      : weights_(std::move(weights)), spec_(options.kv), device_(options.device), use_graphs_(options.cuda_graphs) {
+      : weights_(std::move(weights)), spec_(options.kv), device_(options.device), use_graphs_(options.cuda_graphs),
+        use_small_batch_gemm_(options.small_batch_gemm.value_or(gpu::small_batch_gemm_from_env())) {
     config_ = weights_->config;
     config_.validate();
     if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
@@ -681,7 +683,14 @@ class cuda_executor final : public executor {
 
   // out[rows, n] (row stride ldc) = (or +=) in[rows, k] . W[n, k]^T. cuBLAS is column-major: this is
   // out^T = W . in^T with W read transposed (its row-major [n, k] is a column-major [k, n]).
+  // Steps of at most kMaxGemvRows rows can take gpu/gemv.hpp's weight-streaming kernel instead
+  // (cuda_executor_options::small_batch_gemm).
   void gemm(const void* w, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc, bool accumulate) {
+    if (use_small_batch_gemm_ && rows <= gpu::kMaxGemvRows &&
+        gpu::small_batch_gemm_supports(static_cast<const T*>(w), n, k, in, rows)) {
+      gpu::small_batch_gemm(static_cast<const T*>(w), n, k, in, rows, out, ldc, accumulate, stream_);
+      return;
+    }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     constexpr cudaDataType_t type = is_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), rows, static_cast<int>(k), &alpha,
@@ -823,6 +832,7 @@ class cuda_executor final : public executor {
   device_buffer sample_in_dev_, sample_out_dev_, sample_work_;
 
   bool use_graphs_ = false;
+  bool use_small_batch_gemm_ = false;
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 

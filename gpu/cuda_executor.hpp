@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/executor.hpp"
@@ -32,6 +33,10 @@ struct cuda_executor_options {
   // captured per (batch-size bucket, block-table width) on first use: one launch instead of ~9 per
   // layer. Off by default until verified on a GPU (docs/gpu_executor.md).
   bool cuda_graphs = false;
+  // GEMMs of steps with at most 8 rows (gpu::kMaxGemvRows: small-batch decode) through the
+  // weight-streaming kernel of gpu/gemv.hpp instead of cuBLAS. Unset: the environment variable
+  // TESSERA_GEMV ("1" on, else off). Off by default until measured on a GPU (docs/gpu_executor.md).
+  std::optional<bool> small_batch_gemm;
 };
 
 // True when the binary has the CUDA executor and a CUDA device is visible (never throws).

@@ -10,6 +10,9 @@
 #      dummy on the Llama-3-8B shape, bf16
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
 #      TFLOP/s on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
+#   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
+#      (gpu_gemv_bench, a markdown table), and `bench latency` with it on (TESSERA_GEMV=1): the data
+#      that decides TESSERA_GEMV's default
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -65,7 +68,8 @@ else
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=on >>"$log" 2>&1 ||
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
-  cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench tessera >>"$log" 2>&1 ||
+  cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench \
+    gpu_gemv_test gpu_gemv_bench tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -86,12 +90,19 @@ nvcc --version 2>/dev/null | tail -1 | tee -a "$log"
 run "kernel tests" 60 "$tests/gpu_kernels_test"
 run "prefill attention kernel tests" 60 "$tests/gpu_prefill_attention_test"
 run "sampling kernels vs the host sampler" 60 "$tests/gpu_sampling_test"
+run "small-batch GEMM kernel vs reference, executor with it vs CPU" 60 "$tests/gpu_gemv_test"
 run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test"
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
 if [ -x "$bin/gpu_attention_bench" ]; then
   run "attention bandwidth" 40 "$bin/gpu_attention_bench"
   grep '^{' "$log" | grep -E '"bench": "(paged|prefill)_attention"' >"$out/attention.jsonl" || true
+fi
+
+# 6: the small-batch GEMM against cuBLAS (its own markdown table, appended to the results).
+if [ -x "$bin/gpu_gemv_bench" ]; then
+  run "small-batch GEMM vs cuBLAS bench" 60 "$bin/gpu_gemv_bench"
+  sed -n '/^### Small-batch GEMM/,/^| 8 |/p' "$log" >"$out/gemv.md" || true
 fi
 
 # GPU sampling vs copying the logits rows to the host (vocab 128256).
@@ -109,6 +120,9 @@ grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency.json" || true
 run "bench latency with --cuda-graphs" 100 \
   "$bin/tessera" bench latency "${common[@]}" --cuda-graphs --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_graphs.json" || true
+run "bench latency with TESSERA_GEMV=1 (small-batch GEMM kernel)" 100 \
+  env TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
+grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_gemv.json" || true
 run "bench throughput (Llama-3-8B shape, bf16, dummy, 200 ShareGPT-like requests)" 150 \
   "$bin/tessera" bench throughput "${common[@]}" --workload "$root/bench/workloads/sharegpt_like.jsonl" \
   --max-num-seqs 256 --max-num-batched-tokens 8192
@@ -119,6 +133,8 @@ grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || 
 if command -v compute-sanitizer >/dev/null; then
   run "memcheck: kernel tests" 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_kernels_test"
   run "memcheck: sampling tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_sampling_test"
+  run "memcheck: small-batch GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$tests/gpu_gemv_test" --gtest_filter='SmallBatchGemm*'
   run "memcheck: prefill attention tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_prefill_attention_test"
   # Shared-memory races: the CPU emulation only interleaves threads at barriers and warp collectives,
@@ -155,14 +171,16 @@ fi
   echo '```'
   echo "Executor comparisons (max |cpu - cuda| per step):"
   echo '```'
-  grep -E "^  .*max \|cpu - cuda\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
+  grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl sampling.txt latency.json latency_graphs.json throughput.json; do
+  for f in attention.jsonl sampling.txt latency.json latency_graphs.json latency_gemv.json throughput.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null
     echo '```'
   done
+  echo
+  cat "$out/gemv.md" 2>/dev/null
 } >"$results"
 rm -f "$out/.table"
 cat "$results"

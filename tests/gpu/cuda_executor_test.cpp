@@ -23,24 +23,12 @@
 #include "engine/model_loader.hpp"
 #include "gpu/kernels.hpp"
 #include "tests/support/step_slices.hpp"
+#include "tests/support/tiny_model.hpp"
 
 namespace tessera {
 namespace {
 
-model_config tiny_config(rope_style rope) {
-  model_config c;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.vocab_size = 512;
-  c.context_length = 8192;
-  c.rope_dims = 64;
-  c.rope = rope;
-  return c;
-}
+model_config tiny_config(rope_style rope) { return test_support::tiny_executor_config(rope, 8192); }
 
 kv_cache_spec small_pool() {
   kv_cache_spec kv;
@@ -55,11 +43,7 @@ sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_comp
   return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
-std::vector<token_id> tokens(int32_t n, int32_t seed, int32_t vocab) {
-  std::vector<token_id> t(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 131 + seed * 17 + 5) % vocab;
-  return t;
-}
+std::vector<token_id> tokens(int32_t n, int32_t seed, int32_t vocab) { return test_support::pseudo_tokens(n, seed, vocab); }
 
 token_id argmax(std::span<const float> row) {
   return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());

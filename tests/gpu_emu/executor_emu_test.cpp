@@ -14,24 +14,12 @@
 #include "gpu/cuda_executor.hpp"
 #include "gpu/emu/emulator.hpp"
 #include "tests/support/step_slices.hpp"
+#include "tests/support/tiny_model.hpp"
 
 namespace tessera {
 namespace {
 
-model_config tiny_config() {
-  model_config c;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.vocab_size = 512;
-  c.context_length = 4096;
-  c.rope_dims = 64;
-  c.rope = rope_style::half;
-  return c;
-}
+model_config tiny_config() { return test_support::tiny_executor_config(); }
 
 kv_cache_spec pool() {
   kv_cache_spec kv;
@@ -46,11 +34,7 @@ sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_comp
   return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
-std::vector<token_id> tokens(int32_t n, int32_t seed) {
-  std::vector<token_id> t(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + seed * 11 + 3) % 512;
-  return t;
-}
+std::vector<token_id> tokens(int32_t n, int32_t seed) { return test_support::pseudo_tokens(n, seed); }
 
 void expect_close(const step_output& cpu, const step_output& gpu, const char* what) {
   ASSERT_EQ(cpu.logits.size(), gpu.logits.size()) << what;
