@@ -13,6 +13,8 @@
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
 #      (gpu_gemv_bench, a markdown table), and `bench latency` with it on (TESSERA_GEMV=1): the data
 #      that decides TESSERA_GEMV's default
+#   7. a per-op profile of a batch-1 decode step (TESSERA_CUDA_PROFILE=1), with cuBLAS and with the
+#      small-batch kernel
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -123,6 +125,14 @@ grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_graphs.json" || 
 run "bench latency with TESSERA_GEMV=1 (small-batch GEMM kernel)" 100 \
   env TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_gemv.json" || true
+# Where a batch-1 decode step's GPU time goes, op by op (gpu/op_profiler.hpp), cuBLAS and the
+# small-batch kernel: the table docs/benchmarks.md keeps, and what says which kernel to work on next.
+run "per-op profile of batch-1 decode (cuBLAS GEMMs)" 60 \
+  env TESSERA_CUDA_PROFILE=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 64 --repeats 1
+run "per-op profile of batch-1 decode (TESSERA_GEMV=1)" 60 \
+  env TESSERA_CUDA_PROFILE=1 TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 \
+  --gen-tokens 64 --repeats 1
+grep '^cuda profile' "$log" >"$out/profile.txt" || true
 run "bench throughput (Llama-3-8B shape, bf16, dummy, 200 ShareGPT-like requests)" 150 \
   "$bin/tessera" bench throughput "${common[@]}" --workload "$root/bench/workloads/sharegpt_like.jsonl" \
   --max-num-seqs 256 --max-num-batched-tokens 8192
@@ -173,7 +183,7 @@ fi
   echo '```'
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl sampling.txt latency.json latency_graphs.json latency_gemv.json throughput.json; do
+  for f in attention.jsonl sampling.txt latency.json latency_graphs.json latency_gemv.json profile.txt throughput.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null
