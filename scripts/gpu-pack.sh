@@ -25,6 +25,7 @@ grep -q '^TESSERA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
 targets=(gpu_kernels_test gpu_prefill_attention_test gpu_sampling_test gpu_cuda_executor_test gpu_gemv_test gpu_attention_bench
          gpu_sampling_bench gpu_gemv_bench tessera)
 echo "gpu-pack: building ${targets[*]} in $build"
+cmake -S "$root" -B "$build" >/dev/null  # re-configure: a test file added since makes a new target
 cmake --build "$build" -j"${TESSERA_JOBS:-2}" --target "${targets[@]}"
 
 rm -rf "$pack"
