@@ -43,7 +43,7 @@ struct fuzz_sequence {
   std::vector<block_id> table;
 };
 
-void fuzz(bool graphs, uint32_t seed) {
+void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
   dummy_weights_options wo;
   wo.type = ggml_type::f32;
   wo.seed = seed;
@@ -59,6 +59,7 @@ void fuzz(bool graphs, uint32_t seed) {
   go.kv = kv;
   go.dtype = cuda_dtype::f32;
   go.cuda_graphs = graphs;
+  go.small_batch_gemm = small_batch_gemm;  // steps of <= 8 rows through gpu/gemv.hpp
   go.max_num_batched_tokens = 32;  // small: larger steps grow the buffers
   const auto gpu = make_cuda_executor(w, go);
 
@@ -128,11 +129,13 @@ void fuzz(bool graphs, uint32_t seed) {
       }
     }
   }
-  std::printf("  %d steps (graphs %s)\n", steps, graphs ? "on" : "off");
+  std::printf("  %d steps (graphs %s, small-batch GEMM %s)\n", steps, graphs ? "on" : "off",
+              small_batch_gemm ? "on" : "off");
 }
 
 TEST(CudaExecutorFuzz, RandomStepBatchesGiveTheCpuExecutorsLogits) { fuzz(false, 11); }
 TEST(CudaExecutorFuzz, RandomStepBatchesGiveTheCpuExecutorsLogitsWithGraphs) { fuzz(true, 13); }
+TEST(CudaExecutorFuzz, RandomStepBatchesGiveTheCpuExecutorsLogitsWithTheSmallBatchGemm) { fuzz(true, 17, true); }
 
 }  // namespace
 }  // namespace tessera
