@@ -18,25 +18,12 @@
 #include "engine/llm_engine.hpp"
 #include "engine/sim_executor.hpp"
 #include "engine/tokenizer.hpp"
+#include "tests/support/char_tokenizer.hpp"
 
 namespace tessera::testing {
 
-constexpr int32_t test_vocab = 64;
-
-// Token 0 is the end-of-sequence control token; tokens 1..63 are single printable characters.
-inline std::shared_ptr<const tokenizer> char_tokenizer() {
-  vocab_data v;
-  v.kind = vocab_kind::bpe;
-  v.tokens.push_back("<|end|>");
-  v.types.push_back(token_type::control);
-  const std::string chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?:;=+-*/()";
-  for (int32_t i = 1; i < test_vocab; ++i) {
-    v.tokens.push_back(std::string(1, chars[static_cast<size_t>(i - 1)]));
-    v.types.push_back(token_type::normal);
-  }
-  v.eos = 0;
-  return std::make_shared<const tokenizer>(std::move(v));
-}
+using test_support::char_tokenizer;
+constexpr int32_t test_vocab = test_support::char_vocab;
 
 // sim_executor behind a gate: execute() waits while the gate is closed.
 class gated_executor : public executor {

@@ -16,27 +16,16 @@
 #include "engine/llm_engine.hpp"
 #include "engine/sampling_math.hpp"
 #include "engine/sim_executor.hpp"
+#include "tests/support/char_tokenizer.hpp"
 
 namespace tessera {
 namespace {
 
 using testing::sim_executor;
 
-constexpr int32_t vocab = 64;
+constexpr int32_t vocab = test_support::char_vocab;
 
-std::shared_ptr<const tokenizer> test_tokenizer() {
-  vocab_data v;
-  v.kind = vocab_kind::bpe;
-  v.tokens.push_back("<|end|>");
-  v.types.push_back(token_type::control);
-  const std::string chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?:;=+-*/()";
-  for (int32_t i = 1; i < vocab; ++i) {
-    v.tokens.push_back(std::string(1, chars[static_cast<size_t>(i - 1)]));
-    v.types.push_back(token_type::normal);
-  }
-  v.eos = 0;
-  return std::make_shared<const tokenizer>(std::move(v));
-}
+using test_support::char_tokenizer;
 
 // device_sampling applied to one row: logit processors, then greedy or the whole-vocabulary draw
 // with min-p (docs/sampling.md), the draw at the descriptor's position of its stream.
@@ -120,7 +109,7 @@ engine_options opts() {
 using outputs = std::map<std::pair<request_id, int32_t>, std::vector<token_id>>;
 
 outputs run(executor& exec, const std::vector<std::pair<std::vector<token_id>, sampling_params>>& requests) {
-  llm_engine engine(exec, test_tokenizer(), opts());
+  llm_engine engine(exec, char_tokenizer(), opts());
   for (const auto& [prompt, params] : requests) engine.add_request(prompt, params);
   outputs out;
   for (int i = 0; i < 10000 && engine.has_unfinished(); ++i) {

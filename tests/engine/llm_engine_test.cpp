@@ -14,6 +14,7 @@
 
 #include "engine/error.hpp"
 #include "engine/sim_executor.hpp"
+#include "tests/support/char_tokenizer.hpp"
 
 namespace tessera {
 namespace {
@@ -22,27 +23,13 @@ using testing::fake_logits;
 using testing::ranked_token;
 using testing::sim_executor;
 
-constexpr int32_t vocab = 64;
+constexpr int32_t vocab = test_support::char_vocab;
 constexpr token_id eos_id = 0;
 
-// Token 0 is the end-of-sequence control token; tokens 1..63 are single printable characters
-// (which the GPT-2 byte alphabet maps to themselves).
-std::shared_ptr<const tokenizer> test_tokenizer() {
-  vocab_data v;
-  v.kind = vocab_kind::bpe;
-  v.tokens.push_back("<|end|>");
-  v.types.push_back(token_type::control);
-  const std::string chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?:;=+-*/()";
-  for (int32_t i = 1; i < vocab; ++i) {
-    v.tokens.push_back(std::string(1, chars[static_cast<size_t>(i - 1)]));
-    v.types.push_back(token_type::normal);
-  }
-  v.eos = eos_id;
-  return std::make_shared<const tokenizer>(std::move(v));
-}
+using test_support::char_tokenizer;
 
 std::string text_of(const std::vector<token_id>& ids) {
-  static const auto tok = test_tokenizer();
+  static const auto tok = char_tokenizer();
   return tok->decode(ids, true);
 }
 
@@ -108,7 +95,7 @@ engine_options opts(int32_t blocks, int32_t host = 0) {
 
 TEST(llm_engine, greedy_generation_matches_the_oracle) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   std::mt19937 rng(1);
   std::map<request_id, std::vector<token_id>> prompts;
   for (int i = 0; i < 6; ++i) {
@@ -138,7 +125,7 @@ TEST(llm_engine, add_request_validates) {
   sim_executor exec(4, 8, 0, vocab);
   engine_options o = opts(8);
   o.max_model_len = 20;
-  llm_engine engine(exec, test_tokenizer(), o);
+  llm_engine engine(exec, char_tokenizer(), o);
   EXPECT_THROW(engine.add_request({}, greedy(4)), invalid_request);
   EXPECT_THROW(engine.add_request(std::vector<token_id>(21, 5), greedy(4)), invalid_request);
   EXPECT_THROW(engine.add_request({1, 2, vocab}, greedy(4)), invalid_request);
@@ -158,7 +145,7 @@ TEST(llm_engine, stops_at_max_model_len) {
   sim_executor exec(4, 64, 0, vocab);
   engine_options o = opts(64);
   o.max_model_len = 12;
-  llm_engine engine(exec, test_tokenizer(), o);
+  llm_engine engine(exec, char_tokenizer(), o);
   sampling_params p = greedy(100);
   p.ignore_eos = true;
   const request_id id = engine.add_request({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, p);
@@ -169,7 +156,7 @@ TEST(llm_engine, stops_at_max_model_len) {
 
 TEST(llm_engine, stop_strings_are_held_back_and_cut) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   std::mt19937 rng(3);
   // Find a prompt whose greedy continuation has >= 8 tokens, then stop at the text of tokens 4..5.
   std::vector<token_id> p, expected;
@@ -188,7 +175,7 @@ TEST(llm_engine, stop_strings_are_held_back_and_cut) {
 
 TEST(llm_engine, parallel_sampling_forks_after_prefill_and_shares_the_prompt) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   std::mt19937 rng(5);
   auto p = random_prompt(rng, 10);  // 2.5 blocks: the partial third block is copied on write
   // Greedy choices all follow the argmax path, so every choice must equal the oracle; a missing
@@ -229,7 +216,7 @@ TEST(llm_engine, random_sampling_is_reproducible_with_a_seed_across_batching_and
   params.ignore_eos = true;
 
   sim_executor alone_exec(4, 64, 0, vocab);
-  llm_engine alone(alone_exec, test_tokenizer(), opts(64));
+  llm_engine alone(alone_exec, char_tokenizer(), opts(64));
   const request_id a = alone.add_request(p, params);
   auto ref = run_to_end(alone)[a];
 
@@ -238,7 +225,7 @@ TEST(llm_engine, random_sampling_is_reproducible_with_a_seed_across_batching_and
     engine_options o = opts(16, 32);
     o.preemption = mode;
     o.max_num_batched_tokens = 8;
-    llm_engine crowded(exec, test_tokenizer(), o);
+    llm_engine crowded(exec, char_tokenizer(), o);
     for (int i = 0; i < 5; ++i) crowded.add_request(random_prompt(rng, 12), greedy(20));
     const request_id b = crowded.add_request(p, params);
     auto all = run_to_end(crowded);
@@ -253,7 +240,7 @@ TEST(llm_engine, abort_in_every_state_frees_everything) {
   engine_options o = opts(12, 8);
   o.max_num_batched_tokens = 8;
   o.preemption = preemption_mode::swap;
-  llm_engine engine(exec, test_tokenizer(), o);
+  llm_engine engine(exec, char_tokenizer(), o);
   std::mt19937 rng(9);
   std::vector<request_id> ids;
   for (int i = 0; i < 6; ++i) {
@@ -296,7 +283,7 @@ TEST(llm_engine, abort_in_every_state_frees_everything) {
 
 TEST(llm_engine, executor_failure_fails_the_step_requests_cleanly) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   std::mt19937 rng(2);
   const auto p1 = random_prompt(rng, 8);
   const request_id a = engine.add_request(p1, greedy(5));
@@ -338,7 +325,7 @@ TEST(llm_engine, executor_failure_fails_the_step_requests_cleanly) {
 
 TEST(llm_engine, prefix_cache_skips_the_shared_prompt_prefill) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   std::mt19937 rng(4);
   auto system = random_prompt(rng, 16);
   auto p1 = system, p2 = system;
@@ -363,7 +350,7 @@ TEST(llm_engine, step_records_describe_the_step) {
   sim_executor exec(4, 16, 16, vocab);
   engine_options o = opts(16, 16);
   o.max_num_batched_tokens = 16;
-  llm_engine engine(exec, test_tokenizer(), o);
+  llm_engine engine(exec, char_tokenizer(), o);
   std::mt19937 rng(8);
   for (int i = 0; i < 3; ++i) engine.add_request(random_prompt(rng, 10), greedy(3));
   engine.step();
@@ -443,7 +430,7 @@ TEST(llm_engine, every_request_is_queued_gets_a_first_token_and_ends_once_in_ord
     engine_options o = opts(14, 32);
     o.preemption = mode;
     o.max_num_batched_tokens = 8;
-    llm_engine engine(exec, test_tokenizer(), o);
+    llm_engine engine(exec, char_tokenizer(), o);
     std::mt19937 rng(21);
     std::vector<request_id> ids;
     for (int i = 0; i < 6; ++i) {
@@ -491,7 +478,7 @@ TEST(llm_engine, every_request_is_queued_gets_a_first_token_and_ends_once_in_ord
 
 TEST(llm_engine, logprobs_are_reported_per_token) {
   sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, test_tokenizer(), opts(64));
+  llm_engine engine(exec, char_tokenizer(), opts(64));
   sampling_params p = greedy(3);
   p.logprobs = 2;
   p.ignore_eos = true;
@@ -524,7 +511,7 @@ TEST(llm_engine, random_workloads_terminate_once_and_match_the_oracle) {
     o.max_num_seqs = 1 + static_cast<int32_t>(rng() % 6);
     o.preemption = static_cast<preemption_mode>(seed % 3);
     o.enable_prefix_caching = rng() % 3 != 0;
-    llm_engine engine(exec, test_tokenizer(), o);
+    llm_engine engine(exec, char_tokenizer(), o);
     std::map<request_id, std::vector<token_id>> prompts;
     std::map<request_id, int32_t> max_tokens;
     std::set<request_id> aborted;

@@ -30,13 +30,7 @@ namespace {
 
 model_config tiny_config(rope_style rope) { return test_support::tiny_executor_config(rope, 8192); }
 
-kv_cache_spec small_pool() {
-  kv_cache_spec kv;
-  kv.block_size = 16;
-  kv.num_device_blocks = 160;
-  kv.num_host_blocks = 8;
-  return kv;
-}
+kv_cache_spec small_pool() { return test_support::kv_pool(160, 8); }
 
 sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
                      sequence_slice::logits_mode mode = sequence_slice::logits_mode::last) {
@@ -80,14 +74,8 @@ class CudaExecutor : public ::testing::TestWithParam<executor_case> {
   void SetUp() override {
     if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine: CUDA executor tests skipped";
     const executor_case c = GetParam();
-    dummy_weights_options wo;
-    wo.type = ggml_type::f32;
-    wo.seed = 3;
-    weights_ = make_dummy_weights(tiny_config(c.rope), wo);
-    cpu_executor_options co;
-    co.kv = small_pool();
-    co.num_threads = 2;
-    cpu_ = make_cpu_executor(weights_, co);
+    weights_ = test_support::f32_dummy_weights(tiny_config(c.rope), 3);
+    cpu_ = test_support::cpu_reference_executor(weights_, small_pool(), 2);
     cuda_executor_options go;
     go.kv = small_pool();
     go.dtype = c.dtype;

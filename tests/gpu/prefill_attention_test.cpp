@@ -23,6 +23,7 @@
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
 #include "tests/gpu/test_data.hpp"
+#include "tests/support/tiny_model.hpp"
 
 namespace tessera::gpu {
 namespace {
@@ -281,17 +282,9 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   cfg.vocab_size = 256;
   cfg.context_length = 4096;
   cfg.rope_dims = 64;
-  dummy_weights_options wo;
-  wo.type = ggml_type::f32;
-  wo.seed = 5;
-  const auto weights = make_dummy_weights(cfg, wo);
-  kv_cache_spec kv;
-  kv.block_size = 16;
-  kv.num_device_blocks = 64;
-  cpu_executor_options co;
-  co.kv = kv;
-  co.num_threads = 2;
-  const auto cpu = make_cpu_executor(weights, co);
+  const auto weights = test_support::f32_dummy_weights(cfg, 5);
+  const kv_cache_spec kv = test_support::kv_pool(64);
+  const auto cpu = test_support::cpu_reference_executor(weights, kv, 2);
   cuda_executor_options go;
   go.kv = kv;
   go.dtype = GetParam().dtype;

@@ -21,13 +21,7 @@ namespace {
 
 model_config tiny_config() { return test_support::tiny_executor_config(); }
 
-kv_cache_spec pool() {
-  kv_cache_spec kv;
-  kv.block_size = 16;
-  kv.num_device_blocks = 64;
-  kv.num_host_blocks = 4;
-  return kv;
-}
+kv_cache_spec pool() { return test_support::kv_pool(64, 4); }
 
 sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
                      sequence_slice::logits_mode mode = sequence_slice::logits_mode::last) {
@@ -48,9 +42,7 @@ void expect_close(const step_output& cpu, const step_output& gpu, const char* wh
 TEST(CudaExecutorEmulated, EveryAllocationIsFreedWithTheExecutor) {
   const gpu::emu::memory_stats before = gpu::emu::memory();
   {
-    dummy_weights_options wo;
-    wo.type = ggml_type::f32;
-    const auto w = make_dummy_weights(tiny_config(), wo);
+    const auto w = test_support::f32_dummy_weights(tiny_config(), 0);
     for (const cuda_dtype dtype : {cuda_dtype::f32, cuda_dtype::bf16}) {
       cuda_executor_options o;
       o.kv = pool();
@@ -79,14 +71,8 @@ TEST(CudaExecutorEmulated, EveryAllocationIsFreedWithTheExecutor) {
 }
 
 TEST(CudaExecutorEmulated, GraphsCapturedBeforeTheBuffersGrowAreNotReplayedWithStalePointers) {
-  dummy_weights_options wo;
-  wo.type = ggml_type::f32;
-  wo.seed = 5;
-  const auto w = make_dummy_weights(tiny_config(), wo);
-  cpu_executor_options co;
-  co.kv = pool();
-  co.num_threads = 1;
-  const auto cpu = make_cpu_executor(w, co);
+  const auto w = test_support::f32_dummy_weights(tiny_config(), 5);
+  const auto cpu = test_support::cpu_reference_executor(w, pool(), 1);
   cuda_executor_options go;
   go.kv = pool();
   go.dtype = cuda_dtype::f32;

@@ -15,6 +15,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
+#include "tests/support/tiny_model.hpp"
 
 namespace tessera {
 namespace {
@@ -44,17 +45,9 @@ struct fuzz_sequence {
 };
 
 void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
-  dummy_weights_options wo;
-  wo.type = ggml_type::f32;
-  wo.seed = seed;
-  const auto w = make_dummy_weights(tiny_config(), wo);
-  kv_cache_spec kv;
-  kv.block_size = 16;
-  kv.num_device_blocks = 256;
-  cpu_executor_options co;
-  co.kv = kv;
-  co.num_threads = 1;
-  const auto cpu = make_cpu_executor(w, co);
+  const auto w = test_support::f32_dummy_weights(tiny_config(), seed);
+  const kv_cache_spec kv = test_support::kv_pool(256);
+  const auto cpu = test_support::cpu_reference_executor(w, kv, 1);
   cuda_executor_options go;
   go.kv = kv;
   go.dtype = cuda_dtype::f32;

@@ -1,9 +1,14 @@
-// The small LLaMA shape the executor tests run (CPU executor against the CUDA executor, on a GPU or
-// its CPU emulation): GQA (4 heads, 2 KV heads), head_dim 64, small enough for the emulation.
+// What the executor tests (CPU executor against the CUDA executor, on a GPU or its CPU emulation)
+// start from: a small LLaMA shape with GQA (4 heads, 2 KV heads, head_dim 64), small enough for the
+// emulation; f32 dummy weights, so the CPU executor computes exactly what it is given; a KV pool of
+// 16-token blocks; and the CPU executor every comparison is made against.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "cpu/cpu_executor.hpp"
+#include "engine/dummy_weights.hpp"
 #include "engine/executor.hpp"
 #include "engine/model_config.hpp"
 
@@ -22,6 +27,29 @@ inline model_config tiny_executor_config(rope_style rope = rope_style::half, int
   c.rope_dims = 64;
   c.rope = rope;
   return c;
+}
+
+inline std::shared_ptr<const model_weights> f32_dummy_weights(const model_config& config, uint64_t seed) {
+  dummy_weights_options wo;
+  wo.type = ggml_type::f32;
+  wo.seed = seed;
+  return make_dummy_weights(config, wo);
+}
+
+inline kv_cache_spec kv_pool(int32_t num_device_blocks, int32_t num_host_blocks = 0) {
+  kv_cache_spec kv;
+  kv.block_size = 16;
+  kv.num_device_blocks = num_device_blocks;
+  kv.num_host_blocks = num_host_blocks;
+  return kv;
+}
+
+inline std::unique_ptr<executor> cpu_reference_executor(std::shared_ptr<const model_weights> weights,
+                                                        const kv_cache_spec& kv, int32_t num_threads) {
+  cpu_executor_options co;
+  co.kv = kv;
+  co.num_threads = num_threads;
+  return make_cpu_executor(std::move(weights), co);
 }
 
 // n token ids in [0, vocab), a different sequence per seed.
