@@ -29,41 +29,33 @@ __global__ void embedding_gather_kernel(float* out, const T* table, const int32_
   for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = valid ? to_float(src[i]) : 0.0f;
 }
 
+// out[b] = rms_norm(source row) * weight, the source row being residual[b] (+= x[b] when x is given,
+// written back: add_rms_norm) or, with row_index, residual[row_index[b]] (read only: rms_norm_rows).
 // The sum of squares is accumulated in fp32 like the CPU reference; the row is read twice (the second
 // read hits L1/L2: hidden <= 16K floats per row).
 template <class T>
-__global__ void add_rms_norm_kernel(T* out, float* residual, const float* x, const float* weight, int32_t hidden,
-                                    float eps) {
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * hidden;
+__global__ void rms_norm_kernel(T* out, float* residual, const float* x, const int32_t* row_index, const float* weight,
+                                int32_t hidden, float eps) {
+  const int64_t src_row = row_index ? row_index[blockIdx.x] : blockIdx.x;
+  float* src = residual + src_row * hidden;
+  const float* add = x ? x + src_row * hidden : nullptr;
   float sum_sq = 0.0f;
   for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = residual[base + i];
-    if (x) {
-      v += x[base + i];
-      residual[base + i] = v;
+    float v = src[i];
+    if (add) {
+      v += add[i];
+      src[i] = v;
     }
     sum_sq += v * v;
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(hidden) + eps);
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    out[base + i] = from_float<T>(residual[base + i] * inv_rms * weight[i]);
-  }
-}
-
-template <class T>
-__global__ void rms_norm_rows_kernel(T* out, const float* x, const int32_t* row_index, const float* weight,
-                                     int32_t hidden, float eps) {
-  const float* src = x + static_cast<int64_t>(row_index[blockIdx.x]) * hidden;
   T* dst = out + static_cast<int64_t>(blockIdx.x) * hidden;
-  float sum_sq = 0.0f;
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) sum_sq += src[i] * src[i];
-  const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(hidden) + eps);
   for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = from_float<T>(src[i] * inv_rms * weight[i]);
 }
 
-// The same two norms with the row held in registers: every 16-byte load of the row is issued before
-// the first store, so a row costs one memory round trip. The loops above load, add and store one
-// element per iteration, and as their pointers may alias, each iteration's loads wait for the previous
+// The same norm with the row held in registers: every 16-byte load of the row is issued before
+// the first store, so a row costs one memory round trip. The kernel above loads, adds and stores one
+// element per iteration, and as its pointers may alias, each iteration's loads wait for the previous
 // store: at batch 1 (one CTA) that is a chain of hidden / 256 round trips per norm, which made the
 // 97 norm and RoPE launches of a Llama-3-8B decode step cost 1.3 ms on an H200.
 // Used when hidden % 4 == 0, hidden <= kNormMaxHidden and the pointers are 16-byte aligned.
@@ -76,8 +68,7 @@ __device__ __forceinline__ void store4(bf16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(pair);
 }
 
-// out[b] = rms_norm(src row) * weight, the source row being residual[b] (+= x[b] when x is given,
-// written back) or, with row_index, residual[row_index[b]] (read only).
+// Same arguments and result as rms_norm_kernel.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_vec4_kernel(T* __restrict__ out, float* __restrict__ residual, const float* __restrict__ x,
@@ -217,28 +208,16 @@ void launch_embedding(float* out, const T* table, const int32_t* ids, int32_t ro
   CUDA_CHECK(cudaGetLastError());
 }
 
+// residual: the source rows (written when x is given); row_index: the rows to normalise (null: every
+// row). The register-held kernel when the row fits it, else the general one.
 template <class T>
-void launch_add_rms_norm(T* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
-                         float eps, cudaStream_t stream) {
+void launch_rms_norm(T* out, float* residual, const float* x, const int32_t* row_index, const float* weight,
+                     int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   if (norm_fits_vec4(out, residual, x, weight, hidden)) {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, residual, x, nullptr, weight, hidden, eps);
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, residual, x, row_index, weight, hidden, eps);
   } else {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, add_rms_norm_kernel)(out, residual, x, weight, hidden, eps);
-  }
-  CUDA_CHECK(cudaGetLastError());
-}
-
-template <class T>
-void launch_rms_norm_rows(T* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
-                          int32_t hidden, float eps, cudaStream_t stream) {
-  if (rows == 0) return;
-  if (norm_fits_vec4(out, x, nullptr, weight, hidden)) {
-    // Read only: with row_index and no x the kernel never writes its source.
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, const_cast<float*>(x), nullptr, row_index,
-                                                                          weight, hidden, eps);
-  } else {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_rows_kernel)(out, x, row_index, weight, hidden, eps);
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)(out, residual, x, row_index, weight, hidden, eps);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -288,20 +267,22 @@ void embedding_gather(float* out, const bf16* table, const int32_t* ids, int32_t
 
 void add_rms_norm(float* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                   float eps, cudaStream_t stream) {
-  launch_add_rms_norm(out, residual, x, weight, rows, hidden, eps, stream);
+  launch_rms_norm(out, residual, x, nullptr, weight, rows, hidden, eps, stream);
 }
 void add_rms_norm(bf16* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                   float eps, cudaStream_t stream) {
-  launch_add_rms_norm(out, residual, x, weight, rows, hidden, eps, stream);
+  launch_rms_norm(out, residual, x, nullptr, weight, rows, hidden, eps, stream);
 }
 
 void rms_norm_rows(float* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
                    int32_t hidden, float eps, cudaStream_t stream) {
-  launch_rms_norm_rows(out, x, row_index, weight, rows, hidden, eps, stream);
+  // Read only: with no x the kernels never write their source.
+  launch_rms_norm(out, const_cast<float*>(x), nullptr, row_index, weight, rows, hidden, eps, stream);
 }
 void rms_norm_rows(bf16* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
                    int32_t hidden, float eps, cudaStream_t stream) {
-  launch_rms_norm_rows(out, x, row_index, weight, rows, hidden, eps, stream);
+  // Read only: with no x the kernels never write their source.
+  launch_rms_norm(out, const_cast<float*>(x), nullptr, row_index, weight, rows, hidden, eps, stream);
 }
 
 void silu_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
