@@ -18,27 +18,13 @@
 
 namespace tessera::gpu {
 
+// The common part (gpu/kernels.hpp) for num_tokens decode queries; a split's workspace holds
+// attention_workspace_floats(...) floats.
 template <class T>
-struct paged_attention_args {
-  T* out = nullptr;                     // [num_tokens, out_stride], head h at columns h*head_dim
-  int64_t out_stride = 0;
-  const float* q = nullptr;             // [num_tokens, q_stride], head h at columns h*head_dim (RoPE applied)
-  int64_t q_stride = 0;
-  const T* kv_cache = nullptr;
-  kv_layout layout;
-  int32_t layer = 0;
-  int32_t num_heads = 0;
+struct paged_attention_args : paged_attention_common<T> {
   int32_t num_tokens = 0;
   const int32_t* context_lens = nullptr;  // [num_tokens]: position + 1 (causal)
   const int32_t* token_seq = nullptr;     // [num_tokens]: row of block_tables
-  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
-  int32_t max_blocks_per_seq = 0;
-  float scale = 1.0f;                     // 1/sqrt(head_dim)
-  // Split-KV: 1 = none. With more, `partition_size` positions per CTA and `workspace` of
-  // attention_workspace_floats(...) floats.
-  int32_t num_splits = 1;
-  int32_t partition_size = 0;
-  float* workspace = nullptr;
 };
 
 // Head sizes the kernel is compiled for.
@@ -50,10 +36,6 @@ int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_
 // How to split: (num_splits, partition_size) for `num_tokens` queries of at most `max_context`
 // positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the (token, KV head) CTAs
 // already fill the GPU or the context is short.
-struct split_plan {
-  int32_t num_splits = 1;
-  int32_t partition_size = 0;
-};
 split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
 
 // Throws std::invalid_argument for an unsupported head_dim or a bad split.

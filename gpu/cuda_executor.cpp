@@ -726,41 +726,35 @@ class cuda_executor final : public executor {
     rope.interleaved_pairs = config_.rope == rope_style::interleaved;
     rope.layout = layout_;
 
-    gpu::paged_attention_args<T> att;
-    att.out = attn;
-    att.out_stride = q_dim;
-    att.q = qkv;
-    att.q_stride = qkv_cols;
-    att.kv_cache = kv;
-    att.layout = layout_;
-    att.num_heads = config_.num_heads;
+    // The two attention launches share the matrices and the cache; each has its own split plan.
+    gpu::paged_attention_common<T> common;
+    common.out = attn;
+    common.out_stride = q_dim;
+    common.q = qkv;
+    common.q_stride = qkv_cols;
+    common.kv_cache = kv;
+    common.layout = layout_;
+    common.num_heads = config_.num_heads;
+    common.block_tables = meta_ptr(meta_tables_);
+    common.max_blocks_per_seq = max_blocks_;
+    common.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    auto with_split = [&](const gpu::split_plan& plan) {
+      gpu::paged_attention_common<T> c = common;
+      c.num_splits = plan.num_splits;
+      c.partition_size = plan.partition_size;
+      c.workspace = plan.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
+      return c;
+    };
+
+    gpu::paged_attention_args<T> att{with_split(split_)};
     att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
-    att.block_tables = meta_ptr(meta_tables_);
-    att.max_blocks_per_seq = max_blocks_;
-    att.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    att.num_splits = split_.num_splits;
-    att.partition_size = split_.partition_size;
-    att.workspace = split_.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
 
-    gpu::prefill_attention_args<T> pre;
-    pre.out = attn;
-    pre.out_stride = q_dim;
-    pre.q = qkv;
-    pre.q_stride = qkv_cols;
-    pre.kv_cache = kv;
-    pre.layout = layout_;
-    pre.num_heads = config_.num_heads;
+    gpu::prefill_attention_args<T> pre{with_split(prefill_split_)};
     pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
     pre.num_tiles = static_cast<int32_t>(prefill_tiles_.size());
     pre.tile_tokens = prefill_tile_tokens_;
-    pre.block_tables = meta_ptr(meta_tables_);
-    pre.max_blocks_per_seq = max_blocks_;
-    pre.scale = att.scale;
-    pre.num_splits = prefill_split_.num_splits;
-    pre.partition_size = prefill_split_.partition_size;
-    pre.workspace = prefill_split_.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
 
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       const gpu_layer& L = layers_[static_cast<size_t>(l)];
@@ -842,7 +836,7 @@ class cuda_executor final : public executor {
   bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
   gpu::split_plan split_;
-  gpu::prefill_split prefill_split_;
+  gpu::split_plan prefill_split_;
   int32_t prefill_tile_tokens_ = 0;  // query tokens per prefill tile for this model's heads
   int32_t num_prefill_tokens_ = 0;   // the step's last rows, handled by prefill_attention
   std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;

@@ -67,6 +67,35 @@ struct kv_layout {
   }
 };
 
+// What the decode (gpu/attention.hpp) and prefill (gpu/prefill_attention.hpp) attention kernels
+// share: the query and output matrices, one layer of the paged cache read through block tables, and
+// the split over positions (flash-decoding's split-KV: 1 = none; with more, split s covers positions
+// [s * partition_size, (s + 1) * partition_size) and writes its partial (max, sum, unnormalised
+// output) to `workspace`, which a second kernel merges).
+template <class T>
+struct paged_attention_common {
+  T* out = nullptr;            // [tokens, out_stride], head h at columns h*head_dim
+  int64_t out_stride = 0;
+  const float* q = nullptr;    // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
+  int64_t q_stride = 0;
+  const T* kv_cache = nullptr;
+  kv_layout layout;
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  float scale = 1.0f;                     // 1/sqrt(head_dim)
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+  float* workspace = nullptr;
+};
+
+// How an attention launch splits over positions: num_splits == 1 is no split.
+struct split_plan {
+  int32_t num_splits = 1;
+  int32_t partition_size = 0;
+};
+
 // RoPE fused with the KV write, for one layer. qkv [tokens, qkv_stride] f32 holds each token's
 // Q (num_heads * head_dim) | K | V (num_kv_heads * head_dim each). Q and K are rotated in place
 // (angle = position * inv_freq[i], cos/sin evaluated in double as the CPU executor does), then K and

@@ -344,9 +344,9 @@ int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_
   return rows / std::min(num_heads / num_kv_heads, rows);
 }
 
-prefill_split plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                                 int32_t max_context, int32_t num_sms) {
-  prefill_split p;
+split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
+                             int32_t max_context, int32_t num_sms) {
+  split_plan p;
   if (prefill_tile_tokens(head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
   // As plan_attention_split: partitions of >= 512 positions, and only when the unsplit grid (at about
   // 2 resident CTAs per SM) would leave multiprocessors idle; then about 2 CTAs per SM in all.

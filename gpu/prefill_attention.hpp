@@ -38,29 +38,13 @@ struct prefill_tile {
 };
 static_assert(sizeof(prefill_tile) == 4 * sizeof(int32_t), "packed as 4 int32 in the step metadata");
 
+// The common part (gpu/kernels.hpp) for the query tokens of the tiles; a split (for few tiles over
+// long contexts) has a workspace of prefill_workspace_floats(...) floats.
 template <class T>
-struct prefill_attention_args {
-  T* out = nullptr;            // [tokens, out_stride], head h at columns h*head_dim
-  int64_t out_stride = 0;
-  const float* q = nullptr;    // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
-  int64_t q_stride = 0;
-  const T* kv_cache = nullptr;
-  kv_layout layout;
-  int32_t layer = 0;
-  int32_t num_heads = 0;
+struct prefill_attention_args : paged_attention_common<T> {
   const prefill_tile* tiles = nullptr;  // [num_tiles], from plan_prefill_tiles with prefill_tile_tokens
   int32_t num_tiles = 0;
   int32_t tile_tokens = 0;              // prefill_tile_tokens(...) the tiles were cut with
-  const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
-  int32_t max_blocks_per_seq = 0;
-  float scale = 1.0f;                   // 1/sqrt(head_dim)
-  // Split over positions (flash-decoding's split-KV, for few tiles over long contexts): 1 = none.
-  // With more, split s of a tile covers positions [s * partition_size, (s + 1) * partition_size) and
-  // writes its partial (max, sum, unnormalised output) to `workspace` (prefill_workspace_floats(...)
-  // floats); a second kernel merges them.
-  int32_t num_splits = 1;
-  int32_t partition_size = 0;
-  float* workspace = nullptr;
 };
 
 // Query tokens per tile for this shape: the CTA's rows (64 for head_dim 64/128, 24 for 256) divided
@@ -76,12 +60,8 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
 // positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
 // the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
 // prefix: few tiles, long walks, so split).
-struct prefill_split {
-  int32_t num_splits = 1;
-  int32_t partition_size = 0;
-};
-prefill_split plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                                 int32_t max_context, int32_t num_sms);
+split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
+                             int32_t max_context, int32_t num_sms);
 
 // Floats of workspace a split launch needs.
 int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,

@@ -152,7 +152,7 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   p.block_tables = tables_dev;
   p.max_blocks_per_seq = num_blocks;
   p.scale = 0.088f;
-  const prefill_split tiled_plan = plan_prefill_split(p.num_tiles, head_dim, num_heads, 8, context, num_sms);
+  const split_plan tiled_plan = plan_prefill_split(p.num_tiles, head_dim, num_heads, 8, context, num_sms);
   p.num_splits = tiled_plan.num_splits;
   p.partition_size = tiled_plan.partition_size;
   float* tiled_ws = nullptr;

@@ -76,7 +76,7 @@ TEST(PrefillTilePlan, SplitsOnlyFewTilesOverLongContexts) {
   // Few tiles but a short context: no split.
   EXPECT_EQ(plan_prefill_split(2, 128, 32, 8, 900, 132).num_splits, 1);
   // 64 new tokens after 16k cached (multi-turn chat with a prefix hit): 4 tiles x 8 CTAs; split.
-  const prefill_split p = plan_prefill_split(4, 128, 32, 8, 16384 + 64, 132);
+  const split_plan p = plan_prefill_split(4, 128, 32, 8, 16384 + 64, 132);
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 16384 + 64);
   EXPECT_GE(p.partition_size, 512);
