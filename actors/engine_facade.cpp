@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "actors/runtime_actors.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::actors {
 

@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "engine/chat_template.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 
 namespace tessera::actors {
 

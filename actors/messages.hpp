@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/chat_template.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/sampling_params.hpp"

@@ -1,6 +1,6 @@
 #include "actors/prompt_encoder.hpp"
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::actors {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "engine/chat_template.hpp"
-#include "engine/tokenizer.hpp"
+#include "engine/text/chat_template.hpp"
+#include "engine/text/tokenizer.hpp"
 
 namespace tessera::actors {
 

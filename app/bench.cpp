@@ -16,7 +16,7 @@
 
 #include "app/commands.hpp"
 #include "app/request_json.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::app {
 

@@ -11,8 +11,8 @@
 #if TESSERA_WITH_CUDA
 #include "gpu/cuda_executor.hpp"
 #endif
-#include "engine/error.hpp"
-#include "engine/gguf.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/gguf.hpp"
 
 namespace tessera::app {
 

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "actors/engine_facade.hpp"
-#include "engine/chat_template.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/model/model_loader.hpp"
 
 namespace tessera::app {
 

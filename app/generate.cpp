@@ -8,7 +8,7 @@
 #include "app/commands.hpp"
 #include "app/request_json.hpp"
 #include "actors/engine_facade.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::app {
 

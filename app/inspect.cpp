@@ -2,9 +2,9 @@
 #include <cstdio>
 
 #include "app/commands.hpp"
-#include "engine/gguf.hpp"
-#include "engine/model_loader.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/gguf.hpp"
+#include "engine/model/model_loader.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace tessera::app {
 

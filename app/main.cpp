@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "app/commands.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera: a paged-KV, continuously batching LLM engine"};

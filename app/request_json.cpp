@@ -4,7 +4,7 @@
 #include <cmath>
 #include <simdjson.h>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::app {
 

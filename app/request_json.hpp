@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/chat_template.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/sampling_params.hpp"
 
 namespace tessera::app {

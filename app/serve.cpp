@@ -10,7 +10,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "app/config.hpp"
 #include "server/http_server.hpp"
 #include "server/logging.hpp"

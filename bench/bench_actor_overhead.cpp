@@ -22,7 +22,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "cpu/cpu_executor.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/model/model_loader.hpp"
 
 namespace {
 

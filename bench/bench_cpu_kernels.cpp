@@ -15,8 +15,8 @@
 
 #include "cpu/cpu_executor.hpp"
 #include "cpu/kernels.hpp"
-#include "engine/gguf.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/gguf.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace {
 

@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/gguf.hpp"
+#include "engine/model/gguf.hpp"
 
 namespace {
 

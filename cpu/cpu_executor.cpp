@@ -14,7 +14,7 @@
 
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 namespace {

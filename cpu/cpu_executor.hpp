@@ -7,8 +7,8 @@
 #include <string>
 
 #include "engine/executor.hpp"
-#include "engine/model_config.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/model_config.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace tessera {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 
 namespace tessera::cpu {
 

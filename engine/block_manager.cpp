@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 

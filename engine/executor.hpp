@@ -9,47 +9,18 @@
 #include <utility>
 #include <vector>
 
-#include "engine/model_config.hpp"
+#include "engine/base/token_id.hpp"
+#include "engine/device_sampling.hpp"
+#include "engine/ids.hpp"
+#include "engine/model/model_config.hpp"
 
 namespace tessera {
-
-using token_id = int32_t;
-using block_id = int32_t;
 
 // Geometry of one KV block (every layer's K and V for `block_size` consecutive positions).
 struct kv_cache_spec {
   int32_t block_size = 16;     // tokens per block
   int32_t num_device_blocks = 0;  // blocks in the compute pool
   int32_t num_host_blocks = 0;    // blocks in the host swap pool (0: no swap)
-};
-
-// Sampling done by the executor (optional: executor::samples_on_device()): everything the engine's
-// sampler would do with this sequence's last logits row, as plain data, made by
-// sampler::device_request() with the semantics of sampler::sample() (docs/sampling.md). Token ids
-// outside the vocabulary are ignored.
-struct device_sampling {
-  bool greedy = false;                 // argmax, lowest id on ties (temperature below 1e-5)
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = -1;                  // <= 0: off
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  int32_t num_logprobs = -1;           // -1: none; else the token's raw logprob plus that many top ones
-  uint64_t stream_key = 0;             // the draw is sampler::uniform_draw(stream_key, position)
-  uint64_t position = 0;               // output position of the token to choose
-  std::vector<std::pair<token_id, float>> logit_bias;  // distinct ids, added first
-  std::vector<token_id> masked;                        // set to -inf (min_tokens not reached yet)
-  std::vector<token_id> penalized;                     // distinct ids: repetition penalty
-  std::vector<std::pair<token_id, int32_t>> output_counts;  // distinct ids: presence / frequency
-};
-
-// A token the executor sampled, with the raw logprobs asked for (as sample_result).
-struct sampled_token {
-  token_id token = -1;  // -1: not sampled by the executor (its logits row is returned instead)
-  float logprob = 0.0f;
-  std::vector<std::pair<token_id, float>> top_logprobs;
 };
 
 // One sequence's part of a step: `tokens` are new tokens at positions

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 

@@ -25,7 +25,7 @@
 #include "engine/sequence.hpp"
 #include "engine/step_record.hpp"
 #include "engine/stop_checker.hpp"
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 
 namespace tessera {
 

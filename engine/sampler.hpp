@@ -17,7 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/executor.hpp"  // token_id
+#include "engine/base/token_id.hpp"
+#include "engine/device_sampling.hpp"
 #include "engine/sampling_params.hpp"
 
 namespace tessera {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 namespace {

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/executor.hpp"  // token_id
+#include "engine/base/token_id.hpp"
 
 namespace tessera {
 

@@ -39,7 +39,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 

@@ -9,12 +9,11 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/executor.hpp"  // token_id
+#include "engine/base/token_id.hpp"
+#include "engine/ids.hpp"
 
 namespace tessera {
 
-using request_id = uint64_t;
-using seq_id = uint64_t;
 using engine_clock = std::chrono::steady_clock;
 
 enum class sequence_status : uint8_t { waiting, running, swapped, finished };

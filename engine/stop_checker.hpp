@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/executor.hpp"  // token_id
+#include "engine/base/token_id.hpp"
 #include "engine/sampling_params.hpp"
 
 namespace tessera {

@@ -23,8 +23,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/error.hpp"
-#include "engine/ggml_types.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine/executor.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace tessera {
 

@@ -15,7 +15,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 
 namespace tessera::server {
 

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "actors/engine_facade.hpp"
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 #include "server/request_parser.hpp"
 
 namespace tessera::server {
 
-// Every string we serialize goes through tessera::sanitize_utf8 (engine/tokenizer.hpp) first, so
+// Every string we serialize goes through tessera::sanitize_utf8 (engine/text/tokenizer.hpp) first, so
 // it is valid JSON text: token pieces and text deltas may hold broken UTF-8.
 
 // "stop", "length", "abort", "error"; null while running.

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::server {
 

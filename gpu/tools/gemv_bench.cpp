@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"
 #include "gpu/kernels.hpp"

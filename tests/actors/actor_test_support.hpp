@@ -17,7 +17,7 @@
 
 #include "engine/llm_engine.hpp"
 #include "engine/sim_executor.hpp"
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 #include "tests/support/char_tokenizer.hpp"
 
 namespace tessera::testing {

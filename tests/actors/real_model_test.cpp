@@ -10,7 +10,7 @@
 #include "actor_test_support.hpp"
 #include "actors/engine_facade.hpp"
 #include "cpu/cpu_executor.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/model/model_loader.hpp"
 
 namespace tessera::actors {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "cpu/cpu_executor.hpp"
 #include "engine/llm_engine.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/model/model_loader.hpp"
 
 namespace tessera {
 namespace {

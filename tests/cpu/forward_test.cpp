@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/error.hpp"
-#include "engine/ggml_types.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "tests/support/step_slices.hpp"
 
 namespace tessera {

@@ -18,9 +18,9 @@
 
 #include "support/base64.hpp"
 #include "cpu/cpu_executor.hpp"
-#include "engine/error.hpp"
-#include "engine/hf_model.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/hf_model.hpp"
+#include "engine/model/model_loader.hpp"
 
 namespace tessera {
 namespace {

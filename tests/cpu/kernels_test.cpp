@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 
 namespace tessera::cpu {
 namespace {

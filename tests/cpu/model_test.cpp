@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/gguf.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/gguf.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace tessera {
 namespace {

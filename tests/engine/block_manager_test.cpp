@@ -5,7 +5,7 @@
 #include <numeric>
 #include <random>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 namespace {

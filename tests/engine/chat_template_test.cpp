@@ -1,8 +1,8 @@
 // Chat templates: byte-for-byte agreement with Python Jinja2 (the oracle, via
 // scripts/make_chat_template_fixtures.py -> tests/data/chat_templates/expected.json) on real model
 // templates, plus hostile templates that must fail fast with a clear error.
-#include "engine/chat_template.hpp"
-#include "engine/tokenizer_pretokenize.hpp"
+#include "engine/text/chat_template.hpp"
+#include "engine/text/tokenizer_pretokenize.hpp"
 
 #include <gtest/gtest.h>
 
@@ -91,7 +91,7 @@ class json_reader {
             p_ += 2;
             cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4() - 0xDC00);
           }
-          tokenizer_detail::append_utf8(cp, out);
+          append_utf8(cp, out);
           break;
         }
         default: out.push_back(e);

@@ -8,17 +8,17 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
-#include "engine/gguf.hpp"
-#include "engine/tokenizer.hpp"
-#include "engine/tokenizer_pretokenize.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/gguf.hpp"
+#include "engine/text/tokenizer.hpp"
+#include "engine/text/tokenizer_pretokenize.hpp"
 
 namespace tessera {
 namespace {
 
 std::string utf8(uint32_t cpt) {
   std::string s;
-  tokenizer_detail::append_utf8(cpt, s);
+  append_utf8(cpt, s);
   return s;
 }
 

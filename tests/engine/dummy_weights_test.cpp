@@ -1,6 +1,6 @@
 // --load-format dummy: random weights of a config's shape, deterministic in the seed, with the
 // statistics the header promises; the byte-level placeholder tokenizer; loading from a config.json.
-#include "engine/dummy_weights.hpp"
+#include "engine/model/dummy_weights.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,10 @@
 #include <fstream>
 #include <unistd.h>
 
-#include "engine/error.hpp"
-#include "engine/hf_model.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/hf_model.hpp"
+#include "engine/model/model_loader.hpp"
+#include "engine/text/byte_tokenizer.hpp"
 
 namespace tessera {
 namespace {

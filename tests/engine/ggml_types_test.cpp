@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 
 namespace tessera {
 namespace {

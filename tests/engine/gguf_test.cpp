@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
-#include "engine/gguf.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/gguf.hpp"
 #include "engine/gguf_test_writer.hpp"
 
 namespace tessera {

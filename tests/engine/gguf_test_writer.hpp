@@ -1,5 +1,5 @@
 // A small GGUF writer for tests: builds valid files in memory, and (through its knobs and the raw
-// byte helpers) the hostile variants the reader must refuse. Independent of engine/gguf.cpp: it
+// byte helpers) the hostile variants the reader must refuse. Independent of engine/model/gguf.cpp: it
 // encodes the format from the spec (ggml docs/gguf.md), so reader bugs are not mirrored here.
 #pragma once
 #include <cstddef>
@@ -41,7 +41,7 @@ struct byte_writer {
   size_t size() const { return bytes.size(); }
 };
 
-// GGUF value type numbers (spec), kept separate from engine/gguf.hpp on purpose.
+// GGUF value type numbers (spec), kept separate from engine/model/gguf.hpp on purpose.
 namespace vt {
 constexpr uint32_t u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8,
                    array = 9, u64 = 10, i64 = 11, f64 = 12;

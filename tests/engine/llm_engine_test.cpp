@@ -12,7 +12,7 @@
 #include <set>
 #include <random>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/sim_executor.hpp"
 #include "tests/support/char_tokenizer.hpp"
 

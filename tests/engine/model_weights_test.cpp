@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
-#include "engine/gguf.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/gguf.hpp"
 #include "engine/gguf_test_writer.hpp"
-#include "engine/model_weights.hpp"
+#include "engine/model/model_weights.hpp"
 
 namespace tessera {
 namespace {

@@ -1,7 +1,7 @@
 // The safetensors reader on files built here byte by byte: one valid file (read back through the
 // mapping and from memory) and hostile variants, each of which must be refused with a load_error
 // whose message names the problem.
-#include "engine/safetensors.hpp"
+#include "engine/model/safetensors.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/sampling_params.hpp"
 
 namespace tessera {

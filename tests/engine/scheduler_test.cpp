@@ -8,7 +8,7 @@
 #include <random>
 #include <sstream>
 
-#include "engine/error.hpp"
+#include "engine/base/error.hpp"
 #include "engine/sim_executor.hpp"
 
 namespace tessera {

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "support/base64.hpp"
-#include "engine/error.hpp"
-#include "engine/gguf.hpp"
-#include "engine/tokenizer.hpp"
-#include "engine/tokenizer_pretokenize.hpp"
-#include "engine/unicode_tables.hpp"
+#include "engine/base/error.hpp"
+#include "engine/model/gguf.hpp"
+#include "engine/text/tokenizer.hpp"
+#include "engine/text/tokenizer_pretokenize.hpp"
+#include "engine/text/unicode_tables.hpp"
 
 namespace tessera {
 namespace {
@@ -43,7 +43,7 @@ constexpr double k_time_scale = 1.0;
 
 std::string utf8(uint32_t cpt) {
   std::string s;
-  tokenizer_detail::append_utf8(cpt, s);
+  append_utf8(cpt, s);
   return s;
 }
 
@@ -115,7 +115,7 @@ std::vector<std::string> naive_bpe(const std::string& word, const std::vector<st
 
 std::vector<std::string> split(pretokenizer_kind kind, const std::string& text) {
   std::vector<uint32_t> cpts;
-  tokenizer_detail::decode_utf8_lenient(text, cpts);
+  decode_utf8_lenient(text, cpts);
   std::vector<uint32_t> lengths;
   tokenizer_detail::pretokenize(kind, cpts, lengths);
   std::vector<std::string> pieces;
@@ -123,7 +123,7 @@ std::vector<std::string> split(pretokenizer_kind kind, const std::string& text) 
   for (uint32_t len : lengths) {
     EXPECT_GT(len, 0u);
     std::string piece;
-    for (size_t i = pos; i < pos + len; ++i) tokenizer_detail::append_utf8(cpts[i], piece);
+    for (size_t i = pos; i < pos + len; ++i) append_utf8(cpts[i], piece);
     pieces.push_back(piece);
     pos += len;
   }
@@ -161,18 +161,18 @@ TEST(UnicodeTables, CategoriesFromTheStandard) {
 
 TEST(Utf8Lenient, MatchesLlamaCppDecoding) {
   std::vector<uint32_t> cpts;
-  tokenizer_detail::decode_utf8_lenient("a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80", cpts);
+  decode_utf8_lenient("a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80", cpts);
   EXPECT_EQ(cpts, (std::vector<uint32_t>{'a', 0xE9, 0x4E2D, 0x1F600}));
   cpts.clear();
   // Stray continuation, truncated 3-byte sequence followed by ASCII, 0xFF: one U+FFFD per byte.
-  tokenizer_detail::decode_utf8_lenient("\x80" "\xE4\xB8" "x\xFF", cpts);
+  decode_utf8_lenient("\x80" "\xE4\xB8" "x\xFF", cpts);
   EXPECT_EQ(cpts, (std::vector<uint32_t>{0xFFFD, 0xFFFD, 0xFFFD, 'x', 0xFFFD}));
   cpts.clear();
   // Overlong and surrogate forms are accepted as their (invalid) code points.
-  tokenizer_detail::decode_utf8_lenient("\xC0\x80\xED\xA0\x80", cpts);
+  decode_utf8_lenient("\xC0\x80\xED\xA0\x80", cpts);
   EXPECT_EQ(cpts, (std::vector<uint32_t>{0, 0xD800}));
   cpts.clear();
-  tokenizer_detail::decode_utf8_lenient("\xE4", cpts);  // truncated at the end
+  decode_utf8_lenient("\xE4", cpts);  // truncated at the end
   EXPECT_EQ(cpts, (std::vector<uint32_t>{0xFFFD}));
 }
 
@@ -221,7 +221,7 @@ TEST(Pretokenize, LinearOnLongRuns) {
                       pretokenizer_kind::qwen2}) {
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<uint32_t> cpts, lengths;
-      tokenizer_detail::decode_utf8_lenient(text, cpts);
+      decode_utf8_lenient(text, cpts);
       tokenizer_detail::pretokenize(kind, cpts, lengths);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       EXPECT_LT(s, 1.0 * k_time_scale) << "unit '" << unit << "'";

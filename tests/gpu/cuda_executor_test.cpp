@@ -17,10 +17,10 @@
 #include <string>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
-#include "engine/error.hpp"
+#include "engine/model/dummy_weights.hpp"
+#include "engine/base/error.hpp"
 #include "engine/llm_engine.hpp"
-#include "engine/model_loader.hpp"
+#include "engine/model/model_loader.hpp"
 #include "gpu/kernels.hpp"
 #include "tests/support/step_slices.hpp"
 #include "tests/support/tiny_model.hpp"

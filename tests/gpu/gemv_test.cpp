@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/test_data.hpp"

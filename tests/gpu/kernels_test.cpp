@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"

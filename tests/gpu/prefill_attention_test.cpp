@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
-#include "engine/ggml_types.hpp"
+#include "engine/model/dummy_weights.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/kernels.hpp"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/model_config.hpp"
+#include "engine/model/model_config.hpp"
 
 namespace tessera::gpu::ref {
 

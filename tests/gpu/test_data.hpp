@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 
 namespace tessera::gpu {
 

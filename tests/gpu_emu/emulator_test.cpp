@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/emu/emulator.hpp"
 #include "gpu/launch.cuh"

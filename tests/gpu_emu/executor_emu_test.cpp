@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/emu/emulator.hpp"
 #include "tests/support/step_slices.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "tests/support/tiny_model.hpp"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/tokenizer.hpp"
+#include "engine/text/tokenizer.hpp"
 
 namespace tessera::test_support {
 

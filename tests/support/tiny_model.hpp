@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/dummy_weights.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "engine/executor.hpp"
-#include "engine/model_config.hpp"
+#include "engine/model/model_config.hpp"
 
 namespace tessera::test_support {
 
