@@ -203,140 +203,92 @@ void llm_engine::drop_if_done(request_id id) {
   requests_.erase(it);
 }
 
+// ---- the step loop ---------------------------------------------------------------------------------
+
 std::vector<request_output> llm_engine::step() {
-  const auto t0 = engine_clock::now();
-  std::vector<request_output> outs = std::move(pending_);
+  step_context ctx = begin_step();
+  scheduler_output p = plan(ctx);
+  execute(p, ctx);
+  if (!ctx.failed) {
+    apply(p);
+    sample(p, ctx);
+  }
+  return emit(p, ctx);
+}
+
+// Outputs of aborts and the events of add_request / abort since the last step come first.
+llm_engine::step_context llm_engine::begin_step() {
+  step_context ctx;
+  ctx.start = engine_clock::now();
+  ctx.outs = std::move(pending_);
   pending_.clear();
-  // Events of add_request / abort since the last step precede this step's own.
-  std::vector<engine_event> events = std::move(pending_events_);
+  ctx.events = std::move(pending_events_);
   pending_events_.clear();
-  output_index index;
-  for (size_t i = 0; i < outs.size(); ++i) index[{outs[i].id, outs[i].index}] = i;
+  for (size_t i = 0; i < ctx.outs.size(); ++i) ctx.index[{ctx.outs[i].id, ctx.outs[i].index}] = i;
+  return ctx;
+}
 
-  scheduler_output plan = sched_.schedule();
+scheduler_output llm_engine::plan(step_context& ctx) {
+  scheduler_output p = sched_.schedule();
   record_ = step_record{};
-  record_.step = plan.step;
-  record_.schedule_seconds = seconds_since(t0);
+  record_.step = p.step;
+  record_.schedule_seconds = seconds_since(ctx.start);
+  ctx.asked_device.assign(p.scheduled.size(), false);
+  return p;
+}
 
-  bool failed = false;
-  std::vector<bool> asked_device(plan.scheduled.size(), false);  // sampling sent to the executor
-  if (!plan.scheduled.empty() || !plan.swap_in.empty() || !plan.swap_out.empty() || !plan.copies.empty()) {
-    step_batch batch = sched_.make_batch(plan);
-    if (exec_.samples_on_device()) {
-      // The executor samples these sequences itself from the sampler's state and returns tokens
-      // instead of logits rows (docs/sampling.md). The fork step of an n > 1 request draws n tokens
-      // from one row and stays on the host, as does a sampler device_request() declines.
-      for (size_t i = 0; i < plan.scheduled.size() && i < batch.seqs.size(); ++i) {
-        if (!plan.scheduled[i].samples) continue;
-        auto owner = seq_owner_.find(plan.scheduled[i].id);
-        if (owner == seq_owner_.end()) continue;
-        const request_state& r = requests_.at(owner->second.first);
-        if (!r.forked && r.params.n > 1) continue;
-        batch.seqs[i].sampling = r.choices[static_cast<size_t>(owner->second.second)]->samp.device_request();
-        asked_device[i] = batch.seqs[i].sampling.has_value();
-      }
-    }
-    const auto t_exec = engine_clock::now();
-    try {
-      exec_.execute(batch, logits_);
-    } catch (const std::exception& e) {
-      // The plan is not committed: nothing it allocated enters the prefix cache. Every request
-      // whose KV the step touched is failed and its blocks freed; the others continue.
-      failed = true;
-      ++stats_.num_failed_steps;
-      std::vector<request_id> victims;
-      for (seq_id s : plan.touched) {
-        auto owner = seq_owner_.find(s);
-        if (owner != seq_owner_.end()) victims.push_back(owner->second.first);
-      }
-      std::sort(victims.begin(), victims.end());
-      victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
-      for (request_id id : victims) {
-        auto it = requests_.find(id);
-        if (it == requests_.end()) continue;
-        fail_request(it->second, std::string("executor failed: ") + e.what(), outs, index);
-        drop_if_done(id);
-      }
-    }
-    record_.execute_seconds = seconds_since(t_exec);
+void llm_engine::execute(scheduler_output& p, step_context& ctx) {
+  if (p.scheduled.empty() && p.swap_in.empty() && p.swap_out.empty() && p.copies.empty()) return;
+  step_batch batch = sched_.make_batch(p);
+  if (exec_.samples_on_device()) ask_device_sampling(p, batch, ctx);
+  const auto t_exec = engine_clock::now();
+  try {
+    exec_.execute(batch, logits_);
+  } catch (const std::exception& e) {
+    // The plan is not committed: nothing it allocated enters the prefix cache. Every request whose
+    // KV the step touched is failed and its blocks freed; the others continue.
+    ctx.failed = true;
+    ++stats_.num_failed_steps;
+    fail_touched_requests(p, std::string("executor failed: ") + e.what(), ctx);
   }
+  record_.execute_seconds = seconds_since(t_exec);
+}
 
-  if (!failed) {
-    sched_.commit(plan);
-    if (plan.num_prefill_tokens > plan.num_decode_tokens)
-      sched_.observe_prefill(plan.num_prefill_tokens, record_.execute_seconds);
-    stats_.num_prefill_tokens += static_cast<uint64_t>(plan.num_prefill_tokens);
-    stats_.num_blocks_swapped_in += plan.swap_in.size();
-    stats_.num_blocks_swapped_out += plan.swap_out.size();
-    for (const engine_event& e : plan.events)
-      if (e.kind == event_kind::admitted)
-        if (auto owner = seq_owner_.find(e.seq); owner != seq_owner_.end())
-          if (auto it = requests_.find(owner->second.first); it != requests_.end() && owner->second.second == 0) {
-            const sequence* s = sched_.find(e.seq);
-            // The prompt's cache hits at its (last) admission before generation started.
-            if (s && s->num_generated() == 0) it->second.num_cached_prompt_tokens = s->num_cached_prompt_tokens;
-          }
-    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
-      const scheduled_sequence& s = plan.scheduled[i];
-      if (!s.samples) continue;
-      auto owner = seq_owner_.find(s.id);
-      if (owner == seq_owner_.end()) continue;
-      request_state& r = requests_.at(owner->second.first);
-      const sampled_token* device_token = nullptr;
-      if (asked_device[i] && i < logits_.sampled.size() && logits_.sampled[i].token >= 0 &&
-          logits_.sampled[i].token < exec_.config().vocab_size) {
-        device_token = &logits_.sampled[i];
-      }
-      if (!device_token && (logits_.num_rows.size() <= i || logits_.num_rows[i] < 1)) {
-        fail_request(r, "executor returned no logits", outs, index);
-        drop_if_done(r.id);
-        continue;
-      }
-      const auto row = device_token ? std::span<const float>()
-                                    : logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
-      std::vector<choice_state*> samplers{r.choices[static_cast<size_t>(owner->second.second)].get()};
-      if (!r.forked && r.params.n > 1) {
-        // Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its
-        // blocks, each sampling its own first token from the same logits.
-        r.forked = true;
-        for (int32_t c = 1; c < r.params.n; ++c) {
-          const seq_id child = next_seq_++;
-          sched_.fork(s.id, child, c);
-          seq_owner_[child] = {r.id, c};
-          r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));
-          samplers.push_back(r.choices.back().get());
-          engine_event forked{event_kind::forked, r.id, child};
-          forked.at = engine_clock::now();
-          plan.events.push_back(forked);
-        }
-      }
-      for (choice_state* c : samplers) {
-        sample_result res;
-        if (device_token) {  // one sampler: requests that fork were not sent
-          res.token = device_token->token;
-          res.logprob = device_token->logprob;
-          res.top_logprobs = device_token->top_logprobs;
-          c->samp.append_external_token(res.token);
-        } else {
-          res = c->samp.sample(row);
-        }
-        accept_token(r, *c, res, output_for(outs, index, r, *c));
-      }
-      drop_if_done(r.id);
-    }
+void llm_engine::apply(scheduler_output& p) {
+  sched_.commit(p);
+  if (p.num_prefill_tokens > p.num_decode_tokens) sched_.observe_prefill(p.num_prefill_tokens, record_.execute_seconds);
+  stats_.num_prefill_tokens += static_cast<uint64_t>(p.num_prefill_tokens);
+  stats_.num_blocks_swapped_in += p.swap_in.size();
+  stats_.num_blocks_swapped_out += p.swap_out.size();
+  // A request's cached prompt tokens are its prompt's cache hits at its (last) admission before
+  // generation started.
+  for (const engine_event& e : p.events) {
+    if (e.kind != event_kind::admitted) continue;
+    const choice_ref* owner = owner_of(e.seq);
+    if (!owner || owner->index != 0) continue;
+    auto it = requests_.find(owner->request);
+    const sequence* s = sched_.find(e.seq);
+    if (it != requests_.end() && s && s->num_generated() == 0)
+      it->second.num_cached_prompt_tokens = s->num_cached_prompt_tokens;
   }
+}
 
-  // ---- the step record -------------------------------------------------------------------------
-  sched_.fill_record(plan, record_);
+void llm_engine::sample(scheduler_output& p, step_context& ctx) {
+  for (size_t i = 0; i < p.scheduled.size(); ++i)
+    if (p.scheduled[i].samples) sample_sequence(i, p, ctx);
+}
+
+std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& ctx) {
+  sched_.fill_record(p, record_);
   // Order: between-step events, the plan's scheduling decisions (stamped with the step's start), then
   // what sampling produced (first tokens, finishes, failures).
-  for (engine_event& e : plan.events) {
-    if (e.at == engine_clock::time_point{}) e.at = t0;
-    events.push_back(e);
+  for (engine_event& e : p.events) {
+    if (e.at == engine_clock::time_point{}) e.at = ctx.start;
+    ctx.events.push_back(e);
   }
-  events.insert(events.end(), pending_events_.begin(), pending_events_.end());
+  ctx.events.insert(ctx.events.end(), pending_events_.begin(), pending_events_.end());
   pending_events_.clear();
-  record_.events = std::move(events);
+  record_.events = std::move(ctx.events);
   for (const engine_event& e : record_.events) {
     stats_.num_preemptions_swap += e.kind == event_kind::preempted_swap;
     stats_.num_preemptions_recompute += e.kind == event_kind::preempted_recompute;
@@ -344,8 +296,101 @@ std::vector<request_output> llm_engine::step() {
       stats_.num_cached_prompt_tokens += static_cast<uint64_t>(e.num_blocks) * static_cast<uint64_t>(options_.block_size);
   }
   ++stats_.num_steps;
-  record_.step_seconds = seconds_since(t0);
-  return outs;
+  record_.step_seconds = seconds_since(ctx.start);
+  return std::move(ctx.outs);
+}
+
+// ---- helpers of the phases ----------------------------------------------------------------------------
+
+const llm_engine::choice_ref* llm_engine::owner_of(seq_id s) const {
+  auto it = seq_owner_.find(s);
+  return it == seq_owner_.end() ? nullptr : &it->second;
+}
+
+// The executor samples these sequences itself from the sampler's state and returns tokens instead of
+// logits rows (docs/sampling.md). The fork step of an n > 1 request draws n tokens from one row and
+// stays on the host, as does a sampler device_request() declines.
+void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batch, step_context& ctx) {
+  for (size_t i = 0; i < p.scheduled.size() && i < batch.seqs.size(); ++i) {
+    if (!p.scheduled[i].samples) continue;
+    const choice_ref* owner = owner_of(p.scheduled[i].id);
+    if (!owner) continue;
+    const request_state& r = requests_.at(owner->request);
+    if (!r.forked && r.params.n > 1) continue;
+    batch.seqs[i].sampling = r.choices[static_cast<size_t>(owner->index)]->samp.device_request();
+    ctx.asked_device[i] = batch.seqs[i].sampling.has_value();
+  }
+}
+
+void llm_engine::fail_touched_requests(const scheduler_output& p, const std::string& message, step_context& ctx) {
+  std::vector<request_id> victims;
+  for (seq_id s : p.touched)
+    if (const choice_ref* owner = owner_of(s)) victims.push_back(owner->request);
+  std::sort(victims.begin(), victims.end());
+  victims.erase(std::unique(victims.begin(), victims.end()), victims.end());
+  for (request_id id : victims) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    fail_request(it->second, message, ctx.outs, ctx.index);
+    drop_if_done(id);
+  }
+}
+
+// Samples the token of scheduled sequence i (from the executor's token or its logits row) for its
+// choice, or for all n choices at an n > 1 request's fork, and accepts it.
+void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ctx) {
+  const scheduled_sequence& s = p.scheduled[i];
+  const choice_ref* owner = owner_of(s.id);
+  if (!owner) return;
+  request_state& r = requests_.at(owner->request);
+  const int32_t choice = owner->index;
+  const sampled_token* device_token = nullptr;
+  if (ctx.asked_device[i] && i < logits_.sampled.size() && logits_.sampled[i].token >= 0 &&
+      logits_.sampled[i].token < exec_.config().vocab_size) {
+    device_token = &logits_.sampled[i];
+  }
+  if (!device_token && (logits_.num_rows.size() <= i || logits_.num_rows[i] < 1)) {
+    fail_request(r, "executor returned no logits", ctx.outs, ctx.index);
+    drop_if_done(r.id);
+    return;
+  }
+  const auto row = device_token ? std::span<const float>() : logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
+  std::vector<choice_state*> samplers{r.choices[static_cast<size_t>(choice)].get()};
+  if (!r.forked && r.params.n > 1) {
+    std::vector<choice_state*> forked = fork_choices(r, s.id, p);
+    samplers.insert(samplers.end(), forked.begin(), forked.end());
+  }
+  for (choice_state* c : samplers) {
+    sample_result res;
+    if (device_token) {  // one sampler: requests that fork were not sent
+      res.token = device_token->token;
+      res.logprob = device_token->logprob;
+      res.top_logprobs = device_token->top_logprobs;
+      c->samp.append_external_token(res.token);
+    } else {
+      res = c->samp.sample(row);
+    }
+    accept_token(r, *c, res, output_for(ctx.outs, ctx.index, r, *c));
+  }
+  drop_if_done(r.id);
+}
+
+// Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its blocks,
+// each of which then samples its own first token from the same logits.
+std::vector<llm_engine::choice_state*> llm_engine::fork_choices(request_state& r, seq_id parent, scheduler_output& p) {
+  r.forked = true;
+  std::vector<choice_state*> children;
+  for (int32_t c = 1; c < r.params.n; ++c) {
+    const seq_id child = next_seq_++;
+    sched_.fork(parent, child, c);
+    seq_owner_[child] = {r.id, c};
+    r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));
+    children.push_back(r.choices.back().get());
+    engine_event forked{event_kind::forked, r.id, child};
+    forked.at = engine_clock::now();
+    p.events.push_back(forked);
+  }
+  return children;
 }
 
 engine_stats llm_engine::stats() const {

@@ -5,8 +5,9 @@
 //   while (engine.has_unfinished())
 //     for (const request_output& out : engine.step()) stream(out);
 //
-// step() = scheduler::schedule() (plan) -> executor::execute() -> scheduler::commit() -> sample
-// every sequence whose chunk reached its last token -> detokenize -> stop checks -> outputs.
+// step() = plan (scheduler::schedule) -> execute (executor::execute) -> apply (scheduler::commit)
+// -> sample every sequence whose chunk reached its last token (detokenize, stop checks) -> emit
+// (outputs and the step record): the phases of vLLM's schedule() / update_from_output().
 // Single-threaded: call from one thread (the actor/server layers serialize access).
 #pragma once
 #include <cstdint>
@@ -127,7 +128,39 @@ class llm_engine {
     std::vector<std::unique_ptr<choice_state>> choices;
   };
 
-  using output_index = std::map<std::pair<request_id, int32_t>, size_t>;
+  // Which choice of which request a sequence is (the n > 1 fork makes one sequence per choice).
+  struct choice_ref {
+    request_id request = 0;
+    int32_t index = 0;
+    auto operator<=>(const choice_ref&) const = default;
+  };
+  using output_index = std::map<choice_ref, size_t>;  // where a choice's output of this step is
+
+  // One step's outputs and events as they accumulate, phase by phase.
+  struct step_context {
+    engine_clock::time_point start;
+    std::vector<request_output> outs;
+    output_index index;
+    std::vector<engine_event> events;  // between-step events first
+    std::vector<bool> asked_device;    // per scheduled sequence: sampling sent to the executor
+    bool failed = false;               // the executor threw: nothing of the plan is committed
+  };
+
+  // The phases of step(), in order.
+  step_context begin_step();
+  scheduler_output plan(step_context& ctx);
+  void execute(scheduler_output& plan, step_context& ctx);
+  void apply(scheduler_output& plan);
+  void sample(scheduler_output& plan, step_context& ctx);
+  std::vector<request_output> emit(scheduler_output& plan, step_context& ctx);
+
+  // Helpers of the phases.
+  void ask_device_sampling(const scheduler_output& plan, step_batch& batch, step_context& ctx);
+  void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
+  void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
+  std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
+  const choice_ref* owner_of(seq_id s) const;
+
   request_output& output_for(std::vector<request_output>& outs, output_index& index,
                              const request_state& r, const choice_state& c);
   void accept_token(request_state& r, choice_state& c, const sample_result& s, request_output& out);
@@ -143,7 +176,7 @@ class llm_engine {
   engine_options options_;
   scheduler sched_;
   std::unordered_map<request_id, request_state> requests_;
-  std::unordered_map<seq_id, std::pair<request_id, int32_t>> seq_owner_;
+  std::unordered_map<seq_id, choice_ref> seq_owner_;
   std::vector<request_output> pending_;  // abort outputs waiting for the next step()
   std::vector<engine_event> pending_events_;  // queued / aborted between steps, then the step's own
   request_id next_request_ = 1;
