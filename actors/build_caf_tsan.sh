@@ -11,17 +11,17 @@
 #   cmake -S . -B build-tsan -DTESSERA_SANITIZE=thread && cmake --build build-tsan --target actors_engine_facade_test
 #   LD_LIBRARY_PATH=<out-dir>/lib build-tsan/tests/actors_engine_facade_test
 #
-# The source is the upstream release tarball as Debian archives it (the one its libcaf-dev 0.17.6 is
-# built from), pinned by the SHA-256 that actor-framework_0.17.6-2.1.dsc lists for it. It is cached
-# in <out-dir>, and so is the library: a rerun with the same tarball, flags, compiler and
-# build_config.hpp does nothing. Set CAF_TARBALL to use a local copy instead of downloading.
+# The source is the upstream release tarball of Debian's source package actor-framework 0.17.6-2.1
+# (the one its libcaf-dev is built from), fetched through apt (scripts/apt-fetch-source) and pinned by
+# the SHA-256 its .dsc lists. It is cached in <out-dir>, and so is the library: a rerun with the same
+# tarball, flags, compiler and build_config.hpp does nothing. Set CAF_TARBALL to use a local copy.
 set -euo pipefail
 
 out=${1:?usage: build_caf_tsan.sh <out-dir>}
 jobs=${JOBS:-$(nproc)}
 caf_version=0.17.6
+debian_version=${caf_version}-2.1
 tarball_name=actor-framework_${caf_version}.orig.tar.gz
-tarball_url=http://deb.debian.org/debian/pool/main/a/actor-framework/$tarball_name
 tarball_sha256=e2bf5bd243f08bb7d8adde197cfe3e6d71314ed3378fe0692f8932f4c3b3928c
 package_build_config=/usr/include/caf/detail/build_config.hpp
 cxxflags=(-std=c++17 -O1 -g0 -fPIC -fsanitize=thread -w)
@@ -39,13 +39,9 @@ if [ ! -f "$tarball" ] || ! verified "$tarball"; then
   if [ -n "${CAF_TARBALL:-}" ]; then
     cp "$CAF_TARBALL" "$tarball.part"
   else
-    echo "downloading $tarball_url"
-    if command -v curl >/dev/null; then
-      curl -fsSL --retry 3 -o "$tarball.part" "$tarball_url"
-    else
-      python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
-        "$tarball_url" "$tarball.part"
-    fi
+    echo "fetching $tarball_name (Debian source package actor-framework $debian_version) through apt"
+    "$(dirname "$0")/../scripts/apt-fetch-source" actor-framework "$debian_version" "$tarball_name" \
+      "$tarball_sha256" "$tarball.part"
   fi
   if ! verified "$tarball.part"; then
     echo "build_caf_tsan: $tarball_name does not have the pinned SHA-256 $tarball_sha256" >&2

@@ -1,8 +1,12 @@
-# -DTESSERA_SANITIZE=address|undefined|thread applies to every target in the tree (thread: but for the
-# CPU kernels, see below).
+# -DTESSERA_SANITIZE=address|undefined|address+undefined|thread applies to every target in the tree
+# (thread: but for the CPU kernels, see below). UndefinedBehaviorSanitizer does not recover: the first
+# report aborts the test, so a report cannot scroll past unnoticed.
 if(TESSERA_SANITIZE STREQUAL "address")
   add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
   add_link_options(-fsanitize=address)
+elseif(TESSERA_SANITIZE STREQUAL "address+undefined")
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
 elseif(TESSERA_SANITIZE STREQUAL "undefined")
   add_compile_options(-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
   add_link_options(-fsanitize=undefined)
@@ -22,5 +26,5 @@ elseif(TESSERA_SANITIZE STREQUAL "thread")
   endfunction()
   cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR} CALL tessera_tsan_skip_kernels)
 elseif(NOT TESSERA_SANITIZE STREQUAL "")
-  message(FATAL_ERROR "TESSERA_SANITIZE must be address, undefined or thread (got '${TESSERA_SANITIZE}')")
+  message(FATAL_ERROR "TESSERA_SANITIZE must be address, undefined, address+undefined or thread (got '${TESSERA_SANITIZE}')")
 endif()
