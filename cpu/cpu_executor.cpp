@@ -15,6 +15,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "engine/base/error.hpp"
+#include "engine/model/weight_shapes.hpp"
 
 namespace tessera {
 namespace {
@@ -127,8 +128,8 @@ class cpu_executor final : public executor {
   void execute(const step_batch& batch, step_output& out) override;
 
  private:
-  matrix prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what);
-  std::vector<float> prepare_vector(const weight_tensor& w, int64_t n, const char* what);
+  matrix prepare_matrix(const weight_tensor& w);
+  std::vector<float> prepare_vector(const weight_tensor& w);
   fused_linear make_linear(std::initializer_list<matrix> parts) const;
   void prepare_weights();
   void plan_step(const step_batch& batch, step_output& out);
@@ -178,48 +179,32 @@ class cpu_executor final : public executor {
 
 // ---- weight preparation ----------------------------------------------------------------------
 
-matrix cpu_executor::prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what) {
-  if (w.empty() || w.rows != rows || w.cols != cols) {
-    throw load_error(std::string("cpu executor: weight ") + what + " ('" + w.name + "') has shape [" +
-                     std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], expected [" +
-                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
-  }
-  const int64_t rb = row_bytes(w.type, cols);
-  if (rb < 0 || w.row_stride_bytes < rb) {
-    throw load_error(std::string("cpu executor: weight ") + what + " has a bad row stride");
-  }
+// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type).
+matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
   matrix m;
   m.type = w.type;
-  m.rows = rows;
-  m.cols = cols;
+  m.rows = w.rows;
+  m.cols = w.cols;
   if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {
     m.quant = true;
     m.data = w.data;
     m.stride = w.row_stride_bytes;
     return m;
   }
-  const ggml_type_info& info = type_info(w.type);
-  if (!info.can_dequantize) {
-    throw load_error(std::string("cpu executor: weight ") + what + " has unsupported type " +
-                     std::string(info.name));
-  }
-  if (w.type == ggml_type::f32 && w.row_stride_bytes == cols * static_cast<int64_t>(sizeof(float))) {
+  if (w.type == ggml_type::f32 && w.row_stride_bytes == w.cols * static_cast<int64_t>(sizeof(float))) {
     m.f32 = reinterpret_cast<const float*>(w.data);  // used in place
     return m;
   }
   // No fast kernel for this type (or exact mode): dequantize once to f32 and use the f32 path.
-  std::vector<float> buf(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * cols, cols);
+  std::vector<float> buf(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * w.cols, w.cols);
   m.f32 = buf.data();
   owned_.push_back(std::move(buf));
   return m;
 }
 
-std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w, int64_t n, const char* what) {
-  if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
-    throw load_error(std::string("cpu executor: norm weight ") + what + " is missing or has the wrong size");
-  }
-  std::vector<float> v(static_cast<size_t>(n));
+std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w) {
+  std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
   for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
   return v;
 }
@@ -246,31 +231,19 @@ fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) cons
 
 void cpu_executor::prepare_weights() {
   const model_weights& w = *weights_;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  const int64_t ffn = config_.intermediate_size;
-  if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
-    throw load_error("cpu executor: layer count does not match the config");
-  }
-  if (w.token_embedding.empty() || w.token_embedding.rows != config_.vocab_size ||
-      w.token_embedding.cols != hidden || !type_info(w.token_embedding.type).can_dequantize) {
-    throw load_error("cpu executor: token embedding missing or of the wrong shape/type");
-  }
+  check_weight_shapes(w, "cpu");  // every tensor, before anything is converted
   for (const layer_weights& lw : w.layers) {
     layer_state ls;
-    ls.attn_norm = prepare_vector(lw.attn_norm, hidden, "attn_norm");
-    ls.ffn_norm = prepare_vector(lw.ffn_norm, hidden, "ffn_norm");
-    ls.qkv = make_linear({prepare_matrix(lw.wq, q_dim, hidden, "wq"), prepare_matrix(lw.wk, kv_dim, hidden, "wk"),
-                          prepare_matrix(lw.wv, kv_dim, hidden, "wv")});
-    ls.wo = make_linear({prepare_matrix(lw.wo, hidden, q_dim, "wo")});
-    ls.gate_up = make_linear({prepare_matrix(lw.w_gate, ffn, hidden, "w_gate"), prepare_matrix(lw.w_up, ffn, hidden, "w_up")});
-    ls.down = make_linear({prepare_matrix(lw.w_down, hidden, ffn, "w_down")});
+    ls.attn_norm = prepare_vector(lw.attn_norm);
+    ls.ffn_norm = prepare_vector(lw.ffn_norm);
+    ls.qkv = make_linear({prepare_matrix(lw.wq), prepare_matrix(lw.wk), prepare_matrix(lw.wv)});
+    ls.wo = make_linear({prepare_matrix(lw.wo)});
+    ls.gate_up = make_linear({prepare_matrix(lw.w_gate), prepare_matrix(lw.w_up)});
+    ls.down = make_linear({prepare_matrix(lw.w_down)});
     layers_.push_back(std::move(ls));
   }
-  output_norm_ = prepare_vector(w.output_norm, hidden, "output_norm");
-  const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
-  output_ = make_linear({prepare_matrix(out, config_.vocab_size, hidden, "output")});
+  output_norm_ = prepare_vector(w.output_norm);
+  output_ = make_linear({prepare_matrix(w.output.empty() ? w.token_embedding : w.output)});
 }
 
 // ---- step planning -----------------------------------------------------------------------------

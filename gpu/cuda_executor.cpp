@@ -25,6 +25,7 @@
 
 #include "engine/base/error.hpp"
 #include "engine/model/ggml_types.hpp"
+#include "engine/model/weight_shapes.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"
@@ -264,7 +265,9 @@ class cuda_executor final : public executor {
  private:
   // ---- weights ---------------------------------------------------------------------------------
 
-  const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols, const char* what) {
+  // The rows of `parts` one after the other, as one [sum of rows, cols] matrix of T.
+  // pre: check_weight_shapes accepted them (present, `cols` wide, a decodable type).
+  const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
     int64_t rows = 0;
     for (const weight_tensor* w : parts) rows += w->rows;
     device_buffer buf;
@@ -275,9 +278,6 @@ class cuda_executor final : public executor {
     std::vector<float> row;
     int64_t row0 = 0;
     for (const weight_tensor* w : parts) {
-      if (w->empty() || w->cols != cols || !type_info(w->type).can_dequantize) {
-        throw load_error(std::string("cuda executor: weight ") + what + " ('" + w->name + "') is missing or has the wrong shape/type");
-      }
       T* dst = buf.as<T>() + row0 * cols;
       const bool same_type = (is_bf16 && w->type == ggml_type::bf16) || (!is_bf16 && w->type == ggml_type::f32);
       if (same_type && w->row_stride_bytes == cols * static_cast<int64_t>(sizeof(T))) {
@@ -303,11 +303,8 @@ class cuda_executor final : public executor {
     return p;
   }
 
-  const float* upload_vector(const weight_tensor& w, int64_t n, const char* what) {
-    if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
-      throw load_error(std::string("cuda executor: norm weight ") + what + " is missing or has the wrong size");
-    }
-    std::vector<float> v(static_cast<size_t>(n));
+  const float* upload_vector(const weight_tensor& w) {
+    std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
     for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
     device_buffer buf;
     buf.reserve(v.size() * sizeof(float));
@@ -319,45 +316,27 @@ class cuda_executor final : public executor {
 
   void upload_weights() {
     const model_weights& w = *weights_;
+    check_weight_shapes(w, "cuda");  // every tensor, before anything is uploaded
     const int64_t hidden = config_.hidden_size;
     const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
-    const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
     const int64_t ffn = config_.intermediate_size;
-    if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
-      throw load_error("cuda executor: layer count does not match the config");
-    }
-    auto check_rows = [](const weight_tensor& t, int64_t rows, const char* what) {
-      if (t.rows != rows) {
-        throw load_error(std::string("cuda executor: weight ") + what + " ('" + t.name + "') has " +
-                         std::to_string(t.rows) + " rows, expected " + std::to_string(rows));
-      }
-    };
-    check_rows(w.token_embedding, config_.vocab_size, "token_embedding");
-    embedding_ = upload({&w.token_embedding}, hidden, "token_embedding");
+    embedding_ = upload({&w.token_embedding}, hidden);
     for (const layer_weights& lw : w.layers) {
-      check_rows(lw.wq, q_dim, "wq");
-      check_rows(lw.wk, kv_dim, "wk");
-      check_rows(lw.wv, kv_dim, "wv");
-      check_rows(lw.wo, hidden, "wo");
-      check_rows(lw.w_gate, ffn, "w_gate");
-      check_rows(lw.w_up, ffn, "w_up");
-      check_rows(lw.w_down, hidden, "w_down");
       gpu_layer g;
-      g.attn_norm = upload_vector(lw.attn_norm, hidden, "attn_norm");
-      g.ffn_norm = upload_vector(lw.ffn_norm, hidden, "ffn_norm");
-      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden, "wq|wk|wv");
-      g.wo = upload({&lw.wo}, q_dim, "wo");
-      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden, "w_gate|w_up");
-      g.down = upload({&lw.w_down}, ffn, "w_down");
+      g.attn_norm = upload_vector(lw.attn_norm);
+      g.ffn_norm = upload_vector(lw.ffn_norm);
+      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden);
+      g.wo = upload({&lw.wo}, q_dim);
+      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden);
+      g.down = upload({&lw.w_down}, ffn);
       layers_.push_back(g);
     }
-    output_norm_ = upload_vector(w.output_norm, hidden, "output_norm");
+    output_norm_ = upload_vector(w.output_norm);
     const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
     if (out.data == w.token_embedding.data) {
       output_ = embedding_;  // tied: one copy on the GPU
     } else {
-      check_rows(out, config_.vocab_size, "output");
-      output_ = upload({&out}, hidden, "output");
+      output_ = upload({&out}, hidden);
     }
   }
 
