@@ -26,6 +26,7 @@
 #include "engine/base/error.hpp"
 #include "engine/model/ggml_types.hpp"
 #include "engine/model/weight_shapes.hpp"
+#include "engine/step_layout.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"
@@ -258,7 +259,9 @@ class cuda_executor final : public executor {
     if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
     if (!sampling_.empty()) {
       std::vector<sampled_token> sampled = sampling_.unpack_outputs(sample_out_host_.as<void>());
-      for (size_t j = 0; j < sampled.size(); ++j) out.sampled[device_seqs_[j]] = std::move(sampled[j]);
+      for (size_t j = 0; j < sampled.size(); ++j) {
+        out.sampled[static_cast<size_t>(step_layout_.device_sampled_seqs[j])] = std::move(sampled[j]);
+      }
     }
   }
 
@@ -377,70 +380,30 @@ class cuda_executor final : public executor {
 
   void plan_step(const step_batch& batch, step_output& out) {
     check_block_moves(batch, spec_, "cuda");
+    build_step_layout(batch, spec_, config_, /*samples_on_device=*/true, "cuda", step_layout_, out);
 
-    ids_.clear();
-    positions_.clear();
+    // The uploaded per-token arrays: the layout's, copied (plan_prefill reorders them, pad_for_graph
+    // appends padding tokens), and each token's cache slot and context length.
+    const int32_t bs = spec_.block_size;
+    ids_.assign(step_layout_.token_ids.begin(), step_layout_.token_ids.end());
+    positions_.assign(step_layout_.positions.begin(), step_layout_.positions.end());
+    token_seq_.assign(step_layout_.token_seq.begin(), step_layout_.token_seq.end());
     slots_.clear();
     context_.clear();
-    token_seq_.clear();
-    logit_rows_.clear();
-    device_seqs_.clear();
-    device_rows_.clear();
-    max_context_ = 0;
-    max_blocks_ = 1;
-    out.vocab_size = config_.vocab_size;
-    out.first_row.assign(batch.seqs.size(), 0);
-    out.num_rows.assign(batch.seqs.size(), 0);
-    const int32_t bs = spec_.block_size;
-    int32_t rows = 0;
-    for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      const sequence_slice& sl = batch.seqs[s];
-      const int64_t n = static_cast<int64_t>(sl.tokens.size());
-      const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
-      if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) {
-        throw invalid_request("cuda executor: bad num_computed");
-      }
-      if (static_cast<int64_t>(sl.block_table.size()) * bs < end) {
-        throw invalid_request("cuda executor: block table does not cover the sequence");
-      }
-      const int64_t used_blocks = (end + bs - 1) / bs;
-      for (int64_t b = 0; b < used_blocks; ++b) {
-        const block_id id = sl.block_table[static_cast<size_t>(b)];
-        if (id < 0 || id >= spec_.num_device_blocks) throw invalid_request("cuda executor: block id out of range");
-      }
-      max_blocks_ = std::max<int32_t>(max_blocks_, static_cast<int32_t>(used_blocks));
-      for (int64_t i = 0; i < n; ++i) {
-        const token_id t = sl.tokens[static_cast<size_t>(i)];
-        if (t < 0 || t >= config_.vocab_size) throw invalid_request("cuda executor: token id out of range");
-        const auto pos = static_cast<int32_t>(sl.num_computed + i);
-        ids_.push_back(t);
-        positions_.push_back(pos);
-        slots_.push_back(sl.block_table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
-        context_.push_back(pos + 1);
-        token_seq_.push_back(static_cast<int32_t>(s));
-      }
-      max_context_ = std::max(max_context_, static_cast<int32_t>(end));
-      out.first_row[s] = rows;
-      const auto first_token = static_cast<int32_t>(ids_.size() - static_cast<size_t>(n));
-      if (n > 0 && sl.logits == sequence_slice::logits_mode::last && sl.sampling) {
-        device_seqs_.push_back(s);  // sampled here: its logits row goes after the host rows
-        device_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
-      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
-        logit_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
-        out.num_rows[s] = 1;
-      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
-        for (int32_t i = 0; i < n; ++i) logit_rows_.push_back(first_token + i);
-        out.num_rows[s] = static_cast<int32_t>(n);
-      }
-      rows += out.num_rows[s];
+    for (size_t t = 0; t < positions_.size(); ++t) {
+      const int32_t pos = positions_[t];
+      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(token_seq_[t])].block_table;
+      slots_.push_back(table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
+      context_.push_back(pos + 1);
     }
-    out.logits.resize(logit_rows_.size() * static_cast<size_t>(config_.vocab_size));
+    max_blocks_ = std::max(1, (step_layout_.max_context + bs - 1) / bs);  // the most blocks one sequence reads
     // Rows sampled on the device follow the rows returned to the host (gpu/sampling.hpp).
-    out.sampled.assign(batch.seqs.size(), sampled_token{});
+    logit_rows_.assign(step_layout_.logit_tokens.begin(), step_layout_.logit_tokens.end());
     sampling_.clear();
-    for (size_t j = 0; j < device_seqs_.size(); ++j) {
-      sampling_.add(*batch.seqs[device_seqs_[j]].sampling, static_cast<int32_t>(logit_rows_.size()));
-      logit_rows_.push_back(device_rows_[j]);
+    for (size_t j = 0; j < step_layout_.device_sampled_seqs.size(); ++j) {
+      const sequence_slice& sl = batch.seqs[static_cast<size_t>(step_layout_.device_sampled_seqs[j])];
+      sampling_.add(*sl.sampling, static_cast<int32_t>(logit_rows_.size()));
+      logit_rows_.push_back(step_layout_.device_sampled_tokens[j]);
     }
     plan_prefill(batch);
     graph_step_ = use_graphs_ && graph_eligible(batch);
@@ -508,8 +471,8 @@ class cuda_executor final : public executor {
     }
     // A graph's kernels are fixed at capture: plan its split for the widest context its block tables
     // allow (shorter contexts leave partitions empty, which the combine step skips).
-    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads,
-                                       graph_step_ ? max_blocks_ * spec_.block_size : max_context_, num_sms_);
+    const int32_t widest_context = graph_step_ ? max_blocks_ * spec_.block_size : step_layout_.max_context;
+    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, widest_context, num_sms_);
     if (split_.num_splits > 1) {
       attn_workspace_.reserve(static_cast<size_t>(gpu::attention_workspace_floats(
                                   num_tokens_, config_.num_heads, config_.head_dim, split_.num_splits)) *
@@ -799,8 +762,6 @@ class cuda_executor final : public executor {
   pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;
-  std::vector<size_t> device_seqs_;    // batch.seqs index of each device-sampled row
-  std::vector<int32_t> device_rows_;   // its token row (before the rows are appended to logit_rows_)
   pinned_buffer sample_in_host_, sample_out_host_;
   device_buffer sample_in_dev_, sample_out_dev_, sample_work_;
 
@@ -810,8 +771,9 @@ class cuda_executor final : public executor {
   std::vector<captured_graph> graphs_;
 
   // ---- per-step state --------------------------------------------------------------------------
+  step_layout step_layout_;  // the validated, flattened batch (engine/step_layout.hpp)
   std::vector<int32_t> ids_, positions_, slots_, context_, token_seq_, logit_rows_;
-  int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_context_ = 0, max_blocks_ = 1;
+  int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_blocks_ = 1;
   bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
   gpu::split_plan split_;
