@@ -15,6 +15,8 @@
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "engine/base/error.hpp"
+#include "engine/model/weight_shapes.hpp"
+#include "engine/step_layout.hpp"
 
 namespace tessera {
 namespace {
@@ -63,14 +65,8 @@ struct alignas(64) padded_counter {
   std::atomic<int64_t> next{0};
 };
 
-struct seq_plan {
-  int32_t token_begin = 0;
-  int32_t num_tokens = 0;
-  const std::vector<block_id>* table = nullptr;
-};
-
 struct attn_task {
-  int32_t seq;
+  int32_t seq;  // index into step_batch::seqs
   int32_t head;
   int32_t token_begin;
   int32_t token_end;
@@ -127,13 +123,13 @@ class cpu_executor final : public executor {
   void execute(const step_batch& batch, step_output& out) override;
 
  private:
-  matrix prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what);
-  std::vector<float> prepare_vector(const weight_tensor& w, int64_t n, const char* what);
+  matrix prepare_matrix(const weight_tensor& w);
+  std::vector<float> prepare_vector(const weight_tensor& w);
   fused_linear make_linear(std::initializer_list<matrix> parts) const;
   void prepare_weights();
   void plan_step(const step_batch& batch, step_output& out);
   void apply_block_moves(const step_batch& batch);
-  void forward(int thread_index);
+  void forward(int thread_index, const step_batch& batch);
 
   float* kv_slot(block_id block, int32_t layer, int kind, int32_t kv_head) const {
     return kv_device_.get() + static_cast<int64_t>(block) * block_floats_ +
@@ -162,13 +158,8 @@ class cpu_executor final : public executor {
 
   // ---- per-step state (sized by plan_step, read by every thread in forward) ----------------
   int32_t num_tokens_ = 0;
-  std::vector<seq_plan> seqs_;
-  std::vector<token_id> tok_id_;
-  std::vector<int32_t> tok_pos_;
-  std::vector<int32_t> tok_seq_;
-  std::vector<int32_t> logit_tokens_;
+  step_layout layout_;  // token rows, positions, owning sequences, logits rows (engine/step_layout.hpp)
   std::vector<attn_task> attn_tasks_;
-  int32_t max_context_ = 0;
   float* logits_out_ = nullptr;
   std::vector<float> rope_cos_, rope_sin_;
   std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_;
@@ -178,48 +169,32 @@ class cpu_executor final : public executor {
 
 // ---- weight preparation ----------------------------------------------------------------------
 
-matrix cpu_executor::prepare_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const char* what) {
-  if (w.empty() || w.rows != rows || w.cols != cols) {
-    throw load_error(std::string("cpu executor: weight ") + what + " ('" + w.name + "') has shape [" +
-                     std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], expected [" +
-                     std::to_string(rows) + ", " + std::to_string(cols) + "]");
-  }
-  const int64_t rb = row_bytes(w.type, cols);
-  if (rb < 0 || w.row_stride_bytes < rb) {
-    throw load_error(std::string("cpu executor: weight ") + what + " has a bad row stride");
-  }
+// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type).
+matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
   matrix m;
   m.type = w.type;
-  m.rows = rows;
-  m.cols = cols;
+  m.rows = w.rows;
+  m.cols = w.cols;
   if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {
     m.quant = true;
     m.data = w.data;
     m.stride = w.row_stride_bytes;
     return m;
   }
-  const ggml_type_info& info = type_info(w.type);
-  if (!info.can_dequantize) {
-    throw load_error(std::string("cpu executor: weight ") + what + " has unsupported type " +
-                     std::string(info.name));
-  }
-  if (w.type == ggml_type::f32 && w.row_stride_bytes == cols * static_cast<int64_t>(sizeof(float))) {
+  if (w.type == ggml_type::f32 && w.row_stride_bytes == w.cols * static_cast<int64_t>(sizeof(float))) {
     m.f32 = reinterpret_cast<const float*>(w.data);  // used in place
     return m;
   }
   // No fast kernel for this type (or exact mode): dequantize once to f32 and use the f32 path.
-  std::vector<float> buf(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * cols, cols);
+  std::vector<float> buf(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * w.cols, w.cols);
   m.f32 = buf.data();
   owned_.push_back(std::move(buf));
   return m;
 }
 
-std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w, int64_t n, const char* what) {
-  if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
-    throw load_error(std::string("cpu executor: norm weight ") + what + " is missing or has the wrong size");
-  }
-  std::vector<float> v(static_cast<size_t>(n));
+std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w) {
+  std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
   for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
   return v;
 }
@@ -246,31 +221,19 @@ fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) cons
 
 void cpu_executor::prepare_weights() {
   const model_weights& w = *weights_;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  const int64_t ffn = config_.intermediate_size;
-  if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
-    throw load_error("cpu executor: layer count does not match the config");
-  }
-  if (w.token_embedding.empty() || w.token_embedding.rows != config_.vocab_size ||
-      w.token_embedding.cols != hidden || !type_info(w.token_embedding.type).can_dequantize) {
-    throw load_error("cpu executor: token embedding missing or of the wrong shape/type");
-  }
+  check_weight_shapes(w, "cpu");  // every tensor, before anything is converted
   for (const layer_weights& lw : w.layers) {
     layer_state ls;
-    ls.attn_norm = prepare_vector(lw.attn_norm, hidden, "attn_norm");
-    ls.ffn_norm = prepare_vector(lw.ffn_norm, hidden, "ffn_norm");
-    ls.qkv = make_linear({prepare_matrix(lw.wq, q_dim, hidden, "wq"), prepare_matrix(lw.wk, kv_dim, hidden, "wk"),
-                          prepare_matrix(lw.wv, kv_dim, hidden, "wv")});
-    ls.wo = make_linear({prepare_matrix(lw.wo, hidden, q_dim, "wo")});
-    ls.gate_up = make_linear({prepare_matrix(lw.w_gate, ffn, hidden, "w_gate"), prepare_matrix(lw.w_up, ffn, hidden, "w_up")});
-    ls.down = make_linear({prepare_matrix(lw.w_down, hidden, ffn, "w_down")});
+    ls.attn_norm = prepare_vector(lw.attn_norm);
+    ls.ffn_norm = prepare_vector(lw.ffn_norm);
+    ls.qkv = make_linear({prepare_matrix(lw.wq), prepare_matrix(lw.wk), prepare_matrix(lw.wv)});
+    ls.wo = make_linear({prepare_matrix(lw.wo)});
+    ls.gate_up = make_linear({prepare_matrix(lw.w_gate), prepare_matrix(lw.w_up)});
+    ls.down = make_linear({prepare_matrix(lw.w_down)});
     layers_.push_back(std::move(ls));
   }
-  output_norm_ = prepare_vector(w.output_norm, hidden, "output_norm");
-  const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
-  output_ = make_linear({prepare_matrix(out, config_.vocab_size, hidden, "output")});
+  output_norm_ = prepare_vector(w.output_norm);
+  output_ = make_linear({prepare_matrix(w.output.empty() ? w.token_embedding : w.output)});
 }
 
 // ---- step planning -----------------------------------------------------------------------------
@@ -293,71 +256,27 @@ void cpu_executor::apply_block_moves(const step_batch& batch) {
 }
 
 void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
-  seqs_.clear();
-  tok_id_.clear();
-  tok_pos_.clear();
-  tok_seq_.clear();
-  logit_tokens_.clear();
-  attn_tasks_.clear();
-  max_context_ = 0;
-  out.vocab_size = config_.vocab_size;
-  out.first_row.assign(batch.seqs.size(), 0);
-  out.num_rows.assign(batch.seqs.size(), 0);
-
-  // Queries per attention task: small enough to spread a prefill over the threads, large enough
-  // to amortise the per-task overhead.
+  build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out);
+  // Attention tasks: one per (sequence, query head, run of attn_chunk tokens). Queries per task: small
+  // enough to spread a prefill over the threads, large enough to amortise the per-task overhead.
   constexpr int32_t attn_chunk = 16;
-  int32_t rows = 0;
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const sequence_slice& sl = batch.seqs[s];
-    const int64_t n = static_cast<int64_t>(sl.tokens.size());
-    const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
-    if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) {
-      throw invalid_request("cpu executor: bad num_computed");
-    }
-    if (static_cast<int64_t>(sl.block_table.size()) * spec_.block_size < end) {
-      throw invalid_request("cpu executor: block table does not cover the sequence");
-    }
-    const int64_t used_blocks = (end + spec_.block_size - 1) / spec_.block_size;
-    for (int64_t b = 0; b < used_blocks; ++b) {
-      const block_id id = sl.block_table[static_cast<size_t>(b)];
-      if (id < 0 || id >= spec_.num_device_blocks) throw invalid_request("cpu executor: block id out of range");
-    }
-    seq_plan sp;
-    sp.token_begin = static_cast<int32_t>(tok_id_.size());
-    sp.num_tokens = static_cast<int32_t>(n);
-    sp.table = &sl.block_table;
-    for (int64_t i = 0; i < n; ++i) {
-      const token_id t = sl.tokens[static_cast<size_t>(i)];
-      if (t < 0 || t >= config_.vocab_size) throw invalid_request("cpu executor: token id out of range");
-      tok_id_.push_back(t);
-      tok_pos_.push_back(static_cast<int32_t>(sl.num_computed + i));
-      tok_seq_.push_back(static_cast<int32_t>(s));
-    }
-    max_context_ = std::max(max_context_, static_cast<int32_t>(end));
+  attn_tasks_.clear();
+  for (size_t s = 0; s < layout_.seqs.size(); ++s) {
+    const step_layout::sequence_rows& sr = layout_.seqs[s];
     for (int32_t h = 0; h < config_.num_heads; ++h) {
-      for (int32_t t = 0; t < sp.num_tokens; t += attn_chunk) {
-        attn_tasks_.push_back({static_cast<int32_t>(s), h, sp.token_begin + t,
-                               sp.token_begin + std::min(sp.num_tokens, t + attn_chunk)});
+      for (int32_t t = 0; t < sr.num_tokens; t += attn_chunk) {
+        attn_tasks_.push_back({static_cast<int32_t>(s), h, sr.token_begin + t,
+                               sr.token_begin + std::min(sr.num_tokens, t + attn_chunk)});
       }
     }
-    out.first_row[s] = rows;
-    if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
-      logit_tokens_.push_back(sp.token_begin + sp.num_tokens - 1);
-      out.num_rows[s] = 1;
-    } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
-      for (int32_t i = 0; i < sp.num_tokens; ++i) logit_tokens_.push_back(sp.token_begin + i);
-      out.num_rows[s] = sp.num_tokens;
-    }
-    rows += out.num_rows[s];
-    seqs_.push_back(sp);
   }
   // Heaviest attention tasks (latest positions) first, so the tail of the phase is short.
-  std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [this](const attn_task& a, const attn_task& b) {
-    return tok_pos_[static_cast<size_t>(a.token_end - 1)] > tok_pos_[static_cast<size_t>(b.token_end - 1)];
+  const std::vector<int32_t>& pos = layout_.positions;
+  std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [&pos](const attn_task& a, const attn_task& b) {
+    return pos[static_cast<size_t>(a.token_end - 1)] > pos[static_cast<size_t>(b.token_end - 1)];
   });
 
-  num_tokens_ = static_cast<int32_t>(tok_id_.size());
+  num_tokens_ = layout_.num_tokens();
   const auto T = static_cast<size_t>(num_tokens_);
   const auto hidden = static_cast<size_t>(config_.hidden_size);
   const auto q_dim = static_cast<size_t>(config_.num_heads) * static_cast<size_t>(config_.head_dim);
@@ -370,16 +289,16 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   attn_.resize(T * q_dim);
   gu_.resize(T * 2 * ffn);
   mlp_.resize(T * ffn);
-  lx_.resize(logit_tokens_.size() * hidden);
+  lx_.resize(layout_.logit_tokens.size() * hidden);
   const size_t half = inv_freq_.size();
   rope_cos_.resize(T * half);
   rope_sin_.resize(T * half);
   scratch_.resize(static_cast<size_t>(pool_->size()));
+  const size_t scores = static_cast<size_t>(layout_.max_context) + 8;
   for (auto& s : scratch_) {
-    if (s.size() < static_cast<size_t>(max_context_) + 8) s.resize(static_cast<size_t>(max_context_) + 8);
+    if (s.size() < scores) s.resize(scores);
   }
-  out.logits.resize(logit_tokens_.size() * static_cast<size_t>(config_.vocab_size));
-  logits_out_ = out.logits.data();
+  logits_out_ = out.logits.data();  // sized by build_step_layout
 }
 
 void cpu_executor::execute(const step_batch& batch, step_output& out) {
@@ -388,7 +307,7 @@ void cpu_executor::execute(const step_batch& batch, step_output& out) {
   apply_block_moves(batch);
   if (num_tokens_ == 0) return;
   for (int64_t p = 0; p < num_phases_; ++p) counters_[p].next.store(0, std::memory_order_relaxed);
-  pool_->run([this](int i) { forward(i); });
+  pool_->run([this, &batch](int i) { forward(i, batch); });
 }
 
 // ---- the forward pass (runs on every pool thread) ----------------------------------------------
@@ -400,7 +319,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
-void cpu_executor::forward(int thread_index) {
+void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const kernel_table& k = *kern_;
   int64_t phase = 0;
   // Runs body(i) for every i < n, spread over the threads, then waits for all of them.
@@ -468,8 +387,8 @@ void cpu_executor::forward(int thread_index) {
   // Embedding rows and this step's RoPE angles.
   parallel(T, [&](int64_t t) {
     const weight_tensor& emb = weights_->token_embedding;
-    dequantize_row(emb.type, emb.row(tok_id_[static_cast<size_t>(t)]), x_.data() + t * hidden, hidden);
-    const auto pos = static_cast<float>(tok_pos_[static_cast<size_t>(t)]);
+    dequantize_row(emb.type, emb.row(layout_.token_ids[static_cast<size_t>(t)]), x_.data() + t * hidden, hidden);
+    const auto pos = static_cast<float>(layout_.positions[static_cast<size_t>(t)]);
     for (int64_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq_[static_cast<size_t>(i)];
       rope_cos_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
@@ -510,9 +429,10 @@ void cpu_executor::forward(int thread_index) {
       float* kk = q + q_dim;
       const float* v = kk + kv_dim;
       for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t);
-      const int32_t pos = tok_pos_[static_cast<size_t>(t)];
-      const seq_plan& sp = seqs_[static_cast<size_t>(tok_seq_[static_cast<size_t>(t)])];
-      const block_id blk = (*sp.table)[static_cast<size_t>(pos / bs)];
+      const int32_t pos = layout_.positions[static_cast<size_t>(t)];
+      const auto seq = static_cast<size_t>(layout_.token_seq[static_cast<size_t>(t)]);
+      const std::vector<block_id>& table = batch.seqs[seq].block_table;
+      const block_id blk = table[static_cast<size_t>(pos / bs)];
       const int64_t slot = static_cast<int64_t>(pos % bs) * hd;
       for (int32_t h = 0; h < nkv; ++h) {
         rope(kk + static_cast<int64_t>(h) * hd, t);
@@ -524,15 +444,15 @@ void cpu_executor::forward(int thread_index) {
     // Causal attention of each new token over positions [0, pos], read through the block table.
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
-      const seq_plan& sp = seqs_[static_cast<size_t>(task.seq)];
+      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].block_table;
       const int32_t kvh = task.head / group;
       float* scores = scratch_[static_cast<size_t>(thread_index)].data();
       for (int32_t t = task.token_begin; t < task.token_end; ++t) {
         const float* q = qkv_.data() + t * qkv_cols + static_cast<int64_t>(task.head) * hd;
-        const int32_t n_ctx = tok_pos_[static_cast<size_t>(t)] + 1;
+        const int32_t n_ctx = layout_.positions[static_cast<size_t>(t)] + 1;
         const int32_t num_blocks = (n_ctx + bs - 1) / bs;
         for (int32_t b = 0; b < num_blocks; ++b) {
-          const block_id blk = (*sp.table)[static_cast<size_t>(b)];
+          const block_id blk = table[static_cast<size_t>(b)];
           const int32_t n = std::min(bs, n_ctx - b * bs);
           k.attn_scores(q, kv_slot(blk, l, 0, kvh), n, hd, scale, scores + static_cast<int64_t>(b) * bs);
         }
@@ -542,7 +462,7 @@ void cpu_executor::forward(int thread_index) {
         float* o = attn_.data() + t * q_dim + static_cast<int64_t>(task.head) * hd;
         std::fill(o, o + hd, 0.0f);
         for (int32_t b = 0; b < num_blocks; ++b) {
-          const block_id blk = (*sp.table)[static_cast<size_t>(b)];
+          const block_id blk = table[static_cast<size_t>(b)];
           const int32_t n = std::min(bs, n_ctx - b * bs);
           k.attn_accumulate(scores + static_cast<int64_t>(b) * bs, kv_slot(blk, l, 1, kvh), n, hd, o);
         }
@@ -571,11 +491,11 @@ void cpu_executor::forward(int thread_index) {
   }
 
   // Final norm of the rows whose logits were asked for, then the output projection.
-  const auto R = static_cast<int64_t>(logit_tokens_.size());
+  const auto R = static_cast<int64_t>(layout_.logit_tokens.size());
   if (R == 0) return;
   parallel(R, [&](int64_t r) {
-    rms_norm(x_.data() + logit_tokens_[static_cast<size_t>(r)] * hidden, output_norm_.data(), lx_.data() + r * hidden,
-             hidden, eps);
+    rms_norm(x_.data() + layout_.logit_tokens[static_cast<size_t>(r)] * hidden, output_norm_.data(),
+             lx_.data() + r * hidden, hidden, eps);
     quantize_rows(output_, lx_.data(), r);
   });
   linear(output_, lx_.data(), hidden, xq_.data(), static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);

@@ -25,6 +25,8 @@
 
 #include "engine/base/error.hpp"
 #include "engine/model/ggml_types.hpp"
+#include "engine/model/weight_shapes.hpp"
+#include "engine/step_layout.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"
@@ -257,14 +259,18 @@ class cuda_executor final : public executor {
     if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
     if (!sampling_.empty()) {
       std::vector<sampled_token> sampled = sampling_.unpack_outputs(sample_out_host_.as<void>());
-      for (size_t j = 0; j < sampled.size(); ++j) out.sampled[device_seqs_[j]] = std::move(sampled[j]);
+      for (size_t j = 0; j < sampled.size(); ++j) {
+        out.sampled[static_cast<size_t>(step_layout_.device_sampled_seqs[j])] = std::move(sampled[j]);
+      }
     }
   }
 
  private:
   // ---- weights ---------------------------------------------------------------------------------
 
-  const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols, const char* what) {
+  // The rows of `parts` one after the other, as one [sum of rows, cols] matrix of T.
+  // pre: check_weight_shapes accepted them (present, `cols` wide, a decodable type).
+  const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
     int64_t rows = 0;
     for (const weight_tensor* w : parts) rows += w->rows;
     device_buffer buf;
@@ -275,9 +281,6 @@ class cuda_executor final : public executor {
     std::vector<float> row;
     int64_t row0 = 0;
     for (const weight_tensor* w : parts) {
-      if (w->empty() || w->cols != cols || !type_info(w->type).can_dequantize) {
-        throw load_error(std::string("cuda executor: weight ") + what + " ('" + w->name + "') is missing or has the wrong shape/type");
-      }
       T* dst = buf.as<T>() + row0 * cols;
       const bool same_type = (is_bf16 && w->type == ggml_type::bf16) || (!is_bf16 && w->type == ggml_type::f32);
       if (same_type && w->row_stride_bytes == cols * static_cast<int64_t>(sizeof(T))) {
@@ -303,11 +306,8 @@ class cuda_executor final : public executor {
     return p;
   }
 
-  const float* upload_vector(const weight_tensor& w, int64_t n, const char* what) {
-    if (w.empty() || w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
-      throw load_error(std::string("cuda executor: norm weight ") + what + " is missing or has the wrong size");
-    }
-    std::vector<float> v(static_cast<size_t>(n));
+  const float* upload_vector(const weight_tensor& w) {
+    std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
     for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
     device_buffer buf;
     buf.reserve(v.size() * sizeof(float));
@@ -319,45 +319,27 @@ class cuda_executor final : public executor {
 
   void upload_weights() {
     const model_weights& w = *weights_;
+    check_weight_shapes(w, "cuda");  // every tensor, before anything is uploaded
     const int64_t hidden = config_.hidden_size;
     const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
-    const int64_t kv_dim = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
     const int64_t ffn = config_.intermediate_size;
-    if (static_cast<int32_t>(w.layers.size()) != config_.num_layers) {
-      throw load_error("cuda executor: layer count does not match the config");
-    }
-    auto check_rows = [](const weight_tensor& t, int64_t rows, const char* what) {
-      if (t.rows != rows) {
-        throw load_error(std::string("cuda executor: weight ") + what + " ('" + t.name + "') has " +
-                         std::to_string(t.rows) + " rows, expected " + std::to_string(rows));
-      }
-    };
-    check_rows(w.token_embedding, config_.vocab_size, "token_embedding");
-    embedding_ = upload({&w.token_embedding}, hidden, "token_embedding");
+    embedding_ = upload({&w.token_embedding}, hidden);
     for (const layer_weights& lw : w.layers) {
-      check_rows(lw.wq, q_dim, "wq");
-      check_rows(lw.wk, kv_dim, "wk");
-      check_rows(lw.wv, kv_dim, "wv");
-      check_rows(lw.wo, hidden, "wo");
-      check_rows(lw.w_gate, ffn, "w_gate");
-      check_rows(lw.w_up, ffn, "w_up");
-      check_rows(lw.w_down, hidden, "w_down");
       gpu_layer g;
-      g.attn_norm = upload_vector(lw.attn_norm, hidden, "attn_norm");
-      g.ffn_norm = upload_vector(lw.ffn_norm, hidden, "ffn_norm");
-      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden, "wq|wk|wv");
-      g.wo = upload({&lw.wo}, q_dim, "wo");
-      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden, "w_gate|w_up");
-      g.down = upload({&lw.w_down}, ffn, "w_down");
+      g.attn_norm = upload_vector(lw.attn_norm);
+      g.ffn_norm = upload_vector(lw.ffn_norm);
+      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden);
+      g.wo = upload({&lw.wo}, q_dim);
+      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden);
+      g.down = upload({&lw.w_down}, ffn);
       layers_.push_back(g);
     }
-    output_norm_ = upload_vector(w.output_norm, hidden, "output_norm");
+    output_norm_ = upload_vector(w.output_norm);
     const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
     if (out.data == w.token_embedding.data) {
       output_ = embedding_;  // tied: one copy on the GPU
     } else {
-      check_rows(out, config_.vocab_size, "output");
-      output_ = upload({&out}, hidden, "output");
+      output_ = upload({&out}, hidden);
     }
   }
 
@@ -398,70 +380,30 @@ class cuda_executor final : public executor {
 
   void plan_step(const step_batch& batch, step_output& out) {
     check_block_moves(batch, spec_, "cuda");
+    build_step_layout(batch, spec_, config_, /*samples_on_device=*/true, "cuda", step_layout_, out);
 
-    ids_.clear();
-    positions_.clear();
+    // The uploaded per-token arrays: the layout's, copied (plan_prefill reorders them, pad_for_graph
+    // appends padding tokens), and each token's cache slot and context length.
+    const int32_t bs = spec_.block_size;
+    ids_.assign(step_layout_.token_ids.begin(), step_layout_.token_ids.end());
+    positions_.assign(step_layout_.positions.begin(), step_layout_.positions.end());
+    token_seq_.assign(step_layout_.token_seq.begin(), step_layout_.token_seq.end());
     slots_.clear();
     context_.clear();
-    token_seq_.clear();
-    logit_rows_.clear();
-    device_seqs_.clear();
-    device_rows_.clear();
-    max_context_ = 0;
-    max_blocks_ = 1;
-    out.vocab_size = config_.vocab_size;
-    out.first_row.assign(batch.seqs.size(), 0);
-    out.num_rows.assign(batch.seqs.size(), 0);
-    const int32_t bs = spec_.block_size;
-    int32_t rows = 0;
-    for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      const sequence_slice& sl = batch.seqs[s];
-      const int64_t n = static_cast<int64_t>(sl.tokens.size());
-      const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
-      if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) {
-        throw invalid_request("cuda executor: bad num_computed");
-      }
-      if (static_cast<int64_t>(sl.block_table.size()) * bs < end) {
-        throw invalid_request("cuda executor: block table does not cover the sequence");
-      }
-      const int64_t used_blocks = (end + bs - 1) / bs;
-      for (int64_t b = 0; b < used_blocks; ++b) {
-        const block_id id = sl.block_table[static_cast<size_t>(b)];
-        if (id < 0 || id >= spec_.num_device_blocks) throw invalid_request("cuda executor: block id out of range");
-      }
-      max_blocks_ = std::max<int32_t>(max_blocks_, static_cast<int32_t>(used_blocks));
-      for (int64_t i = 0; i < n; ++i) {
-        const token_id t = sl.tokens[static_cast<size_t>(i)];
-        if (t < 0 || t >= config_.vocab_size) throw invalid_request("cuda executor: token id out of range");
-        const auto pos = static_cast<int32_t>(sl.num_computed + i);
-        ids_.push_back(t);
-        positions_.push_back(pos);
-        slots_.push_back(sl.block_table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
-        context_.push_back(pos + 1);
-        token_seq_.push_back(static_cast<int32_t>(s));
-      }
-      max_context_ = std::max(max_context_, static_cast<int32_t>(end));
-      out.first_row[s] = rows;
-      const auto first_token = static_cast<int32_t>(ids_.size() - static_cast<size_t>(n));
-      if (n > 0 && sl.logits == sequence_slice::logits_mode::last && sl.sampling) {
-        device_seqs_.push_back(s);  // sampled here: its logits row goes after the host rows
-        device_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
-      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
-        logit_rows_.push_back(first_token + static_cast<int32_t>(n) - 1);
-        out.num_rows[s] = 1;
-      } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
-        for (int32_t i = 0; i < n; ++i) logit_rows_.push_back(first_token + i);
-        out.num_rows[s] = static_cast<int32_t>(n);
-      }
-      rows += out.num_rows[s];
+    for (size_t t = 0; t < positions_.size(); ++t) {
+      const int32_t pos = positions_[t];
+      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(token_seq_[t])].block_table;
+      slots_.push_back(table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
+      context_.push_back(pos + 1);
     }
-    out.logits.resize(logit_rows_.size() * static_cast<size_t>(config_.vocab_size));
+    max_blocks_ = std::max(1, (step_layout_.max_context + bs - 1) / bs);  // the most blocks one sequence reads
     // Rows sampled on the device follow the rows returned to the host (gpu/sampling.hpp).
-    out.sampled.assign(batch.seqs.size(), sampled_token{});
+    logit_rows_.assign(step_layout_.logit_tokens.begin(), step_layout_.logit_tokens.end());
     sampling_.clear();
-    for (size_t j = 0; j < device_seqs_.size(); ++j) {
-      sampling_.add(*batch.seqs[device_seqs_[j]].sampling, static_cast<int32_t>(logit_rows_.size()));
-      logit_rows_.push_back(device_rows_[j]);
+    for (size_t j = 0; j < step_layout_.device_sampled_seqs.size(); ++j) {
+      const sequence_slice& sl = batch.seqs[static_cast<size_t>(step_layout_.device_sampled_seqs[j])];
+      sampling_.add(*sl.sampling, static_cast<int32_t>(logit_rows_.size()));
+      logit_rows_.push_back(step_layout_.device_sampled_tokens[j]);
     }
     plan_prefill(batch);
     graph_step_ = use_graphs_ && graph_eligible(batch);
@@ -529,8 +471,8 @@ class cuda_executor final : public executor {
     }
     // A graph's kernels are fixed at capture: plan its split for the widest context its block tables
     // allow (shorter contexts leave partitions empty, which the combine step skips).
-    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads,
-                                       graph_step_ ? max_blocks_ * spec_.block_size : max_context_, num_sms_);
+    const int32_t widest_context = graph_step_ ? max_blocks_ * spec_.block_size : step_layout_.max_context;
+    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, widest_context, num_sms_);
     if (split_.num_splits > 1) {
       attn_workspace_.reserve(static_cast<size_t>(gpu::attention_workspace_floats(
                                   num_tokens_, config_.num_heads, config_.head_dim, split_.num_splits)) *
@@ -820,8 +762,6 @@ class cuda_executor final : public executor {
   pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;
-  std::vector<size_t> device_seqs_;    // batch.seqs index of each device-sampled row
-  std::vector<int32_t> device_rows_;   // its token row (before the rows are appended to logit_rows_)
   pinned_buffer sample_in_host_, sample_out_host_;
   device_buffer sample_in_dev_, sample_out_dev_, sample_work_;
 
@@ -831,8 +771,9 @@ class cuda_executor final : public executor {
   std::vector<captured_graph> graphs_;
 
   // ---- per-step state --------------------------------------------------------------------------
+  step_layout step_layout_;  // the validated, flattened batch (engine/step_layout.hpp)
   std::vector<int32_t> ids_, positions_, slots_, context_, token_seq_, logit_rows_;
-  int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_context_ = 0, max_blocks_ = 1;
+  int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_blocks_ = 1;
   bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
   gpu::split_plan split_;

@@ -1,0 +1,73 @@
+#include "engine/step_layout.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "engine/base/error.hpp"
+
+namespace tessera {
+
+void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
+                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out) {
+  auto refuse = [&](const char* what) { throw invalid_request(std::string(executor_name) + " executor: " + what); };
+  layout.token_ids.clear();
+  layout.positions.clear();
+  layout.token_seq.clear();
+  layout.seqs.clear();
+  layout.logit_tokens.clear();
+  layout.device_sampled_seqs.clear();
+  layout.device_sampled_tokens.clear();
+  layout.max_context = 0;
+  out.vocab_size = config.vocab_size;
+  out.first_row.assign(batch.seqs.size(), 0);
+  out.num_rows.assign(batch.seqs.size(), 0);
+
+  const int32_t bs = spec.block_size;
+  int32_t rows = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const sequence_slice& sl = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(sl.tokens.size());
+    const int64_t end = static_cast<int64_t>(sl.num_computed) + n;
+    // Half of int32: positions, slot numbers (block * block_size + offset) and context lengths are
+    // int32 in both executors' kernels, and end + block_size must not overflow either.
+    if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) refuse("bad num_computed");
+    if (static_cast<int64_t>(sl.block_table.size()) * bs < end) refuse("block table does not cover the sequence");
+    // Only the blocks this step reads or writes: a table may carry blocks allocated ahead.
+    const int64_t used_blocks = (end + bs - 1) / bs;
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      const block_id id = sl.block_table[static_cast<size_t>(b)];
+      if (id < 0 || id >= spec.num_device_blocks) refuse("block id out of range");
+    }
+    step_layout::sequence_rows sr;
+    sr.token_begin = layout.num_tokens();
+    sr.num_tokens = static_cast<int32_t>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const token_id t = sl.tokens[static_cast<size_t>(i)];
+      if (t < 0 || t >= config.vocab_size) refuse("token id out of range");
+      layout.token_ids.push_back(t);
+      layout.positions.push_back(static_cast<int32_t>(sl.num_computed + i));
+      layout.token_seq.push_back(static_cast<int32_t>(s));
+    }
+    layout.seqs.push_back(sr);
+    layout.max_context = std::max(layout.max_context, static_cast<int32_t>(end));
+
+    out.first_row[s] = rows;
+    const int32_t last_token = sr.token_begin + sr.num_tokens - 1;
+    if (n > 0 && sl.logits == sequence_slice::logits_mode::last && samples_on_device && sl.sampling) {
+      layout.device_sampled_seqs.push_back(static_cast<int32_t>(s));  // no host row: its token comes back
+      layout.device_sampled_tokens.push_back(last_token);
+    } else if (n > 0 && sl.logits == sequence_slice::logits_mode::last) {
+      layout.logit_tokens.push_back(last_token);
+      out.num_rows[s] = 1;
+    } else if (n > 0 && sl.logits == sequence_slice::logits_mode::all) {
+      for (int32_t i = 0; i < sr.num_tokens; ++i) layout.logit_tokens.push_back(sr.token_begin + i);
+      out.num_rows[s] = sr.num_tokens;
+    }
+    rows += out.num_rows[s];
+  }
+  out.logits.resize(layout.logit_tokens.size() * static_cast<size_t>(config.vocab_size));
+  if (samples_on_device) out.sampled.assign(batch.seqs.size(), sampled_token{});
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The token layout of one executor step: a step_batch's sequences validated against the KV cache and
+// the model, then flattened into the rows every executor computes with (one row per new token,
+// sequence by sequence in batch order). Both executors start a step from it; what they build on top
+// (the CPU's attention tasks, the CUDA executor's slot mapping, prefill reordering and device uploads)
+// stays theirs. Like check_block_moves (engine/executor.hpp), it lives here so the rules a batch must
+// follow are written once.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/base/token_id.hpp"
+#include "engine/executor.hpp"
+#include "engine/model/model_config.hpp"
+
+namespace tessera {
+
+struct step_layout {
+  // batch.seqs[i]'s new tokens are the rows [token_begin, token_begin + num_tokens).
+  struct sequence_rows {
+    int32_t token_begin = 0;
+    int32_t num_tokens = 0;
+  };
+
+  // One entry per token row.
+  std::vector<token_id> token_ids;
+  std::vector<int32_t> positions;  // num_computed + i: the KV slot it writes, the last position it attends to
+  std::vector<int32_t> token_seq;  // index into batch.seqs of the sequence that owns the row
+  // One entry per batch.seqs[i].
+  std::vector<sequence_rows> seqs;
+  // The token row of each logits row returned to the host, in step_output row order.
+  std::vector<int32_t> logit_tokens;
+  // Only with samples_on_device: the sequences the executor samples itself (logits == last and a
+  // sampling state) and their last token row, in batch order. They get no host logits row.
+  std::vector<int32_t> device_sampled_seqs;
+  std::vector<int32_t> device_sampled_tokens;
+  // The longest context of the step: max over sequences (empty ones too) of num_computed + tokens.
+  int32_t max_context = 0;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+};
+
+// Validates every slice of `batch` and lays it out in `layout` (its vectors are reused: a steady
+// stream of steps allocates nothing). Throws invalid_request "<executor_name> executor: ..." when a
+// slice has a negative or too large num_computed, a block table that does not cover its tokens, a
+// used block id outside the device pool of `spec`, or a token id outside `config`'s vocabulary.
+// It shapes `out` for the executor to fill: vocab_size, first_row and num_rows per sequence, logits
+// sized for the host rows, and (samples_on_device) one empty `sampled` entry per sequence.
+// After a throw `layout` and `out` are unspecified; nothing else has been touched. Swaps and copies
+// are check_block_moves' (each executor calls it where it applies them).
+void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
+                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out);
+
+}  // namespace tessera

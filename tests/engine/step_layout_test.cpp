@@ -1,0 +1,213 @@
+// build_step_layout: every refusal with the message both executors have always given (named after the
+// executor that asks), nothing refused that only looks odd (blocks allocated ahead, empty slices), and
+// the flattened rows of a batch mixing prefill chunks, decodes, empty slices and every logits mode,
+// checked element by element with and without sampling on the device.
+#include "engine/step_layout.hpp"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/base/error.hpp"
+
+namespace tessera {
+namespace {
+
+using mode = sequence_slice::logits_mode;
+
+constexpr int32_t k_vocab = 100;
+
+model_config tiny_config() {
+  model_config c;
+  c.vocab_size = k_vocab;
+  return c;
+}
+
+kv_cache_spec pool(int32_t block_size, int32_t device_blocks) {
+  kv_cache_spec s;
+  s.block_size = block_size;
+  s.num_device_blocks = device_blocks;
+  return s;
+}
+
+sequence_slice slice(std::vector<token_id> tokens, int32_t num_computed, std::vector<block_id> table,
+                     mode logits = mode::last) {
+  sequence_slice s;
+  s.tokens = std::move(tokens);
+  s.num_computed = num_computed;
+  s.block_table = std::move(table);
+  s.logits = logits;
+  return s;
+}
+
+// The message of the invalid_request build_step_layout throws for `batch`, or "" when it accepts it.
+std::string refusal(const step_batch& batch, const char* executor_name = "cpu", bool device_sampling = false) {
+  step_layout layout;
+  step_output out;
+  try {
+    build_step_layout(batch, pool(4, 8), tiny_config(), device_sampling, executor_name, layout, out);
+  } catch (const invalid_request& e) {
+    return e.what();
+  }
+  return "";
+}
+
+step_batch one(sequence_slice s) {
+  step_batch b;
+  b.seqs.push_back(std::move(s));
+  return b;
+}
+
+TEST(step_layout, refuses_a_bad_num_computed) {
+  EXPECT_EQ(refusal(one(slice({1}, -1, {0}))), "cpu executor: bad num_computed");
+  // Past half the int32 range, even with a table that would cover it.
+  const int32_t big = std::numeric_limits<int32_t>::max() / 2;
+  EXPECT_EQ(refusal(one(slice({1}, big, {0}))), "cpu executor: bad num_computed");
+  EXPECT_EQ(refusal(one(slice({}, big + 1, {0}))), "cpu executor: bad num_computed");
+  EXPECT_EQ(refusal(one(slice({1}, -5, {0})), "cuda"), "cuda executor: bad num_computed");
+}
+
+TEST(step_layout, refuses_a_block_table_that_does_not_cover_the_sequence) {
+  // Positions [0, 5) need two blocks of 4.
+  EXPECT_EQ(refusal(one(slice({1, 2, 3, 4, 5}, 0, {0}))), "cpu executor: block table does not cover the sequence");
+  // The cached positions count too: [4, 5) is in the second block.
+  EXPECT_EQ(refusal(one(slice({1}, 4, {0})), "cuda"), "cuda executor: block table does not cover the sequence");
+  EXPECT_EQ(refusal(one(slice({}, 1, {}))), "cpu executor: block table does not cover the sequence");
+  EXPECT_EQ(refusal(one(slice({1, 2, 3, 4}, 0, {0}))), "");  // exactly one full block
+}
+
+TEST(step_layout, refuses_a_used_block_outside_the_device_pool) {
+  EXPECT_EQ(refusal(one(slice({1}, 0, {8}))), "cpu executor: block id out of range");
+  EXPECT_EQ(refusal(one(slice({1}, 0, {-1}))), "cpu executor: block id out of range");
+  // A block holding only cached positions is used as well (attention reads it).
+  EXPECT_EQ(refusal(one(slice({1}, 4, {9, 0})), "cuda"), "cuda executor: block id out of range");
+  // Blocks past the last position are not looked at: tables may carry blocks allocated ahead.
+  EXPECT_EQ(refusal(one(slice({1}, 0, {7, 99, -1}))), "");
+}
+
+TEST(step_layout, refuses_a_token_outside_the_vocabulary) {
+  EXPECT_EQ(refusal(one(slice({1, k_vocab}, 0, {0}))), "cpu executor: token id out of range");
+  EXPECT_EQ(refusal(one(slice({-1}, 0, {0})), "cuda"), "cuda executor: token id out of range");
+  EXPECT_EQ(refusal(one(slice({0, k_vocab - 1}, 0, {0}))), "");
+}
+
+TEST(step_layout, reports_the_first_problem_in_batch_order) {
+  step_batch b;
+  b.seqs.push_back(slice({1}, 0, {0}));
+  b.seqs.push_back(slice({k_vocab}, 0, {8}));  // both its block and its token are out of range
+  b.seqs.push_back(slice({1}, -1, {0}));
+  EXPECT_EQ(refusal(b), "cpu executor: block id out of range");
+  // Swaps and copies are check_block_moves' business, not this function's.
+  step_batch moves;
+  moves.swap_in.push_back({99, 99});
+  moves.copies.push_back({-1, 99});
+  EXPECT_EQ(refusal(moves), "");
+}
+
+// Block size 4, 8 device blocks, vocabulary 100:
+//   s0  prompt chunk   tokens 10..14 at positions 0..4   logits none
+//   s1  decode         token 20 at position 6            logits last
+//   s2  later chunk    tokens 30..32 at positions 2..4   logits all
+//   s3  empty slice    9 positions cached                logits last (and a sampling state): no row
+//   s4  decode         token 40 at position 3            logits last, with a sampling state
+step_batch mixed_batch() {
+  step_batch b;
+  b.seqs.push_back(slice({10, 11, 12, 13, 14}, 0, {0, 1}, mode::none));
+  b.seqs.push_back(slice({20}, 6, {2, 3}, mode::last));
+  b.seqs.push_back(slice({30, 31, 32}, 2, {4, 5}, mode::all));
+  b.seqs.push_back(slice({}, 9, {6, 7, 1}, mode::last));
+  b.seqs.back().sampling = device_sampling{};
+  b.seqs.push_back(slice({40}, 3, {7}, mode::last));
+  b.seqs.back().sampling = device_sampling{};
+  return b;
+}
+
+void expect_mixed_rows(const step_layout& l) {
+  EXPECT_EQ(l.token_ids, (std::vector<token_id>{10, 11, 12, 13, 14, 20, 30, 31, 32, 40}));
+  EXPECT_EQ(l.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 6, 2, 3, 4, 3}));
+  EXPECT_EQ(l.token_seq, (std::vector<int32_t>{0, 0, 0, 0, 0, 1, 2, 2, 2, 4}));
+  EXPECT_EQ(l.num_tokens(), 10);
+  ASSERT_EQ(l.seqs.size(), 5u);
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 5}, {5, 1}, {6, 3}, {9, 0}, {9, 1}};
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(l.seqs[s].token_begin, want[s].first) << "sequence " << s;
+    EXPECT_EQ(l.seqs[s].num_tokens, want[s].second) << "sequence " << s;
+  }
+  // The empty slice's 9 cached positions are the longest context, though it brings no token.
+  EXPECT_EQ(l.max_context, 9);
+}
+
+TEST(step_layout, flattens_a_mixed_batch_for_host_sampling) {
+  const step_batch b = mixed_batch();
+  step_layout l;
+  step_output out;
+  out.sampled.resize(2);  // an executor that does not sample leaves it alone
+  build_step_layout(b, pool(4, 8), tiny_config(), /*samples_on_device=*/false, "cpu", l, out);
+  expect_mixed_rows(l);
+  // Rows: s1's last token, s2's three, s4's last (its sampling state is ignored here).
+  EXPECT_EQ(l.logit_tokens, (std::vector<int32_t>{5, 6, 7, 8, 9}));
+  EXPECT_TRUE(l.device_sampled_seqs.empty());
+  EXPECT_TRUE(l.device_sampled_tokens.empty());
+  EXPECT_EQ(out.vocab_size, k_vocab);
+  EXPECT_EQ(out.first_row, (std::vector<int32_t>{0, 0, 1, 4, 4}));
+  EXPECT_EQ(out.num_rows, (std::vector<int32_t>{0, 1, 3, 0, 1}));
+  EXPECT_EQ(out.logits.size(), 5u * k_vocab);
+  EXPECT_EQ(out.sampled.size(), 2u);
+}
+
+TEST(step_layout, flattens_a_mixed_batch_for_device_sampling) {
+  const step_batch b = mixed_batch();
+  step_layout l;
+  step_output out;
+  out.sampled.resize(1);
+  out.sampled[0].token = 7;
+  build_step_layout(b, pool(4, 8), tiny_config(), /*samples_on_device=*/true, "cuda", l, out);
+  expect_mixed_rows(l);
+  // s4 is sampled on the device: no host row, its last token (row 9) listed separately. s3 has a
+  // sampling state too but no token, so nothing to sample.
+  EXPECT_EQ(l.logit_tokens, (std::vector<int32_t>{5, 6, 7, 8}));
+  EXPECT_EQ(l.device_sampled_seqs, (std::vector<int32_t>{4}));
+  EXPECT_EQ(l.device_sampled_tokens, (std::vector<int32_t>{9}));
+  EXPECT_EQ(out.first_row, (std::vector<int32_t>{0, 0, 1, 4, 4}));
+  EXPECT_EQ(out.num_rows, (std::vector<int32_t>{0, 1, 3, 0, 0}));
+  EXPECT_EQ(out.logits.size(), 4u * k_vocab);
+  ASSERT_EQ(out.sampled.size(), 5u);  // one fresh entry per sequence
+  for (const sampled_token& t : out.sampled) EXPECT_EQ(t.token, -1);
+}
+
+TEST(step_layout, starts_afresh_each_step) {
+  step_layout l;
+  step_output out;
+  build_step_layout(mixed_batch(), pool(4, 8), tiny_config(), true, "cuda", l, out);
+  step_batch decode;
+  decode.seqs.push_back(slice({55}, 1, {3}, mode::last));
+  build_step_layout(decode, pool(4, 8), tiny_config(), true, "cuda", l, out);
+  EXPECT_EQ(l.token_ids, (std::vector<token_id>{55}));
+  EXPECT_EQ(l.positions, (std::vector<int32_t>{1}));
+  EXPECT_EQ(l.token_seq, (std::vector<int32_t>{0}));
+  ASSERT_EQ(l.seqs.size(), 1u);
+  EXPECT_EQ(l.seqs[0].token_begin, 0);
+  EXPECT_EQ(l.seqs[0].num_tokens, 1);
+  EXPECT_EQ(l.logit_tokens, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(l.device_sampled_seqs.empty());
+  EXPECT_TRUE(l.device_sampled_tokens.empty());
+  EXPECT_EQ(l.max_context, 2);
+  EXPECT_EQ(out.first_row, (std::vector<int32_t>{0}));
+  EXPECT_EQ(out.num_rows, (std::vector<int32_t>{1}));
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(k_vocab));
+  EXPECT_EQ(out.sampled.size(), 1u);
+  // An empty batch: no rows at all.
+  build_step_layout(step_batch{}, pool(4, 8), tiny_config(), false, "cpu", l, out);
+  EXPECT_EQ(l.num_tokens(), 0);
+  EXPECT_TRUE(l.seqs.empty());
+  EXPECT_TRUE(l.logit_tokens.empty());
+  EXPECT_EQ(l.max_context, 0);
+  EXPECT_TRUE(out.first_row.empty());
+  EXPECT_TRUE(out.logits.empty());
+}
+
+}  // namespace
+}  // namespace tessera
