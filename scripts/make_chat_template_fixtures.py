@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render chat-template fixtures with Python Jinja2: the independent oracle for engine/text/jinja/jinja_template.cpp.
+"""Render chat-template fixtures with Python Jinja2: the independent oracle for the interpreter in engine/text/jinja/.
 
 Writes tests/data/chat_templates/expected.json: every template in tests/data/chat_templates/*.jinja,
 rendered for a set of conversations with

@@ -9,8 +9,15 @@
 // transformers/utils/chat_template_utils.py (_compile_jinja_template).
 //
 // Pipeline: lexer (source -> tokens, applying whitespace control) -> parser (tokens -> AST) ->
-// evaluator (AST + context -> string). Values are immutable except namespace() objects, which is
+// renderer (AST + context -> string). Values are immutable except namespace() objects, which is
 // what makes reference cycles impossible (a namespace may not be stored inside a namespace).
+//
+// This header is the interpreter's API; its parts, in engine/text/jinja/ and namespace detail:
+//   lexer.*            source -> tokens              parser.*, ast.hpp   tokens -> syntax tree
+//   renderer.*         runs the tree: scopes, loops  render_budget.*     the limits of one render
+//   values.*           Python semantics of values    python_str.*        Python's str rules over UTF-8
+//   filters.*          filters and tests             methods.*           str and dict methods, getattr
+//   globals.*          range, namespace, dict, ...   call_args.*         arguments and their checks
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -108,7 +115,9 @@ struct dict_data {
 // Variables visible to the template, in addition to the built-in globals.
 using context = std::vector<std::pair<std::string, value>>;
 
+namespace detail {
 struct template_node;
+}  // namespace detail
 
 // A parsed template. Immutable and thread-safe: render() keeps all state on its own stack.
 class program {
@@ -125,7 +134,7 @@ class program {
 
  private:
   program() = default;
-  std::unique_ptr<template_node> root_;
+  std::unique_ptr<detail::template_node> root_;
 };
 
 }  // namespace jinja
