@@ -1,4 +1,4 @@
-// The CPU emulation of CUDA (gpu/emu) itself: kernels that use barriers, shuffles and votes right
+// The CPU emulation of CUDA (tests/cuda_emu) itself: kernels that use barriers, shuffles and votes right
 // give the right answers under every scheduling order; the bugs it exists to catch are caught: a
 // missing __syncthreads changes the result under some order, a divergent __syncthreads, a deadlock and
 // a shuffle naming an exited lane are errors, as are bad launch configurations, pointers outside
@@ -19,7 +19,7 @@
 
 #include "engine/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
-#include "gpu/emu/emulator.hpp"
+#include "tests/cuda_emu/emulator.hpp"
 #include "gpu/launch.cuh"
 
 namespace tessera::gpu::emu {

@@ -1,7 +1,7 @@
-// Device-side builtins of the CPU emulation of CUDA (gpu/emu): function qualifiers, __shared__,
+// Device-side builtins of the CPU emulation of CUDA (tests/cuda_emu): function qualifiers, __shared__,
 // barriers, warp shuffles and votes, atomics, the device math names. Included by the emulated
 // <cuda_runtime.h>; kernels compile with the host C++ compiler and every CUDA thread runs as a fiber
-// of gpu/emu/scheduler.cpp. See docs/gpu_executor.md, "CPU emulation".
+// of tests/cuda_emu/scheduler.cpp. See docs/gpu_executor.md, "CPU emulation".
 #pragma once
 #include <atomic>
 #include <bit>

@@ -1,8 +1,8 @@
-// Host API of the CPU emulation of CUDA (gpu/emu): the subset of the CUDA runtime Tessera's GPU code
+// Host API of the CPU emulation of CUDA (tests/cuda_emu): the subset of the CUDA runtime Tessera's GPU code
 // calls, with CUDA's names, types and error codes. Device memory is host memory (tracked, so a bad
 // cudaFree, an out-of-range copy and leaks are reported); streams and events run synchronously (the
 // work happens when it is enqueued); stream capture records into a graph that cudaGraphLaunch
-// replays. Implemented in gpu/emu/runtime.cpp. See docs/gpu_executor.md, "CPU emulation".
+// replays. Implemented in tests/cuda_emu/runtime.cpp. See docs/gpu_executor.md, "CPU emulation".
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,9 +1,9 @@
-// The block scheduler of the CPU emulation of CUDA (internal to gpu/emu).
+// The block scheduler of the CPU emulation of CUDA (internal to tests/cuda_emu).
 #pragma once
 #include <functional>
 #include <string>
 
-#include "launch.hpp"
+#include "include/cuda_emu/launch.hpp"
 
 namespace tessera::gpu::emu {
 

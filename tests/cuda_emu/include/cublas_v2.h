@@ -1,6 +1,6 @@
-// CPU emulation of cuBLAS (gpu/emu): the handle functions and the GEMMs Tessera uses, with cuBLAS's
+// CPU emulation of cuBLAS (tests/cuda_emu): the handle functions and the GEMMs Tessera uses, with cuBLAS's
 // column-major semantics, argument checks and status codes, computed in fp32 on the host (OpenBLAS
-// when it was found at build time). Implemented in gpu/emu/cublas.cpp.
+// when it was found at build time). Implemented in tests/cuda_emu/cublas.cpp.
 #pragma once
 #include "cuda_runtime.h"
 #include "library_types.h"

@@ -1,4 +1,4 @@
-// The CUDA runtime API of the CPU emulation (gpu/emu/runtime_api.hpp): one emulated device, shaped
+// The CUDA runtime API of the CPU emulation (tests/cuda_emu/runtime_api.hpp): one emulated device, shaped
 // like an H200 (132 SMs, 227 KiB of opt-in shared memory per block).
 //
 // Memory: cudaMalloc'd memory is host memory, tracked, so that cudaFree of a pointer that is not a
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "emulator.hpp"
-#include "launch.hpp"
+#include "include/cuda_emu/launch.hpp"
 #include "runtime_internal.hpp"
 #include "scheduler.hpp"
 
