@@ -61,3 +61,15 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                            const float* beta, float* C, int ldc);
+
+// Not emulated (tests/cuda_emu/not_emulated.hpp): calling one of these fails to compile, saying so.
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasHgemm)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasDgemm)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemmBatched)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemmStridedBatched)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGemmBatchedEx)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemv)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSetMatrix)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGetMatrix)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSetVector)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGetVector)

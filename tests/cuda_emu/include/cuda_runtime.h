@@ -4,3 +4,4 @@
 #pragma once
 #include "../runtime_api.hpp"
 #include "../device_api.hpp"
+#include "../not_emulated.hpp"
