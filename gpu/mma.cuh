@@ -15,8 +15,8 @@
 //
 // m16n8k8 (9.7.14.5.7) keeps a[0], a[1] (K = 8 columns of A) and b[0] (B 8 x 8), C/D the same.
 // ldmatrix (9.7.14.5.15) hands lane l the pair (row l / 4, columns 2 (l % 4), +1) of each 8x8
-// matrix, so ldmatrix_x4 over A's four 8x8 quadrants (lane l gives the address of row l % 16,
-// column 8 (l / 16)) yields a[0..3], and ldmatrix_x2_trans over a row-major K x N B (lane l < 16
+// matrix, so ldmatrix<4> over A's four 8x8 quadrants (lane l gives the address of row l % 16,
+// column 8 (l / 16)) yields a[0..3], and ldmatrix_trans<2> over a row-major K x N B (lane l < 16
 // gives row l) yields b[0..1].
 //
 // Every lane of the warp must call each warp instruction (.sync.aligned): not in divergent code.
