@@ -1,5 +1,5 @@
 // One spelling for kernel launches, so the same kernel sources build for a real GPU (nvcc) and for
-// the CPU emulation of CUDA in gpu/emu/ (the host compiler cannot parse `<<<...>>>`):
+// the CPU emulation of CUDA in tests/cuda_emu/ (the host compiler cannot parse `<<<...>>>`):
 //
 //   TESSERA_LAUNCH(grid, block, shared_bytes, stream, kernel<D, T>)(args...);
 //
@@ -13,7 +13,8 @@
 #pragma once
 
 #if defined(TESSERA_CUDA_EMULATION)
-#include "gpu/emu/launch.hpp"
+// The emulation's include/ folder is on the include path only in its own build (a test tool).
+#include <cuda_emu/launch.hpp>
 #define TESSERA_LAUNCH(grid, block, shared_bytes, stream, ...)                                              \
   ::tessera::gpu::emu::launcher(                                                                            \
       ::tessera::gpu::emu::launch_config{dim3(grid), dim3(block), static_cast<size_t>(shared_bytes), stream, \

@@ -15,6 +15,8 @@
 #      that decides TESSERA_GEMV's default
 #   7. a per-op profile of a batch-1 decode step (TESSERA_CUDA_PROFILE=1), with cuBLAS and with the
 #      small-batch kernel
+#   8. the warp matrix and cp.async wrappers of gpu/mma.cuh (mma.sync, ldmatrix, cp.async) against the
+#      PTX ISA manual's fragment layouts and scalar matmuls (tests/gpu/mma_test.cpp), memcheck too
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -71,7 +73,7 @@ else
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
   cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench \
-    gpu_gemv_test gpu_gemv_bench tessera >>"$log" 2>&1 ||
+    gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -89,6 +91,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max
 nvcc --version 2>/dev/null | tail -1 | tee -a "$log"
 
 # 1 + 3: correctness first (they are what the rest relies on).
+run "warp matrix / cp.async wrappers vs the PTX ISA layouts and scalar matmuls" 30 "$tests/gpu_mma_test"
 run "kernel tests" 60 "$tests/gpu_kernels_test"
 run "prefill attention kernel tests" 60 "$tests/gpu_prefill_attention_test"
 run "sampling kernels vs the host sampler" 60 "$tests/gpu_sampling_test"
@@ -143,6 +146,8 @@ grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || 
 if command -v compute-sanitizer >/dev/null; then
   run "memcheck: kernel tests" 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_kernels_test"
   run "memcheck: sampling tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_sampling_test"
+  run "memcheck: warp matrix / cp.async wrapper tests" 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$tests/gpu_mma_test"
   run "memcheck: small-batch GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_gemv_test" --gtest_filter='SmallBatchGemm*'
   run "memcheck: prefill attention tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \

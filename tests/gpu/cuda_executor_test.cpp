@@ -349,7 +349,7 @@ std::vector<float> last_logits(executor& exec, const std::vector<token_id>& prom
   return {o.row(0).begin(), o.row(0).end()};
 }
 
-// Greedy tokens per prompt: 32 on a GPU; 16 under the CPU emulation of CUDA (gpu/emu), where every
+// Greedy tokens per prompt: 32 on a GPU; 16 under the CPU emulation of CUDA (tests/cuda_emu), where every
 // GEMM runs on the host, to stay within CI's time budget. TESSERA_GPU_PARITY_TOKENS overrides.
 int32_t parity_tokens() {
   if (const char* v = std::getenv("TESSERA_GPU_PARITY_TOKENS"); v && std::atoi(v) > 0) return std::atoi(v);

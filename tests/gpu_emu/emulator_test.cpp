@@ -1,4 +1,4 @@
-// The CPU emulation of CUDA (gpu/emu) itself: kernels that use barriers, shuffles and votes right
+// The CPU emulation of CUDA (tests/cuda_emu) itself: kernels that use barriers, shuffles and votes right
 // give the right answers under every scheduling order; the bugs it exists to catch are caught: a
 // missing __syncthreads changes the result under some order, a divergent __syncthreads, a deadlock and
 // a shuffle naming an exited lane are errors, as are bad launch configurations, pointers outside
@@ -19,7 +19,7 @@
 
 #include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
-#include "gpu/emu/emulator.hpp"
+#include "tests/cuda_emu/emulator.hpp"
 #include "gpu/launch.cuh"
 
 namespace tessera::gpu::emu {
@@ -556,6 +556,70 @@ TEST_F(Emulator, EventsTimeTheWorkBetweenThem) {
   EXPECT_GT(ms, 0.0f);
   CUDA_CHECK(cudaEventDestroy(a));
   CUDA_CHECK(cudaEventDestroy(b));
+}
+
+// ---- what is declared but not emulated: an error, never something else ------------------------------
+
+// The contract (docs/cuda_emulation.md): calls the emulation has no model of do not compile
+// (tests/gpu_emu/not_emulated_cases.cpp); flags and argument values it has no model of fail with
+// CUDA's own error code and a "gpu emulation:" line, instead of being ignored.
+TEST_F(Emulator, ArgumentsItDoesNotEmulateAreErrors) {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&s, 0x10), cudaErrorInvalidValue);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e = nullptr;
+  EXPECT_EQ(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming), cudaErrorNotSupported);
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, s));
+  EXPECT_EQ(cudaStreamWaitEvent(s, e, cudaEventWaitExternal), cudaErrorNotSupported);
+  EXPECT_EQ(cudaStreamWaitEvent(s, e, cudaEventWaitDefault), cudaSuccess);
+
+  float* out = alloc<float>(32);
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  TESSERA_LAUNCH(1, 32, 0, s, fill_kernel)(out, 1.0f, 32);
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  // Another stream joining the capture through an event recorded in it (CUDA's fork/join).
+  cudaStream_t other = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  cudaEvent_t fork = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  CUDA_CHECK(cudaEventRecord(fork, s));
+  EXPECT_EQ(cudaStreamWaitEvent(other, fork, 0), cudaErrorNotSupported);
+  cudaGraph_t forked = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(s, &forked));
+  CUDA_CHECK(cudaGraphDestroy(forked));
+  CUDA_CHECK(cudaEventDestroy(fork));
+  CUDA_CHECK(cudaStreamDestroy(other));
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch), cudaErrorNotSupported);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagDeviceLaunch), cudaErrorNotSupported);
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+
+  void* pinned = nullptr;
+  EXPECT_EQ(cudaHostAlloc(&pinned, 64, 0x40), cudaErrorInvalidValue);
+  CUDA_CHECK(cudaHostAlloc(&pinned, 64, cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined));
+  CUDA_CHECK(cudaFreeHost(pinned));
+  EXPECT_EQ(cudaDeviceReset(), cudaErrorNotSupported);
+  int value = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&value, static_cast<cudaDeviceAttr>(200), 0), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(fill_kernel, static_cast<cudaFuncAttribute>(3), 1), cudaErrorInvalidValue);
+
+  // cuBLAS: a type combination it does not emulate (f16 operands) is CUBLAS_STATUS_NOT_SUPPORTED.
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const float one = 1.0f;
+  uint16_t* half = alloc<uint16_t>(64);
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, half, CUDA_R_16F, 8, half, CUDA_R_16F, 8, &one, out,
+                         CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  CUDA_CHECK(cudaEventDestroy(e));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  cudaGetLastError();
 }
 
 // ---- cuBLAS ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// The CUDA executor under the CPU emulation of CUDA (gpu/emu), for what only the emulator can see:
+// The CUDA executor under the CPU emulation of CUDA (tests/cuda_emu), for what only the emulator can see:
 // every byte of device and pinned memory it allocates is freed again, and with --cuda-graphs a decode
 // graph captured before the activation buffers grow is not replayed with the freed buffers' pointers
 // (the emulator checks kernel and cuBLAS pointers at every replay) and still gives the CPU's logits.
@@ -12,7 +12,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/model/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
-#include "gpu/emu/emulator.hpp"
+#include "tests/cuda_emu/emulator.hpp"
 #include "tests/support/step_slices.hpp"
 #include "tests/support/tiny_model.hpp"
 

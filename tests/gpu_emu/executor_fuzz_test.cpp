@@ -1,6 +1,6 @@
 // Random step batches (a seeded stand-in for the scheduler: several sequences over scattered blocks,
 // prefill chunks of random sizes, decodes, mixed batches, every logits mode) through the CUDA
-// executor under the CPU emulation of CUDA (gpu/emu) and through the CPU executor: the logits must
+// executor under the CPU emulation of CUDA (tests/cuda_emu) and through the CPU executor: the logits must
 // agree at every step, with and without CUDA graphs. Batch shapes the hand-written executor tests do
 // not reach (graph buckets with several padding rows, block-table widths crossing a power of two,
 // split-KV plans for mixed contexts) come up here.

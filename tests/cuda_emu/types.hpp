@@ -1,4 +1,4 @@
-// Built-in CUDA types of the CPU emulation (gpu/emu): dim3, the vector types, and the per-thread
+// Built-in CUDA types of the CPU emulation (tests/cuda_emu): dim3, the vector types, and the per-thread
 // coordinates threadIdx/blockIdx/blockDim/gridDim. See docs/gpu_executor.md, "CPU emulation".
 #pragma once
 #include <cstdint>
@@ -45,7 +45,7 @@ struct dim3 {
 
 namespace tessera::gpu::emu {
 // The coordinates of the emulated CUDA thread running now on this OS thread: the block scheduler
-// (gpu/emu/scheduler.cpp) writes them before it resumes a thread's fiber.
+// (tests/cuda_emu/scheduler.cpp) writes them before it resumes a thread's fiber.
 inline thread_local uint3 current_thread_idx{0, 0, 0};
 inline thread_local uint3 current_block_idx{0, 0, 0};
 inline thread_local dim3 current_block_dim{1, 1, 1};

@@ -1,4 +1,4 @@
-// CPU emulation of CUDA (gpu/emu): __nv_bfloat16 with 16-bit storage and the toolkit's conversions
+// CPU emulation of CUDA (tests/cuda_emu): __nv_bfloat16 with 16-bit storage and the toolkit's conversions
 // (round to nearest even; NaN becomes the canonical 0x7FFF, as __float2bfloat16_rn does).
 #pragma once
 #include <bit>

@@ -1,4 +1,4 @@
-// CPU emulation of CUDA (gpu/emu): the data-type enum of the toolkit's library_types.h.
+// CPU emulation of CUDA (tests/cuda_emu): the data-type enum of the toolkit's library_types.h.
 #pragma once
 enum cudaDataType_t {
   CUDA_R_32F = 0,

@@ -1,4 +1,4 @@
-// The CUDA runtime API of the CPU emulation (gpu/emu/runtime_api.hpp): one emulated device, shaped
+// The CUDA runtime API of the CPU emulation (tests/cuda_emu/runtime_api.hpp): one emulated device, shaped
 // like an H200 (132 SMs, 227 KiB of opt-in shared memory per block).
 //
 // Memory: cudaMalloc'd memory is host memory, tracked, so that cudaFree of a pointer that is not a
@@ -8,8 +8,9 @@
 // cudaMemGetInfo reports and cudaMalloc enforces. Allocations up to 64 MiB start filled with 0xFF
 // bytes (NaN as floats or bf16) so that reading memory nobody wrote shows.
 //
-// Streams and events are synchronous: work runs when it is enqueued, in the calling thread, so
-// cudaEventElapsedTime is the wall time of the work in between. Stream capture records every launch,
+// Work runs in the calling thread: at once on the legacy default stream, and, on created streams,
+// when something waits for it (deferred streams, below); cudaEventElapsedTime is the wall time
+// between the two records running. Stream capture records every launch,
 // copy, memset and cuBLAS call into a graph instead of running it; cudaGraphLaunch replays them in
 // order (re-checking copy ranges and kernel pointer arguments). While a thread captures in global or
 // thread-local mode, the calls CUDA forbids then (cudaMalloc, cudaFree, synchronous copies,
@@ -36,7 +37,7 @@
 #include <vector>
 
 #include "emulator.hpp"
-#include "launch.hpp"
+#include "include/cuda_emu/launch.hpp"
 #include "runtime_internal.hpp"
 #include "scheduler.hpp"
 
@@ -690,7 +691,10 @@ cudaError_t cudaDeviceSynchronize() {
   flush_streams(false);
   return cudaSuccess;
 }
-cudaError_t cudaDeviceReset() { return cudaSuccess; }
+// Not emulated: a reset would have to free every allocation and handle behind the executor's back.
+cudaError_t cudaDeviceReset() {
+  return fail(cudaErrorNotSupported, "cudaDeviceReset is not emulated (docs/cuda_emulation.md)");
+}
 
 // ---- memory ----------------------------------------------------------------------------------
 
@@ -701,7 +705,14 @@ cudaError_t cudaFree(void* ptr) {
   return release(ptr, true, "cudaFree");
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return allocate(ptr, bytes, false, "cudaMallocHost"); }
-cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) { return allocate(ptr, bytes, false, "cudaHostAlloc"); }
+// Every flag means the same here (pinned host memory is host memory, and kernels may use it: unified
+// addressing); unknown bits are an error as in CUDA.
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
+  if (flags & ~(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)) {
+    return fail(cudaErrorInvalidValue, "cudaHostAlloc with unknown flags " + std::to_string(flags));
+  }
+  return allocate(ptr, bytes, false, "cudaHostAlloc");
+}
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr && tl_strict_captures.empty()) flush_streams(false);
   return release(ptr, false, "cudaFreeHost");
@@ -781,6 +792,9 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWith
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (!stream) return fail(cudaErrorInvalidValue, "cudaStreamCreate(nullptr)");
+  if (flags & ~cudaStreamNonBlocking) {
+    return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: unknown flags " + std::to_string(flags));
+  }
   auto* s = new CUstream_st;
   s->flags = flags;
   std::lock_guard lock(g().mu);
@@ -837,7 +851,12 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return s->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  // cudaEventWaitExternal (a graph node waiting on an event from outside the capture) is not emulated.
+  if (flags != 0) {
+    return fail(cudaErrorNotSupported,
+                "cudaStreamWaitEvent flags " + std::to_string(flags) + " are not emulated (only 0)");
+  }
   CUstream_st* s = nullptr;
   if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on a stream that does not exist");
   {
@@ -847,6 +866,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (s->capture && event->captured_in != s->capture.get()) {
     invalidate(s, "cudaStreamWaitEvent on an event from outside the capture");
     return fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent: a captured stream waits on an event not recorded in its capture");
+  }
+  if (!s->capture && event->captured_in) {
+    // CUDA would join this stream into the capture (fork/join across streams); the emulation captures
+    // one stream per graph only, so refuse rather than run the waiting stream's work eagerly.
+    return fail(cudaErrorNotSupported,
+                "cudaStreamWaitEvent on an event recorded during a stream capture: joining another stream into a "
+                "capture is not emulated");
   }
   if (s->capture || !event->stream) return cudaSuccess;  // in a capture, operations replay in order
   CUstream_st* src = event->stream;
@@ -904,6 +930,11 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   if (!event) return fail(cudaErrorInvalidValue, "cudaEventCreate(nullptr)");
+  // cudaEventInterprocess and any other flag: not emulated.
+  if (flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) {
+    return fail(cudaErrorNotSupported,
+                "cudaEventCreateWithFlags: flags " + std::to_string(flags) + " are not emulated");
+  }
   auto* e = new CUevent_st;
   e->flags = flags;
   std::lock_guard lock(g().mu);
@@ -989,8 +1020,13 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 // ---- graphs ----------------------------------------------------------------------------------
 
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
   if (!exec) return fail(cudaErrorInvalidValue, "cudaGraphInstantiate(nullptr)");
+  // Auto-free on launch, device launch, upload, node priorities: not emulated.
+  if (flags != 0) {
+    return fail(cudaErrorNotSupported,
+                "cudaGraphInstantiate flags " + std::to_string(flags) + " are not emulated (only 0)");
+  }
   std::lock_guard lock(g().mu);
   if (!graph || !g().graphs.count(graph)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphInstantiate of a graph that does not exist");
   auto* x = new CUgraphExec_st;

@@ -1,4 +1,4 @@
-// cuBLAS of the CPU emulation (gpu/emu/include/cublas_v2.h): handles and the GEMMs, with cuBLAS's
+// cuBLAS of the CPU emulation (tests/cuda_emu/include/cublas_v2.h): handles and the GEMMs, with cuBLAS's
 // column-major semantics (C = alpha op(A) op(B) + beta C, op(X) = X or X^T, leading dimensions),
 // its argument checks and status codes, computed in fp32 on the host: bf16 operands are widened to
 // fp32 first (exact), then OpenBLAS's sgemm when it was found at build time (TESSERA_EMU_OPENBLAS),

@@ -1,4 +1,4 @@
-// Shared between the parts of the CPU emulation of CUDA (internal to gpu/emu).
+// Shared between the parts of the CPU emulation of CUDA (internal to tests/cuda_emu).
 #pragma once
 #include <functional>
 #include <string>

@@ -1,4 +1,4 @@
-// CPU emulation of CUDA (gpu/emu): the CUDART_* constants of the toolkit's math_constants.h that are
+// CPU emulation of CUDA (tests/cuda_emu): the CUDART_* constants of the toolkit's math_constants.h that are
 // commonly used.
 #pragma once
 #include <limits>

@@ -1,20 +1,20 @@
-// Kernel launches of the CPU emulation of CUDA (gpu/emu), behind gpu/launch.cuh's TESSERA_LAUNCH:
+// Kernel launches of the CPU emulation of CUDA (tests/cuda_emu), behind gpu/launch.cuh's TESSERA_LAUNCH:
 //
 //   TESSERA_LAUNCH(grid, block, shared_bytes, stream, kernel<...>)(args...)
 //
 // becomes a launcher holding the configuration and a generic lambda that calls `kernel(args...)`
 // (so template arguments are deduced from the arguments exactly as with <<<...>>>). The launcher
 // copies the arguments at launch, as CUDA does, and hands one closure to the runtime, which runs it
-// once per CUDA thread (gpu/emu/scheduler.cpp) now, or records it when the stream is being captured.
+// once per CUDA thread (tests/cuda_emu/scheduler.cpp) now, or records it when the stream is being captured.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <functional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include "runtime_api.hpp"
 
 namespace tessera::gpu::emu {
 

@@ -1,7 +1,7 @@
-// Device-side builtins of the CPU emulation of CUDA (gpu/emu): function qualifiers, __shared__,
+// Device-side builtins of the CPU emulation of CUDA (tests/cuda_emu): function qualifiers, __shared__,
 // barriers, warp shuffles and votes, atomics, the device math names. Included by the emulated
 // <cuda_runtime.h>; kernels compile with the host C++ compiler and every CUDA thread runs as a fiber
-// of gpu/emu/scheduler.cpp. See docs/gpu_executor.md, "CPU emulation".
+// of tests/cuda_emu/scheduler.cpp. See docs/gpu_executor.md, "CPU emulation".
 #pragma once
 #include <atomic>
 #include <bit>
@@ -33,6 +33,9 @@ namespace tessera::gpu::emu {
 enum class warp_op : uint8_t {
   sync, shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, any, all,
   reduce_add, reduce_min_u32, reduce_max_u32, reduce_min_i32, reduce_max_i32, reduce_and, reduce_or, reduce_xor,
+  // The warp-wide matrix instructions of gpu/mma.cuh (.sync.aligned: the whole warp, one variant).
+  mma_m16n8k16_bf16, mma_m16n8k16_f16, mma_m16n8k8_bf16, mma_m16n8k8_f16,
+  ldmatrix_x1, ldmatrix_x2, ldmatrix_x4, ldmatrix_x1_trans, ldmatrix_x2_trans, ldmatrix_x4_trans,
 };
 
 // Block barrier: blocks this CUDA thread until every thread of the block that has not exited is

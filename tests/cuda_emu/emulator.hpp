@@ -1,4 +1,4 @@
-// Controls and counters of the CPU emulation of CUDA (gpu/emu), for tests: the order in which a
+// Controls and counters of the CPU emulation of CUDA (tests/cuda_emu), for tests: the order in which a
 // block's threads are run, and the emulated device memory in use.
 #pragma once
 #include <cstddef>

@@ -11,6 +11,10 @@
 //     with a mask without itself, a lane of the mask that has exited (undefined on a GPU);
 //   * __trap().
 // Threads that have exited no longer count for __syncthreads (as on the GPU).
+//
+// The warp matrix instructions of gpu/mma.cuh (mma.sync, ldmatrix) are warp collectives here too,
+// whose arithmetic lives in warp_matrix.cpp; cp.async copies are queued per thread and performed
+// by the cp.async.wait_group / wait_all that covers them (see cp_async below).
 #include "scheduler.hpp"
 
 #include <sys/mman.h>
@@ -34,6 +38,8 @@
 
 #include "device_api.hpp"
 #include "emulator.hpp"
+#include "include/cuda_emu/ptx.hpp"
+#include "runtime_internal.hpp"
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -182,6 +188,16 @@ class fiber_stack {
 
 enum class fiber_state : uint8_t { ready, at_block_barrier, at_warp, exited };
 
+// One cp.async: `bytes` to dst, the first `src_bytes` of them from src, the rest zeros.
+struct async_copy {
+  char* dst = nullptr;
+  const char* src = nullptr;
+  int bytes = 0;
+  int src_bytes = 0;
+  const char* file = "";
+  unsigned line = 0;
+};
+
 struct fiber {
   context ctx;
   fiber_state state = fiber_state::ready;
@@ -199,6 +215,14 @@ struct fiber {
   int arg = 0;
   int width = 32;
   uint64_t result = 0;
+  // Its part of a warp matrix instruction: its operands/results and the arithmetic.
+  void* payload = nullptr;
+  warp_matrix_fn complete = nullptr;
+  // Its cp.async copies not performed yet, in issue order, and the committed groups among them (the
+  // index one past each group's last copy, oldest group first; the copies after the last one are
+  // not committed yet).
+  std::vector<async_copy> copies;
+  std::vector<size_t> group_ends;
 };
 
 struct warp_collective_state {
@@ -232,6 +256,16 @@ const char* op_name(warp_op op) {
     case warp_op::reduce_and: return "__reduce_and_sync";
     case warp_op::reduce_or: return "__reduce_or_sync";
     case warp_op::reduce_xor: return "__reduce_xor_sync";
+    case warp_op::mma_m16n8k16_bf16: return "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+    case warp_op::mma_m16n8k16_f16: return "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+    case warp_op::mma_m16n8k8_bf16: return "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32";
+    case warp_op::mma_m16n8k8_f16: return "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32";
+    case warp_op::ldmatrix_x1: return "ldmatrix.sync.aligned.m8n8.x1.shared.b16";
+    case warp_op::ldmatrix_x2: return "ldmatrix.sync.aligned.m8n8.x2.shared.b16";
+    case warp_op::ldmatrix_x4: return "ldmatrix.sync.aligned.m8n8.x4.shared.b16";
+    case warp_op::ldmatrix_x1_trans: return "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16";
+    case warp_op::ldmatrix_x2_trans: return "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16";
+    case warp_op::ldmatrix_x4_trans: return "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16";
   }
   return "?";
 }
@@ -385,6 +419,105 @@ class block_runner {
     return f.result;
   }
 
+  void warp_matrix(warp_op op, void* lane_data, warp_matrix_fn complete, const std::source_location& where) {
+    fiber& f = fibers_[static_cast<size_t>(current_)];
+    const warp_state& w = warps_[static_cast<size_t>(f.warp)];
+    if (w.present != 0xffffffffu) {
+      f.file = where.file_name();
+      f.line = where.line();
+      fail(f, std::string(op_name(op)) + " in warp " + std::to_string(f.warp) + ", which has " +
+                  std::to_string(std::popcount(w.present)) + " threads: the instruction needs a whole warp of 32");
+    }
+    f.payload = lane_data;
+    f.complete = complete;
+    // .aligned: all 32 lanes, none exited (the collective checks both, and that they meet at one variant).
+    warp_collective(op, 0xffffffffu, 0, 0, 32, where);
+  }
+
+  // cp.async: queued; performed by the wait that covers it (PTX ISA: its writes are visible to the
+  // thread only after cp.async.wait_group / wait_all), so a thread reading its destination before
+  // that wait reads the old bytes, as a GPU may let it.
+  void cp_async(void* dst, const void* src, int cp_size, int src_size, const std::source_location& where) {
+    fiber& f = fibers_[static_cast<size_t>(current_)];
+    f.file = where.file_name();
+    f.line = where.line();
+    const std::string what = "cp.async of " + std::to_string(cp_size) + " bytes";
+    if (src_size < 0 || src_size > cp_size) {
+      fail(f, what + " with src-size " + std::to_string(src_size) + " (0 to cp-size; undefined past it)");
+    }
+    const auto d = reinterpret_cast<uintptr_t>(dst), sa = reinterpret_cast<uintptr_t>(src);
+    const auto alignment = static_cast<uintptr_t>(cp_size);
+    if (d % alignment != 0) fail(f, what + ": destination " + pointer_text(dst) + " is not aligned to the copy size");
+    if (std::string why = check_shared(dst, static_cast<size_t>(cp_size), "destination"); !why.empty()) {
+      fail(f, what + ": " + why);
+    }
+    if (src_size > 0) {
+      if (sa % alignment != 0) fail(f, what + ": source " + pointer_text(src) + " is not aligned to the copy size");
+      if (std::string why = check_device_range(src, static_cast<size_t>(src_size), "source"); !why.empty()) {
+        fail(f, what + ": " + why + " (the source must be global memory)");
+      }
+    }
+    // Copies not yet waited for have no order among them (PTX ISA, cp.async and cp.async.commit_group):
+    // two that write the same bytes leave either value.
+    for (const async_copy& c : f.copies) {
+      const auto cd = reinterpret_cast<uintptr_t>(c.dst);
+      if (d < cd + static_cast<uintptr_t>(c.bytes) && cd < d + static_cast<uintptr_t>(cp_size)) {
+        fail(f, what + " to " + pointer_text(dst) + " overlaps the destination of an earlier cp.async not waited for " +
+                    "yet (at " + c.file + ":" + std::to_string(c.line) + "): their order is undefined");
+      }
+    }
+    f.copies.push_back(
+        {static_cast<char*>(dst), static_cast<const char*>(src), cp_size, src_size, where.file_name(), where.line()});
+  }
+
+  void cp_async_commit() {
+    fiber& f = fibers_[static_cast<size_t>(current_)];
+    f.group_ends.push_back(f.copies.size());
+  }
+
+  // Performs the copies of every committed group but the newest n (cp.async.wait_group n).
+  void cp_async_wait(int n) {
+    fiber& f = fibers_[static_cast<size_t>(current_)];
+    const auto groups = static_cast<int>(f.group_ends.size());
+    if (groups <= n) return;
+    const size_t done = f.group_ends[static_cast<size_t>(groups - n - 1)];
+    for (size_t i = 0; i < done; ++i) {
+      const async_copy& c = f.copies[i];
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+      if (c.src_bytes < c.bytes) std::memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
+    }
+    f.copies.erase(f.copies.begin(), f.copies.begin() + static_cast<std::ptrdiff_t>(done));
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + (groups - n));
+    for (size_t& end : f.group_ends) end -= done;
+  }
+
+  std::string check_shared(const void* p, size_t bytes, const char* role) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    if (!p) return std::string(role) + " is a null pointer, not shared memory";
+    const auto buffer = reinterpret_cast<uintptr_t>(dynamic_shared_.data());
+    if (a >= buffer && a < buffer + dynamic_shared_.size()) {
+      const auto base = reinterpret_cast<uintptr_t>(const_cast<block_runner*>(this)->dynamic_shared());
+      if (a < base || a + bytes > base + config_->shared_bytes) {
+        return std::string(role) + " [" + pointer_text(p) + ", +" + std::to_string(bytes) +
+               ") runs outside the launch's " + std::to_string(config_->shared_bytes) + " bytes of dynamic shared memory";
+      }
+      return {};
+    }
+    for (int i = 0; i < n_; ++i) {
+      const auto lo = reinterpret_cast<uintptr_t>(stacks_[static_cast<size_t>(i)]->base());
+      if (a >= lo && a < lo + stacks_[static_cast<size_t>(i)]->bytes()) {
+        const uint3 t = fibers_[static_cast<size_t>(i)].tid;
+        return std::string(role) + " " + pointer_text(p) + " is on the stack of thread (" + std::to_string(t.x) + "," +
+               std::to_string(t.y) + "," + std::to_string(t.z) + ") (a local variable), not shared memory";
+      }
+    }
+    if (check_device_range(p, 1, role).empty()) {
+      return std::string(role) + " " + pointer_text(p) +
+             " is inside a cudaMalloc/cudaHostAlloc allocation (global memory), not shared memory";
+    }
+    return {};
+  }
+
   unsigned active_lanes() const {
     const fiber& f = fibers_[static_cast<size_t>(current_)];
     const warp_state& w = warps_[static_cast<size_t>(f.warp)];
@@ -438,6 +571,9 @@ class block_runner {
       f.tid = {u % b.x, (u / b.x) % b.y, u / (b.x * b.y)};
       f.warp = i / 32;
       f.lane = i % 32;
+      // cp.async copies a thread never waited for die with it: nothing could rely on their data.
+      f.copies.clear();
+      f.group_ends.clear();
       const fiber_stack& s = *stacks_[static_cast<size_t>(i)];
       make_context(f.ctx, s.base(), s.bytes(), &fiber_main, this);
     }
@@ -576,6 +712,10 @@ class block_runner {
     for (int l = 0; l < 32; ++l) {
       if (participants & (1u << l)) lanes[l] = &fibers_[static_cast<size_t>(warp * 32 + l)];
     }
+    if (c.op >= warp_op::mma_m16n8k16_bf16) {
+      complete_matrix(warp, c, lanes);
+      return;
+    }
     unsigned votes = 0;
     uint32_t sum = 0, umin = ~0u, umax = 0, band = ~0u, bor = 0, bxor = 0;
     int32_t imin = INT32_MAX, imax = INT32_MIN;
@@ -609,6 +749,7 @@ class block_runner {
         case warp_op::shfl_xor: src = l ^ f->arg; src = (src >= seg + c.width || src < 0 || src > 31) ? l : src; break;
         case warp_op::shfl_down: src = l + f->arg; src = src >= seg + c.width ? l : src; break;
         case warp_op::shfl_up: src = l - f->arg; src = src < seg ? l : src; break;
+        default: break;  // the matrix instructions: complete_matrix
       }
       if (shuffle) {
         // Reading a lane that does not take part is undefined on a GPU: all-ones bits (a NaN for
@@ -620,6 +761,26 @@ class block_runner {
     (void)w;
     auto& pending = warps_[static_cast<size_t>(warp)].pending;
     pending.erase(std::find_if(pending.begin(), pending.end(), [&](const auto& p) { return p.mask == c.mask; }));
+  }
+
+  void complete_matrix(int warp, const warp_collective_state& c, fiber* const (&lanes)[32]) {
+    void* data[32] = {};
+    for (int l = 0; l < 32; ++l) data[l] = lanes[l]->payload;
+    fiber& f = fibers_[static_cast<size_t>(current_)];
+    try {
+      f.complete(c.op, data);
+    } catch (const std::exception& e) {
+      fail(f, e.what());
+    }
+    for (int l = 0; l < 32; ++l) lanes[l]->state = fiber_state::ready;
+    auto& pending = warps_[static_cast<size_t>(warp)].pending;
+    pending.erase(std::find_if(pending.begin(), pending.end(), [&](const auto& p) { return p.mask == c.mask; }));
+  }
+
+  static std::string pointer_text(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return buf;
   }
 
   std::string describe_waiting_lanes(int warp, unsigned mask) const {
@@ -723,6 +884,28 @@ unsigned active_lanes() { return active("__activemask").active_lanes(); }
 void* dynamic_shared_memory() { return active("dynamic shared memory").dynamic_shared(); }
 
 void trap(const char* why) { active("__trap").trap(why); }
+
+void warp_matrix_collective(warp_op op, void* lane_data, warp_matrix_fn complete, const std::source_location& where) {
+  active("a warp matrix instruction (mma.sync / ldmatrix)").warp_matrix(op, lane_data, complete, where);
+}
+
+std::string check_shared_range(const void* p, size_t bytes, const char* role) {
+  return active("a shared-memory address check").check_shared(p, bytes, role);
+}
+
+void cp_async(void* dst_shared, const void* src_global, int cp_size, int src_size, const std::source_location& where) {
+  active("cp.async").cp_async(dst_shared, src_global, cp_size, src_size, where);
+}
+
+void cp_async_commit_group() { active("cp.async.commit_group").cp_async_commit(); }
+
+void cp_async_wait_group(int n) { active("cp.async.wait_group").cp_async_wait(n); }
+
+void cp_async_wait_all() {
+  block_runner& r = active("cp.async.wait_all");
+  r.cp_async_commit();  // PTX ISA: wait_all is commit_group; wait_group 0
+  r.cp_async_wait(0);
+}
 
 void set_schedule(schedule_order order, uint32_t seed) {
   tl_schedule.order = order;

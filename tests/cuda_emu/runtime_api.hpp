@@ -1,8 +1,8 @@
-// Host API of the CPU emulation of CUDA (gpu/emu): the subset of the CUDA runtime Tessera's GPU code
-// calls, with CUDA's names, types and error codes. Device memory is host memory (tracked, so a bad
-// cudaFree, an out-of-range copy and leaks are reported); streams and events run synchronously (the
-// work happens when it is enqueued); stream capture records into a graph that cudaGraphLaunch
-// replays. Implemented in gpu/emu/runtime.cpp. See docs/gpu_executor.md, "CPU emulation".
+// Host API of the CPU emulation of CUDA (tests/cuda_emu): the subset of the CUDA runtime Tessera's GPU
+// code calls, with CUDA's names, types and error codes. Device memory is host memory (tracked, so a
+// bad cudaFree, an out-of-range copy and leaks are reported); work on created streams is deferred
+// until something waits for it; stream capture records into a graph that cudaGraphLaunch replays.
+// Implemented in tests/cuda_emu/runtime.cpp. The subset, call by call: docs/cuda_emulation.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -116,6 +116,15 @@ constexpr unsigned int cudaHostAllocDefault = 0;
 constexpr unsigned int cudaHostAllocPortable = 1;
 constexpr unsigned int cudaHostAllocMapped = 2;
 constexpr unsigned int cudaHostAllocWriteCombined = 4;
+// Declared so that code using them compiles, and the call fails at run time with
+// cudaErrorNotSupported (not emulated: docs/cuda_emulation.md).
+constexpr unsigned int cudaEventInterprocess = 4;
+constexpr unsigned int cudaEventWaitDefault = 0;
+constexpr unsigned int cudaEventWaitExternal = 1;
+constexpr unsigned long long cudaGraphInstantiateFlagAutoFreeOnLaunch = 1;
+constexpr unsigned long long cudaGraphInstantiateFlagUpload = 2;
+constexpr unsigned long long cudaGraphInstantiateFlagDeviceLaunch = 4;
+constexpr unsigned long long cudaGraphInstantiateFlagUseNodePriority = 8;
 
 struct CUstream_st;
 struct CUevent_st;

@@ -1,6 +1,6 @@
-// CPU emulation of cuBLAS (gpu/emu): the handle functions and the GEMMs Tessera uses, with cuBLAS's
+// CPU emulation of cuBLAS (tests/cuda_emu): the handle functions and the GEMMs Tessera uses, with cuBLAS's
 // column-major semantics, argument checks and status codes, computed in fp32 on the host (OpenBLAS
-// when it was found at build time). Implemented in gpu/emu/cublas.cpp.
+// when it was found at build time). Implemented in tests/cuda_emu/cublas.cpp.
 #pragma once
 #include "cuda_runtime.h"
 #include "library_types.h"
@@ -61,3 +61,15 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                            const float* beta, float* C, int ldc);
+
+// Not emulated (tests/cuda_emu/not_emulated.hpp): calling one of these fails to compile, saying so.
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasHgemm)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasDgemm)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemmBatched)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemmStridedBatched)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGemmBatchedEx)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSgemv)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSetMatrix)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGetMatrix)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasSetVector)
+TESSERA_EMU_NOT_EMULATED(cublasStatus_t, cublasGetVector)

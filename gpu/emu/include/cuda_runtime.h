@@ -1,6 +1,0 @@
-// CPU emulation of CUDA (gpu/emu): this <cuda_runtime.h> stands in for the toolkit's when
-// TESSERA_CUDA_EMULATION is defined (gpu/emu/include comes first on the include path), so gpu/*.cu
-// build with the host compiler and run without a GPU. See docs/gpu_executor.md, "CPU emulation".
-#pragma once
-#include "../runtime_api.hpp"
-#include "../device_api.hpp"

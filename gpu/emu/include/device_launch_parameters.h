@@ -1,3 +1,0 @@
-// CPU emulation of CUDA (gpu/emu): see cuda_runtime.h.
-#pragma once
-#include "cuda_runtime.h"

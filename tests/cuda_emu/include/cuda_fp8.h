@@ -1,0 +1,4 @@
+// CPU emulation of CUDA (tests/cuda_emu): the toolkit header <cuda_fp8.h> is not emulated.
+// This stand-in stops the build with the reason, rather than letting a toolkit copy elsewhere on the
+// include path half work.
+#error "<cuda_fp8.h> is not emulated by the CPU emulation of CUDA (see docs/cuda_emulation.md)"

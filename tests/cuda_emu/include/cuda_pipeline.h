@@ -1,0 +1,5 @@
+// CPU emulation of CUDA (tests/cuda_emu): the toolkit header <cuda_pipeline.h> is not emulated.
+// gpu/mma.cuh wraps cp.async.
+// This stand-in stops the build with the reason, rather than letting a toolkit copy elsewhere on the
+// include path half work.
+#error "<cuda_pipeline.h> is not emulated by the CPU emulation of CUDA (see docs/cuda_emulation.md)"
