@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ggml_types.hpp"
+#include "engine/model/ggml_types.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/mma_kernels.hpp"
 
