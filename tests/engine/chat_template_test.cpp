@@ -389,6 +389,16 @@ TEST(ChatTemplate, RuntimeErrors) {
     // Callers that map invalid_request to a client error get one.
     EXPECT_NE(dynamic_cast<const invalid_request*>(&e), nullptr);
   }
+  // Operands are evaluated left to right, as Python (and so Jinja) does: the left failure is reported.
+  for (const char* source : {"{{ raise_exception('left') + raise_exception('right') }}",
+                             "{{ raise_exception('left')[raise_exception('right')] }}"}) {
+    try {
+      chat_template::parse(source).render({}, {});
+      ADD_FAILURE() << source << " rendered";
+    } catch (const chat_template_error& e) {
+      EXPECT_STREQ(e.what(), "left") << source;
+    }
+  }
 }
 
 // ---- hostile templates: each must stop with a limit error, quickly ----

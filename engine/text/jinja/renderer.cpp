@@ -220,7 +220,12 @@ class renderer {
         return budget_.make_dict(std::move(entries));
       }
       case expr_kind::getattr: return get_attribute(eval(*e.kids[0]), e.name);
-      case expr_kind::getitem: return get_item(budget_, eval(*e.kids[0]), eval(*e.kids[1]));
+      case expr_kind::getitem: {
+        // Operands left to right, as Python evaluates them (so the first failing one is reported).
+        value obj = eval(*e.kids[0]);
+        value key = eval(*e.kids[1]);
+        return get_item(budget_, obj, key);
+      }
       case expr_kind::slice: return eval_slice(e);
       case expr_kind::call: return eval_call(e);
       case expr_kind::filter: {
@@ -243,7 +248,11 @@ class renderer {
         if (as_int(v) == std::numeric_limits<int64_t>::min()) fail_render("integer overflow");
         return value::integer(-as_int(v));
       }
-      case expr_kind::binary: return binary_op(budget_, e.name, eval(*e.kids[0]), eval(*e.kids[1]));
+      case expr_kind::binary: {
+        value left = eval(*e.kids[0]);
+        value right = eval(*e.kids[1]);
+        return binary_op(budget_, e.name, left, right);
+      }
       case expr_kind::compare: {
         value left = eval(*e.kids[0]);
         for (size_t k = 0; k < e.compare_ops.size(); ++k) {
