@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/prompt_input.hpp"
 #include "engine/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
@@ -31,35 +32,6 @@ namespace tessera::actors {
 using ticket_id = uint64_t;
 
 using runtime_clock = std::chrono::steady_clock;
-
-// What a caller submits: text (encoded as is), a conversation (rendered with the model's chat
-// template, then encoded) or token ids (passed through).
-struct prompt_input {
-  enum class kind : uint8_t { text, chat, token_ids };
-  kind type = kind::token_ids;
-  std::string text;
-  std::vector<chat_message> messages;
-  std::vector<token_id> ids;
-
-  static prompt_input from_text(std::string t) {
-    prompt_input p;
-    p.type = kind::text;
-    p.text = std::move(t);
-    return p;
-  }
-  static prompt_input from_chat(std::vector<chat_message> m) {
-    prompt_input p;
-    p.type = kind::chat;
-    p.messages = std::move(m);
-    return p;
-  }
-  static prompt_input from_ids(std::vector<token_id> i) {
-    prompt_input p;
-    p.type = kind::token_ids;
-    p.ids = std::move(i);
-    return p;
-  }
-};
 
 // scheduler <- client: one new request. `subscriber` receives the stream (delta_atom / final_atom).
 struct submit_request {
