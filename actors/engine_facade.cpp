@@ -84,11 +84,11 @@ struct stream_handle::state {
 struct stream_handle::guard {
   std::shared_ptr<state> st;
   caf::actor_addr sink;
-  caf::actor_addr scheduler;
+  caf::actor_addr engine;
   ticket_id ticket = 0;
 
   void send_abort() const {
-    if (auto s = caf::actor_cast<caf::actor>(scheduler)) caf::anon_send(s, abort_atom_v, ticket);
+    if (auto e = caf::actor_cast<caf::actor>(engine)) caf::anon_send(e, abort_atom_v, ticket);
   }
 
   ~guard() {
@@ -97,7 +97,7 @@ struct stream_handle::guard {
       std::lock_guard lock(st->mutex);
       open = !st->final_arrived;
     }
-    // The consumer is gone: abort the request (the sink going down tells the scheduler as well).
+    // The consumer is gone: abort the request (the sink going down tells the engine actor as well).
     if (open) {
       send_abort();
       caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
@@ -145,10 +145,10 @@ bool stream_handle::finished() const {
 namespace {
 
 // The facade's subscriber actor for one stream: moves messages into the handle's buffer. It monitors
-// the scheduler, so a stream whose scheduler died still ends (with an error) instead of hanging.
+// the engine actor, so a stream whose engine actor died still ends (with an error) instead of hanging.
 caf::behavior stream_sink(caf::event_based_actor* self, std::shared_ptr<stream_handle::state> st,
-                          caf::actor_addr scheduler, ticket_id ticket) {
-  self->monitor(scheduler);
+                          caf::actor_addr engine, ticket_id ticket) {
+  self->monitor(engine);
   self->set_down_handler([self, st, ticket](const caf::down_msg&) {
     stream_final f;
     f.ticket = ticket;
@@ -194,7 +194,7 @@ struct facade_internals {
   caf::actor executor_actor;
   caf::actor kv_manager;
   caf::actor event_bus;
-  caf::actor scheduler;
+  caf::actor engine;
   std::mutex sinks_mutex;
   std::vector<caf::actor> event_sinks;
   std::atomic<ticket_id> next_ticket{1};
@@ -206,7 +206,7 @@ struct facade_internals {
 
   void stop_actors() {
     for (auto& a : tokenizers) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (caf::actor* a : {&executor_actor, &kv_manager, &event_bus, &scheduler})
+    for (caf::actor* a : {&executor_actor, &kv_manager, &event_bus, &engine})
       if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
     std::lock_guard lock(sinks_mutex);
     for (auto& s : event_sinks) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
@@ -219,7 +219,7 @@ struct facade_internals {
     executor_actor = nullptr;
     kv_manager = nullptr;
     event_bus = nullptr;
-    scheduler = nullptr;
+    engine = nullptr;
     std::lock_guard lock(sinks_mutex);
     event_sinks.clear();
   }
@@ -242,7 +242,7 @@ engine_facade::engine_facade(facade_components components, facade_options option
     in_->executor_actor = spawn_executor_actor(sys, exec);
     in_->kv_manager = spawn_kv_manager_actor(sys);
     in_->event_bus = spawn_event_bus(sys);
-    scheduler_config sc;
+    engine_actor_config sc;
     sc.executor_actor = in_->executor_actor;
     sc.executor_metadata = exec;
     sc.tok = components.tok;
@@ -252,7 +252,7 @@ engine_facade::engine_facade(facade_components components, facade_options option
     sc.event_bus = in_->event_bus;
     sc.shared = shared_;
     sc.kv_snapshot_interval_seconds = options.kv_snapshot_interval_seconds;
-    in_->scheduler = spawn_scheduler_actor(sys, std::move(sc));
+    in_->engine = spawn_engine_actor(sys, std::move(sc));
   } catch (...) {
     in_->stop_actors();
     in_->release_handles();
@@ -278,7 +278,7 @@ engine_facade::~engine_facade() {
 }
 
 caf::actor_system& engine_facade::system() { return *in_->sys; }
-const caf::actor& engine_facade::scheduler() const { return in_->scheduler; }
+const caf::actor& engine_facade::scheduler() const { return in_->engine; }
 
 submit_result engine_facade::submit(prompt_input prompt, const sampling_params& params, int32_t priority) {
   submit_result result;
@@ -311,21 +311,21 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   request->submitted_at = runtime_clock::now();
 
   auto st = std::make_shared<stream_handle::state>(static_cast<size_t>(options_.max_buffered_deltas));
-  caf::actor sink = in_->sys->spawn(stream_sink, st, in_->scheduler.address(), request->ticket);
+  caf::actor sink = in_->sys->spawn(stream_sink, st, in_->engine.address(), request->ticket);
   auto g = std::make_shared<stream_handle::guard>();
   g->st = st;
   g->sink = sink.address();
-  g->scheduler = in_->scheduler.address();
+  g->engine = in_->engine.address();
   g->ticket = request->ticket;
   result.stream.id_ = request->ticket;
   result.stream.state_ = st;
   result.stream.guard_ = std::move(g);
-  caf::anon_send(in_->scheduler, submit_atom_v, submit_ptr(std::move(request)), sink);
+  caf::anon_send(in_->engine, submit_atom_v, submit_ptr(std::move(request)), sink);
   return result;
 }
 
 void engine_facade::abort(ticket_id id) {
-  if (in_->scheduler) caf::anon_send(in_->scheduler, abort_atom_v, id);
+  if (in_->engine) caf::anon_send(in_->engine, abort_atom_v, id);
 }
 
 void engine_facade::subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz) {
@@ -389,16 +389,16 @@ void engine_facade::shutdown(std::chrono::milliseconds timeout) {
     shared_->changed.wait_for(lock, timeout, all_closed);
   }
   if (!all_closed()) {
-    caf::anon_send(in_->scheduler, abort_all_atom_v);
+    caf::anon_send(in_->engine, abort_all_atom_v);
     // Aborts take effect at the next step; a step is bounded, so this does not wait long.
     std::unique_lock lock(shared_->mutex);
     shared_->changed.wait_for(lock, std::chrono::seconds(10), all_closed);
   }
   {
-    // stop: the scheduler closes whatever is still open (final: abort, "engine shut down") and quits.
+    // stop: the engine actor closes whatever is still open (final: abort, "engine shut down") and quits.
     caf::scoped_actor self{*in_->sys};
-    self->monitor(in_->scheduler);
-    self->send(in_->scheduler, stop_atom_v);
+    self->monitor(in_->engine);
+    self->send(in_->engine, stop_atom_v);
     self->receive([](const caf::down_msg&) {});
   }
   in_->stop_actors();

@@ -1,5 +1,6 @@
 // The engine as the server and the CLI see it: a plain C++ object that owns an actor system running
-// the tokenizer pool, the scheduler, the executor, the KV manager and the event bus actors.
+// the tokenizer pool, the engine actor (which runs the scheduler), the executor, the KV manager and the
+// event bus actors.
 //
 //   engine_facade engine(std::move(components), options);      // throws load_error / invalid_request
 //   submit_result r = engine.submit(prompt_input::from_text("Hello"), params);
@@ -67,7 +68,7 @@ class stream_handle {
   std::optional<stream_item> try_next() { return next(std::chrono::milliseconds(0)); }
   // Drains the stream until the final message and returns it (deltas are appended to *deltas).
   stream_final wait(std::vector<stream_delta>* deltas = nullptr);
-  // Asks the scheduler to abort the request; the stream still ends with its final message.
+  // Asks the engine actor to abort the request; the stream still ends with its final message.
   void abort();
   bool finished() const;  // the final message has arrived (not necessarily consumed)
 
