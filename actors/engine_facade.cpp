@@ -136,12 +136,6 @@ void stream_handle::abort() {
   if (guard_) guard_->send_abort();
 }
 
-bool stream_handle::finished() const {
-  if (!state_) return true;
-  std::lock_guard lock(state_->mutex);
-  return state_->final_arrived;
-}
-
 namespace {
 
 // The facade's subscriber actor for one stream: moves messages into the handle's buffer. It monitors
@@ -276,9 +270,6 @@ engine_facade::~engine_facade() {
   shutdown();
   in_->sys.reset();  // waits for every actor to finish, clients' sinks included
 }
-
-caf::actor_system& engine_facade::system() { return *in_->sys; }
-const caf::actor& engine_facade::scheduler() const { return in_->engine; }
 
 submit_result engine_facade::submit(prompt_input prompt, const sampling_params& params, int32_t priority) {
   submit_result result;

@@ -11,8 +11,6 @@
 // Thread-safe: any thread may submit, abort, read stats or health (not concurrently with shutdown()
 // or destruction). Streams are single-consumer; handles must not outlive the facade.
 #pragma once
-#include <caf/fwd.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -70,7 +68,6 @@ class stream_handle {
   stream_final wait(std::vector<stream_delta>* deltas = nullptr);
   // Asks the engine actor to abort the request; the stream still ends with its final message.
   void abort();
-  bool finished() const;  // the final message has arrived (not necessarily consumed)
 
   struct state;
   struct guard;
@@ -143,9 +140,6 @@ class engine_facade {
 
   const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
   const model_config& config() const { return config_; }
-  // The actor system and the scheduler actor, for actor-based clients (the server's bridge actors).
-  caf::actor_system& system();
-  const caf::actor& scheduler() const;
 
  private:
   std::unique_ptr<facade_internals> in_;

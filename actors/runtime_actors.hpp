@@ -96,7 +96,6 @@ class actor_executor : public executor {
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
-  const caf::actor& handle() const { return actor_; }
 
  private:
   struct blocking_self;
