@@ -26,63 +26,9 @@ std::string_view to_string(submit_error e) {
 
 // ---- streams ------------------------------------------------------------------------------------
 
-struct stream_handle::state {
-  explicit state(size_t max_buffered) : max_buffered_deltas(std::max<size_t>(1, max_buffered)) {}
-
-  const size_t max_buffered_deltas;
-  mutable std::mutex mutex;
-  std::condition_variable ready;
-  std::deque<stream_item> items;
-  bool final_arrived = false;
-  bool final_taken = false;
-
-  // Bounded buffer: with max_buffered_deltas items waiting, a new delta is merged into the newest
-  // buffered delta of the same choice (tokens, text and logprobs appended, counters updated). The
-  // reader still sees every token in order; only the step boundaries are lost.
-  void push_delta(const stream_delta& d) {
-    {
-      std::lock_guard lock(mutex);
-      if (final_arrived) return;
-      bool merged = false;
-      if (items.size() >= max_buffered_deltas) {
-        for (auto it = items.rbegin(); it != items.rend(); ++it) {
-          auto* old = std::get_if<stream_delta>(&*it);
-          if (!old || old->output.index != d.output.index) continue;
-          request_output& o = old->output;
-          o.token_ids.insert(o.token_ids.end(), d.output.token_ids.begin(), d.output.token_ids.end());
-          o.text += d.output.text;
-          o.logprobs.insert(o.logprobs.end(), d.output.logprobs.begin(), d.output.logprobs.end());
-          o.finished = d.output.finished;
-          o.reason = d.output.reason;
-          o.error = d.output.error;
-          o.num_prompt_tokens = d.output.num_prompt_tokens;
-          o.num_cached_prompt_tokens = d.output.num_cached_prompt_tokens;
-          o.num_generated_tokens = d.output.num_generated_tokens;
-          if (!d.output.timeline.empty()) o.timeline = d.output.timeline;
-          old->seconds_since_submit = d.seconds_since_submit;
-          merged = true;
-          break;
-        }
-      }
-      if (!merged) items.emplace_back(d);
-    }
-    ready.notify_all();
-  }
-
-  void push_final(const stream_final& f) {
-    {
-      std::lock_guard lock(mutex);
-      if (final_arrived) return;
-      final_arrived = true;
-      items.emplace_back(f);
-    }
-    ready.notify_all();
-  }
-};
-
 // Holds only weak references (actor_addr): a handle kept by the caller must not keep actors alive.
 struct stream_handle::guard {
-  std::shared_ptr<state> st;
+  std::shared_ptr<stream_buffer> buffer;
   caf::actor_addr sink;
   caf::actor_addr engine;
   ticket_id ticket = 0;
@@ -92,13 +38,8 @@ struct stream_handle::guard {
   }
 
   ~guard() {
-    bool open;
-    {
-      std::lock_guard lock(st->mutex);
-      open = !st->final_arrived;
-    }
     // The consumer is gone: abort the request (the sink going down tells the engine actor as well).
-    if (open) {
+    if (!buffer->final_arrived()) {
       send_abort();
       caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     }
@@ -106,18 +47,17 @@ struct stream_handle::guard {
 };
 
 std::optional<stream_item> stream_handle::next(std::chrono::milliseconds timeout) {
-  if (!state_) return std::nullopt;
-  std::unique_lock lock(state_->mutex);
-  auto has_item = [&] { return !state_->items.empty() || state_->final_taken; };
-  if (timeout == std::chrono::milliseconds::max())
-    state_->ready.wait(lock, has_item);
-  else if (!state_->ready.wait_for(lock, timeout, has_item))
-    return std::nullopt;
-  if (state_->items.empty()) return std::nullopt;  // final already taken
-  stream_item item = std::move(state_->items.front());
-  state_->items.pop_front();
-  if (std::holds_alternative<stream_final>(item)) state_->final_taken = true;
-  return item;
+  if (!buffer_) return std::nullopt;
+  return buffer_->next(timeout);
+}
+
+std::vector<stream_item> stream_handle::take_all() {
+  if (!buffer_) return {};
+  return buffer_->take_all();
+}
+
+void stream_handle::on_ready(std::function<void()> hook) {
+  if (buffer_) buffer_->on_ready(std::move(hook));
 }
 
 stream_final stream_handle::wait(std::vector<stream_delta>* deltas) {
@@ -137,30 +77,6 @@ void stream_handle::abort() {
 }
 
 namespace {
-
-// The facade's subscriber actor for one stream: moves messages into the handle's buffer. It monitors
-// the engine actor, so a stream whose engine actor died still ends (with an error) instead of hanging.
-caf::behavior stream_sink(caf::event_based_actor* self, std::shared_ptr<stream_handle::state> st,
-                          caf::actor_addr engine, ticket_id ticket) {
-  self->monitor(engine);
-  self->set_down_handler([self, st, ticket](const caf::down_msg&) {
-    stream_final f;
-    f.ticket = ticket;
-    f.reason = finish_reason::error;
-    f.error = "engine scheduler stopped";
-    st->push_final(f);
-    self->quit();
-  });
-  return {
-      [st](delta_atom, const delta_ptr& d) {
-        if (d) st->push_delta(*d);
-      },
-      [self, st](final_atom, const final_ptr& f) {
-        if (f) st->push_final(*f);
-        self->quit();
-      },
-  };
-}
 
 int default_caf_threads() {
   const unsigned n = std::max(1u, std::thread::hardware_concurrency());
@@ -301,15 +217,15 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   request->priority = priority;
   request->submitted_at = runtime_clock::now();
 
-  auto st = std::make_shared<stream_handle::state>(static_cast<size_t>(options_.max_buffered_deltas));
-  caf::actor sink = in_->sys->spawn(stream_sink, st, in_->engine.address(), request->ticket);
+  auto buffer = std::make_shared<stream_buffer>(static_cast<size_t>(options_.max_buffered_deltas));
+  caf::actor sink = spawn_stream_sink(*in_->sys, buffer, in_->engine.address(), request->ticket);
   auto g = std::make_shared<stream_handle::guard>();
-  g->st = st;
+  g->buffer = buffer;
   g->sink = sink.address();
   g->engine = in_->engine.address();
   g->ticket = request->ticket;
   result.stream.id_ = request->ticket;
-  result.stream.state_ = st;
+  result.stream.buffer_ = std::move(buffer);
   result.stream.guard_ = std::move(g);
   caf::anon_send(in_->engine, submit_atom_v, submit_ptr(std::move(request)), sink);
   return result;

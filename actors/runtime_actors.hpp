@@ -14,6 +14,7 @@
 //                                    (abort_atom, ticket_id), (abort_all_atom), (stop_atom)
 //                                    (status_atom) -> runtime_status
 //                                    -> subscriber: (delta_atom, delta_ptr)*, then (final_atom, final_ptr)
+//   stream sink (event-based, one per request): the facade's subscriber; into the stream_buffer
 #pragma once
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -79,6 +80,13 @@ caf::actor spawn_event_bus(caf::actor_system& sys, event_bus_options options = {
 // A subscriber for the bus that calls `callback` on its own thread (so a slow callback delays only
 // its own batches, which the bus coalesces meanwhile) and acknowledges each batch.
 caf::actor spawn_event_callback_sink(caf::actor_system& sys, std::function<void(const event_batch&)> callback);
+
+class stream_buffer;
+
+// The subscriber of one request's stream (event-based): delta_atom / final_atom into `buffer`, then it
+// quits; an engine actor that goes down ends the stream with an error final.
+caf::actor spawn_stream_sink(caf::actor_system& sys, std::shared_ptr<stream_buffer> buffer, caf::actor_addr engine,
+                             ticket_id ticket);
 
 // An executor that forwards execute() to the executor actor with a blocking request from the calling
 // thread (the engine actor's own thread). The engine core keeps calling executor::execute()
