@@ -1,0 +1,315 @@
+#include "server/ws_session.hpp"
+
+#include <boost/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "server/logging.hpp"
+#include "server/openai_format.hpp"
+
+namespace tessera::server {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+namespace json = boost::json;
+using tcp = net::ip::tcp;
+using actors::stream_delta;
+using actors::stream_final;
+
+void start_ws_session(server_state& state, ws_kind kind, tcp::socket socket, http_request req, bool authed) {
+  std::make_shared<ws_session>(state, kind, std::move(socket), authed)->run(std::move(req));
+}
+
+ws_session::ws_session(server_state& state, ws_kind kind, tcp::socket socket, bool authed)
+    : state_(state), kind_(kind), ws_(std::move(socket)), poll_timer_(ws_.get_executor()), authed_(authed) {
+  beast::error_code ec;
+  const tcp::endpoint peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
+  if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
+}
+
+ws_session::~ws_session() {
+  if (hub_id_) state_.hub->remove(hub_id_);
+}
+
+void ws_session::run(http_request req) {
+  req_ = std::move(req);
+  websocket::stream_base::timeout t{};
+  t.handshake_timeout = std::chrono::seconds(30);
+  t.idle_timeout = state_.opt.ws_idle_timeout;
+  t.keep_alive_pings = true;
+  ws_.set_option(t);
+  ws_.read_message_max(state_.opt.ws_max_message_bytes);
+  ws_.set_option(
+      websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "tessera"); }));
+  ws_.async_accept(req_, beast::bind_front_handler(&ws_session::on_accept, shared_from_this()));
+}
+
+void ws_session::log_generation(int status, const std::string& request_id, double seconds, std::string_view outcome,
+                                int64_t prompt_tokens, int64_t completion_tokens) {
+  access_entry e;
+  e.method = "WS";
+  e.path = kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events";
+  e.status = status;
+  e.seconds = seconds;
+  e.request_id = request_id;
+  e.peer = peer_;
+  e.outcome = outcome;
+  e.prompt_tokens = prompt_tokens;
+  e.completion_tokens = completion_tokens;
+  log_access(e);
+}
+
+void ws_session::on_accept(beast::error_code ec) {
+  if (ec) {
+    spdlog::debug("websocket {} from {}: handshake failed: {}", std::string(req_.target()), peer_, ec.message());
+    return;
+  }
+  spdlog::debug("websocket {} open from {}", std::string(req_.target()), peer_);
+  if (authed_) on_authed();
+  do_read();
+}
+
+void ws_session::on_authed() {
+  if (kind_ != ws_kind::events || hub_id_) return;
+  std::weak_ptr<ws_session> weak = shared_from_this();
+  auto executor = ws_.get_executor();
+  hub_id_ = state_.hub->add([weak, executor](event_hub::message m) {
+    net::post(executor, [weak, m] {
+      if (auto self = weak.lock()) self->send_event(m);
+    });
+  });
+  // The pools as they are now, even if the engine is idle (a local actor query, not engine work).
+  if (auto hello = state_.hub->initial_message()) send(std::move(*hello));
+}
+
+void ws_session::do_read() {
+  ws_.async_read(buffer_, beast::bind_front_handler(&ws_session::on_read, shared_from_this()));
+}
+
+void ws_session::on_read(beast::error_code ec, size_t) {
+  if (ec) return on_closed();
+  const std::string text = beast::buffers_to_string(buffer_.data());
+  buffer_.consume(buffer_.size());
+  handle(text);
+  if (!closed_) do_read();
+}
+
+void ws_session::send_error(const api_error& e, const std::string& id) {
+  json::value body = json::parse(error_body(e));
+  json::object out{{"type", "error"}, {"status", e.status}, {"error", body.at("error")}};
+  if (!id.empty()) out["id"] = id;
+  send(json::serialize(out));
+}
+
+void ws_session::handle(const std::string& text) {
+  std::string id;
+  try {
+    simdjson::dom::parser parser;
+    const simdjson::padded_string padded(text);
+    simdjson::dom::element doc;
+    if (parser.parse(padded).get(doc) || !doc.is_object()) {
+      throw api_error(400, "messages must be JSON objects", "", "invalid_json");
+    }
+    std::string_view type;
+    if (doc["type"].get(type)) throw api_error(400, "'type' (a string) is required", "type");
+    if (std::string_view sid; !doc["id"].get(sid)) id = std::string(sid);
+    if (type == "auth") {
+      std::string_view key;
+      if (doc["api_key"].get(key) || state_.opt.api_key.empty() || !keys_equal(key, state_.opt.api_key)) {
+        if (state_.opt.api_key.empty()) {
+          authed_ = true;
+        } else {
+          send_error(api_error(401, "invalid API key", "api_key", "invalid_api_key"), id);
+          return close(websocket::close_code::policy_error);
+        }
+      }
+      authed_ = true;
+      on_authed();
+      return send(R"({"type":"auth_ok"})");
+    }
+    if (!authed_) {
+      send_error(api_error(401, "authenticate first: {\"type\": \"auth\", \"api_key\": KEY}", "", "invalid_api_key"), id);
+      return close(websocket::close_code::policy_error);
+    }
+    if (type == "ping") return send(R"({"type":"pong"})");
+    if (kind_ != ws_kind::generate) throw api_error(400, "this socket only streams events", "type");
+    if (type == "start") return start(doc, id);
+    if (type == "cancel") {
+      auto it = gens_.find(id);
+      if (it == gens_.end()) throw api_error(404, "no running generation with id '" + id + "'", "id", "not_found");
+      it->second.stream.abort();  // the final message (finish_reason "abort") follows
+      return;
+    }
+    throw api_error(400, "unknown message type '" + std::string(type) + "'", "type");
+  } catch (const api_error& e) {
+    send_error(e, id);
+  } catch (const std::exception& e) {
+    send_error(api_error(500, std::string("internal error: ") + e.what()), id);
+  }
+}
+
+void ws_session::start(simdjson::dom::element doc, const std::string& id) {
+  if (id.empty() || id.size() > 128) throw api_error(400, "'id' must be a string of 1..128 bytes", "id");
+  if (gens_.count(id)) throw api_error(400, "a generation with id '" + id + "' is already running", "id");
+  if (gens_.size() >= 64) throw api_error(429, "too many generations on this socket (64)", "", "too_many");
+  simdjson::dom::element body;
+  if (doc["request"].get(body) || !body.is_object()) throw api_error(400, "'request' (an object) is required", "request");
+  std::string_view endpoint = "auto";
+  if (doc["endpoint"].get(endpoint)) endpoint = "auto";
+  simdjson::dom::element probe;
+  const api_kind kind = endpoint == "completions"     ? api_kind::completion
+                        : endpoint == "chat"          ? api_kind::chat
+                        : body["messages"].get(probe) ? api_kind::completion
+                                                      : api_kind::chat;
+  generation_request req;
+  actors::stream_handle stream;
+  try {
+    req = parse_generation_request(simdjson::minify(body), kind, state_.engine.config().vocab_size, state_.opt.limits);
+    stream = state_.submit(req);
+  } catch (const api_error& e) {
+    log_generation(e.status, "", 0, "", -1, -1);
+    throw;
+  }
+  ws_generation g;
+  g.request_id = state_.new_id("ws");
+  g.req = std::move(req);
+  g.stream = std::move(stream);
+  send(json::serialize(json::object{{"type", "started"}, {"id", id}, {"request_id", g.request_id}}));
+  gens_.emplace(id, std::move(g));
+  update_busy();
+  if (!polling_) schedule_poll();
+}
+
+void ws_session::schedule_poll() {
+  polling_ = true;
+  poll_timer_.expires_after(state_.opt.poll_interval);
+  poll_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+    self->polling_ = false;
+    if (!ec) self->on_poll();
+  });
+}
+
+void ws_session::on_poll() {
+  if (closed_) return;
+  const tokenizer* tok = state_.engine.tok().get();
+  for (auto it = gens_.begin(); it != gens_.end();) {
+    bool done = false;
+    for (int i = 0; i < 256 && !done; ++i) {
+      std::optional<actors::stream_item> item = it->second.stream.try_next();
+      if (!item) break;
+      if (auto* d = std::get_if<stream_delta>(&*item)) {
+        const request_output& o = d->output;
+        if (o.token_ids.empty() && o.text.empty()) continue;
+        it->second.num_tokens += static_cast<int64_t>(o.token_ids.size());
+        auto& last_at = it->second.last_token_at;
+        if (!o.token_ids.empty() && o.index >= 0 && o.index < 1024) {
+          if (last_at.size() <= static_cast<size_t>(o.index)) last_at.resize(static_cast<size_t>(o.index) + 1, -1);
+          double& prev = last_at[static_cast<size_t>(o.index)];
+          if (prev >= 0) state_.metrics.observe_itl((d->seconds_since_submit - prev) / double(o.token_ids.size()));
+          prev = d->seconds_since_submit;
+        }
+        json::array ids;
+        for (token_id t : o.token_ids) ids.push_back(t);
+        json::object m{{"type", "delta"}, {"id", it->first}, {"index", o.index}, {"token_ids", std::move(ids)},
+                       {"text", sanitize_utf8(o.text)}, {"t", d->seconds_since_submit}};
+        if (it->second.req.want_logprobs) m["logprobs"] = logprobs_json(api_kind::chat, o.logprobs, tok, 0);
+        if (!it->second.sent_engine_id) {
+          m["engine_request_id"] = o.id;
+          it->second.sent_engine_id = true;
+        }
+        send(json::serialize(m));
+      } else {
+        const stream_final& f = std::get<stream_final>(*item);
+        state_.metrics.record_finish(f.reason);
+        state_.metrics.observe_e2e(f.seconds_total);
+        if (f.seconds_to_first_token >= 0) state_.metrics.observe_ttft(f.seconds_to_first_token);
+        json::array choices;
+        for (const auto& c : f.choices) {
+          choices.push_back(json::object{{"index", c.index}, {"finish_reason", finish_reason_json(c.reason)},
+                                         {"num_generated_tokens", c.num_generated_tokens}});
+        }
+        json::object m{{"type", "final"}, {"id", it->first}, {"finish_reason", finish_reason_json(f.reason)},
+                       {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
+        if (f.request != 0) m["engine_request_id"] = f.request;
+        if (f.reason == finish_reason::error) {
+          m["error"] = f.error;
+          spdlog::error("request {} failed: {}", it->second.request_id, f.error);
+        }
+        send(json::serialize(m));
+        log_generation(200, it->second.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
+                       f.num_generated_tokens);
+        done = true;
+      }
+    }
+    it = done ? gens_.erase(it) : std::next(it);
+  }
+  update_busy();
+  if (!gens_.empty()) schedule_poll();
+}
+
+void ws_session::send_event(const event_hub::message& m) {
+  if (closed_ || queue_.size() > 64) return;  // a slow dashboard skips batches; the next one is complete
+  push(m);
+}
+
+void ws_session::send(std::string text) { push(std::make_shared<const std::string>(std::move(text))); }
+
+void ws_session::push(event_hub::message m) {
+  if (closed_) return;
+  if (queue_.size() >= state_.opt.ws_max_queued_messages) {
+    spdlog::warn("websocket from {}: {} messages queued, closing a reader that does not keep up", peer_, queue_.size());
+    return close(websocket::close_code::policy_error);
+  }
+  queue_.push_back(std::move(m));
+  if (queue_.size() == 1) do_write();
+}
+
+void ws_session::do_write() {
+  ws_.text(true);
+  ws_.async_write(net::buffer(*queue_.front()), beast::bind_front_handler(&ws_session::on_write, shared_from_this()));
+}
+
+void ws_session::on_write(beast::error_code ec, size_t) {
+  if (ec) return on_closed();
+  queue_.pop_front();
+  if (!queue_.empty() && !closed_) do_write();
+  update_busy();
+}
+
+// Busy while a generation runs or its messages are still queued for the wire.
+void ws_session::update_busy() {
+  if (kind_ == ws_kind::generate && !closed_ && (!gens_.empty() || !queue_.empty())) {
+    if (!busy_) busy_.emplace(state_);
+  } else {
+    busy_.reset();
+  }
+}
+
+void ws_session::close(websocket::close_code code) {
+  if (closed_) return;
+  on_closed();
+  ws_.async_close(code, [self = shared_from_this()](beast::error_code) {});
+}
+
+void ws_session::on_closed() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& [id, g] : gens_) {
+    g.stream.abort();  // a socket that goes away frees its requests' KV
+    state_.metrics.record_finish(finish_reason::abort);
+    log_generation(200, g.request_id,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started_at).count(), "abort", -1,
+                   g.num_tokens);
+  }
+  spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
+  gens_.clear();
+  busy_.reset();
+  poll_timer_.cancel();
+  if (hub_id_) {
+    state_.hub->remove(hub_id_);
+    hub_id_ = 0;
+  }
+}
+
+}  // namespace tessera::server
