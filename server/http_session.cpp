@@ -127,9 +127,8 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   gen_.emplace();
   gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(),
                 req.model.empty() ? state_.opt.model_name : req.model};
+  gen_->progress = stream_progress(req.params.n);
   gen_->choices.resize(static_cast<size_t>(req.params.n));
-  gen_->started.assign(static_cast<size_t>(req.params.n), false);
-  gen_->last_token_at.assign(static_cast<size_t>(req.params.n), -1.0);
   // HTTP/1.0 clients get an unchunked stream ended by closing the connection.
   const bool chunked = request_.version() >= 11;
   gen_->keep_alive = keep_alive && chunked;
@@ -168,29 +167,18 @@ void http_session::on_poll() {
 void http_session::on_delta(const stream_delta& d, std::string& out) {
   generation& g = *gen_;
   const request_output& o = d.output;
-  if (o.index < 0 || static_cast<size_t>(o.index) >= g.choices.size()) return;
-  const auto i = static_cast<size_t>(o.index);
-  if (!o.token_ids.empty()) {
-    if (g.last_token_at[i] >= 0) {
-      state_.metrics.observe_itl((d.seconds_since_submit - g.last_token_at[i]) / double(o.token_ids.size()));
-    }
-    g.last_token_at[i] = d.seconds_since_submit;
-  }
-  auto& c = g.choices[i];
+  if (!g.progress.take_delta(d, state_.metrics)) return;
+  auto& c = g.choices[static_cast<size_t>(o.index)];
   c.text += o.text;
   c.token_ids.insert(c.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
   c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-  if (!g.sse) return;
-  if (o.token_ids.empty() && o.text.empty()) return;  // first chunk only once a token exists
-  g.sse->event(delta_chunk(g.req, g.meta, o, !g.started[i], state_.engine.tok().get()), out);
-  g.started[i] = true;
+  if (!g.sse || !has_output(o)) return;
+  g.sse->event(delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get()), out);
 }
 
 void http_session::on_final(const stream_final& f) {
   generation& g = *gen_;
-  state_.metrics.record_finish(f.reason);
-  state_.metrics.observe_e2e(f.seconds_total);
-  if (f.seconds_to_first_token >= 0) state_.metrics.observe_ttft(f.seconds_to_first_token);
+  record_final(f, state_.metrics);
   const tokenizer* tok = state_.engine.tok().get();
   const bool keep_alive = g.keep_alive;
   note_final(f);
@@ -234,8 +222,7 @@ void http_session::abort_generation() {
   // The client went away: 499 (nginx's "client closed request") when nothing was sent yet.
   access_.request_id = gen_->meta.id;
   access_.outcome = "abort";
-  access_.completion_tokens = 0;
-  for (const auto& c : gen_->choices) access_.completion_tokens += static_cast<int64_t>(c.token_ids.size());
+  access_.completion_tokens = gen_->progress.num_tokens();
   log_response(gen_->sse && gen_->sse->headers_sent() ? 200 : 499);
   state_.metrics.record_finish(finish_reason::abort);  // its final message is never read
   gen_->stream.abort();

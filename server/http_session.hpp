@@ -21,6 +21,7 @@
 #include "server/router.hpp"
 #include "server/server_state.hpp"
 #include "server/sse_writer.hpp"
+#include "server/stream_format.hpp"
 
 namespace tessera::server {
 
@@ -34,9 +35,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     generation_request req;
     actors::stream_handle stream;
     response_meta meta;
+    stream_progress progress{0};
     std::vector<choice_accumulator> choices;  // what a non-streaming response returns
-    std::vector<bool> started;                // per choice: its first chunk was sent
-    std::vector<double> last_token_at;        // per choice: its newest token's time, for the ITL histogram
     std::optional<sse_writer> sse;            // req.stream only
     bool keep_alive = true;
   };

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "server/api_error.hpp"
+#include "server/stream_format.hpp"
 
 namespace tessera::server {
 

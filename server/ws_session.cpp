@@ -1,10 +1,8 @@
 #include "server/ws_session.hpp"
 
-#include <boost/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "server/logging.hpp"
-#include "server/openai_format.hpp"
 
 namespace tessera::server {
 
@@ -12,7 +10,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace websocket = beast::websocket;
 namespace net = boost::asio;
-namespace json = boost::json;
 using tcp = net::ip::tcp;
 using actors::stream_delta;
 using actors::stream_final;
@@ -95,12 +92,7 @@ void ws_session::on_read(beast::error_code ec, size_t) {
   if (!closed_) do_read();
 }
 
-void ws_session::send_error(const api_error& e, const std::string& id) {
-  json::value body = json::parse(error_body(e));
-  json::object out{{"type", "error"}, {"status", e.status}, {"error", body.at("error")}};
-  if (!id.empty()) out["id"] = id;
-  send(json::serialize(out));
-}
+void ws_session::send_error(const api_error& e, const std::string& id) { send(ws_error_message(e, id)); }
 
 void ws_session::handle(const std::string& text) {
   std::string id;
@@ -173,9 +165,10 @@ void ws_session::start(simdjson::dom::element doc, const std::string& id) {
   }
   ws_generation g;
   g.request_id = state_.new_id("ws");
+  g.progress = stream_progress(req.params.n);
   g.req = std::move(req);
   g.stream = std::move(stream);
-  send(json::serialize(json::object{{"type", "started"}, {"id", id}, {"request_id", g.request_id}}));
+  send(ws_started_message(id, g.request_id));
   gens_.emplace(id, std::move(g));
   update_busy();
   if (!polling_) schedule_poll();
@@ -198,45 +191,15 @@ void ws_session::on_poll() {
     for (int i = 0; i < 256 && !done; ++i) {
       std::optional<actors::stream_item> item = it->second.stream.try_next();
       if (!item) break;
+      ws_generation& g = it->second;
       if (auto* d = std::get_if<stream_delta>(&*item)) {
-        const request_output& o = d->output;
-        if (o.token_ids.empty() && o.text.empty()) continue;
-        it->second.num_tokens += static_cast<int64_t>(o.token_ids.size());
-        auto& last_at = it->second.last_token_at;
-        if (!o.token_ids.empty() && o.index >= 0 && o.index < 1024) {
-          if (last_at.size() <= static_cast<size_t>(o.index)) last_at.resize(static_cast<size_t>(o.index) + 1, -1);
-          double& prev = last_at[static_cast<size_t>(o.index)];
-          if (prev >= 0) state_.metrics.observe_itl((d->seconds_since_submit - prev) / double(o.token_ids.size()));
-          prev = d->seconds_since_submit;
-        }
-        json::array ids;
-        for (token_id t : o.token_ids) ids.push_back(t);
-        json::object m{{"type", "delta"}, {"id", it->first}, {"index", o.index}, {"token_ids", std::move(ids)},
-                       {"text", sanitize_utf8(o.text)}, {"t", d->seconds_since_submit}};
-        if (it->second.req.want_logprobs) m["logprobs"] = logprobs_json(api_kind::chat, o.logprobs, tok, 0);
-        if (!it->second.sent_engine_id) {
-          m["engine_request_id"] = o.id;
-          it->second.sent_engine_id = true;
-        }
-        send(json::serialize(m));
+        if (!has_output(d->output) || !g.progress.take_delta(*d, state_.metrics)) continue;
+        send(ws_delta_message(it->first, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok));
       } else {
         const stream_final& f = std::get<stream_final>(*item);
-        state_.metrics.record_finish(f.reason);
-        state_.metrics.observe_e2e(f.seconds_total);
-        if (f.seconds_to_first_token >= 0) state_.metrics.observe_ttft(f.seconds_to_first_token);
-        json::array choices;
-        for (const auto& c : f.choices) {
-          choices.push_back(json::object{{"index", c.index}, {"finish_reason", finish_reason_json(c.reason)},
-                                         {"num_generated_tokens", c.num_generated_tokens}});
-        }
-        json::object m{{"type", "final"}, {"id", it->first}, {"finish_reason", finish_reason_json(f.reason)},
-                       {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
-        if (f.request != 0) m["engine_request_id"] = f.request;
-        if (f.reason == finish_reason::error) {
-          m["error"] = f.error;
-          spdlog::error("request {} failed: {}", it->second.request_id, f.error);
-        }
-        send(json::serialize(m));
+        record_final(f, state_.metrics);
+        if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
+        send(ws_final_message(it->first, f));
         log_generation(200, it->second.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
                        f.num_generated_tokens);
         done = true;
@@ -300,7 +263,7 @@ void ws_session::on_closed() {
     state_.metrics.record_finish(finish_reason::abort);
     log_generation(200, g.request_id,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started_at).count(), "abort", -1,
-                   g.num_tokens);
+                   g.progress.num_tokens());
   }
   spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
   gens_.clear();

@@ -25,6 +25,7 @@
 #include "server/event_hub.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
+#include "server/stream_format.hpp"
 
 namespace tessera::server {
 
@@ -45,9 +46,7 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     generation_request req;
     actors::stream_handle stream;
     std::string request_id;
-    int64_t num_tokens = 0;             // streamed so far (the access line of an aborted one)
-    std::vector<double> last_token_at;  // per choice: `t` of its newest token, for the ITL histogram
-    bool sent_engine_id = false;        // the engine's id rides on the first delta (it is assigned after tokenizing)
+    stream_progress progress{0};  // its tokens so far count in the access line of an aborted one
     std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
   };
 
