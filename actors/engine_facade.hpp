@@ -59,7 +59,6 @@ class stream_handle {
 
   // The next item, blocking up to `timeout`; nullopt on timeout or once the final was taken.
   std::optional<stream_item> next(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
-  std::optional<stream_item> try_next() { return next(std::chrono::milliseconds(0)); }
   // Every item waiting now, in order, without blocking; with on_ready, how a reader that must never
   // block (an I/O thread) consumes the stream.
   std::vector<stream_item> take_all();

@@ -44,6 +44,7 @@ void http_server::stop() {
     if (s.stopped) return;
     s.stopped = true;
   }
+  s.state.poster->close();
   s.net.stop();
   s.stop_cv.notify_all();
 }

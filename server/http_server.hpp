@@ -2,7 +2,8 @@
 // engine_facade: the public face of server/. Inside, in Beast's shape: a listener (acceptor and I/O
 // threads) hands each connection to an http_session, which routes requests (router), streams
 // generations (sse_writer) and may become a ws_session; what they share is a server_state. No I/O
-// thread ever blocks on the engine (streams are polled with try_next on a timer).
+// thread ever blocks on the engine: a request's stream notifies its session when tokens arrive
+// (stream_handle::on_ready), and the session drains it on its own strand.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -31,7 +32,6 @@ struct server_options {
   std::chrono::seconds ws_idle_timeout{300};
   size_t ws_max_message_bytes = 64 * 1024;
   size_t ws_max_queued_messages = 4096;      // per socket; a reader slower than this is disconnected
-  std::chrono::milliseconds poll_interval{2};
   request_limits limits;
   // Conversation -> token ids as the runtime would encode it (chat template + special tokens), for
   // POST /tokenize with "messages"; unset: /tokenize accepts "prompt" only.

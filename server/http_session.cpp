@@ -45,7 +45,7 @@ int64_t unix_seconds() {
 }  // namespace
 
 http_session::http_session(server_state& state, tcp::socket socket)
-    : state_(state), stream_(std::move(socket)), poll_timer_(stream_.get_executor()) {
+    : state_(state), stream_(std::move(socket)), idle_timer_(stream_.get_executor()) {
   beast::error_code ec;
   const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
   if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
@@ -125,6 +125,7 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   actors::stream_handle stream = state_.submit(req);
   busy_.emplace(state_);
   gen_.emplace();
+  gen_->serial = num_requests_;
   gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(),
                 req.model.empty() ? state_.opt.model_name : req.model};
   gen_->progress = stream_progress(req.params.n);
@@ -137,31 +138,26 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   gen_->stream = std::move(stream);
   // Keep a read pending so a client that goes away is noticed while the engine works.
   start_watch();
-  schedule_poll();
-}
-
-void http_session::schedule_poll() {
-  poll_timer_.expires_after(state_.opt.poll_interval);
-  poll_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-    if (!ec) self->on_poll();
+  std::weak_ptr<http_session> weak = shared_from_this();
+  gen_->stream.on_ready([poster = state_.poster, weak, serial = gen_->serial] {
+    poster->post(weak, [serial](http_session& s) { s.on_stream_ready(serial); });
   });
 }
 
-void http_session::on_poll() {
-  if (!gen_ || closed_) return;
+// Everything the stream holds now, at once (the hook is re-armed by the drain). Nothing here can tear
+// the session down: writing only queues bytes, and errors come back as completions of their own.
+void http_session::on_stream_ready(uint64_t serial) {
+  if (!gen_ || closed_ || gen_->serial != serial) return;
   std::string out;
-  for (int i = 0; i < 1024; ++i) {
-    std::optional<actors::stream_item> item = gen_->stream.try_next();
-    if (!item) break;
-    if (auto* d = std::get_if<stream_delta>(&*item)) {
+  for (actors::stream_item& item : gen_->stream.take_all()) {
+    if (auto* d = std::get_if<stream_delta>(&item)) {
       on_delta(*d, out);
-    } else {
-      if (!out.empty()) queue_write(std::move(out));
-      return on_final(std::get<stream_final>(*item));
+      continue;
     }
+    if (!out.empty()) queue_write(std::move(out));
+    return on_final(std::get<stream_final>(item));  // always the last item
   }
   if (!out.empty()) queue_write(std::move(out));
-  schedule_poll();
 }
 
 void http_session::on_delta(const stream_delta& d, std::string& out) {
@@ -225,6 +221,7 @@ void http_session::abort_generation() {
   access_.completion_tokens = gen_->progress.num_tokens();
   log_response(gen_->sse && gen_->sse->headers_sent() ? 200 : 499);
   state_.metrics.record_finish(finish_reason::abort);  // its final message is never read
+  gen_->stream.on_ready({});
   gen_->stream.abort();
   gen_.reset();  // dropping the last handle also aborts; the engine actor frees the KV blocks
 }
@@ -252,7 +249,7 @@ void http_session::on_watch(beast::error_code ec, size_t n) {
   }
   if (want_read_) {
     want_read_ = false;
-    poll_timer_.cancel();
+    idle_timer_.cancel();
     if (ec) return do_close();
     do_read();
   }
@@ -317,8 +314,8 @@ void http_session::on_write(beast::error_code ec, size_t) {
     // The watch read is still pending (cancelling it would also cancel writes): it becomes the first
     // read of the next request, under our own keep-alive timer.
     want_read_ = true;
-    poll_timer_.expires_after(state_.opt.idle_timeout);
-    poll_timer_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
+    idle_timer_.expires_after(state_.opt.idle_timeout);
+    idle_timer_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
       if (!wait_ec && self->want_read_) self->do_close();
     });
     return;
@@ -331,7 +328,7 @@ void http_session::do_close() {
   closed_ = true;
   abort_generation();
   busy_.reset();
-  poll_timer_.cancel();
+  idle_timer_.cancel();
   beast::error_code ec;
   stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
   stream_.socket().close(ec);

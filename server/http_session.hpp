@@ -3,6 +3,11 @@
 // sse_writer, or one JSON body), keeps a read pending while the engine works so that a client that
 // goes away aborts its request, writes one response after the other, and hands WebSocket upgrades
 // over to a ws_session. One access-log line per request.
+//
+// A generation's stream is pushed, not polled: its ready hook (called on the runtime's thread) posts
+// on_stream_ready() to this strand through the server's session_poster, holding the session only
+// weakly; the posted handler holds it strongly until it has run, and finds the generation gone (or
+// replaced, by serial) if the connection ended or moved on meanwhile.
 #pragma once
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -29,9 +34,11 @@ class http_session : public std::enable_shared_from_this<http_session> {
  public:
   http_session(server_state& state, boost::asio::ip::tcp::socket socket);
   void run();
+  boost::asio::any_io_executor get_executor() { return stream_.get_executor(); }
 
  private:
   struct generation {
+    uint64_t serial = 0;  // which request of the connection: a late notification names its own
     generation_request req;
     actors::stream_handle stream;
     response_meta meta;
@@ -55,8 +62,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void handle();
   // generations
   void start_generation(api_kind kind, bool keep_alive);
-  void schedule_poll();
-  void on_poll();
+  void on_stream_ready(uint64_t serial);
   void on_delta(const actors::stream_delta& d, std::string& out);
   void on_final(const actors::stream_final& f);
   void abort_generation();
@@ -80,7 +86,7 @@ class http_session : public std::enable_shared_from_this<http_session> {
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   http_request request_;
-  boost::asio::steady_timer poll_timer_;
+  boost::asio::steady_timer idle_timer_;  // keep-alive wait while the watch read stands in for the next read
   std::optional<generation> gen_;
   std::optional<busy_token> busy_;
   std::string writing_, pending_;

@@ -1,8 +1,11 @@
 // What the sessions of one server share: the engine, the options, the metrics, the /v1/events hub,
-// the browser UI's files, request ids, and the count of generations still being answered (graceful
-// shutdown waits for it). Owned by http_server; sessions hold a reference, which stays valid because
-// the listener's io_context (and with it every session) is destroyed before this state.
+// the browser UI's files, request ids, the count of generations still being answered (graceful
+// shutdown waits for it), and the poster through which other threads reach a session. Owned by
+// http_server; sessions hold a reference, which stays valid because the listener's io_context (and
+// with it every session) is destroyed before this state.
 #pragma once
+#include <boost/asio/post.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +23,35 @@
 namespace tessera::server {
 
 class static_files;
+
+// How threads outside the server (a stream's sink actor calling its ready hook, the event hub's
+// publisher) hand work to a session: `fn(session)` runs on the session's strand. The session is
+// reached through a weak_ptr, so a notification never keeps a finished session alive nor touches a
+// destroyed one, and the posted handler holds the session until it has run. Nothing is posted after
+// close(), which http_server::stop() calls before the io_context stops: a hook that fires late (the
+// runtime outlives the server) finds the poster closed instead of an io_context that is going away.
+// A hook therefore captures the poster (a shared_ptr) and a weak_ptr, never the session's executor:
+// an Asio strand must not outlive its io_context.
+class session_poster {
+ public:
+  template <class Session, class Fn>
+  void post(const std::weak_ptr<Session>& weak, Fn fn) {
+    std::lock_guard lock(mutex_);
+    if (closed_) return;
+    std::shared_ptr<Session> session = weak.lock();
+    if (!session) return;
+    const auto executor = session->get_executor();
+    boost::asio::post(executor, [session = std::move(session), fn = std::move(fn)]() mutable { fn(*session); });
+  }
+  void close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+  }
+
+ private:
+  std::mutex mutex_;  // held while posting: once close() returns, no post is under way
+  bool closed_ = false;
+};
 
 struct server_state {
   server_state(actors::engine_facade& engine, server_options options);
@@ -42,6 +74,7 @@ struct server_state {
   server_metrics metrics;
   std::shared_ptr<event_hub> hub = std::make_shared<event_hub>();
   std::unique_ptr<static_files> ui;  // the browser UI; null: none
+  std::shared_ptr<session_poster> poster = std::make_shared<session_poster>();
   uint16_t bound_port = 0;           // set by the listener once bound
 
  private:

@@ -19,7 +19,7 @@ void start_ws_session(server_state& state, ws_kind kind, tcp::socket socket, htt
 }
 
 ws_session::ws_session(server_state& state, ws_kind kind, tcp::socket socket, bool authed)
-    : state_(state), kind_(kind), ws_(std::move(socket)), poll_timer_(ws_.get_executor()), authed_(authed) {
+    : state_(state), kind_(kind), ws_(std::move(socket)), authed_(authed) {
   beast::error_code ec;
   const tcp::endpoint peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
   if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
@@ -70,11 +70,9 @@ void ws_session::on_accept(beast::error_code ec) {
 void ws_session::on_authed() {
   if (kind_ != ws_kind::events || hub_id_) return;
   std::weak_ptr<ws_session> weak = shared_from_this();
-  auto executor = ws_.get_executor();
-  hub_id_ = state_.hub->add([weak, executor](event_hub::message m) {
-    net::post(executor, [weak, m] {
-      if (auto self = weak.lock()) self->send_event(m);
-    });
+  // One immutable buffer per batch, shared by every /v1/events socket.
+  hub_id_ = state_.hub->add([poster = state_.poster, weak](event_hub::message m) {
+    poster->post(weak, [m = std::move(m)](ws_session& s) { s.send_event(m); });
   });
   // The pools as they are now, even if the engine is idle (a local actor query, not engine work).
   if (auto hello = state_.hub->initial_message()) send(std::move(*hello));
@@ -85,11 +83,11 @@ void ws_session::do_read() {
 }
 
 void ws_session::on_read(beast::error_code ec, size_t) {
-  if (ec) return on_closed();
+  if (ec) return begin_close();
   const std::string text = beast::buffers_to_string(buffer_.data());
   buffer_.consume(buffer_.size());
   handle(text);
-  if (!closed_) do_read();
+  if (!closing_) do_read();
 }
 
 void ws_session::send_error(const api_error& e, const std::string& id) { send(ws_error_message(e, id)); }
@@ -142,6 +140,7 @@ void ws_session::handle(const std::string& text) {
 }
 
 void ws_session::start(simdjson::dom::element doc, const std::string& id) {
+  if (closing_) return;
   if (id.empty() || id.size() > 128) throw api_error(400, "'id' must be a string of 1..128 bytes", "id");
   if (gens_.count(id)) throw api_error(400, "a generation with id '" + id + "' is already running", "id");
   if (gens_.size() >= 64) throw api_error(429, "too many generations on this socket (64)", "", "too_many");
@@ -164,62 +163,59 @@ void ws_session::start(simdjson::dom::element doc, const std::string& id) {
     throw;
   }
   ws_generation g;
+  g.serial = ++num_started_;
   g.request_id = state_.new_id("ws");
   g.progress = stream_progress(req.params.n);
   g.req = std::move(req);
   g.stream = std::move(stream);
-  send(ws_started_message(id, g.request_id));
-  gens_.emplace(id, std::move(g));
-  update_busy();
-  if (!polling_) schedule_poll();
-}
-
-void ws_session::schedule_poll() {
-  polling_ = true;
-  poll_timer_.expires_after(state_.opt.poll_interval);
-  poll_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-    self->polling_ = false;
-    if (!ec) self->on_poll();
+  const uint64_t serial = g.serial;
+  actors::stream_handle& s = gens_.emplace(id, std::move(g)).first->second.stream;
+  std::weak_ptr<ws_session> weak = shared_from_this();
+  s.on_ready([poster = state_.poster, weak, id, serial] {
+    poster->post(weak, [id, serial](ws_session& session) { session.on_stream_ready(id, serial); });
   });
+  send(ws_started_message(id, gens_.at(id).request_id));
+  update_busy();
 }
 
-void ws_session::on_poll() {
-  if (closed_) return;
+// Drains one generation. Its messages are built first; a finished generation is erased before any of
+// them is sent, and sending comes last, holding no reference into gens_: a send that reaches the
+// queue limit only marks the session closing (the rest is then dropped).
+void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
+  if (closing_) return;
+  auto it = gens_.find(id);
+  if (it == gens_.end() || it->second.serial != serial) return;
+  ws_generation& g = it->second;
   const tokenizer* tok = state_.engine.tok().get();
-  for (auto it = gens_.begin(); it != gens_.end();) {
-    bool done = false;
-    for (int i = 0; i < 256 && !done; ++i) {
-      std::optional<actors::stream_item> item = it->second.stream.try_next();
-      if (!item) break;
-      ws_generation& g = it->second;
-      if (auto* d = std::get_if<stream_delta>(&*item)) {
-        if (!has_output(d->output) || !g.progress.take_delta(*d, state_.metrics)) continue;
-        send(ws_delta_message(it->first, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok));
-      } else {
-        const stream_final& f = std::get<stream_final>(*item);
-        record_final(f, state_.metrics);
-        if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
-        send(ws_final_message(it->first, f));
-        log_generation(200, it->second.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
-                       f.num_generated_tokens);
-        done = true;
-      }
+  std::vector<std::string> messages;
+  bool finished = false;
+  for (actors::stream_item& item : g.stream.take_all()) {
+    if (auto* d = std::get_if<stream_delta>(&item)) {
+      if (!has_output(d->output) || !g.progress.take_delta(*d, state_.metrics)) continue;
+      messages.push_back(ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok));
+      continue;
     }
-    it = done ? gens_.erase(it) : std::next(it);
+    const stream_final& f = std::get<stream_final>(item);
+    record_final(f, state_.metrics);
+    if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
+    messages.push_back(ws_final_message(id, f));
+    log_generation(200, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens, f.num_generated_tokens);
+    finished = true;
   }
+  if (finished) gens_.erase(it);
+  for (std::string& m : messages) send(std::move(m));
   update_busy();
-  if (!gens_.empty()) schedule_poll();
 }
 
 void ws_session::send_event(const event_hub::message& m) {
-  if (closed_ || queue_.size() > 64) return;  // a slow dashboard skips batches; the next one is complete
+  if (closing_ || queue_.size() > 64) return;  // a slow dashboard skips batches; the next one is complete
   push(m);
 }
 
 void ws_session::send(std::string text) { push(std::make_shared<const std::string>(std::move(text))); }
 
 void ws_session::push(event_hub::message m) {
-  if (closed_) return;
+  if (closing_) return;
   if (queue_.size() >= state_.opt.ws_max_queued_messages) {
     spdlog::warn("websocket from {}: {} messages queued, closing a reader that does not keep up", peer_, queue_.size());
     return close(websocket::close_code::policy_error);
@@ -234,15 +230,19 @@ void ws_session::do_write() {
 }
 
 void ws_session::on_write(beast::error_code ec, size_t) {
-  if (ec) return on_closed();
   queue_.pop_front();
-  if (!queue_.empty() && !closed_) do_write();
+  if (ec || closing_) {
+    queue_.clear();  // nothing more goes out (the close frame, if any, follows on its own)
+    if (ec) begin_close();
+  } else if (!queue_.empty()) {
+    do_write();
+  }
   update_busy();
 }
 
 // Busy while a generation runs or its messages are still queued for the wire.
 void ws_session::update_busy() {
-  if (kind_ == ws_kind::generate && !closed_ && (!gens_.empty() || !queue_.empty())) {
+  if (kind_ == ws_kind::generate && !closing_ && (!gens_.empty() || !queue_.empty())) {
     if (!busy_) busy_.emplace(state_);
   } else {
     busy_.reset();
@@ -250,29 +250,34 @@ void ws_session::update_busy() {
 }
 
 void ws_session::close(websocket::close_code code) {
-  if (closed_) return;
-  on_closed();
+  if (closing_) return;
+  begin_close();
   ws_.async_close(code, [self = shared_from_this()](beast::error_code) {});
 }
 
-void ws_session::on_closed() {
-  if (closed_) return;
-  closed_ = true;
+void ws_session::begin_close() {
+  if (closing_) return;
+  closing_ = true;
+  busy_.reset();
+  net::post(ws_.get_executor(), [self = shared_from_this()] { self->teardown(); });
+}
+
+// Runs as a handler of its own, never inside a drain, a read or a send.
+void ws_session::teardown() {
   for (auto& [id, g] : gens_) {
+    g.stream.on_ready({});
     g.stream.abort();  // a socket that goes away frees its requests' KV
     state_.metrics.record_finish(finish_reason::abort);
     log_generation(200, g.request_id,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started_at).count(), "abort", -1,
                    g.progress.num_tokens());
   }
-  spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
   gens_.clear();
-  busy_.reset();
-  poll_timer_.cancel();
   if (hub_id_) {
     state_.hub->remove(hub_id_);
     hub_id_ = 0;
   }
+  spdlog::debug("websocket {} from {} closed", kind_ == ws_kind::generate ? "/v1/ws" : "/v1/events", peer_);
 }
 
 }  // namespace tessera::server
