@@ -51,6 +51,7 @@ struct loopback_server {
     server->start();
   }
   ~loopback_server() {
+    if (!server) return;
     server->stop_accepting();
     engine->shutdown(2s);
     server->stop();
@@ -261,6 +262,43 @@ TEST(loopback, websockets_dropped_while_tokens_flow_free_everything) {
   expect_idle(m, submitted_before + num_sockets * per_socket);
   EXPECT_EQ(m.at(aborted_key) - aborted_before, num_sockets * per_socket);
   EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// The server stopped and destroyed while its generations' tokens are still being pushed, the runtime
+// running on: ready hooks that fire after that must find the server's poster closed (and their
+// sessions gone), never post into the destroyed io_context; the dropped streams abort their requests.
+TEST(loopback, server_destroyed_while_tokens_flow) {
+  loopback_server s;
+  net::io_context ioc;
+  std::vector<tcp::socket> sse;
+  for (int i = 0; i < 4; ++i) {
+    sse.emplace_back(ioc);
+    sse.back().connect(s.endpoint());
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.set(http::field::content_type, "application/json");
+    req.body() = json::serialize(json::object{{"prompt", "x"}, {"max_tokens", 1 << 20}, {"ignore_eos", true}, {"stream", true}});
+    req.prepare_payload();
+    http::write(sse.back(), req);
+    std::string got(2000, '\0');
+    net::read(sse.back(), net::buffer(got));  // tokens are flowing
+  }
+  websocket::stream<tcp::socket> ws(ioc);
+  ws.next_layer().connect(s.endpoint());
+  ws.handshake("127.0.0.1", "/v1/ws");
+  for (int g = 0; g < 4; ++g) ws.write(net::buffer(start_message("g" + std::to_string(g), 1 << 20)));
+  for (int k = 0; k < 50; ++k) {
+    beast::flat_buffer buffer;
+    ws.read(buffer);
+  }
+  s.server->stop();
+  s.server.reset();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (s.engine->stats().num_open > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  const actors::facade_stats st = s.engine->stats();
+  EXPECT_EQ(st.num_open, 0) << "the dropped streams were aborted";
+  EXPECT_EQ(st.device.num_used, 0);
+  EXPECT_TRUE(s.engine->health().healthy);
 }
 
 }  // namespace
