@@ -26,79 +26,20 @@ std::string_view to_string(submit_error e) {
 
 // ---- streams ------------------------------------------------------------------------------------
 
-struct stream_handle::state {
-  explicit state(size_t max_buffered) : max_buffered_deltas(std::max<size_t>(1, max_buffered)) {}
-
-  const size_t max_buffered_deltas;
-  mutable std::mutex mutex;
-  std::condition_variable ready;
-  std::deque<stream_item> items;
-  bool final_arrived = false;
-  bool final_taken = false;
-
-  // Bounded buffer: with max_buffered_deltas items waiting, a new delta is merged into the newest
-  // buffered delta of the same choice (tokens, text and logprobs appended, counters updated). The
-  // reader still sees every token in order; only the step boundaries are lost.
-  void push_delta(const stream_delta& d) {
-    {
-      std::lock_guard lock(mutex);
-      if (final_arrived) return;
-      bool merged = false;
-      if (items.size() >= max_buffered_deltas) {
-        for (auto it = items.rbegin(); it != items.rend(); ++it) {
-          auto* old = std::get_if<stream_delta>(&*it);
-          if (!old || old->output.index != d.output.index) continue;
-          request_output& o = old->output;
-          o.token_ids.insert(o.token_ids.end(), d.output.token_ids.begin(), d.output.token_ids.end());
-          o.text += d.output.text;
-          o.logprobs.insert(o.logprobs.end(), d.output.logprobs.begin(), d.output.logprobs.end());
-          o.finished = d.output.finished;
-          o.reason = d.output.reason;
-          o.error = d.output.error;
-          o.num_prompt_tokens = d.output.num_prompt_tokens;
-          o.num_cached_prompt_tokens = d.output.num_cached_prompt_tokens;
-          o.num_generated_tokens = d.output.num_generated_tokens;
-          if (!d.output.timeline.empty()) o.timeline = d.output.timeline;
-          old->seconds_since_submit = d.seconds_since_submit;
-          merged = true;
-          break;
-        }
-      }
-      if (!merged) items.emplace_back(d);
-    }
-    ready.notify_all();
-  }
-
-  void push_final(const stream_final& f) {
-    {
-      std::lock_guard lock(mutex);
-      if (final_arrived) return;
-      final_arrived = true;
-      items.emplace_back(f);
-    }
-    ready.notify_all();
-  }
-};
-
 // Holds only weak references (actor_addr): a handle kept by the caller must not keep actors alive.
 struct stream_handle::guard {
-  std::shared_ptr<state> st;
+  std::shared_ptr<stream_buffer> buffer;
   caf::actor_addr sink;
-  caf::actor_addr scheduler;
+  caf::actor_addr engine;
   ticket_id ticket = 0;
 
   void send_abort() const {
-    if (auto s = caf::actor_cast<caf::actor>(scheduler)) caf::anon_send(s, abort_atom_v, ticket);
+    if (auto e = caf::actor_cast<caf::actor>(engine)) caf::anon_send(e, abort_atom_v, ticket);
   }
 
   ~guard() {
-    bool open;
-    {
-      std::lock_guard lock(st->mutex);
-      open = !st->final_arrived;
-    }
-    // The consumer is gone: abort the request (the sink going down tells the scheduler as well).
-    if (open) {
+    // The consumer is gone: abort the request (the sink going down tells the engine actor as well).
+    if (!buffer->final_arrived()) {
       send_abort();
       caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
     }
@@ -106,18 +47,17 @@ struct stream_handle::guard {
 };
 
 std::optional<stream_item> stream_handle::next(std::chrono::milliseconds timeout) {
-  if (!state_) return std::nullopt;
-  std::unique_lock lock(state_->mutex);
-  auto has_item = [&] { return !state_->items.empty() || state_->final_taken; };
-  if (timeout == std::chrono::milliseconds::max())
-    state_->ready.wait(lock, has_item);
-  else if (!state_->ready.wait_for(lock, timeout, has_item))
-    return std::nullopt;
-  if (state_->items.empty()) return std::nullopt;  // final already taken
-  stream_item item = std::move(state_->items.front());
-  state_->items.pop_front();
-  if (std::holds_alternative<stream_final>(item)) state_->final_taken = true;
-  return item;
+  if (!buffer_) return std::nullopt;
+  return buffer_->next(timeout);
+}
+
+std::vector<stream_item> stream_handle::take_all() {
+  if (!buffer_) return {};
+  return buffer_->take_all();
+}
+
+void stream_handle::on_ready(std::function<void()> hook) {
+  if (buffer_) buffer_->on_ready(std::move(hook));
 }
 
 stream_final stream_handle::wait(std::vector<stream_delta>* deltas) {
@@ -136,37 +76,7 @@ void stream_handle::abort() {
   if (guard_) guard_->send_abort();
 }
 
-bool stream_handle::finished() const {
-  if (!state_) return true;
-  std::lock_guard lock(state_->mutex);
-  return state_->final_arrived;
-}
-
 namespace {
-
-// The facade's subscriber actor for one stream: moves messages into the handle's buffer. It monitors
-// the scheduler, so a stream whose scheduler died still ends (with an error) instead of hanging.
-caf::behavior stream_sink(caf::event_based_actor* self, std::shared_ptr<stream_handle::state> st,
-                          caf::actor_addr scheduler, ticket_id ticket) {
-  self->monitor(scheduler);
-  self->set_down_handler([self, st, ticket](const caf::down_msg&) {
-    stream_final f;
-    f.ticket = ticket;
-    f.reason = finish_reason::error;
-    f.error = "engine scheduler stopped";
-    st->push_final(f);
-    self->quit();
-  });
-  return {
-      [st](delta_atom, const delta_ptr& d) {
-        if (d) st->push_delta(*d);
-      },
-      [self, st](final_atom, const final_ptr& f) {
-        if (f) st->push_final(*f);
-        self->quit();
-      },
-  };
-}
 
 int default_caf_threads() {
   const unsigned n = std::max(1u, std::thread::hardware_concurrency());
@@ -194,7 +104,7 @@ struct facade_internals {
   caf::actor executor_actor;
   caf::actor kv_manager;
   caf::actor event_bus;
-  caf::actor scheduler;
+  caf::actor engine;
   std::mutex sinks_mutex;
   std::vector<caf::actor> event_sinks;
   std::atomic<ticket_id> next_ticket{1};
@@ -206,7 +116,7 @@ struct facade_internals {
 
   void stop_actors() {
     for (auto& a : tokenizers) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (caf::actor* a : {&executor_actor, &kv_manager, &event_bus, &scheduler})
+    for (caf::actor* a : {&executor_actor, &kv_manager, &event_bus, &engine})
       if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
     std::lock_guard lock(sinks_mutex);
     for (auto& s : event_sinks) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
@@ -219,7 +129,7 @@ struct facade_internals {
     executor_actor = nullptr;
     kv_manager = nullptr;
     event_bus = nullptr;
-    scheduler = nullptr;
+    engine = nullptr;
     std::lock_guard lock(sinks_mutex);
     event_sinks.clear();
   }
@@ -242,7 +152,7 @@ engine_facade::engine_facade(facade_components components, facade_options option
     in_->executor_actor = spawn_executor_actor(sys, exec);
     in_->kv_manager = spawn_kv_manager_actor(sys);
     in_->event_bus = spawn_event_bus(sys);
-    scheduler_config sc;
+    engine_actor_config sc;
     sc.executor_actor = in_->executor_actor;
     sc.executor_metadata = exec;
     sc.tok = components.tok;
@@ -252,7 +162,7 @@ engine_facade::engine_facade(facade_components components, facade_options option
     sc.event_bus = in_->event_bus;
     sc.shared = shared_;
     sc.kv_snapshot_interval_seconds = options.kv_snapshot_interval_seconds;
-    in_->scheduler = spawn_scheduler_actor(sys, std::move(sc));
+    in_->engine = spawn_engine_actor(sys, std::move(sc));
   } catch (...) {
     in_->stop_actors();
     in_->release_handles();
@@ -276,9 +186,6 @@ engine_facade::~engine_facade() {
   shutdown();
   in_->sys.reset();  // waits for every actor to finish, clients' sinks included
 }
-
-caf::actor_system& engine_facade::system() { return *in_->sys; }
-const caf::actor& engine_facade::scheduler() const { return in_->scheduler; }
 
 submit_result engine_facade::submit(prompt_input prompt, const sampling_params& params, int32_t priority) {
   submit_result result;
@@ -310,22 +217,22 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   request->priority = priority;
   request->submitted_at = runtime_clock::now();
 
-  auto st = std::make_shared<stream_handle::state>(static_cast<size_t>(options_.max_buffered_deltas));
-  caf::actor sink = in_->sys->spawn(stream_sink, st, in_->scheduler.address(), request->ticket);
+  auto buffer = std::make_shared<stream_buffer>(static_cast<size_t>(options_.max_buffered_deltas));
+  caf::actor sink = spawn_stream_sink(*in_->sys, buffer, in_->engine.address(), request->ticket);
   auto g = std::make_shared<stream_handle::guard>();
-  g->st = st;
+  g->buffer = buffer;
   g->sink = sink.address();
-  g->scheduler = in_->scheduler.address();
+  g->engine = in_->engine.address();
   g->ticket = request->ticket;
   result.stream.id_ = request->ticket;
-  result.stream.state_ = st;
+  result.stream.buffer_ = std::move(buffer);
   result.stream.guard_ = std::move(g);
-  caf::anon_send(in_->scheduler, submit_atom_v, submit_ptr(std::move(request)), sink);
+  caf::anon_send(in_->engine, submit_atom_v, submit_ptr(std::move(request)), sink);
   return result;
 }
 
 void engine_facade::abort(ticket_id id) {
-  if (in_->scheduler) caf::anon_send(in_->scheduler, abort_atom_v, id);
+  if (in_->engine) caf::anon_send(in_->engine, abort_atom_v, id);
 }
 
 void engine_facade::subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz) {
@@ -389,16 +296,16 @@ void engine_facade::shutdown(std::chrono::milliseconds timeout) {
     shared_->changed.wait_for(lock, timeout, all_closed);
   }
   if (!all_closed()) {
-    caf::anon_send(in_->scheduler, abort_all_atom_v);
+    caf::anon_send(in_->engine, abort_all_atom_v);
     // Aborts take effect at the next step; a step is bounded, so this does not wait long.
     std::unique_lock lock(shared_->mutex);
     shared_->changed.wait_for(lock, std::chrono::seconds(10), all_closed);
   }
   {
-    // stop: the scheduler closes whatever is still open (final: abort, "engine shut down") and quits.
+    // stop: the engine actor closes whatever is still open (final: abort, "engine shut down") and quits.
     caf::scoped_actor self{*in_->sys};
-    self->monitor(in_->scheduler);
-    self->send(in_->scheduler, stop_atom_v);
+    self->monitor(in_->engine);
+    self->send(in_->engine, stop_atom_v);
     self->receive([](const caf::down_msg&) {});
   }
   in_->stop_actors();

@@ -1,5 +1,6 @@
 // The engine as the server and the CLI see it: a plain C++ object that owns an actor system running
-// the tokenizer pool, the scheduler, the executor, the KV manager and the event bus actors.
+// the tokenizer pool, the engine actor (which runs the scheduler), the executor, the KV manager and the
+// event bus actors.
 //
 //   engine_facade engine(std::move(components), options);      // throws load_error / invalid_request
 //   submit_result r = engine.submit(prompt_input::from_text("Hello"), params);
@@ -10,19 +11,16 @@
 // Thread-safe: any thread may submit, abort, read stats or health (not concurrently with shutdown()
 // or destruction). Streams are single-consumer; handles must not outlive the facade.
 #pragma once
-#include <caf/fwd.hpp>
-
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "actors/stream_buffer.hpp"
 #include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
@@ -51,33 +49,34 @@ struct facade_components {
   std::optional<chat_template> chat;     // absent: ChatML
 };
 
-// One item of a stream: a delta or the final message (always the last item).
-using stream_item = std::variant<stream_delta, stream_final>;
-
 // The consumer's side of one request's stream. Copyable; when the last copy is destroyed before the
 // final message arrived, the request is aborted (its subscriber actor goes down).
 class stream_handle {
  public:
   stream_handle() = default;
   ticket_id id() const { return id_; }
-  bool valid() const { return state_ != nullptr; }
+  bool valid() const { return buffer_ != nullptr; }
 
   // The next item, blocking up to `timeout`; nullopt on timeout or once the final was taken.
   std::optional<stream_item> next(std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
-  std::optional<stream_item> try_next() { return next(std::chrono::milliseconds(0)); }
+  // Every item waiting now, in order, without blocking; with on_ready, how a reader that must never
+  // block (an I/O thread) consumes the stream.
+  std::vector<stream_item> take_all();
+  // `hook` is called on a CAF thread whenever items become available (coalesced: at most one call
+  // outstanding until a read finds or leaves the buffer empty); see stream_buffer::on_ready for the
+  // contract. An empty function removes it.
+  void on_ready(std::function<void()> hook);
   // Drains the stream until the final message and returns it (deltas are appended to *deltas).
   stream_final wait(std::vector<stream_delta>* deltas = nullptr);
-  // Asks the scheduler to abort the request; the stream still ends with its final message.
+  // Asks the engine actor to abort the request; the stream still ends with its final message.
   void abort();
-  bool finished() const;  // the final message has arrived (not necessarily consumed)
 
-  struct state;
   struct guard;
 
  private:
   friend class engine_facade;
   ticket_id id_ = 0;
-  std::shared_ptr<state> state_;
+  std::shared_ptr<stream_buffer> buffer_;
   std::shared_ptr<guard> guard_;
 };
 
@@ -142,9 +141,6 @@ class engine_facade {
 
   const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
   const model_config& config() const { return config_; }
-  // The actor system and the scheduler actor, for actor-based clients (the server's bridge actors).
-  caf::actor_system& system();
-  const caf::actor& scheduler() const;
 
  private:
   std::unique_ptr<facade_internals> in_;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/prompt_input.hpp"
 #include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
@@ -32,36 +33,7 @@ using ticket_id = uint64_t;
 
 using runtime_clock = std::chrono::steady_clock;
 
-// What a caller submits: text (encoded as is), a conversation (rendered with the model's chat
-// template, then encoded) or token ids (passed through).
-struct prompt_input {
-  enum class kind : uint8_t { text, chat, token_ids };
-  kind type = kind::token_ids;
-  std::string text;
-  std::vector<chat_message> messages;
-  std::vector<token_id> ids;
-
-  static prompt_input from_text(std::string t) {
-    prompt_input p;
-    p.type = kind::text;
-    p.text = std::move(t);
-    return p;
-  }
-  static prompt_input from_chat(std::vector<chat_message> m) {
-    prompt_input p;
-    p.type = kind::chat;
-    p.messages = std::move(m);
-    return p;
-  }
-  static prompt_input from_ids(std::vector<token_id> i) {
-    prompt_input p;
-    p.type = kind::token_ids;
-    p.ids = std::move(i);
-    return p;
-  }
-};
-
-// scheduler <- client: one new request. `subscriber` receives the stream (delta_atom / final_atom).
+// engine actor <- client: one new request. `subscriber` receives the stream (delta_atom / final_atom).
 struct submit_request {
   ticket_id ticket = 0;
   prompt_input prompt;
@@ -70,7 +42,7 @@ struct submit_request {
   runtime_clock::time_point submitted_at = runtime_clock::now();
 };
 
-// subscriber <- scheduler: one choice's news from one engine step (tokens in order, text, logprobs).
+// subscriber <- engine actor: one choice's news from one engine step (tokens in order, text, logprobs).
 struct stream_delta {
   ticket_id ticket = 0;
   request_output output;     // output.id is the engine's request id
@@ -86,7 +58,7 @@ struct choice_result {
   std::vector<lifecycle_entry> timeline;
 };
 
-// subscriber <- scheduler: the one terminal message of a stream, after every delta.
+// subscriber <- engine actor: the one terminal message of a stream, after every delta.
 struct stream_final {
   ticket_id ticket = 0;
   request_id request = 0;            // 0 when the request never reached the engine
@@ -100,7 +72,7 @@ struct stream_final {
   double seconds_total = 0;
 };
 
-// executor <- scheduler (request/reply): run one engine step's batch. The requester blocks until the
+// executor <- engine actor (request/reply): run one engine step's batch. The requester blocks until the
 // reply, so the pointers stay valid for the whole execution; that is why the job is passed by
 // pointer instead of by copy (no per-step copy of the batch or of the logits).
 struct exec_job {
@@ -108,7 +80,7 @@ struct exec_job {
   step_output* out = nullptr;
 };
 
-// kv_manager <- scheduler, once per step: published occupancy. `blocks` is refreshed at a bounded
+// kv_manager <- engine actor, once per step: published occupancy. `blocks` is refreshed at a bounded
 // rate (blocks_step says from which step it is); the pool usage is exact for `step`. `blocks` holds
 // the device pool's blocks, then the host (swap) pool's (see scheduler::block_snapshot).
 struct kv_occupancy {
@@ -155,7 +127,7 @@ typename Inspector::result_type inspect(Inspector& f, usage_report& x) {
            x.device.num_cached, x.host.num_total, x.host.num_used, x.host.num_free, x.host.num_cached, x.step);
 }
 
-// The scheduler's answer to status_atom: queue sizes and health, for probes that do not go through
+// The engine actor's answer to status_atom: queue sizes and health, for probes that do not go through
 // the facade.
 struct runtime_status {
   bool healthy = true;

@@ -1,4 +1,4 @@
-// Spawn functions of the runtime's actors and the state the scheduler actor shares with the facade.
+// Spawn functions of the runtime's actors and the state the engine actor shares with the facade.
 // Protocol (all messages in actors/messages.hpp; details and a message-flow diagram in
 // docs/architecture.md):
 //
@@ -10,10 +10,11 @@
 //   event_bus  (event-based):        (subscribe_atom, actor sink, double max_rate_hz)
 //                                    (publish_atom, record_ptr)               one per engine step
 //                                    -> sink: (events_atom, event_batch_ptr); sink answers (ack_atom)
-//   scheduler  (detached):           (submit_atom, submit_ptr, actor subscriber)
+//   engine     (detached):           (submit_atom, submit_ptr, actor subscriber)
 //                                    (abort_atom, ticket_id), (abort_all_atom), (stop_atom)
 //                                    (status_atom) -> runtime_status
 //                                    -> subscriber: (delta_atom, delta_ptr)*, then (final_atom, final_ptr)
+//   stream sink (event-based, one per request): the facade's subscriber; into the stream_buffer
 #pragma once
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -32,7 +33,7 @@
 
 namespace tessera::actors {
 
-// Counters and snapshots the scheduler actor publishes for the facade's threads. The atomics are the
+// Counters and snapshots the engine actor publishes for the facade's threads. The atomics are the
 // admission-control state (checked by submit without a message round-trip); the rest is a snapshot
 // refreshed after every step under `mutex`.
 struct runtime_shared {
@@ -80,8 +81,15 @@ caf::actor spawn_event_bus(caf::actor_system& sys, event_bus_options options = {
 // its own batches, which the bus coalesces meanwhile) and acknowledges each batch.
 caf::actor spawn_event_callback_sink(caf::actor_system& sys, std::function<void(const event_batch&)> callback);
 
+class stream_buffer;
+
+// The subscriber of one request's stream (event-based): delta_atom / final_atom into `buffer`, then it
+// quits; an engine actor that goes down ends the stream with an error final.
+caf::actor spawn_stream_sink(caf::actor_system& sys, std::shared_ptr<stream_buffer> buffer, caf::actor_addr engine,
+                             ticket_id ticket);
+
 // An executor that forwards execute() to the executor actor with a blocking request from the calling
-// thread (the scheduler actor's own thread). The engine core keeps calling executor::execute()
+// thread (the engine actor's own thread). The engine core keeps calling executor::execute()
 // synchronously inside llm_engine::step(), unchanged. After a failure (an exception in the executor,
 // the executor actor down) every later execute() throws, and failed() says why.
 class actor_executor : public executor {
@@ -96,7 +104,6 @@ class actor_executor : public executor {
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
-  const caf::actor& handle() const { return actor_; }
 
  private:
   struct blocking_self;
@@ -107,10 +114,10 @@ class actor_executor : public executor {
   int64_t block_bytes_ = 0;
   std::string name_;
   std::string failure_;
-  std::unique_ptr<blocking_self> self_;  // created on first use, on the scheduler's thread
+  std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread
 };
 
-struct scheduler_config {
+struct engine_actor_config {
   caf::actor executor_actor;
   std::shared_ptr<const executor> executor_metadata;  // config / kv spec of the executor (read-only)
   std::shared_ptr<const tokenizer> tok;               // for incremental detokenization in the engine
@@ -122,9 +129,10 @@ struct scheduler_config {
   double kv_snapshot_interval_seconds = 0.1;          // block-level snapshots at most this often
 };
 
-// Spawned detached: owns the llm_engine (queues, block manager, sampling, detokenization) and drives
-// its step loop. Throws invalid_request (from the engine) when the options do not fit the executor.
-caf::actor spawn_scheduler_actor(caf::actor_system& sys, scheduler_config config);
+// The engine actor, spawned detached: owns the llm_engine (scheduler queues, block manager, sampling,
+// detokenization) and drives its step loop. Throws invalid_request (from the engine) when the options
+// do not fit the executor.
+caf::actor spawn_engine_actor(caf::actor_system& sys, engine_actor_config config);
 
 // Registers the runtime's message types with an actor system configuration.
 void add_message_types(caf::actor_system_config& cfg);

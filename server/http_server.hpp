@@ -1,6 +1,9 @@
-// The OpenAI-compatible HTTP server (Boost.Beast, HTTP/1.1 keep-alive, SSE streaming) in front of the
-// actor runtime's engine_facade. One io_context, a few threads; every connection runs on its own
-// strand; no Asio thread ever blocks on the engine (streams are polled with try_next on a timer).
+// The OpenAI-compatible HTTP + WebSocket server (Boost.Beast) in front of the actor runtime's
+// engine_facade: the public face of server/. Inside, in Beast's shape: a listener (acceptor and I/O
+// threads) hands each connection to an http_session, which routes requests (router), streams
+// generations (sse_writer) and may become a ws_session; what they share is a server_state. No I/O
+// thread ever blocks on the engine: a request's stream notifies its session when tokens arrive
+// (stream_handle::on_ready), and the session drains it on its own strand.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -29,7 +32,6 @@ struct server_options {
   std::chrono::seconds ws_idle_timeout{300};
   size_t ws_max_message_bytes = 64 * 1024;
   size_t ws_max_queued_messages = 4096;      // per socket; a reader slower than this is disconnected
-  std::chrono::milliseconds poll_interval{2};
   request_limits limits;
   // Conversation -> token ids as the runtime would encode it (chat template + special tokens), for
   // POST /tokenize with "messages"; unset: /tokenize accepts "prompt" only.
@@ -56,10 +58,9 @@ class http_server {
   bool wait_for_responses(std::chrono::milliseconds timeout);
   void wait();            // blocks until stop() (e.g. from a signal handler thread)
 
-  struct impl;
-
  private:
-  std::shared_ptr<impl> impl_;
+  struct impl;
+  std::unique_ptr<impl> impl_;
 };
 
 // Constant-time comparison of a presented key with the configured one (no early exit on a mismatch).

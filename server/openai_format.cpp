@@ -104,20 +104,16 @@ json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, 
                       {"text_offset", std::move(offsets)}};
 }
 
-namespace {
-
-json::object envelope(const generation_request& req, const response_meta& meta, bool chunk) {
+json::object response_envelope(const generation_request& req, const response_meta& meta, bool chunk) {
   const char* object = req.kind == api_kind::chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                   : "text_completion";
   return json::object{{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
 }
 
-}  // namespace
-
 std::string full_response(const generation_request& req, const response_meta& meta,
                           const std::vector<choice_accumulator>& choices, const actors::stream_final& final,
                           const tokenizer* tok) {
-  json::object body = envelope(req, meta, false);
+  json::object body = response_envelope(req, meta, false);
   json::array out;
   for (size_t i = 0; i < choices.size(); ++i) {
     const auto& c = choices[i];
@@ -138,46 +134,6 @@ std::string full_response(const generation_request& req, const response_meta& me
   body["choices"] = std::move(out);
   body["usage"] = usage_json(final);
   body["timings"] = timings_json(final);
-  return json::serialize(body);
-}
-
-std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
-                        bool first_of_choice, const tokenizer* tok) {
-  json::object body = envelope(req, meta, true);
-  json::object choice{{"index", o.index}};
-  if (req.kind == api_kind::chat) {
-    json::object delta;
-    if (first_of_choice) delta["role"] = "assistant";
-    delta["content"] = sanitize_utf8(o.text);
-    choice["delta"] = std::move(delta);
-  } else {
-    choice["text"] = sanitize_utf8(o.text);
-  }
-  choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, o.logprobs, tok, 0) : json::value(nullptr);
-  choice["finish_reason"] = nullptr;
-  body["choices"] = json::array{std::move(choice)};
-  if (req.include_usage) body["usage"] = nullptr;
-  return json::serialize(body);
-}
-
-std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index, finish_reason reason,
-                         const json::object* timings) {
-  json::object body = envelope(req, meta, true);
-  json::object choice{{"index", index}};
-  if (req.kind == api_kind::chat) choice["delta"] = json::object{};
-  else choice["text"] = "";
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = finish_reason_json(reason);
-  body["choices"] = json::array{std::move(choice)};
-  if (req.include_usage) body["usage"] = nullptr;
-  if (timings) body["timings"] = *timings;
-  return json::serialize(body);
-}
-
-std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final) {
-  json::object body = envelope(req, meta, true);
-  body["choices"] = json::array{};
-  body["usage"] = usage_json(final);
   return json::serialize(body);
 }
 

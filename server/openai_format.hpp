@@ -1,5 +1,5 @@
-// OpenAI response shapes (completions, chat completions, their stream chunks, usage, timings), written
-// with Boost.JSON from the engine's stream items.
+// OpenAI response shapes (completions and chat completions, usage, timings, logprobs), written with
+// Boost.JSON from the engine's stream items. The stream chunks are in server/stream_format.hpp.
 #pragma once
 #include <boost/json.hpp>
 
@@ -44,18 +44,13 @@ struct choice_accumulator {
 boost::json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& logprobs, const tokenizer* tok,
                                  size_t text_offset);
 
+// {"id", "object", "created", "model"}: how every response and stream chunk begins. `chunk`: the
+// object of a stream chunk ("chat.completion.chunk") rather than of a whole response.
+boost::json::object response_envelope(const generation_request& req, const response_meta& meta, bool chunk);
+
 // Non-streaming body.
 std::string full_response(const generation_request& req, const response_meta& meta,
                           const std::vector<choice_accumulator>& choices, const actors::stream_final& final,
                           const tokenizer* tok);
-
-// One SSE chunk for a delta of choice `index` (data only, without "data: ").
-std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& out,
-                        bool first_of_choice, const tokenizer* tok);
-// The chunk that closes choice `index` with its finish reason (timings attached when given).
-std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index,
-                         finish_reason reason, const boost::json::object* timings);
-// stream_options.include_usage: the last chunk, no choices, with usage.
-std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final);
 
 }  // namespace tessera::server

@@ -6,7 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "actors/prompt_input.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/sampling_params.hpp"
 #include "server/api_error.hpp"
 

@@ -1,6 +1,6 @@
 // Each actor's protocol on its own, driven by a scoped_actor: tokenizer (encode), executor (exec
 // jobs, failure -> error reply and actor down), the actor_executor adapter, the KV manager (publish /
-// query), the event bus (coalescing, one batch in flight, bounded events) and the scheduler (stream
+// query), the event bus (coalescing, one batch in flight, bounded events) and the engine actor (stream
 // of deltas then one final, abort, subscriber down -> abort, executor failure or death -> error
 // finals within a second, the executor off CAF's worker threads, and an abort in every state a
 // request can be in: being tokenized, queued, prefilling, swapped out).
@@ -204,9 +204,9 @@ TEST_F(actor_test, event_bus_keeps_one_batch_in_flight_and_coalesces_the_rest) {
   sink->send_exit(bus, caf::exit_reason::user_shutdown);
 }
 
-// ---- scheduler --------------------------------------------------------------------------------
+// ---- engine actor -----------------------------------------------------------------------------
 
-struct scheduler_fixture : actor_test {
+struct engine_actor_fixture : actor_test {
   void start(int32_t num_blocks = 64, int64_t fail_at = -1) {
     exec = std::make_shared<sim_executor>(16, num_blocks, 0, test_vocab);
     if (fail_at > 0) exec->fail_at_step(fail_at);
@@ -224,7 +224,7 @@ struct scheduler_fixture : actor_test {
     exec_actor = spawn_executor_actor(sys, e);
     kv = spawn_kv_manager_actor(sys);
     shared = std::make_shared<runtime_shared>();
-    scheduler_config c;
+    engine_actor_config c;
     c.executor_actor = exec_actor;
     c.executor_metadata = e;
     c.tok = tok;
@@ -233,10 +233,10 @@ struct scheduler_fixture : actor_test {
     c.kv_manager = kv;
     c.shared = shared;
     c.kv_snapshot_interval_seconds = 0;
-    scheduler = spawn_scheduler_actor(sys, c);
+    engine = spawn_engine_actor(sys, c);
   }
-  ~scheduler_fixture() override {
-    for (caf::actor* a : {&scheduler, &exec_actor, &kv, &tokenizer_actor})
+  ~engine_actor_fixture() override {
+    for (caf::actor* a : {&engine, &exec_actor, &kv, &tokenizer_actor})
       if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
   }
 
@@ -279,13 +279,13 @@ struct scheduler_fixture : actor_test {
   std::shared_ptr<sim_executor> exec;
   std::shared_ptr<const tokenizer> tok;
   std::shared_ptr<runtime_shared> shared;
-  caf::actor tokenizer_actor, exec_actor, kv, scheduler;
+  caf::actor tokenizer_actor, exec_actor, kv, engine;
 };
 
-TEST_F(scheduler_fixture, a_text_request_streams_the_oracle_tokens_then_one_final) {
+TEST_F(engine_actor_fixture, a_text_request_streams_the_oracle_tokens_then_one_final) {
   start();
   caf::scoped_actor self{sys};
-  self->send(scheduler, submit_atom_v, make_submit(7, prompt_input::from_text("hello"), 12), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(7, prompt_input::from_text("hello"), 12), caf::actor(self));
   auto [tokens, final] = collect(self, 7);
   // Oracle: greedy continuation under the simulated model, from the encoded prompt.
   encode_options o;
@@ -307,26 +307,26 @@ TEST_F(scheduler_fixture, a_text_request_streams_the_oracle_tokens_then_one_fina
   EXPECT_TRUE(exec->errors().empty());
 }
 
-TEST_F(scheduler_fixture, abort_and_subscriber_down_end_requests_and_free_their_blocks) {
+TEST_F(engine_actor_fixture, abort_and_subscriber_down_end_requests_and_free_their_blocks) {
   start();
   caf::scoped_actor self{sys};
-  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
   // Let it decode a few tokens, then abort.
   int deltas = 0;
   self->receive_for(deltas, 3)([&](delta_atom, delta_ptr&) {});
-  self->send(scheduler, abort_atom_v, ticket_id{1});
+  self->send(engine, abort_atom_v, ticket_id{1});
   auto [tokens, final] = collect(self, 1);
   EXPECT_EQ(final.reason, finish_reason::abort);
 
   // A subscriber that goes away: its request is aborted (no one else is told).
   {
     caf::scoped_actor gone{sys};
-    gone->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
+    gone->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
     gone->receive([&](delta_atom, delta_ptr&) {});
   }  // `gone` terminates here
   runtime_status status;
   for (int i = 0; i < 500; ++i) {
-    self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+    self->request(engine, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
     if (status.num_tickets == 0) break;
     std::this_thread::sleep_for(10ms);
   }
@@ -355,26 +355,26 @@ bool receive_error_finals(caf::scoped_actor& self, int num_streams, caf::timespa
   return true;
 }
 
-TEST_F(scheduler_fixture, an_executor_failure_ends_every_stream_with_an_error) {
+TEST_F(engine_actor_fixture, an_executor_failure_ends_every_stream_with_an_error) {
   start(64, 3);
   caf::scoped_actor self{sys};
   for (ticket_id t = 1; t <= 4; ++t)
-    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
+    self->send(engine, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
                caf::actor(self));
   ASSERT_TRUE(receive_error_finals(self, 4, 5s)) << "a stream hangs after the executor failed";
   EXPECT_FALSE(shared->healthy.load());
   // Later submits get an error final at once.
-  self->send(scheduler, submit_atom_v, make_submit(9, prompt_input::from_ids({1}), 4), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(9, prompt_input::from_ids({1}), 4), caf::actor(self));
   auto [tokens, final] = collect(self, 9);
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::error);
 }
 
-TEST_F(scheduler_fixture, an_executor_actor_killed_mid_stream_errors_every_stream_within_a_second) {
+TEST_F(engine_actor_fixture, an_executor_actor_killed_mid_stream_errors_every_stream_within_a_second) {
   start();
   caf::scoped_actor self{sys};
   for (ticket_id t = 1; t <= 4; ++t)
-    self->send(scheduler, submit_atom_v, make_submit(t, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
+    self->send(engine, submit_atom_v, make_submit(t, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
                caf::actor(self));
   int deltas = 0;
   self->receive_for(deltas, 8)([&](delta_atom, delta_ptr&) {});  // streaming
@@ -385,17 +385,17 @@ TEST_F(scheduler_fixture, an_executor_actor_killed_mid_stream_errors_every_strea
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2s);  // generous: milliseconds in practice
   EXPECT_FALSE(shared->healthy.load());
   runtime_status status;
-  self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+  self->request(engine, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
   EXPECT_FALSE(status.healthy);
   EXPECT_FALSE(status.message.empty());
   EXPECT_EQ(status.num_tickets, 0);
 }
 
-TEST_F(scheduler_fixture, the_executor_runs_on_its_own_thread_never_on_a_caf_worker) {
+TEST_F(engine_actor_fixture, the_executor_runs_on_its_own_thread_never_on_a_caf_worker) {
   auto held = std::make_shared<testing::held_executor>(64, 0);
   start_with(held, engine_options{});
   caf::scoped_actor self{sys};
-  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 4), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 4), caf::actor(self));
   auto [tokens, final] = collect(self, 1);
   EXPECT_EQ(final.reason, finish_reason::length);
   // The compute blocks for a whole step: it must run on the executor actor's private thread, or it
@@ -405,7 +405,7 @@ TEST_F(scheduler_fixture, the_executor_runs_on_its_own_thread_never_on_a_caf_wor
 
 // ---- cancellation in every state --------------------------------------------------------------
 // An abort takes effect at the next step at the latest, whatever state the request is in. Each test
-// holds the executor inside a chosen step (the scheduler is blocked there), sends the abort, then
+// holds the executor inside a chosen step (the engine actor is blocked there), sends the abort, then
 // releases the step: the abort meets exactly the state that step left the request in, and the
 // request's timeline shows which state that was.
 
@@ -425,12 +425,12 @@ std::vector<token_id> greedy_oracle(std::vector<token_id> history, int32_t num_t
   return out;
 }
 
-TEST_F(scheduler_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_stream_at_once) {
+TEST_F(engine_actor_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_stream_at_once) {
   // The test plays the tokenizer, so the prompt stays "being tokenized" as long as it likes.
   caf::scoped_actor tokenizer{sys};
   start_with(std::make_shared<sim_executor>(16, 64, 0, test_vocab), engine_options{}, {caf::actor(tokenizer)});
   caf::scoped_actor self{sys};
-  self->send(scheduler, submit_atom_v, make_submit(5, prompt_input::from_text("abc"), 8), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(5, prompt_input::from_text("abc"), 8), caf::actor(self));
   caf::response_promise answer;
   bool asked = false;
   tokenizer->receive(
@@ -440,8 +440,8 @@ TEST_F(scheduler_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_stream
         asked = true;
       },
       caf::after(10s) >> [] {});
-  ASSERT_TRUE(asked) << "the scheduler asks a tokenizer actor to encode a text prompt";
-  self->send(scheduler, abort_atom_v, ticket_id{5});
+  ASSERT_TRUE(asked) << "the engine actor asks a tokenizer actor to encode a text prompt";
+  self->send(engine, abort_atom_v, ticket_id{5});
   auto [tokens, final] = collect(self, 5);
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::abort);
@@ -453,24 +453,24 @@ TEST_F(scheduler_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_stream
                 caf::after(200ms) >> [] {});
   EXPECT_FALSE(extra);
   runtime_status status;
-  self->request(scheduler, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
+  self->request(engine, 5s, status_atom_v).receive([&](runtime_status& s) { status = s; }, [](caf::error&) {});
   EXPECT_EQ(status.num_tickets, 0);
   EXPECT_EQ(status.num_waiting + status.num_running, 0);
   EXPECT_EQ(shared->num_open.load(), 0);
   EXPECT_EQ(shared->num_queued.load(), 0);
 }
 
-TEST_F(scheduler_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_ever_scheduled) {
+TEST_F(engine_actor_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_ever_scheduled) {
   auto held = std::make_shared<testing::held_executor>(64, 0);
   engine_options eo;
   eo.max_num_seqs = 1;  // the second request waits behind the first
   start_with(held, eo);
   held->hold_when([](const step_batch&) { return true; });
   caf::scoped_actor self{sys}, first{sys}, second{sys};
-  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
+  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
   ASSERT_TRUE(held->wait_held(10s));
-  self->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
-  self->send(scheduler, abort_atom_v, ticket_id{2});
+  self->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
+  self->send(engine, abort_atom_v, ticket_id{2});
   held->release();
   auto [tokens2, final2] = collect(second, 2);
   EXPECT_TRUE(tokens2.empty());
@@ -483,7 +483,7 @@ TEST_F(scheduler_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_ever
   EXPECT_TRUE(held->sim().errors().empty());
 }
 
-TEST_F(scheduler_fixture, an_abort_during_a_chunked_prefill_ends_it_before_its_first_token) {
+TEST_F(engine_actor_fixture, an_abort_during_a_chunked_prefill_ends_it_before_its_first_token) {
   auto held = std::make_shared<testing::held_executor>(64, 0);
   engine_options eo;
   eo.max_num_batched_tokens = 16;  // a 100-token prompt takes 7 prefill steps
@@ -492,9 +492,9 @@ TEST_F(scheduler_fixture, an_abort_during_a_chunked_prefill_ends_it_before_its_f
   std::vector<token_id> prompt;
   for (int i = 0; i < 100; ++i) prompt.push_back(1 + i % (test_vocab - 1));
   caf::scoped_actor self{sys};
-  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt), 6), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt), 6), caf::actor(self));
   ASSERT_TRUE(held->wait_held(10s));
-  self->send(scheduler, abort_atom_v, ticket_id{1});
+  self->send(engine, abort_atom_v, ticket_id{1});
   held->release();
   auto [tokens, final] = collect(self, 1);
   EXPECT_TRUE(tokens.empty());
@@ -511,7 +511,7 @@ TEST_F(scheduler_fixture, an_abort_during_a_chunked_prefill_ends_it_before_its_f
   EXPECT_EQ(usage.device.num_used, 0) << "the partly prefilled blocks are free";
 }
 
-TEST_F(scheduler_fixture, an_abort_of_a_swapped_out_request_frees_its_host_blocks) {
+TEST_F(engine_actor_fixture, an_abort_of_a_swapped_out_request_frees_its_host_blocks) {
   // 6 device blocks of 16 tokens: two requests growing to 60 tokens each cannot both stay; the
   // preempted one is swapped to the 16 host blocks.
   auto held = std::make_shared<testing::held_executor>(6, 16);
@@ -523,8 +523,8 @@ TEST_F(scheduler_fixture, an_abort_of_a_swapped_out_request_frees_its_host_block
   held->hold_when([](const step_batch& b) { return !b.swap_out.empty(); });
   caf::scoped_actor self{sys}, a{sys}, b{sys};
   const std::vector<token_id> prompt_a = {1, 2, 3, 4, 5, 6, 7, 8}, prompt_b = {9, 10, 11, 12, 13, 14, 15, 16};
-  self->send(scheduler, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt_a), 52), caf::actor(a));
-  self->send(scheduler, submit_atom_v, make_submit(2, prompt_input::from_ids(prompt_b), 52), caf::actor(b));
+  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt_a), 52), caf::actor(a));
+  self->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids(prompt_b), 52), caf::actor(b));
   ASSERT_TRUE(held->wait_held(20s)) << "no swap-out happened";
   // The held step swaps one request out and runs the other; the running one is recognised by the
   // prompt its sequence was first scheduled with.
@@ -534,7 +534,7 @@ TEST_F(scheduler_fixture, an_abort_of_a_swapped_out_request_frees_its_host_block
   caf::scoped_actor& kept = a_runs ? a : b;
   caf::scoped_actor& swapped = a_runs ? b : a;
   const ticket_id kept_ticket = a_runs ? 1 : 2, swapped_ticket = a_runs ? 2 : 1;
-  self->send(scheduler, abort_atom_v, swapped_ticket);
+  self->send(engine, abort_atom_v, swapped_ticket);
   held->release();
   auto [swapped_tokens, swapped_final] = collect(swapped, swapped_ticket);
   EXPECT_EQ(swapped_final.reason, finish_reason::abort);

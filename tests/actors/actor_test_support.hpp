@@ -59,7 +59,7 @@ class gated_executor : public executor {
 
 // sim_executor that can hold one chosen step: the first execute() whose batch matches `when` records
 // the batch's sequence ids, reports itself held and waits for release(). While it is held the
-// scheduler actor is blocked inside that step, so the test knows exactly which engine state the
+// engine actor is blocked inside that step, so the test knows exactly which engine state the
 // messages it sends meanwhile (aborts, submits) meet once the step ends.
 class held_executor : public executor {
  public:

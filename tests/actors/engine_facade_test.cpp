@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <set>
@@ -276,6 +278,62 @@ TEST(engine_facade, dropping_a_handle_aborts_its_request) {
   EXPECT_EQ(s.num_open, 0);
   EXPECT_EQ(s.num_aborted, 1u);
   EXPECT_EQ(s.device.num_used, 0);
+}
+
+// A reader that never blocks on a stream (the server's I/O threads): each stream's ready hook posts its
+// index to one mailbox, and a single consumer drains the woken stream with take_all(). Every stream
+// still equals the offline engine, ends with exactly one final, and no wake-up is lost (a lost one
+// leaves the consumer waiting with tokens buffered).
+TEST(engine_facade, ready_hooks_drive_many_streams_without_a_blocking_read) {
+  const auto tok = char_tokenizer();
+  engine_facade engine(sim_components(std::make_unique<sim_executor>(16, num_blocks, 0, test_vocab)), small_options());
+  constexpr size_t num_streams = 32;
+  std::vector<offline_request> requests;
+  std::vector<stream_handle> streams;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<size_t> woken;
+  for (size_t i = 0; i < num_streams; ++i) {
+    requests.push_back({{1, static_cast<token_id>(2 + i % 50), 3}, seeded(i, static_cast<int32_t>(5 + i % 23))});
+    submit_result r = engine.submit(prompt_input::from_ids(requests.back().prompt), requests.back().params);
+    ASSERT_TRUE(r) << r.message;
+    streams.push_back(r.stream);
+    streams.back().on_ready([&, i] {
+      {
+        std::lock_guard lock(mutex);
+        woken.push_back(i);
+      }
+      cv.notify_one();
+    });
+  }
+  std::vector<std::vector<token_id>> tokens(num_streams);
+  std::vector<int> num_finals(num_streams, 0);
+  size_t num_done = 0;
+  while (num_done < num_streams) {
+    size_t i;
+    {
+      std::unique_lock lock(mutex);
+      ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return !woken.empty(); })) << num_done << " streams ended, a wake-up was lost";
+      i = woken.front();
+      woken.pop_front();
+    }
+    for (stream_item& item : streams[i].take_all()) {
+      if (auto* d = std::get_if<stream_delta>(&item)) {
+        EXPECT_EQ(num_finals[i], 0) << "a delta after the final, stream " << i;
+        tokens[i].insert(tokens[i].end(), d->output.token_ids.begin(), d->output.token_ids.end());
+      } else {
+        EXPECT_EQ(std::get<stream_final>(item).reason, finish_reason::length);
+        if (num_finals[i]++ == 0) ++num_done;
+      }
+    }
+  }
+  sim_executor offline_exec(16, num_blocks, 0, test_vocab);
+  const auto expected = run_offline(offline_exec, tok, small_options().engine, requests);
+  for (size_t i = 0; i < num_streams; ++i) {
+    EXPECT_EQ(tokens[i], expected[i]) << "request " << i;
+    EXPECT_EQ(num_finals[i], 1) << "request " << i;
+  }
+  for (auto& s : streams) s.on_ready({});
 }
 
 TEST(engine_facade, shutdown_aborts_what_does_not_finish_in_time) {

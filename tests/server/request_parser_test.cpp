@@ -1,11 +1,18 @@
 // The server's request parser, error envelope and small security helpers, without a network.
+//
+// The parser's header comes first: it must compile on its own, and without the actor framework (its
+// request types are plain structs).
+#include "server/request_parser.hpp"
+#ifdef CAF_VERSION
+#error "server/request_parser.hpp includes CAF headers"
+#endif
+
 #include <gtest/gtest.h>
 
 #include <boost/json.hpp>
 
 #include "server/http_server.hpp"
 #include "server/openai_format.hpp"
-#include "server/request_parser.hpp"
 
 namespace tessera::server {
 namespace {

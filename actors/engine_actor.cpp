@@ -1,4 +1,5 @@
-// The scheduler actor: owns the llm_engine and drives its step loop on its own (detached) thread.
+// The engine actor: owns the llm_engine (which owns the scheduler, the KV block manager, sampling and
+// detokenization) and drives its step loop on its own (detached) thread.
 //
 // Step loop: after every message that can create work (a submit whose prompt is ready, an abort) the
 // actor sends itself one step_atom; each step_atom runs llm_engine::step() once and, while requests
@@ -21,15 +22,15 @@ double seconds_between(runtime_clock::time_point a, runtime_clock::time_point b)
   return std::chrono::duration<double>(b - a).count();
 }
 
-class scheduler_actor : public caf::event_based_actor {
+class engine_actor : public caf::event_based_actor {
  public:
-  scheduler_actor(caf::actor_config& cfg, scheduler_config config)
+  engine_actor(caf::actor_config& cfg, engine_actor_config config)
       : caf::event_based_actor(cfg), config_(std::move(config)), shared_(config_.shared) {
     proxy_ = std::make_unique<actor_executor>(system(), config_.executor_actor, *config_.executor_metadata);
     engine_ = std::make_unique<llm_engine>(*proxy_, config_.tok, config_.engine);
   }
 
-  const char* name() const override { return "scheduler"; }
+  const char* name() const override { return "engine"; }
 
   caf::behavior make_behavior() override {
     monitor(config_.executor_actor);
@@ -354,7 +355,7 @@ class scheduler_actor : public caf::event_based_actor {
     for (ticket_id t : all) close_ticket(t, finish_reason::error, message);
   }
 
-  scheduler_config config_;
+  engine_actor_config config_;
   std::shared_ptr<runtime_shared> shared_;
   std::unique_ptr<actor_executor> proxy_;
   std::unique_ptr<llm_engine> engine_;
@@ -368,8 +369,8 @@ class scheduler_actor : public caf::event_based_actor {
 
 }  // namespace
 
-caf::actor spawn_scheduler_actor(caf::actor_system& sys, scheduler_config config) {
-  return sys.spawn<scheduler_actor, caf::detached>(std::move(config));
+caf::actor spawn_engine_actor(caf::actor_system& sys, engine_actor_config config) {
+  return sys.spawn<engine_actor, caf::detached>(std::move(config));
 }
 
 }  // namespace tessera::actors

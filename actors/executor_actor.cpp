@@ -1,0 +1,67 @@
+// The executor actor (detached: compute never runs on one of CAF's cooperative threads) and its client
+// side, the actor_executor adapter through which llm_engine calls it synchronously from the engine
+// actor's thread.
+#include <caf/all.hpp>
+
+#include <exception>
+#include <stdexcept>
+
+#include "actors/runtime_actors.hpp"
+
+namespace tessera::actors {
+
+namespace {
+
+caf::behavior executor_behavior(caf::event_based_actor* self, std::shared_ptr<executor> exec) {
+  return {
+      [self, exec](exec_atom, exec_job job) -> caf::result<done_atom> {
+        try {
+          exec->execute(*job.batch, *job.out);
+          return done_atom_v;
+        } catch (const std::exception& e) {
+          auto err = caf::make_error(caf::sec::runtime_error, std::string("executor failed: ") + e.what());
+          self->quit(err);
+          return err;
+        }
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_executor_actor(caf::actor_system& sys, std::shared_ptr<executor> exec) {
+  return sys.spawn<caf::detached>(executor_behavior, std::move(exec));
+}
+
+// ---- actor_executor -----------------------------------------------------------------------------
+
+struct actor_executor::blocking_self {
+  explicit blocking_self(caf::actor_system& sys) : self(sys) {}
+  caf::scoped_actor self;
+};
+
+actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, const executor& metadata)
+    : sys_(sys),
+      actor_(std::move(exec_actor)),
+      config_(metadata.config()),
+      spec_(metadata.kv_spec()),
+      block_bytes_(metadata.kv_block_bytes()),
+      name_(metadata.name()) {}
+
+actor_executor::~actor_executor() = default;
+
+void actor_executor::execute(const step_batch& batch, step_output& out) {
+  if (failed()) throw std::runtime_error(failure_);
+  if (!self_) self_ = std::make_unique<blocking_self>(sys_);
+  // infinite: the executor is local and either answers or goes down, and a down actor answers every
+  // pending request with request_receiver_down at once.
+  self_->self->request(actor_, caf::infinite, exec_atom_v, exec_job{&batch, &out})
+      .receive([](done_atom) {},
+               [this](caf::error& err) {
+                 failure_ = sys_.render(err);
+                 if (failure_.empty()) failure_ = "executor actor failed";
+               });
+  if (failed()) throw std::runtime_error(failure_);
+}
+
+}  // namespace tessera::actors

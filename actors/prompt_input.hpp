@@ -1,0 +1,42 @@
+// What a caller submits to the runtime, as a plain value: text (encoded as is), a conversation
+// (rendered with the model's chat template, then encoded) or token ids (passed through). No CAF here:
+// the server's request parser builds it without pulling in the actor framework.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/text/chat_template.hpp"
+#include "engine/executor.hpp"  // token_id
+
+namespace tessera::actors {
+
+struct prompt_input {
+  enum class kind : uint8_t { text, chat, token_ids };
+  kind type = kind::token_ids;
+  std::string text;
+  std::vector<chat_message> messages;
+  std::vector<token_id> ids;
+
+  static prompt_input from_text(std::string t) {
+    prompt_input p;
+    p.type = kind::text;
+    p.text = std::move(t);
+    return p;
+  }
+  static prompt_input from_chat(std::vector<chat_message> m) {
+    prompt_input p;
+    p.type = kind::chat;
+    p.messages = std::move(m);
+    return p;
+  }
+  static prompt_input from_ids(std::vector<token_id> i) {
+    prompt_input p;
+    p.type = kind::token_ids;
+    p.ids = std::move(i);
+    return p;
+  }
+};
+
+}  // namespace tessera::actors

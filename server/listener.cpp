@@ -1,0 +1,64 @@
+#include "server/listener.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "server/http_session.hpp"
+
+namespace tessera::server {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+listener::listener(server_state& state) : state_(state) {
+  const tcp::endpoint endpoint(net::ip::make_address(state.opt.host), state.opt.port);
+  acceptor_.open(endpoint.protocol());
+  acceptor_.set_option(net::socket_base::reuse_address(true));
+  acceptor_.bind(endpoint);
+  acceptor_.listen(net::socket_base::max_listen_connections);
+  port_ = acceptor_.local_endpoint().port();
+  state.bound_port = port_;
+}
+
+listener::~listener() { stop(); }
+
+void listener::start(int num_threads) {
+  do_accept();
+  const int n = std::max(1, num_threads);
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { ioc_.run(); });
+}
+
+void listener::do_accept() {
+  acceptor_.async_accept(net::make_strand(ioc_), [this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) {
+      std::make_shared<http_session>(state_, std::move(socket))->run();
+      return do_accept();
+    }
+    // Out of file descriptors and the like: back off instead of spinning on the error.
+    spdlog::warn("accept failed: {}; retrying in 100 ms", ec.message());
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](boost::system::error_code wait_ec) {
+      if (!wait_ec && acceptor_.is_open()) do_accept();
+    });
+  });
+}
+
+void listener::stop_accepting() {
+  net::post(ioc_, [this] {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+  });
+}
+
+void listener::stop() {
+  stop_accepting();
+  ioc_.stop();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,193 @@
+#include "server/router.hpp"
+
+#include <boost/beast/websocket/rfc6455.hpp>
+#include <boost/json.hpp>
+
+#include <cctype>
+#include <string>
+
+#include "server/api_error.hpp"
+#include "server/request_parser.hpp"
+#include "server/static_files.hpp"
+
+namespace tessera::server {
+
+namespace http = boost::beast::http;
+namespace json = boost::json;
+
+bool keys_equal(std::string_view presented, std::string_view expected) {
+  // Length is not secret enough to hide behind padding; compare every byte of the expected key anyway.
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<unsigned char>(p ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
+bool host_allowed(std::string_view header, const server_options& o, uint16_t bound_port) {
+  const bool wildcard_bind = o.host == "0.0.0.0" || o.host == "::" || o.host.empty();
+  if (wildcard_bind && o.allowed_hosts.empty()) return true;
+  std::string_view name = header, port;
+  if (!name.empty() && name.front() == '[') {  // [v6]:port
+    const size_t close = name.find(']');
+    if (close == std::string_view::npos) return false;
+    port = close + 1 < name.size() && name[close + 1] == ':' ? name.substr(close + 2) : std::string_view();
+    name = name.substr(0, close + 1);
+  } else if (const size_t colon = name.rfind(':'); colon != std::string_view::npos) {
+    port = name.substr(colon + 1);
+    name = name.substr(0, colon);
+  }
+  if (!port.empty() && port != std::to_string(bound_port)) return false;
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == o.host || lower == "localhost" || lower == "127.0.0.1" || lower == "[::1]") return true;
+  for (const auto& h : o.allowed_hosts) {
+    if (lower == h) return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::string_view header_value(const http_request& req, http::field f) {
+  auto it = req.find(f);
+  return it == req.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
+}
+
+bool origin_allowed(std::string_view origin, const http_request& req, const server_options& o) {
+  for (const auto& a : o.allowed_origins) {
+    if (a == "*" || a == origin) return true;
+  }
+  const std::string_view host = header_value(req, http::field::host);
+  return origin == "http://" + std::string(host) || origin == "https://" + std::string(host);
+}
+
+struct route_entry {
+  std::string_view path;
+  http::verb method;
+  route to;
+};
+
+constexpr route_entry routes[] = {
+    {"/health", http::verb::get, route::health},
+    {"/v1/models", http::verb::get, route::models},
+    {"/metrics", http::verb::get, route::metrics},
+    {"/v1/completions", http::verb::post, route::completions},
+    {"/v1/chat/completions", http::verb::post, route::chat_completions},
+    {"/tokenize", http::verb::post, route::tokenize},
+    {"/detokenize", http::verb::post, route::detokenize},
+    {"/v1/ws", http::verb::get, route::ws_generate},
+    {"/v1/events", http::verb::get, route::ws_events},
+};
+
+http_response json_response(std::string body) {
+  http_response res{http::status::ok, 11};
+  res.set(http::field::content_type, "application/json");
+  res.body() = std::move(body);
+  return res;
+}
+
+http_response tokenize(const http_request& req, server_state& s) {
+  const tokenize_request t = parse_tokenize_request(req.body());
+  const auto& tok = s.engine.tok();
+  if (!tok) throw api_error(400, "this model has no tokenizer");
+  std::vector<token_id> ids;
+  if (t.is_chat) {
+    if (!s.opt.encode_chat) throw api_error(400, "'messages' is not supported by this server's /tokenize", "messages");
+    try {
+      ids = s.opt.encode_chat(t.messages);
+    } catch (const std::exception& e) {
+      throw api_error(400, std::string("cannot render the conversation: ") + e.what(), "messages");
+    }
+  } else {
+    encode_options eo;
+    eo.add_special = t.add_special_tokens && tok->add_bos();
+    ids = tok->encode(t.prompt, eo);
+  }
+  json::array arr;
+  for (token_id id : ids) arr.push_back(id);
+  json::object body{{"count", ids.size()}, {"max_model_len", s.engine.config().context_length},
+                    {"tokens", std::move(arr)}};
+  return json_response(json::serialize(body));
+}
+
+http_response detokenize(const http_request& req, server_state& s) {
+  const auto& tok = s.engine.tok();
+  if (!tok) throw api_error(400, "this model has no tokenizer");
+  const std::vector<token_id> ids =
+      parse_detokenize_request(req.body(), static_cast<int32_t>(tok->vocab_size()), s.opt.limits);
+  json::object body{{"prompt", sanitize_utf8(tok->decode(ids))}};
+  return json_response(json::serialize(body));
+}
+
+}  // namespace
+
+routing route_request(const http_request& req, const server_state& s) {
+  const server_options& o = s.opt;
+  const std::string_view target(req.target().data(), req.target().size());
+  const std::string_view path = target.substr(0, target.find('?'));
+  const http::verb method = req.method();
+
+  if (!host_allowed(header_value(req, http::field::host), o, s.bound_port)) {
+    throw api_error(403, "Host header not allowed", "", "host_not_allowed");
+  }
+  const std::string_view origin = header_value(req, http::field::origin);
+  if (!origin.empty() && !origin_allowed(origin, req, o)) throw api_error(403, "Origin not allowed", "", "origin_not_allowed");
+
+  const route_entry* found = nullptr;
+  for (const auto& r : routes) {
+    if (r.path == path) found = &r;
+  }
+  if (!found && s.ui && (method == http::verb::get || method == http::verb::head)) {
+    if (auto res = s.ui->respond(req, path)) return {route::ui_file, true, std::move(res)};
+  }
+  if (!found) throw api_error(404, "no route for " + std::string(path), "", "not_found");
+  if (found->method != method && !(method == http::verb::head && found->method == http::verb::get)) {
+    throw api_error(405, "method " + std::string(req.method_string()) + " not allowed on " + std::string(path), "",
+                    "method_not_allowed");
+  }
+  const bool upgrade = found->to == route::ws_generate || found->to == route::ws_events;
+  bool authed = o.api_key.empty() || found->to == route::health;
+  if (!authed) {
+    const std::string_view auth = header_value(req, http::field::authorization);
+    if (auth.size() > 7 && (auth.substr(0, 7) == "Bearer " || auth.substr(0, 7) == "bearer ")) {
+      authed = keys_equal(auth.substr(7), o.api_key);
+    }
+  }
+  if (!authed && !upgrade) {
+    throw api_error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key");
+  }
+  if (upgrade && !boost::beast::websocket::is_upgrade(req)) {
+    throw api_error(400, "this route needs a WebSocket upgrade", "", "upgrade_required");
+  }
+  return {found->to, authed, std::nullopt};
+}
+
+http_response answer(route to, const http_request& req, server_state& s) {
+  switch (to) {
+    case route::health: {
+      const actors::health_report h = s.engine.health();
+      if (!h.healthy) throw api_error(503, "engine unhealthy: " + h.message, "", "unhealthy");
+      return json_response(R"({"status":"ok"})");
+    }
+    case route::models: {
+      json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
+                         {"max_model_len", s.engine.config().context_length}};
+      json::object body{{"object", "list"}, {"data", json::array{std::move(model)}}};
+      return json_response(json::serialize(body));
+    }
+    case route::metrics: {
+      http_response res{http::status::ok, 11};
+      res.set(http::field::content_type, "text/plain; version=0.0.4");
+      res.body() = s.metrics.render(s.engine);
+      return res;
+    }
+    case route::tokenize: return tokenize(req, s);
+    case route::detokenize: return detokenize(req, s);
+    default: break;
+  }
+  throw api_error(500, "no plain answer for this route");
+}
+
+}  // namespace tessera::server

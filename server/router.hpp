@@ -1,0 +1,46 @@
+// Where a request goes. Every request passes the same checks in the same order, all decided on the
+// one parsed path: the Host header names this server (DNS rebinding), an Origin is same-origin or
+// allowed, the path is a route (or a UI file) and the method fits it, and the API key is right (deny
+// by default; WebSocket upgrades may authenticate with their first message instead). The routes that
+// need no session state are answered here; generations and upgrades go back to the session.
+#pragma once
+#include <boost/beast/http.hpp>
+
+#include <cstdint>
+#include <optional>
+
+#include "server/server_state.hpp"
+
+namespace tessera::server {
+
+using http_request = boost::beast::http::request<boost::beast::http::string_body>;
+using http_response = boost::beast::http::response<boost::beast::http::string_body>;
+
+enum class route : uint8_t {
+  health,
+  models,
+  metrics,
+  completions,
+  chat_completions,
+  tokenize,
+  detokenize,
+  ws_generate,  // GET /v1/ws (upgrade)
+  ws_events,    // GET /v1/events (upgrade)
+  ui_file,      // a file of the browser UI (no key needed: the page asks for it and sends it itself)
+};
+
+struct routing {
+  route to = route::health;
+  bool authed = false;                 // the key was checked (or none is needed)
+  std::optional<http_response> file;  // to == ui_file: the answer
+};
+
+// Throws api_error: 403 (Host, Origin), 404 (no such route), 405 (method), 401 (key; not for upgrades,
+// which authenticate later when the upgrade carried no key).
+routing route_request(const http_request& req, const server_state& state);
+
+// The answer of health, models, metrics, tokenize or detokenize (status, content type, body; the
+// session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
+http_response answer(route to, const http_request& req, server_state& state);
+
+}  // namespace tessera::server

@@ -1,0 +1,124 @@
+#include "server/stream_format.hpp"
+
+namespace tessera::server {
+
+namespace json = boost::json;
+
+bool stream_progress::take_delta(const actors::stream_delta& d, server_metrics& metrics) {
+  const request_output& o = d.output;
+  if (o.index < 0 || static_cast<size_t>(o.index) >= last_token_at_.size()) return false;
+  if (o.token_ids.empty()) return true;
+  num_tokens_ += static_cast<int64_t>(o.token_ids.size());
+  double& prev = last_token_at_[static_cast<size_t>(o.index)];
+  if (prev >= 0) metrics.observe_itl((d.seconds_since_submit - prev) / double(o.token_ids.size()));
+  prev = d.seconds_since_submit;
+  return true;
+}
+
+bool stream_progress::first_of_choice(int32_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= started_.size() || started_[static_cast<size_t>(index)]) return false;
+  started_[static_cast<size_t>(index)] = true;
+  return true;
+}
+
+bool stream_progress::first_of_stream() {
+  if (any_started_) return false;
+  any_started_ = true;
+  return true;
+}
+
+void record_final(const actors::stream_final& f, server_metrics& metrics) {
+  metrics.record_finish(f.reason);
+  metrics.observe_e2e(f.seconds_total);
+  if (f.seconds_to_first_token >= 0) metrics.observe_ttft(f.seconds_to_first_token);
+}
+
+namespace {
+
+// What a delta carries on either transport: its text and, when asked for, its tokens' logprobs.
+json::string delta_text(const request_output& o) { return json::string(sanitize_utf8(o.text)); }
+
+json::value delta_logprobs(api_kind kind, const request_output& o, const tokenizer* tok) {
+  return logprobs_json(kind, o.logprobs, tok, 0);
+}
+
+}  // namespace
+
+std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
+                        bool first_of_choice, const tokenizer* tok) {
+  json::object body = response_envelope(req, meta, true);
+  json::object choice{{"index", o.index}};
+  if (req.kind == api_kind::chat) {
+    json::object delta;
+    if (first_of_choice) delta["role"] = "assistant";
+    delta["content"] = delta_text(o);
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = delta_text(o);
+  }
+  choice["logprobs"] = req.want_logprobs ? delta_logprobs(req.kind, o, tok) : json::value(nullptr);
+  choice["finish_reason"] = nullptr;
+  body["choices"] = json::array{std::move(choice)};
+  if (req.include_usage) body["usage"] = nullptr;
+  return json::serialize(body);
+}
+
+std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index, finish_reason reason,
+                         const json::object* timings) {
+  json::object body = response_envelope(req, meta, true);
+  json::object choice{{"index", index}};
+  if (req.kind == api_kind::chat) choice["delta"] = json::object{};
+  else choice["text"] = "";
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason_json(reason);
+  body["choices"] = json::array{std::move(choice)};
+  if (req.include_usage) body["usage"] = nullptr;
+  if (timings) body["timings"] = *timings;
+  return json::serialize(body);
+}
+
+std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final) {
+  json::object body = response_envelope(req, meta, true);
+  body["choices"] = json::array{};
+  body["usage"] = usage_json(final);
+  return json::serialize(body);
+}
+
+std::string ws_started_message(std::string_view id, std::string_view request_id) {
+  return json::serialize(json::object{{"type", "started"}, {"id", id}, {"request_id", request_id}});
+}
+
+std::string ws_delta_message(std::string_view id, const actors::stream_delta& d, bool with_logprobs, bool with_engine_id,
+                             const tokenizer* tok) {
+  const request_output& o = d.output;
+  json::array ids;
+  for (token_id t : o.token_ids) ids.push_back(t);
+  json::object m{{"type", "delta"}, {"id", id}, {"index", o.index}, {"token_ids", std::move(ids)},
+                 {"text", delta_text(o)}, {"t", d.seconds_since_submit}};
+  // The chat shape whatever the endpoint: one schema for every /v1/ws client.
+  if (with_logprobs) m["logprobs"] = delta_logprobs(api_kind::chat, o, tok);
+  if (with_engine_id) m["engine_request_id"] = o.id;
+  return json::serialize(m);
+}
+
+std::string ws_final_message(std::string_view id, const actors::stream_final& f) {
+  json::array choices;
+  for (const auto& c : f.choices) {
+    choices.push_back(json::object{{"index", c.index}, {"finish_reason", finish_reason_json(c.reason)},
+                                   {"num_generated_tokens", c.num_generated_tokens}});
+  }
+  json::object m{{"type", "final"}, {"id", id}, {"finish_reason", finish_reason_json(f.reason)},
+                 {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
+  if (f.request != 0) m["engine_request_id"] = f.request;
+  if (f.reason == finish_reason::error) m["error"] = f.error;
+  return json::serialize(m);
+}
+
+std::string ws_error_message(const api_error& e, std::string_view id) {
+  json::value body = json::parse(error_body(e));
+  json::object out{{"type", "error"}, {"status", e.status}, {"error", body.at("error")}};
+  if (!id.empty()) out["id"] = id;
+  return json::serialize(out);
+}
+
+}  // namespace tessera::server

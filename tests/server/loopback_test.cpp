@@ -1,0 +1,305 @@
+// The real server on a loopback port, in front of the actor runtime on the simulated executor (fast,
+// deterministic tokens), driven by plain Beast clients: connections that go away or stop reading
+// while tokens are being pushed to them must be torn down without touching freed state, free every
+// request's KV blocks, and leave the server answering.
+#include "server/http_server.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <boost/json.hpp>
+
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "engine/sim_executor.hpp"
+#include "tests/support/char_tokenizer.hpp"
+
+namespace tessera::server {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+namespace json = boost::json;
+using tcp = net::ip::tcp;
+using namespace std::chrono_literals;
+
+constexpr int32_t num_blocks = 16384;
+
+struct loopback_server {
+  explicit loopback_server(server_options so = {}) {
+    actors::facade_options fo;
+    fo.engine.block_size = 16;
+    fo.num_caf_threads = 2;
+    fo.max_waiting = 1000;
+    fo.shutdown_timeout = 2s;
+    actors::facade_components c;
+    c.exec = std::make_unique<testing::sim_executor>(16, num_blocks, 0, test_support::char_vocab);
+    c.tok = test_support::char_tokenizer();
+    engine = std::make_unique<actors::engine_facade>(std::move(c), fo);
+    so.port = 0;
+    server = std::make_unique<http_server>(*engine, std::move(so));
+    server->start();
+  }
+  ~loopback_server() {
+    if (!server) return;
+    server->stop_accepting();
+    engine->shutdown(2s);
+    server->stop();
+  }
+  tcp::endpoint endpoint() const { return {net::ip::make_address("127.0.0.1"), server->port()}; }
+
+  std::unique_ptr<actors::engine_facade> engine;
+  std::unique_ptr<http_server> server;
+};
+
+struct reply {
+  int status = 0;
+  std::string body;
+};
+
+reply get(const loopback_server& s, const std::string& target) {
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.connect(s.endpoint());
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.keep_alive(false);
+  http::write(sock, req);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  http::read(sock, buffer, res);
+  return {static_cast<int>(res.result_int()), res.body()};
+}
+
+std::map<std::string, double> metrics(const loopback_server& s) {
+  const reply r = get(s, "/metrics");
+  EXPECT_EQ(r.status, 200);
+  std::map<std::string, double> out;
+  std::istringstream lines(r.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+const std::string aborted_key = "tessera_request_success_total{finished_reason=\"abort\"}";
+const std::string submitted_key = "tessera_requests_submitted_total";
+
+// Waits until the runtime has accepted `num_submitted` requests in all, then until it has no open
+// stream and both pools have no used block; returns the last metrics seen (the caller's assertions
+// name what did not come back).
+std::map<std::string, double> wait_idle(const loopback_server& s, double num_submitted, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::map<std::string, double> m;
+  while (std::chrono::steady_clock::now() < deadline) {
+    m = metrics(s);
+    if (m[submitted_key] >= num_submitted && m["tessera_num_streams_open"] == 0 &&
+        m["tessera_kv_blocks_used{pool=\"device\"}"] == 0 && m["tessera_kv_blocks_used{pool=\"host\"}"] == 0 &&
+        m["tessera_num_requests_running"] == 0) {
+      return m;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return m;
+}
+
+void expect_idle(const std::map<std::string, double>& m, double num_submitted) {
+  EXPECT_EQ(m.at(submitted_key), num_submitted);
+  EXPECT_EQ(m.at("tessera_num_streams_open"), 0);
+  EXPECT_EQ(m.at("tessera_num_requests_running"), 0);
+  EXPECT_EQ(m.at("tessera_kv_blocks_used{pool=\"device\"}"), 0);
+  EXPECT_EQ(m.at("tessera_kv_blocks_used{pool=\"host\"}"), 0);
+}
+
+std::string start_message(const std::string& id, int max_tokens) {
+  return json::serialize(json::object{
+      {"type", "start"},
+      {"id", id},
+      {"endpoint", "completions"},
+      {"request", json::object{{"prompt", "abc"}, {"max_tokens", max_tokens}, {"ignore_eos", true}}}});
+}
+
+void set_receive_timeout(int fd, std::chrono::seconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count());
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+// Issue #14: a /v1/ws reader that never reads fills the socket's send queue; reaching
+// ws_max_queued_messages closed the socket from inside the loop that was writing the generations'
+// deltas, which cleared the generations under that loop (heap corruption, once an I/O thread
+// spinning forever). The server must close that socket, abort its generations, free their blocks
+// and keep answering.
+TEST(loopback, websocket_reader_that_never_reads_is_closed_and_its_generations_freed) {
+  server_options so;
+  so.ws_max_queued_messages = 16;
+  loopback_server s(so);
+  const double aborted_before = metrics(s)[aborted_key];
+  const double submitted_before = metrics(s)[submitted_key];
+
+  net::io_context ioc;
+  tcp::socket sock(ioc);
+  sock.open(tcp::v4());
+  // A small receive window, so the server's socket buffer fills after a few hundred deltas.
+  sock.set_option(net::socket_base::receive_buffer_size(4096));
+  sock.connect(s.endpoint());
+  websocket::stream<tcp::socket> ws(std::move(sock));
+  ws.handshake("127.0.0.1", "/v1/ws");
+  constexpr int num_generations = 8;
+  // Long enough that the generations cannot end on their own before the queue limit is reached:
+  // 8 x 20000 deltas are megabytes, far beyond what the socket buffers hold.
+  for (int i = 0; i < num_generations; ++i) ws.write(net::buffer(start_message("g" + std::to_string(i), 20000)));
+
+  // Never reading: the server must give up on this socket by itself and abort all 8 generations.
+  const auto m = wait_idle(s, submitted_before + num_generations, 60s);
+  expect_idle(m, submitted_before + num_generations);
+  EXPECT_EQ(m.at(aborted_key) - aborted_before, num_generations) << "the generations were aborted, not finished";
+  EXPECT_EQ(get(s, "/health").status, 200);
+
+  // What was already on its way arrives, then the server's close frame (policy violation).
+  set_receive_timeout(ws.next_layer().native_handle(), 30s);
+  int num_started = 0, num_deltas = 0;
+  beast::error_code ec;
+  for (;;) {
+    beast::flat_buffer buffer;
+    ws.read(buffer, ec);
+    if (ec) break;
+    const json::value msg = json::parse(beast::buffers_to_string(buffer.data()));
+    const json::string& type = msg.at("type").as_string();
+    num_started += type == "started";
+    num_deltas += type == "delta";
+    ASSERT_TRUE(type == "started" || type == "delta") << json::serialize(msg);
+  }
+  EXPECT_EQ(ec, websocket::error::closed) << ec.message();
+  EXPECT_EQ(ws.reason().code, websocket::close_code::policy_error);
+  EXPECT_EQ(num_started, num_generations);
+  EXPECT_GT(num_deltas, 0);
+  EXPECT_LT(num_deltas, num_generations * 20000);
+
+  // The server still serves generations.
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// SSE streams (and non-streaming requests) cut by the client at random points while their tokens are
+// being pushed: a FIN or a TCP reset may meet a notification already posted to the session.
+TEST(loopback, http_streams_cut_while_tokens_flow_free_everything) {
+  loopback_server s;
+  const double aborted_before = metrics(s)[aborted_key];
+  const double submitted_before = metrics(s)[submitted_key];
+  std::mt19937 rng(7);
+  constexpr int num_requests = 40;
+  for (int i = 0; i < num_requests; ++i) {
+    const bool stream = i % 5 != 4;
+    const std::string body = json::serialize(json::object{
+        {"prompt", "story " + std::to_string(i)}, {"max_tokens", 20000}, {"ignore_eos", true}, {"stream", stream}});
+    net::io_context ioc;
+    tcp::socket sock(ioc);
+    sock.connect(s.endpoint());
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    http::write(sock, req);
+    if (stream) {
+      // 0 bytes: cut while the prompt is queued or prefilled; else somewhere in the token stream.
+      const size_t want = rng() % 3 == 0 ? 0 : 1 + rng() % 6000;
+      std::string got(want, '\0');
+      if (want > 0) net::read(sock, net::buffer(got));
+      EXPECT_EQ(got.find("[DONE]"), std::string::npos) << "a stream ended before it was cut";
+      if (want > 0 && rng() % 2) sock.set_option(net::socket_base::linger(true, 0));  // RST, not FIN
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 30));
+    }
+    sock.close();
+  }
+  const auto m = wait_idle(s, submitted_before + num_requests, 30s);
+  expect_idle(m, submitted_before + num_requests);
+  EXPECT_EQ(m.at(aborted_key) - aborted_before, num_requests);
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// Many /v1/ws sockets with several generations each, dropped at random points (a close handshake or
+// just the TCP connection) while deltas are being pushed.
+TEST(loopback, websockets_dropped_while_tokens_flow_free_everything) {
+  loopback_server s;
+  const double aborted_before = metrics(s)[aborted_key];
+  const double submitted_before = metrics(s)[submitted_key];
+  std::mt19937 rng(11);
+  constexpr int num_sockets = 20, per_socket = 4;
+  for (int i = 0; i < num_sockets; ++i) {
+    net::io_context ioc;
+    websocket::stream<tcp::socket> ws(ioc);
+    ws.next_layer().connect(s.endpoint());
+    ws.handshake("127.0.0.1", "/v1/ws");
+    for (int g = 0; g < per_socket; ++g) ws.write(net::buffer(start_message("g" + std::to_string(g), 20000)));
+    // At least the "started" answers: every generation reached the runtime before the drop.
+    const int want = per_socket + static_cast<int>(rng() % 200);
+    for (int k = 0; k < want; ++k) {
+      beast::flat_buffer buffer;
+      ws.read(buffer);
+    }
+    if (i % 2) {
+      ws.close(websocket::close_code::normal);  // the server answers; later frames are dropped
+    } else {
+      ws.next_layer().set_option(net::socket_base::linger(true, 0));
+      ws.next_layer().close();
+    }
+  }
+  const auto m = wait_idle(s, submitted_before + num_sockets * per_socket, 30s);
+  expect_idle(m, submitted_before + num_sockets * per_socket);
+  EXPECT_EQ(m.at(aborted_key) - aborted_before, num_sockets * per_socket);
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// The server stopped and destroyed while its generations' tokens are still being pushed, the runtime
+// running on: ready hooks that fire after that must find the server's poster closed (and their
+// sessions gone), never post into the destroyed io_context; the dropped streams abort their requests.
+TEST(loopback, server_destroyed_while_tokens_flow) {
+  loopback_server s;
+  net::io_context ioc;
+  std::vector<tcp::socket> sse;
+  for (int i = 0; i < 4; ++i) {
+    sse.emplace_back(ioc);
+    sse.back().connect(s.endpoint());
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.set(http::field::content_type, "application/json");
+    req.body() = json::serialize(json::object{{"prompt", "x"}, {"max_tokens", 1 << 20}, {"ignore_eos", true}, {"stream", true}});
+    req.prepare_payload();
+    http::write(sse.back(), req);
+    std::string got(2000, '\0');
+    net::read(sse.back(), net::buffer(got));  // tokens are flowing
+  }
+  websocket::stream<tcp::socket> ws(ioc);
+  ws.next_layer().connect(s.endpoint());
+  ws.handshake("127.0.0.1", "/v1/ws");
+  for (int g = 0; g < 4; ++g) ws.write(net::buffer(start_message("g" + std::to_string(g), 1 << 20)));
+  for (int k = 0; k < 50; ++k) {
+    beast::flat_buffer buffer;
+    ws.read(buffer);
+  }
+  s.server->stop();
+  s.server.reset();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (s.engine->stats().num_open > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  const actors::facade_stats st = s.engine->stats();
+  EXPECT_EQ(st.num_open, 0) << "the dropped streams were aborted";
+  EXPECT_EQ(st.device.num_used, 0);
+  EXPECT_TRUE(s.engine->health().healthy);
+}
+
+}  // namespace
+}  // namespace tessera::server
