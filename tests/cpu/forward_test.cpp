@@ -384,7 +384,7 @@ INSTANTIATE_TEST_SUITE_P(
         reference_case{"f32_half", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
         reference_case{"f32_half_partial_rope", model(rope_style::half, 8, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
         reference_case{"f32_interleaved_partial_rope_scalar", model(rope_style::interleaved, 10, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-5},
-        reference_case{"f16_dequantized_at_load", model(rope_style::interleaved, 16, ggml_type::f16, ggml_type::f16, false), "", 2e-5},
+        reference_case{"f16", model(rope_style::interleaved, 16, ggml_type::f16, ggml_type::f16, false), "", 2e-5},
         reference_case{"q8_0", model(rope_style::interleaved, 16, ggml_type::q8_0, ggml_type::q8_0, true), "", 3e-2},
         reference_case{"q4_1", model(rope_style::interleaved, 16, ggml_type::q4_1, ggml_type::q8_0, true), "", 3e-2},
         reference_case{"q4_0_scalar", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "scalar", 3e-2},
