@@ -178,18 +178,12 @@ class cpu_executor final : public executor {
 
 // ---- weight preparation ----------------------------------------------------------------------
 
-// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type).
+// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type, rows of
+// whole blocks: what the kernels and their activation blocks need).
 matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
   matrix m;
   m.rows = w.rows;
   m.cols = w.cols;
-  const ggml_type_info& info = type_info(w.type);
-  if (w.cols % info.block_elems != 0) {
-    // The kernels (and the activation blocks they read) work in whole blocks of the weight type.
-    throw load_error("cpu executor: weight '" + w.name + "' of type " + std::string(info.name) + " has " +
-                     std::to_string(w.cols) + " columns, not a multiple of its " +
-                     std::to_string(info.block_elems) + "-value block");
-  }
   if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {  // used in place, as stored
     m.act = cpu::act_format_of(w.type);
     m.type = w.type;
