@@ -78,7 +78,8 @@ struct fmatmul_args {
   int64_t weight_stride = 0;        // bytes between rows; 0: dense (cols * element size)
   int64_t cols = 0;
   const float* x = nullptr;         // for bf16 weights: values rounded to bf16 (round_act_bf16)
-  const uint16_t* x_bf16 = nullptr; // bf16 weights only: the same values as bf16 bits, same strides
+  const uint16_t* x_bf16 = nullptr; // bf16 weights: the same values as bf16 bits, same strides; lets
+                                    // the kernels use vdpbf16ps (null: they widen the weights, FMA)
   int64_t x_stride = 0;
   int32_t num_tokens = 0;
   int64_t row_begin = 0;

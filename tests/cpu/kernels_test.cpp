@@ -300,31 +300,36 @@ TEST_P(kernels_test, quantized_matmul_matches_dequantized_reference) {
   const kernel_table& k = *GetParam();
   std::mt19937 rng(2);
   for (ggml_type type : all_types) {
-    for (int64_t cols : test_cols(type)) {
-      for (int32_t num_tokens : {1, 2, 3, 4, 5, 9}) {
-        const int64_t rows = 37;
-        const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
-        const std::vector<float> x = random_activations(num_tokens, cols, rng);
-        const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
-        const int64_t out_stride = rows + 3;
-        std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
-        const bool accumulate = (num_tokens % 2) == 1;
-        const int64_t row_begin = 3;
-        run_matmul(k, type, w, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
-        const int64_t rb = row_bytes(type, cols);
-        for (int64_t r = 0; r < rows + 3; ++r) {
-          for (int32_t t = 0; t < num_tokens; ++t) {
-            const float got = out[static_cast<size_t>(t * out_stride + r)];
-            if (r < row_begin || r >= rows) {
-              EXPECT_EQ(got, 0.5f) << "row outside the range was written";
-              continue;
+    // BF16 twice: with the activations' bf16 bits (vdpbf16ps where the CPU has it) and without (FMA).
+    for (const bool bf16_bits : {true, false}) {
+      if (!bf16_bits && type != ggml_type::bf16) continue;
+      for (int64_t cols : test_cols(type)) {
+        for (int32_t num_tokens : {1, 2, 3, 4, 5, 9}) {
+          const int64_t rows = 37;
+          const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+          const std::vector<float> x = random_activations(num_tokens, cols, rng);
+          prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+          if (!bf16_bits) in.xb.clear();
+          const int64_t out_stride = rows + 3;
+          std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
+          const bool accumulate = (num_tokens % 2) == 1;
+          const int64_t row_begin = 3;
+          run_matmul(k, type, w, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
+          const int64_t rb = row_bytes(type, cols);
+          for (int64_t r = 0; r < rows + 3; ++r) {
+            for (int32_t t = 0; t < num_tokens; ++t) {
+              const float got = out[static_cast<size_t>(t * out_stride + r)];
+              if (r < row_begin || r >= rows) {
+                EXPECT_EQ(got, 0.5f) << "row outside the range was written";
+                continue;
+              }
+              const reference_value ref =
+                  reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+              const double want = ref.value + (accumulate ? 0.5 : 0.0);
+              EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
+                  << type_info(type).name << (bf16_bits ? "" : " (no bf16 bits)") << " cols " << cols << " tokens "
+                  << num_tokens << " row " << r << " token " << t << " (regime " << r % 5 << ")";
             }
-            const reference_value ref =
-                reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
-            const double want = ref.value + (accumulate ? 0.5 : 0.0);
-            EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
-                << type_info(type).name << " cols " << cols << " tokens " << num_tokens << " row " << r << " token "
-                << t << " (regime " << r % 5 << ")";
           }
         }
       }
