@@ -23,15 +23,18 @@ namespace {
 
 using cpu::act_block;
 using cpu::act_block_elems;
+using cpu::act_block_k;
+using cpu::act_block_k_elems;
+using cpu::act_format;
 using cpu::kernel_table;
 
-// A weight matrix as the kernels consume it: quantized rows for matmul_q, or f32 rows.
+// A weight matrix as the kernels consume it: rows of `type` (as stored, or f32 converted at load),
+// multiplied with activations in `act` format (matmul_q for q8 / q8_k, matmul_f32 for f32 / bf16).
 struct matrix {
-  bool quant = false;
+  act_format act = act_format::f32;
   ggml_type type = ggml_type::f32;
-  const std::byte* data = nullptr;  // quant rows
-  const float* f32 = nullptr;       // f32 rows, `cols` apart
-  int64_t stride = 0;               // bytes per quant row
+  const std::byte* data = nullptr;
+  int64_t stride = 0;  // bytes per row
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -48,8 +51,11 @@ struct fused_linear {
   std::vector<chunk> chunks;
   int64_t in_cols = 0;
   int64_t out_cols = 0;
-  bool needs_quant = false;
-  bool needs_f32 = false;
+  // Activation formats the parts need: the input is converted once per format and shared by them.
+  bool needs_q8 = false;
+  bool needs_q8_k = false;
+  bool needs_bf16 = false;
+  bool needs_conversion() const { return needs_q8 || needs_q8_k || needs_bf16; }
 };
 
 struct layer_state {
@@ -163,32 +169,35 @@ class cpu_executor final : public executor {
   float* logits_out_ = nullptr;
   std::vector<float> rope_cos_, rope_sin_;
   std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_;
-  std::vector<act_block> xq_;
+  std::vector<act_block> xq_;      // the current matmul input in the formats its matrices need
+  std::vector<act_block_k> xqk_;
+  std::vector<float> xbf_;
+  std::vector<uint16_t> xbf16_;
   std::vector<std::vector<float>> scratch_;
 };
 
 // ---- weight preparation ----------------------------------------------------------------------
 
-// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type).
+// pre: check_weight_shapes accepted `w` (present, shaped as the config says, a decodable type, rows of
+// whole blocks: what the kernels and their activation blocks need).
 matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
   matrix m;
-  m.type = w.type;
   m.rows = w.rows;
   m.cols = w.cols;
-  if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {
-    m.quant = true;
+  if (cpu::has_quant_kernel(w.type) && !dequantize_all_) {  // used in place, as stored
+    m.act = cpu::act_format_of(w.type);
+    m.type = w.type;
     m.data = w.data;
     m.stride = w.row_stride_bytes;
     return m;
   }
-  if (w.type == ggml_type::f32 && w.row_stride_bytes == w.cols * static_cast<int64_t>(sizeof(float))) {
-    m.f32 = reinterpret_cast<const float*>(w.data);  // used in place
-    return m;
-  }
-  // No fast kernel for this type (or exact mode): dequantize once to f32 and use the f32 path.
+  // No kernel for this type, or exact mode: dequantize once to f32 and use the f32 path.
   std::vector<float> buf(static_cast<size_t>(w.rows * w.cols));
   for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), buf.data() + r * w.cols, w.cols);
-  m.f32 = buf.data();
+  m.act = act_format::f32;
+  m.type = ggml_type::f32;
+  m.data = reinterpret_cast<const std::byte*>(buf.data());
+  m.stride = w.cols * static_cast<int64_t>(sizeof(float));
   owned_.push_back(std::move(buf));
   return m;
 }
@@ -208,7 +217,9 @@ fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) cons
     const matrix& m = f.parts[p];
     f.col_offset.push_back(f.out_cols);
     f.out_cols += m.rows;
-    (m.quant ? f.needs_quant : f.needs_f32) = true;
+    f.needs_q8 = f.needs_q8 || m.act == act_format::q8;
+    f.needs_q8_k = f.needs_q8_k || m.act == act_format::q8_k;
+    f.needs_bf16 = f.needs_bf16 || m.act == act_format::bf16;
     // Enough chunks per thread to balance when a core is shared; multiples of the 16-row tile.
     int64_t rows_per_chunk = (m.rows + threads * 4 - 1) / (threads * 4);
     rows_per_chunk = std::clamp<int64_t>((rows_per_chunk + 15) / 16 * 16, 16, 512);
@@ -285,6 +296,9 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   x_.resize(T * hidden);
   xn_.resize(T * hidden);
   xq_.resize(T * (widest / act_block_elems + 1));
+  xqk_.resize(T * (widest / act_block_k_elems + 1));
+  xbf_.resize(T * widest);
+  xbf16_.resize(T * widest);
   qkv_.resize(T * static_cast<size_t>(layers_.front().qkv.out_cols));
   attn_.resize(T * q_dim);
   gu_.resize(T * 2 * ffn);
@@ -342,21 +356,25 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const float eps = config_.rms_norm_eps;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  // out[t, cols of part] (+)= input[t] . W rows, over the chunks of `f`.
-  auto linear = [&](const fused_linear& f, const float* xf, int64_t xf_stride, const act_block* xq,
-                    int32_t num_tokens, float* out, int64_t out_stride, bool accumulate) {
+  // out[t, cols of part] (+)= input[t] . W rows, over the chunks of `f`. The input is `xf` (f32) and
+  // its conversions quantize_rows made (xq_, xqk_, xbf_ / xbf16_).
+  auto linear = [&](const fused_linear& f, const float* xf, int64_t xf_stride, int32_t num_tokens, float* out,
+                    int64_t out_stride, bool accumulate) {
     parallel(static_cast<int64_t>(f.chunks.size()), [&](int64_t c) {
       const fused_linear::chunk& ch = f.chunks[static_cast<size_t>(c)];
       const matrix& m = f.parts[static_cast<size_t>(ch.part)];
       float* o = out + f.col_offset[static_cast<size_t>(ch.part)];
-      if (m.quant) {
+      if (m.act == act_format::q8 || m.act == act_format::q8_k) {
+        const bool k_quant = m.act == act_format::q8_k;
+        const int64_t block = k_quant ? act_block_k_elems : act_block_elems;
         cpu::qmatmul_args a;
         a.type = m.type;
         a.weights = m.data;
         a.weight_stride = m.stride;
-        a.num_blocks = m.cols / act_block_elems;
-        a.act = xq;
-        a.act_stride = f.in_cols / act_block_elems;
+        a.num_blocks = m.cols / block;
+        a.act = xq_.data();
+        a.act_k = xqk_.data();
+        a.act_stride = f.in_cols / block;
         a.num_tokens = num_tokens;
         a.row_begin = ch.row_begin;
         a.row_end = ch.row_end;
@@ -366,10 +384,18 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         k.matmul_q(a);
       } else {
         cpu::fmatmul_args a;
-        a.weights = m.f32;
+        a.type = m.type;
+        a.weights = m.data;
+        a.weight_stride = m.stride;
         a.cols = m.cols;
-        a.x = xf;
-        a.x_stride = xf_stride;
+        if (m.act == act_format::bf16) {
+          a.x = xbf_.data();
+          a.x_bf16 = xbf16_.data();
+          a.x_stride = f.in_cols;
+        } else {
+          a.x = xf;
+          a.x_stride = xf_stride;
+        }
         a.num_tokens = num_tokens;
         a.row_begin = ch.row_begin;
         a.row_end = ch.row_end;
@@ -380,8 +406,13 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       }
     });
   };
+  // Row `row` of the input x (rows f.in_cols apart) in every activation format f's matrices need.
   auto quantize_rows = [&](const fused_linear& f, const float* x, int64_t row) {
-    if (f.needs_quant) k.quantize_act(x + row * f.in_cols, xq_.data() + row * (f.in_cols / act_block_elems), f.in_cols);
+    const int64_t n = f.in_cols;
+    const float* xr = x + row * n;
+    if (f.needs_q8) k.quantize_act(xr, xq_.data() + row * (n / act_block_elems), n);
+    if (f.needs_q8_k) k.quantize_act_k(xr, xqk_.data() + row * (n / act_block_k_elems), n);
+    if (f.needs_bf16) cpu::round_act_bf16(xr, xbf_.data() + row * n, xbf16_.data() + row * n, n);
   };
 
   // Embedding rows and this step's RoPE angles.
@@ -421,7 +452,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       quantize_rows(L.qkv, xn_.data(), t);
     });
     const int64_t qkv_cols = L.qkv.out_cols;
-    linear(L.qkv, xn_.data(), hidden, xq_.data(), T, qkv_.data(), qkv_cols, false);
+    linear(L.qkv, xn_.data(), hidden, T, qkv_.data(), qkv_cols, false);
 
     // RoPE on Q and K, then K and V into their paged slots.
     parallel(T, [&](int64_t t) {
@@ -471,14 +502,14 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       }
     });
 
-    if (L.wo.needs_quant) parallel(T, [&](int64_t t) { quantize_rows(L.wo, attn_.data(), t); });
-    linear(L.wo, attn_.data(), q_dim, xq_.data(), T, x_.data(), hidden, true);
+    if (L.wo.needs_conversion()) parallel(T, [&](int64_t t) { quantize_rows(L.wo, attn_.data(), t); });
+    linear(L.wo, attn_.data(), q_dim, T, x_.data(), hidden, true);
 
     parallel(T, [&](int64_t t) {
       rms_norm(x_.data() + t * hidden, L.ffn_norm.data(), xn_.data() + t * hidden, hidden, eps);
       quantize_rows(L.gate_up, xn_.data(), t);
     });
-    linear(L.gate_up, xn_.data(), hidden, xq_.data(), T, gu_.data(), 2 * ffn, false);
+    linear(L.gate_up, xn_.data(), hidden, T, gu_.data(), 2 * ffn, false);
 
     parallel(T, [&](int64_t t) {
       const float* g = gu_.data() + t * 2 * ffn;
@@ -487,7 +518,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       k.silu_mul(g, u, m, ffn);
       quantize_rows(L.down, mlp_.data(), t);
     });
-    linear(L.down, mlp_.data(), ffn, xq_.data(), T, x_.data(), hidden, true);
+    linear(L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
   }
 
   // Final norm of the rows whose logits were asked for, then the output projection.
@@ -498,7 +529,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
              lx_.data() + r * hidden, hidden, eps);
     quantize_rows(output_, lx_.data(), r);
   });
-  linear(output_, lx_.data(), hidden, xq_.data(), static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);
+  linear(output_, lx_.data(), hidden, static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);
 }
 
 }  // namespace

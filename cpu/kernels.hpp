@@ -1,11 +1,17 @@
 // Compute kernels of the CPU executor, one table per instruction-set level.
 //
-// Quantized weights (Q8_0, Q4_0, Q4_1; block layouts of ggml/src/ggml-common.h) are multiplied
-// with activations that are quantized on the fly to `act_block`s (32 int8 values with an f32 scale,
-// like ggml's q8_1 but with f32 scales): the inner loop is then an int8 x int8 (or u8 x s8) dot
-// product, which AVX2 (vpmaddubsw) and VNNI (vpdpbusd) do 32 lanes at a time. F32 weights use an
-// f32 FMA path. Each table is compiled for its ISA in its own translation unit (kernels_*.cpp) and
-// picked at run time, so the binary still runs on plain x86-64 (scalar table).
+// Every weight type is computed as stored (block layouts of ggml/src/ggml-common.h); what the other
+// operand of the dot product looks like depends on the type (`act_format_of`):
+//   * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: activations quantized on the fly to `act_block`s (32 int8 values
+//     with an f32 scale, like ggml's q8_1 but with f32 scales); the inner loop is a u8 x s8 dot
+//     product, which AVX2 (vpmaddubsw) and VNNI (vpdpbusd) do 32 lanes at a time;
+//   * Q2_K .. Q6_K: activations quantized per 256-value super-block to `act_block_k` (ggml's q8_K:
+//     one scale, int8 values, sums of every 16), so that a whole super-block is summed in int32 with
+//     the weights' small integer sub-block scales (vpmaddubsw, then vpmaddwd / vpdpwssd against them);
+//   * F32, F16, BF16: f32 activations (for BF16 rounded to bf16, so that AVX-512 BF16 `vdpbf16ps`
+//     can take them as they are) against weights widened to f32 in registers, f32 FMA.
+// Each table is compiled for its ISA in its own translation unit (kernels_*.cpp) and picked at run
+// time, so the binary still runs on plain x86-64 (scalar table).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +22,7 @@
 namespace tessera::cpu {
 
 inline constexpr int64_t act_block_elems = 32;
+inline constexpr int64_t act_block_k_elems = 256;
 
 // 32 activations quantized symmetrically: x[i] ~= d * q[i]; s = d * sum(q) serves the zero-point
 // term of Q4_1 (m * sum(x)) and the -8 offset of Q4_0.
@@ -26,14 +33,36 @@ struct act_block {
 };
 static_assert(sizeof(act_block) == 40);
 
+// 256 activations quantized symmetrically with one scale (the K-quants' super-block): x[i] ~= d * q[i];
+// bsums[j] = sum(q[16j .. 16j+16)) serves the weights' per-sub-block offsets (Q2_K/Q4_K/Q5_K mins,
+// Q3_K's -4 and Q6_K's -32). Same content as ggml's block_q8_K; q first and 32-byte aligned so that
+// the kernels' 32/64-byte loads of q never split a cache line.
+struct alignas(32) act_block_k {
+  int8_t q[256];
+  int16_t bsums[16];
+  float d;
+};
+static_assert(sizeof(act_block_k) == 320);
+
+// The other operand's format for weights of each type (none: no kernel, dequantize at load).
+enum class act_format : uint8_t {
+  none,
+  f32,   // F32, F16: the activations as they are
+  bf16,  // BF16: the activations rounded to bf16 (round_act_bf16), as f32 and as packed bf16
+  q8,    // legacy 32-value blocks: act_block
+  q8_k,  // K-quants: act_block_k
+};
+act_format act_format_of(ggml_type t) noexcept;
+
 // out[t * out_stride + r] (+)= dot(weight row r, activation row t) for r in [row_begin, row_end).
 struct qmatmul_args {
-  ggml_type type = ggml_type::q8_0;  // q8_0, q4_0 or q4_1
+  ggml_type type = ggml_type::q8_0;  // a type whose act_format is q8 or q8_k
   const std::byte* weights = nullptr;
   int64_t weight_stride = 0;  // bytes per weight row
-  int64_t num_blocks = 0;     // 32-value blocks per row
-  const act_block* act = nullptr;
-  int64_t act_stride = 0;     // act_blocks between consecutive tokens
+  int64_t num_blocks = 0;     // blocks of the weight type per row (32 values, or 256 for K-quants)
+  const act_block* act = nullptr;      // act_format q8
+  const act_block_k* act_k = nullptr;  // act_format q8_k
+  int64_t act_stride = 0;     // act_blocks (act_block_ks) between consecutive tokens
   int32_t num_tokens = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
@@ -42,10 +71,15 @@ struct qmatmul_args {
   bool accumulate = false;
 };
 
+// The same for F32, F16 and BF16 weights.
 struct fmatmul_args {
-  const float* weights = nullptr;  // [rows, cols]
+  ggml_type type = ggml_type::f32;  // f32, f16 or bf16
+  const void* weights = nullptr;    // [rows, cols] of `type`
+  int64_t weight_stride = 0;        // bytes between rows; 0: dense (cols * element size)
   int64_t cols = 0;
-  const float* x = nullptr;
+  const float* x = nullptr;         // for bf16 weights: values rounded to bf16 (round_act_bf16)
+  const uint16_t* x_bf16 = nullptr; // bf16 weights: the same values as bf16 bits, same strides; lets
+                                    // the kernels use vdpbf16ps (null: they widen the weights, FMA)
   int64_t x_stride = 0;
   int32_t num_tokens = 0;
   int64_t row_begin = 0;
@@ -59,8 +93,10 @@ struct kernel_table {
   const char* name;
   // dst[0 .. n/32) from x[0 .. n). pre: n % 32 == 0.
   void (*quantize_act)(const float* x, act_block* dst, int64_t n);
+  // dst[0 .. n/256) from x[0 .. n). pre: n % 256 == 0.
+  void (*quantize_act_k)(const float* x, act_block_k* dst, int64_t n);
   void (*matmul_q)(const qmatmul_args& a);
-  void (*matmul_f32)(const fmatmul_args& a);
+  void (*matmul_f32)(const fmatmul_args& a);  // f32, f16 and bf16 weights
   // out[j] = scale * dot(q, k + j*head_dim) for j < n.
   void (*attn_scores)(const float* q, const float* k, int32_t n, int32_t head_dim, float scale,
                       float* out);
@@ -72,8 +108,13 @@ struct kernel_table {
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n);
 };
 
-// True for weight types matmul_q handles.
+// True for every weight type the kernels compute with as stored (act_format_of(t) != none): F32,
+// F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K. Not the activation-only Q8_1 / Q8_K.
 bool has_quant_kernel(ggml_type t) noexcept;
+
+// x[i] rounded to the nearest bf16 (even on ties), as f32 (xf) and as bf16 bits (xb): the activation
+// format of BF16 weights. Scalar and shared by all tables: O(n) per input row, not worth an ISA.
+void round_act_bf16(const float* x, float* xf, uint16_t* xb, int64_t n) noexcept;
 
 const kernel_table& scalar_kernels() noexcept;
 // Every table this CPU can run, slowest first (scalar always present). For tests and benches.

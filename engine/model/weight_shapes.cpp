@@ -14,9 +14,17 @@ void check_matrix(const weight_tensor& w, int64_t rows, int64_t cols, const std:
                      std::to_string(w.cols) + "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) +
                      "]");
   }
+  // Rows are whole blocks of their type (32 values, 256 for the K-quants): the CPU's kernels and
+  // activation blocks, and dequantize_row, work block by block.
+  if (const ggml_type_info* info = find_type_info(static_cast<uint32_t>(w.type));
+      info != nullptr && cols % info->block_elems != 0) {
+    throw load_error(prefix + "weight " + what + " ('" + w.name + "') has " + std::to_string(cols) +
+                     " columns, not a multiple of the " + std::to_string(info->block_elems) + "-value blocks of " +
+                     std::string(info->name));
+  }
   const int64_t rb = row_bytes(w.type, cols);
   if (rb < 0 || w.row_stride_bytes < rb) throw load_error(prefix + "weight " + what + " has a bad row stride");
-  // Every type an executor computes with directly (the CPU's quantized kernels: Q8_0, Q4_0, Q4_1)
+  // Every type an executor computes with directly (the CPU's kernels: every type but Q8_1/Q8_K)
   // also dequantizes, so this is the one type rule both executors share.
   const ggml_type_info& info = type_info(w.type);
   if (!info.can_dequantize) {

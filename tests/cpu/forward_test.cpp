@@ -1,6 +1,8 @@
 // The CPU executor's forward pass on tiny random models, against a naive reference forward written
 // here (contiguous KV, no paging, no batching, double accumulation), and the paging invariances:
 // chunking, block placement, batching, copies and swaps must not change a sequence's logits.
+// Weight types: every type the kernels compute natively (K-quants on a wider model whose rows are
+// whole 256-value super-blocks) and a mixed-type model (tests/support/ggml_encode.hpp encoders).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/base/error.hpp"
 #include "engine/model/ggml_types.hpp"
+#include "tests/support/ggml_encode.hpp"
 #include "tests/support/step_slices.hpp"
 
 namespace tessera {
@@ -25,68 +28,7 @@ struct owned_buffers {
 };
 
 // Test-side encoders (ggml block layouts), independent of the executor's code.
-void put_half(std::byte* p, float v) {
-  const uint16_t h = fp32_to_fp16(v);
-  std::memcpy(p, &h, 2);
-}
-
-std::vector<std::byte> encode_row(ggml_type type, const float* x, int64_t n) {
-  std::vector<std::byte> out(static_cast<size_t>(row_bytes(type, n)));
-  if (type == ggml_type::f32) {
-    std::memcpy(out.data(), x, out.size());
-    return out;
-  }
-  if (type == ggml_type::f16) {
-    for (int64_t i = 0; i < n; ++i) put_half(out.data() + 2 * i, x[i]);
-    return out;
-  }
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    std::byte* blk = out.data() + b * type_info(type).block_bytes;
-    if (type == ggml_type::q8_0) {
-      float amax = 0.0f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float d = amax / 127.0f;
-      put_half(blk, d);
-      for (int i = 0; i < 32; ++i) {
-        blk[2 + i] = static_cast<std::byte>(static_cast<int8_t>(d > 0 ? std::lround(xb[i] / d) : 0));
-      }
-    } else if (type == ggml_type::q4_1) {
-      float lo = xb[0], hi = xb[0];
-      for (int i = 0; i < 32; ++i) {
-        lo = std::min(lo, xb[i]);
-        hi = std::max(hi, xb[i]);
-      }
-      const float d = (hi - lo) / 15.0f;
-      put_half(blk, d);
-      put_half(blk + 2, lo);
-      const float dd = fp16_to_fp32(fp32_to_fp16(d));
-      const float mm = fp16_to_fp32(fp32_to_fp16(lo));
-      for (int i = 0; i < 16; ++i) {
-        auto q = [&](float v) { return static_cast<int>(std::clamp<long>(dd > 0 ? std::lround((v - mm) / dd) : 0, 0, 15)); };
-        blk[4 + i] = static_cast<std::byte>(q(xb[i]) | q(xb[i + 16]) << 4);
-      }
-    } else if (type == ggml_type::q4_0) {
-      float amax = 0.0f, mx = 0.0f;
-      for (int i = 0; i < 32; ++i) {
-        if (std::fabs(xb[i]) > amax) {
-          amax = std::fabs(xb[i]);
-          mx = xb[i];
-        }
-      }
-      const float d = mx / -8.0f;
-      put_half(blk, d);
-      const float dd = fp16_to_fp32(fp32_to_fp16(d));
-      for (int i = 0; i < 16; ++i) {
-        auto q = [&](float v) { return static_cast<int>(std::clamp<long>(dd != 0 ? std::lround(v / dd) + 8 : 8, 0, 15)); };
-        blk[2 + i] = static_cast<std::byte>(q(xb[i]) | q(xb[i + 16]) << 4);
-      }
-    } else {
-      ADD_FAILURE() << "no encoder";
-    }
-  }
-  return out;
-}
+using test_support::encode_row;
 
 struct tiny_options {
   rope_style rope = rope_style::interleaved;
@@ -95,6 +37,16 @@ struct tiny_options {
   ggml_type embed_type = ggml_type::f32;
   bool tied = false;
   uint32_t seed = 7;
+  bool wide = false;   // hidden 256, ffn 512, head_dim 64: rows of whole K-quant super-blocks
+  bool mixed = false;  // per-tensor types from mixed_types (implies wide)
+};
+
+// A mixed-type file: like llama.cpp's Q4_K_M (Q4_K with Q6_K for some tensors, legacy types where
+// a row is no whole super-block) plus every other type once, so that each fused input (Q|K|V,
+// gate|up) feeds matrices of several activation formats in one step. Per layer: wq wk wv wo gate up down.
+constexpr ggml_type mixed_types[2][7] = {
+    {ggml_type::q4_k, ggml_type::q5_0, ggml_type::q6_k, ggml_type::q4_k, ggml_type::q3_k, ggml_type::q5_k, ggml_type::q6_k},
+    {ggml_type::q2_k, ggml_type::q8_0, ggml_type::bf16, ggml_type::f16, ggml_type::q4_1, ggml_type::q5_1, ggml_type::q4_0},
 };
 
 std::shared_ptr<const model_weights> make_tiny_model(const tiny_options& o) {
@@ -102,12 +54,13 @@ std::shared_ptr<const model_weights> make_tiny_model(const tiny_options& o) {
   auto w = std::make_shared<model_weights>();
   model_config& c = w->config;
   c.name = "tiny";
+  const bool wide = o.wide || o.mixed;
   c.num_layers = 2;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
+  c.hidden_size = wide ? 256 : 64;
+  c.intermediate_size = wide ? 512 : 128;
   c.num_heads = 4;
   c.num_kv_heads = 2;
-  c.head_dim = 16;
+  c.head_dim = wide ? 64 : 16;
   c.vocab_size = 100;
   c.context_length = 256;
   c.rope_dims = o.rope_dims;
@@ -137,22 +90,26 @@ std::shared_ptr<const model_weights> make_tiny_model(const tiny_options& o) {
   };
   const int64_t h = c.hidden_size, kv = c.num_kv_heads * c.head_dim, f = c.intermediate_size;
   const ggml_type mt = o.matrix_type;
-  w->token_embedding = make("token_embd", o.embed_type, c.vocab_size, h, -1.0f, 1.0f);
+  // Weights shrink as the model widens, so that activations keep about the same scale.
+  const float s = wide ? 0.5f : 1.0f;
+  w->token_embedding = make("token_embd", o.mixed ? ggml_type::q4_k : o.embed_type, c.vocab_size, h, -1.0f, 1.0f);
   for (int32_t l = 0; l < c.num_layers; ++l) {
+    auto type = [&](int i) { return o.mixed ? mixed_types[l % 2][i] : mt; };
     layer_weights lw;
     lw.attn_norm = make("attn_norm", ggml_type::f32, 1, h, 0.8f, 1.2f);
-    lw.wq = make("wq", mt, h, h, -0.25f, 0.25f);
-    lw.wk = make("wk", mt, kv, h, -0.25f, 0.25f);
-    lw.wv = make("wv", mt, kv, h, -0.25f, 0.25f);
-    lw.wo = make("wo", mt, h, h, -0.2f, 0.2f);
+    lw.wq = make("wq", type(0), h, h, -0.25f * s, 0.25f * s);
+    lw.wk = make("wk", type(1), kv, h, -0.25f * s, 0.25f * s);
+    lw.wv = make("wv", type(2), kv, h, -0.25f * s, 0.25f * s);
+    lw.wo = make("wo", type(3), h, h, -0.2f * s, 0.2f * s);
     lw.ffn_norm = make("ffn_norm", ggml_type::f32, 1, h, 0.8f, 1.2f);
-    lw.w_gate = make("w_gate", mt, f, h, -0.2f, 0.2f);
-    lw.w_up = make("w_up", mt, f, h, -0.2f, 0.2f);
-    lw.w_down = make("w_down", mt, h, f, -0.15f, 0.15f);
+    lw.w_gate = make("w_gate", type(4), f, h, -0.2f * s, 0.2f * s);
+    lw.w_up = make("w_up", type(5), f, h, -0.2f * s, 0.2f * s);
+    lw.w_down = make("w_down", type(6), h, f, -0.15f * s, 0.15f * s);
     w->layers.push_back(lw);
   }
   w->output_norm = make("output_norm", ggml_type::f32, 1, h, 0.8f, 1.2f);
-  w->output = o.tied ? w->token_embedding : make("output", mt, c.vocab_size, h, -0.3f, 0.3f);
+  w->output = o.tied ? w->token_embedding
+                     : make("output", o.mixed ? ggml_type::q6_k : mt, c.vocab_size, h, -0.3f * s, 0.3f * s);
   w->storage = owned;
   return w;
 }
@@ -377,6 +334,19 @@ tiny_options model(rope_style r, int32_t rope_dims, ggml_type mt, ggml_type et, 
   return o;
 }
 
+// The wide model (rows of whole K-quant super-blocks) with every matrix of type `mt`.
+tiny_options wide_model(ggml_type mt, rope_style r = rope_style::interleaved) {
+  tiny_options o = model(r, 16, mt, ggml_type::q8_0, false);
+  o.wide = true;
+  return o;
+}
+
+tiny_options mixed_model() {
+  tiny_options o;
+  o.mixed = true;
+  return o;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     cases, forward_vs_reference,
     ::testing::Values(
@@ -384,11 +354,26 @@ INSTANTIATE_TEST_SUITE_P(
         reference_case{"f32_half", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
         reference_case{"f32_half_partial_rope", model(rope_style::half, 8, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
         reference_case{"f32_interleaved_partial_rope_scalar", model(rope_style::interleaved, 10, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-5},
-        reference_case{"f16_dequantized_at_load", model(rope_style::interleaved, 16, ggml_type::f16, ggml_type::f16, false), "", 2e-5},
+        reference_case{"f16", model(rope_style::interleaved, 16, ggml_type::f16, ggml_type::f16, false), "", 2e-5},
         reference_case{"q8_0", model(rope_style::interleaved, 16, ggml_type::q8_0, ggml_type::q8_0, true), "", 3e-2},
         reference_case{"q4_1", model(rope_style::interleaved, 16, ggml_type::q4_1, ggml_type::q8_0, true), "", 3e-2},
         reference_case{"q4_0_scalar", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "scalar", 3e-2},
-        reference_case{"q4_0", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "", 3e-2}),
+        reference_case{"q4_0", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "", 3e-2},
+        reference_case{"q5_0", model(rope_style::half, 16, ggml_type::q5_0, ggml_type::q5_0, false), "", 3e-2},
+        reference_case{"q5_1", model(rope_style::interleaved, 16, ggml_type::q5_1, ggml_type::q8_0, true), "", 3e-2},
+        reference_case{"q5_1_scalar", model(rope_style::interleaved, 16, ggml_type::q5_1, ggml_type::q8_0, true), "scalar", 3e-2},
+        // bf16-rounded activations (the BF16 weights' format): errors of ~2^-9 per activation.
+        reference_case{"bf16", model(rope_style::interleaved, 16, ggml_type::bf16, ggml_type::bf16, false), "", 1e-2},
+        reference_case{"bf16_scalar", model(rope_style::half, 16, ggml_type::bf16, ggml_type::f32, true), "scalar", 1e-2},
+        reference_case{"f16_wide", wide_model(ggml_type::f16), "", 2e-5},
+        reference_case{"q2_k", wide_model(ggml_type::q2_k), "", 3e-2},
+        reference_case{"q3_k", wide_model(ggml_type::q3_k, rope_style::half), "", 3e-2},
+        reference_case{"q4_k", wide_model(ggml_type::q4_k), "", 3e-2},
+        reference_case{"q4_k_scalar", wide_model(ggml_type::q4_k), "scalar", 3e-2},
+        reference_case{"q5_k", wide_model(ggml_type::q5_k, rope_style::half), "", 3e-2},
+        reference_case{"q6_k", wide_model(ggml_type::q6_k), "", 3e-2},
+        reference_case{"mixed_types", mixed_model(), "", 3e-2},
+        reference_case{"mixed_types_scalar", mixed_model(), "scalar", 3e-2}),
     [](const ::testing::TestParamInfo<reference_case>& p) { return std::string(p.param.name); });
 
 // ---- paging invariance -------------------------------------------------------------------------
@@ -396,7 +381,9 @@ INSTANTIATE_TEST_SUITE_P(
 class paging_test : public ::testing::TestWithParam<ggml_type> {
  protected:
   void SetUp() override {
-    weights_ = make_tiny_model(model(rope_style::interleaved, 16, GetParam(), ggml_type::q8_0, true));
+    tiny_options o = model(rope_style::interleaved, 16, GetParam(), ggml_type::q8_0, true);
+    o.wide = type_info(GetParam()).block_elems == 256;  // K-quants need rows of whole super-blocks
+    weights_ = make_tiny_model(o);
     tokens_ = random_tokens(37, 5);
     ex_ = make_cpu_executor(weights_, opts(2));
     baseline_ = run_chunked(*ex_, tokens_, iota_table(0, 10), {37});
@@ -502,7 +489,9 @@ TEST_P(paging_test, copies_and_swap_round_trips_preserve_the_cache) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(types, paging_test, ::testing::Values(ggml_type::f32, ggml_type::q4_1),
+INSTANTIATE_TEST_SUITE_P(types, paging_test,
+                         ::testing::Values(ggml_type::f32, ggml_type::q4_1, ggml_type::q5_0, ggml_type::f16, ggml_type::bf16,
+                                           ggml_type::q4_k, ggml_type::q6_k),
                          [](const ::testing::TestParamInfo<ggml_type>& p) { return std::string(type_info(p.param).name); });
 
 // ---- interface details ---------------------------------------------------------------------------

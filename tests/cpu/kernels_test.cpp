@@ -1,11 +1,17 @@
 // Each kernel table (scalar and every SIMD table this CPU runs) against an independent reference:
-// weights decoded with the engine's dequantize_row, activations decoded from their act_blocks,
-// products summed in double.
+// weights decoded with the engine's dequantize_row (itself tested against gguf-py), activations
+// decoded from the format the kernels read them in (act_block, act_block_k, bf16-rounded, f32),
+// products summed in double. Every weight type, random blocks with extreme scales, gguf-py's blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/kernels.hpp"
@@ -14,38 +20,77 @@
 namespace tessera::cpu {
 namespace {
 
-// Random bytes in a valid block encoding of `type` (scales are small positive halves).
+const std::filesystem::path quant_dir = std::filesystem::path(TESSERA_TEST_DATA_DIR) / "quant";
+
+// Every weight type with a kernel, in the order of the GGUF numbering.
+const std::vector<ggml_type> all_types = {ggml_type::f32,  ggml_type::f16,  ggml_type::q4_0, ggml_type::q4_1,
+                                          ggml_type::q5_0, ggml_type::q5_1, ggml_type::q8_0, ggml_type::q2_k,
+                                          ggml_type::q3_k, ggml_type::q4_k, ggml_type::q5_k, ggml_type::q6_k,
+                                          ggml_type::bf16};
+
+bool is_float_type(ggml_type t) { return t == ggml_type::f32 || t == ggml_type::f16 || t == ggml_type::bf16; }
+
+void put_half(std::byte* p, float v) {
+  const uint16_t h = fp32_to_fp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Offsets of a block's f16 scale fields (ggml-common.h): d first, then dmin/m where the type has one.
+std::vector<int> half_fields(ggml_type t) {
+  switch (t) {
+    case ggml_type::q4_0: case ggml_type::q5_0: case ggml_type::q8_0: return {0};
+    case ggml_type::q4_1: case ggml_type::q5_1: return {0, 2};
+    case ggml_type::q2_k: return {80, 82};
+    case ggml_type::q3_k: return {108};
+    case ggml_type::q4_k: case ggml_type::q5_k: return {0, 2};
+    case ggml_type::q6_k: return {208};
+    default: return {};
+  }
+}
+
+// The scale regime of a weight row: each row draws its f16 scales from one of these, so that a row
+// of extreme scales is checked on its own (not hidden in a sum dominated by other blocks).
+enum class regime { typical, huge, tiny, zero_or_negative, mixed };
+
+float draw_scale(regime g, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  switch (g) {
+    case regime::typical: return 0.001f + 0.05f * u(rng);
+    case regime::huge: return (u(rng) < 0.5f ? -1.0f : 1.0f) * (30000.0f + 35504.0f * u(rng));  // up to f16 max
+    case regime::tiny: return 6.0e-8f * static_cast<float>(1 + static_cast<int>(u(rng) * 1000));  // f16 subnormals
+    case regime::zero_or_negative: return u(rng) < 0.3f ? 0.0f : -(0.001f + 0.05f * u(rng));
+    case regime::mixed: break;
+  }
+  return draw_scale(static_cast<regime>(static_cast<int>(u(rng) * 4)), rng);
+}
+
+// Random bytes in a valid encoding of `type`: every bit pattern of the quants and sub-block scales is
+// valid; the f16 scale fields get values of the row's regime (random bits could be NaN or inf).
 std::vector<std::byte> random_rows(ggml_type type, int64_t rows, int64_t cols, std::mt19937& rng) {
   const int64_t rb = row_bytes(type, cols);
   std::vector<std::byte> buf(static_cast<size_t>(rows * rb));
   std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_int_distribution<int> q8(-127, 127);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  std::uniform_real_distribution<float> offset(-0.2f, 0.2f);
-  auto put_half = [](std::byte* p, float v) {
-    const uint16_t h = fp32_to_fp16(v);
-    std::memcpy(p, &h, 2);
-  };
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < cols / 32; ++b) {
-      std::byte* blk = buf.data() + r * rb + b * type_info(type).block_bytes;
-      switch (type) {
-        case ggml_type::q8_0:
-          put_half(blk, scale(rng));
-          for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<std::byte>(static_cast<int8_t>(q8(rng)));
-          break;
-        case ggml_type::q4_0:
-          put_half(blk, scale(rng));
-          for (int i = 0; i < 16; ++i) blk[2 + i] = static_cast<std::byte>(byte(rng));
-          break;
-        case ggml_type::q4_1:
-          put_half(blk, scale(rng));
-          put_half(blk + 2, offset(rng));
-          for (int i = 0; i < 16; ++i) blk[4 + i] = static_cast<std::byte>(byte(rng));
-          break;
-        default:
-          ADD_FAILURE() << "no generator for type";
+    const auto g = static_cast<regime>(r % 5);
+    std::byte* row = buf.data() + r * rb;
+    if (is_float_type(type)) {
+      const float scale = g == regime::huge ? 1e4f : g == regime::tiny ? 1e-6f : 1.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = value(rng) * scale;
+        if (type == ggml_type::f32) std::memcpy(row + 4 * c, &v, 4);
+        if (type == ggml_type::f16) put_half(row + 2 * c, v);
+        if (type == ggml_type::bf16) {
+          const uint16_t h = fp32_to_bf16(v);
+          std::memcpy(row + 2 * c, &h, 2);
+        }
       }
+      continue;
+    }
+    for (int64_t i = 0; i < rb; ++i) row[i] = static_cast<std::byte>(byte(rng));
+    const ggml_type_info& info = type_info(type);
+    for (int64_t b = 0; b < cols / info.block_elems; ++b) {
+      for (int off : half_fields(type)) put_half(row + b * info.block_bytes + off, draw_scale(g, rng));
     }
   }
   return buf;
@@ -56,6 +101,140 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -2.0f, 
   std::vector<float> v(n);
   for (float& x : v) x = u(rng);
   return v;
+}
+
+// Activations with the awkward cases: a zero run (an all-zero block), one outlier per token, and a
+// token-dependent magnitude.
+std::vector<float> random_activations(int32_t tokens, int64_t cols, std::mt19937& rng) {
+  std::vector<float> x = random_floats(static_cast<size_t>(tokens * cols), rng);
+  for (int32_t t = 0; t < tokens; ++t) {
+    float* row = x.data() + t * cols;
+    const float mag = t % 3 == 0 ? 1.0f : t % 3 == 1 ? 1e-3f : 50.0f;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= mag;
+    if (cols >= 64) std::fill(row + 32, row + 64, 0.0f);
+    row[(t * 37) % cols] = 40.0f * mag;
+  }
+  return x;
+}
+
+std::vector<std::byte> read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing fixture " << p;
+  std::vector<char> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(buf.size());
+  if (!buf.empty()) std::memcpy(out.data(), buf.data(), buf.size());
+  return out;
+}
+
+// A matmul's inputs in the activation format of its weight type, and the activations as the kernels
+// see them (dequantized), for the reference.
+struct prepared_input {
+  std::vector<act_block> q8;
+  std::vector<act_block_k> q8_k;
+  std::vector<float> xf;     // f32 / bf16-rounded activations
+  std::vector<uint16_t> xb;  // bf16 bits
+  std::vector<double> seen;  // [tokens, cols]
+};
+
+prepared_input prepare_input(const kernel_table& k, ggml_type type, const std::vector<float>& x, int32_t tokens,
+                             int64_t cols) {
+  prepared_input p;
+  p.seen.resize(static_cast<size_t>(tokens * cols));
+  switch (act_format_of(type)) {
+    case act_format::q8:
+      p.q8.resize(static_cast<size_t>(tokens * cols / 32));
+      for (int32_t t = 0; t < tokens; ++t) k.quantize_act(x.data() + t * cols, p.q8.data() + t * cols / 32, cols);
+      for (int64_t i = 0; i < tokens * cols; ++i) {
+        const act_block& b = p.q8[static_cast<size_t>(i / 32)];
+        p.seen[static_cast<size_t>(i)] = static_cast<double>(b.d) * b.q[i % 32];
+      }
+      break;
+    case act_format::q8_k:
+      p.q8_k.resize(static_cast<size_t>(tokens * cols / 256));
+      for (int32_t t = 0; t < tokens; ++t) k.quantize_act_k(x.data() + t * cols, p.q8_k.data() + t * cols / 256, cols);
+      for (int64_t i = 0; i < tokens * cols; ++i) {
+        const act_block_k& b = p.q8_k[static_cast<size_t>(i / 256)];
+        p.seen[static_cast<size_t>(i)] = static_cast<double>(b.d) * b.q[i % 256];
+      }
+      break;
+    case act_format::bf16:
+      p.xf.resize(x.size());
+      p.xb.resize(x.size());
+      round_act_bf16(x.data(), p.xf.data(), p.xb.data(), static_cast<int64_t>(x.size()));
+      for (size_t i = 0; i < x.size(); ++i) p.seen[i] = p.xf[i];
+      break;
+    case act_format::f32:
+    case act_format::none:
+      p.xf = x;
+      for (size_t i = 0; i < x.size(); ++i) p.seen[i] = x[i];
+      break;
+  }
+  return p;
+}
+
+// out[t * out_stride + r] for r in [row_begin, row_end) through the table's matmul for `type`.
+void run_matmul(const kernel_table& k, ggml_type type, const std::vector<std::byte>& w, int64_t cols,
+                const prepared_input& in, int32_t tokens, int64_t row_begin, int64_t row_end, float* out,
+                int64_t out_stride, bool accumulate) {
+  if (is_float_type(type)) {
+    fmatmul_args a;
+    a.type = type;
+    a.weights = w.data();
+    a.cols = cols;
+    a.x = in.xf.data();
+    a.x_bf16 = in.xb.empty() ? nullptr : in.xb.data();
+    a.x_stride = cols;
+    a.num_tokens = tokens;
+    a.row_begin = row_begin;
+    a.row_end = row_end;
+    a.out = out;
+    a.out_stride = out_stride;
+    a.accumulate = accumulate;
+    k.matmul_f32(a);
+    return;
+  }
+  const int64_t block = type_info(type).block_elems;
+  qmatmul_args a;
+  a.type = type;
+  a.weights = w.data();
+  a.weight_stride = row_bytes(type, cols);
+  a.num_blocks = cols / block;
+  a.act = in.q8.data();
+  a.act_k = in.q8_k.data();
+  a.act_stride = cols / block;
+  a.num_tokens = tokens;
+  a.row_begin = row_begin;
+  a.row_end = row_end;
+  a.out = out;
+  a.out_stride = out_stride;
+  a.accumulate = accumulate;
+  k.matmul_q(a);
+}
+
+struct reference_value {
+  double value;
+  double magnitude;  // sum of |w * a|: the scale of the float rounding the kernels may differ by
+};
+
+reference_value reference_dot(ggml_type type, const std::byte* row, int64_t cols, const double* act) {
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  dequantize_row(type, row, wrow.data(), cols);
+  reference_value r{0.0, 0.0};
+  for (int64_t c = 0; c < cols; ++c) {
+    r.value += static_cast<double>(wrow[static_cast<size_t>(c)]) * act[c];
+    r.magnitude += std::fabs(static_cast<double>(wrow[static_cast<size_t>(c)]) * act[c]);
+  }
+  return r;
+}
+
+// The kernels may only differ from exact math on the dequantized operands by float summation order:
+// a few f32 roundings of partial sums, each at most 2^-24 of the magnitude. 1e-5 of it is ~100 of them.
+constexpr double matmul_rel_tolerance = 1e-5;
+
+std::vector<int64_t> test_cols(ggml_type type) {
+  if (is_float_type(type)) return {16, 70, 269};  // 269: a tail that is no multiple of any vector
+  if (type_info(type).block_elems == 256) return {256, 768};
+  return {32, 160, 768};
 }
 
 class kernels_test : public ::testing::TestWithParam<const kernel_table*> {};
@@ -88,53 +267,168 @@ TEST_P(kernels_test, quantize_act_round_trips_within_half_a_step) {
   }
 }
 
+TEST_P(kernels_test, quantize_act_k_round_trips_within_half_a_step) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(11);
+  std::vector<float> x = random_activations(1, 768, rng);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero super-block
+  std::vector<act_block_k> q(3), ref(3);
+  k.quantize_act_k(x.data(), q.data(), 768);
+  scalar_kernels().quantize_act_k(x.data(), ref.data(), 768);
+  for (int b = 0; b < 3; ++b) {
+    const act_block_k& qb = q[static_cast<size_t>(b)];
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(b * 256 + i)]));
+    EXPECT_FLOAT_EQ(qb.d, amax / 127.0f);
+    for (int j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (int i = 16 * j; i < 16 * j + 16; ++i) {
+        const float xv = x[static_cast<size_t>(b * 256 + i)];
+        EXPECT_GE(qb.q[i], -127);
+        EXPECT_LE(std::fabs(xv - qb.d * qb.q[i]), qb.d * 0.5f + 1e-6f) << "block " << b << " elem " << i;
+        EXPECT_EQ(qb.q[i], ref[static_cast<size_t>(b)].q[i]) << "block " << b << " elem " << i;
+        sum += qb.q[i];
+      }
+      EXPECT_EQ(qb.bsums[j], sum) << "block " << b << " group " << j;
+    }
+  }
+}
+
+// Every type, several shapes, rows [3, rows) of a matrix whose row count is no multiple of any tile,
+// 1..9 tokens, accumulate on and off: against the reference on the dequantized operands.
 TEST_P(kernels_test, quantized_matmul_matches_dequantized_reference) {
   const kernel_table& k = *GetParam();
   std::mt19937 rng(2);
-  for (ggml_type type : {ggml_type::q8_0, ggml_type::q4_0, ggml_type::q4_1}) {
-    for (int32_t num_tokens : {1, 2, 3, 4, 5, 9}) {
-      const int64_t rows = 37, cols = 160;  // 5 blocks; a row count that is not a tile multiple
-      const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
-      const std::vector<float> x = random_floats(static_cast<size_t>(num_tokens * cols), rng);
-      std::vector<act_block> act(static_cast<size_t>(num_tokens * cols / 32));
-      for (int32_t t = 0; t < num_tokens; ++t) k.quantize_act(x.data() + t * cols, act.data() + t * cols / 32, cols);
-
-      const int64_t out_stride = rows + 3;
-      std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
-      qmatmul_args a;
-      a.type = type;
-      a.weights = w.data();
-      a.weight_stride = row_bytes(type, cols);
-      a.num_blocks = cols / 32;
-      a.act = act.data();
-      a.act_stride = cols / 32;
-      a.num_tokens = num_tokens;
-      a.row_begin = 3;
-      a.row_end = rows;
-      a.out = out.data();
-      a.out_stride = out_stride;
-      a.accumulate = (num_tokens % 2) == 1;
-      k.matmul_q(a);
-
-      std::vector<float> wrow(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows + 3; ++r) {
-        if (r < rows) dequantize_row(type, w.data() + r * a.weight_stride, wrow.data(), cols);
-        for (int32_t t = 0; t < num_tokens; ++t) {
-          const float got = out[static_cast<size_t>(t * out_stride + r)];
-          if (r < a.row_begin || r >= a.row_end) {
-            EXPECT_EQ(got, 0.5f) << "row outside the range was written";
-            continue;
+  for (ggml_type type : all_types) {
+    // BF16 twice: with the activations' bf16 bits (vdpbf16ps where the CPU has it) and without (FMA).
+    for (const bool bf16_bits : {true, false}) {
+      if (!bf16_bits && type != ggml_type::bf16) continue;
+      for (int64_t cols : test_cols(type)) {
+        for (int32_t num_tokens : {1, 2, 3, 4, 5, 9}) {
+          const int64_t rows = 37;
+          const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+          const std::vector<float> x = random_activations(num_tokens, cols, rng);
+          prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+          if (!bf16_bits) in.xb.clear();
+          const int64_t out_stride = rows + 3;
+          std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
+          const bool accumulate = (num_tokens % 2) == 1;
+          const int64_t row_begin = 3;
+          run_matmul(k, type, w, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
+          const int64_t rb = row_bytes(type, cols);
+          for (int64_t r = 0; r < rows + 3; ++r) {
+            for (int32_t t = 0; t < num_tokens; ++t) {
+              const float got = out[static_cast<size_t>(t * out_stride + r)];
+              if (r < row_begin || r >= rows) {
+                EXPECT_EQ(got, 0.5f) << "row outside the range was written";
+                continue;
+              }
+              const reference_value ref =
+                  reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+              const double want = ref.value + (accumulate ? 0.5 : 0.0);
+              EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
+                  << type_info(type).name << (bf16_bits ? "" : " (no bf16 bits)") << " cols " << cols << " tokens "
+                  << num_tokens << " row " << r << " token " << t << " (regime " << r % 5 << ")";
+            }
           }
-          double ref = a.accumulate ? 0.5 : 0.0, mag = 0.0;
-          for (int64_t c = 0; c < cols; ++c) {
-            const act_block& blk = act[static_cast<size_t>(t * cols / 32 + c / 32)];
-            const double av = static_cast<double>(blk.d) * blk.q[c % 32];
-            ref += static_cast<double>(wrow[static_cast<size_t>(c)]) * av;
-            mag += std::fabs(static_cast<double>(wrow[static_cast<size_t>(c)]) * av);
-          }
-          EXPECT_NEAR(got, ref, 1e-5 * mag + 1e-5)
-              << type_info(type).name << " tokens " << num_tokens << " row " << r << " token " << t;
         }
+      }
+    }
+  }
+}
+
+// The SIMD tables compute the same math as the scalar one (same activation encoding, same integer
+// sums), so they agree with it to float summation order; larger shapes than above.
+TEST_P(kernels_test, matmul_matches_scalar_table_for_every_type) {
+  const kernel_table& k = *GetParam();
+  const kernel_table& s = scalar_kernels();
+  std::mt19937 rng(12);
+  for (ggml_type type : all_types) {
+    const int64_t cols = 1024, rows = 67;
+    const int32_t num_tokens = 7;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> got(static_cast<size_t>(num_tokens * rows)), want(got.size());
+    run_matmul(k, type, w, cols, in, num_tokens, 0, rows, got.data(), rows, false);
+    run_matmul(s, type, w, cols, in, num_tokens, 0, rows, want.data(), rows, false);
+    const int64_t rb = row_bytes(type, cols);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const reference_value ref =
+            reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+        EXPECT_NEAR(got[static_cast<size_t>(t * rows + r)], want[static_cast<size_t>(t * rows + r)],
+                    matmul_rel_tolerance * ref.magnitude + 1e-6)
+            << type_info(type).name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// Weights quantized by gguf-py (tests/data/quant/<type>.q, the dequantization fixtures): real block
+// statistics rather than random bits. Rows are the fixture's blocks rotated.
+TEST_P(kernels_test, matmul_on_gguf_py_blocks_matches_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(13);
+  for (ggml_type type : all_types) {
+    std::string file(type_info(type).name);
+    for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
+    const ggml_type_info& info = type_info(type);
+    const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
+    ASSERT_GT(nb, 0) << info.name;
+    const int64_t cols = nb * info.block_elems, rows = 5;
+    std::vector<std::byte> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
+        w.insert(w.end(), blk, blk + info.block_bytes);
+      }
+    }
+    if (is_float_type(type)) {  // the float fixtures hold inf and NaN on purpose: zero them here
+      const int64_t eb = info.block_bytes;
+      for (int64_t i = 0; i < static_cast<int64_t>(w.size()) / eb; ++i) {
+        float v = 0.0f;
+        dequantize_row(type, w.data() + i * eb, &v, 1);
+        if (!std::isfinite(v)) std::fill(w.begin() + i * eb, w.begin() + (i + 1) * eb, std::byte{0});
+      }
+    }
+    const int32_t num_tokens = 3;
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> out(static_cast<size_t>(num_tokens * rows));
+    run_matmul(k, type, w, cols, in, num_tokens, 0, rows, out.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const reference_value ref = reference_dot(type, w.data() + r * nb * info.block_bytes, cols,
+                                                  in.seen.data() + static_cast<int64_t>(t) * cols);
+        EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref.value, matmul_rel_tolerance * ref.magnitude + 1e-6)
+            << info.name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// Splitting the rows over calls or the tokens over batches changes nothing (the executor's chunking
+// and batching invariance rests on this): bitwise equal.
+TEST_P(kernels_test, matmul_results_do_not_depend_on_row_ranges_or_token_batches) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(14);
+  for (ggml_type type : all_types) {
+    const int64_t cols = 512, rows = 45;
+    const int32_t num_tokens = 6;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> whole(static_cast<size_t>(num_tokens * rows));
+    run_matmul(k, type, w, cols, in, num_tokens, 0, rows, whole.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      const prepared_input one = prepare_input(k, type, {x.begin() + t * cols, x.begin() + (t + 1) * cols}, 1, cols);
+      std::vector<float> part(static_cast<size_t>(rows));
+      for (int64_t r0 = 0; r0 < rows; r0 += 7) run_matmul(k, type, w, cols, one, 1, r0, std::min(rows, r0 + 7), part.data(), rows, false);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(part[static_cast<size_t>(r)], whole[static_cast<size_t>(t * rows + r)])
+            << type_info(type).name << " row " << r << " token " << t;
       }
     }
   }
@@ -247,7 +541,9 @@ TEST(kernel_dispatch, best_is_available_and_names_are_unique) {
   for (const kernel_table* t : tables) found = found || t == &best_kernels();
   EXPECT_TRUE(found);
   EXPECT_TRUE(has_quant_kernel(ggml_type::q4_1));
-  EXPECT_FALSE(has_quant_kernel(ggml_type::q6_k));
+  for (ggml_type t : all_types) EXPECT_TRUE(has_quant_kernel(t)) << type_info(t).name;
+  EXPECT_FALSE(has_quant_kernel(ggml_type::q8_1));  // activation-side formats, never weights
+  EXPECT_FALSE(has_quant_kernel(ggml_type::q8_k));
 }
 
 TEST(kernel_dispatch, half_to_float_matches_engine_conversion) {

@@ -99,6 +99,7 @@ TEST(weight_shapes, refuses_rows_closer_than_their_encoding) {
   EXPECT_EQ(refusal([](model_weights& w) { w.layers[0].w_up.row_stride_bytes = 64 * 4 - 4; }),
             "cpu executor: weight w_up has a bad row stride");
   // Q8_0 encodes 32 values per block: rows of 100 columns do not exist in it.
+  const std::string down = dummy()->layers[0].w_down.name;
   EXPECT_EQ(refusal([](model_weights& w) {
               w.config.intermediate_size = 100;
               for (layer_weights& l : w.layers) {
@@ -107,7 +108,11 @@ TEST(weight_shapes, refuses_rows_closer_than_their_encoding) {
                 l.w_down.type = ggml_type::q8_0;
               }
             }),
-            "cpu executor: weight w_down has a bad row stride");
+            "cpu executor: weight w_down ('" + down + "') has 100 columns, not a multiple of the 32-value blocks of Q8_0");
+  // The K-quants' blocks are 256 values: a 64-column Q4_K matrix is refused the same way.
+  const std::string wq = dummy()->layers[0].wq.name;
+  EXPECT_EQ(refusal([](model_weights& w) { w.layers[0].wq.type = ggml_type::q4_k; }, "cuda"),
+            "cuda executor: weight wq ('" + wq + "') has 64 columns, not a multiple of the 256-value blocks of Q4_K");
 }
 
 TEST(weight_shapes, refuses_a_type_nothing_decodes) {
