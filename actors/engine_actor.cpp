@@ -109,7 +109,7 @@ class engine_actor : public caf::event_based_actor {
   struct ticket_state {
     submit_ptr request;
     caf::actor subscriber;
-    request_id engine_request = 0;  // 0 while the prompt is being tokenized
+    request_id engine_request;  // 0 while the prompt is being tokenized
     bool queued = true;            // counted in shared_->num_queued
     runtime_clock::time_point first_token{};
     bool has_first_token = false;
@@ -170,7 +170,7 @@ class engine_actor : public caf::event_based_actor {
   void abort_ticket(ticket_id ticket) {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;
-    if (it->second.engine_request == 0 || !engine_) {
+    if (!it->second.engine_request || !engine_) {
       close_ticket(ticket, finish_reason::abort, "");
       return;
     }
@@ -263,7 +263,7 @@ class engine_actor : public caf::event_based_actor {
     final->seconds_total = seconds_between(t.request->submitted_at, now);
     if (t.has_first_token) final->seconds_to_first_token = seconds_between(t.request->submitted_at, t.first_token);
     // If the engine still holds the request (closed by stop/fatal), make it forget it.
-    if (t.engine_request != 0) {
+    if (t.engine_request) {
       if (engine_) engine_->abort(t.engine_request);
       by_request_.erase(t.engine_request);
     }

@@ -31,7 +31,7 @@ struct stream_handle::guard {
   std::shared_ptr<stream_buffer> buffer;
   caf::actor_addr sink;
   caf::actor_addr engine;
-  ticket_id ticket = 0;
+  ticket_id ticket;
 
   void send_abort() const {
     if (auto e = caf::actor_cast<caf::actor>(engine)) caf::anon_send(e, abort_atom_v, ticket);
@@ -107,7 +107,7 @@ struct facade_internals {
   caf::actor engine;
   std::mutex sinks_mutex;
   std::vector<caf::actor> event_sinks;
-  std::atomic<ticket_id> next_ticket{1};
+  std::atomic<uint64_t> next_ticket{1};  // ticket_id values, handed out in order
   std::atomic<bool> accepting{true};
   std::atomic<uint64_t> num_submitted{0};
   std::atomic<uint64_t> num_rejected{0};
@@ -211,7 +211,7 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   in_->num_submitted.fetch_add(1);
 
   auto request = std::make_shared<submit_request>();
-  request->ticket = in_->next_ticket.fetch_add(1);
+  request->ticket = ticket_id(in_->next_ticket.fetch_add(1));
   request->prompt = std::move(prompt);
   request->params = params;
   request->priority = priority;

@@ -75,7 +75,7 @@ class stream_handle {
 
  private:
   friend class engine_facade;
-  ticket_id id_ = 0;
+  ticket_id id_;
   std::shared_ptr<stream_buffer> buffer_;
   std::shared_ptr<guard> guard_;
 };

@@ -29,13 +29,13 @@ namespace tessera::actors {
 
 // The runtime's id for one submitted request (assigned by the caller of submit, unique per runtime).
 // It exists before the prompt is tokenized, so it differs from the engine's request_id.
-using ticket_id = uint64_t;
+using ticket_id = id_type<struct ticket_id_tag>;
 
 using runtime_clock = std::chrono::steady_clock;
 
 // engine actor <- client: one new request. `subscriber` receives the stream (delta_atom / final_atom).
 struct submit_request {
-  ticket_id ticket = 0;
+  ticket_id ticket;
   prompt_input prompt;
   sampling_params params;
   int32_t priority = 0;
@@ -44,7 +44,7 @@ struct submit_request {
 
 // subscriber <- engine actor: one choice's news from one engine step (tokens in order, text, logprobs).
 struct stream_delta {
-  ticket_id ticket = 0;
+  ticket_id ticket;
   request_output output;     // output.id is the engine's request id
   double seconds_since_submit = 0;
 };
@@ -60,8 +60,8 @@ struct choice_result {
 
 // subscriber <- engine actor: the one terminal message of a stream, after every delta.
 struct stream_final {
-  ticket_id ticket = 0;
-  request_id request = 0;            // 0 when the request never reached the engine
+  ticket_id ticket;
+  request_id request;            // 0 when the request never reached the engine
   finish_reason reason = finish_reason::none;  // error > abort > choice 0's reason
   std::string error;                 // reason == error: what failed
   std::vector<choice_result> choices;
@@ -122,6 +122,11 @@ struct usage_report {
 };
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ticket_id& x) {
+  return f(caf::meta::type_name("ticket_id"), x.value_ref());
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, usage_report& x) {
   return f(caf::meta::type_name("usage_report"), x.device.num_total, x.device.num_used, x.device.num_free,
            x.device.num_cached, x.host.num_total, x.host.num_used, x.host.num_free, x.host.num_cached, x.step);
@@ -157,6 +162,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::exec_job)
 
 // Atom texts are at most 10 characters in CAF 0.17.
 CAF_BEGIN_TYPE_ID_BLOCK(tessera_actors, caf::first_custom_type_id)
+  CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::ticket_id))
   CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::usage_report))
   CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::runtime_status))
   CAF_ADD_ATOM(tessera_actors, tessera::actors, submit_atom, "submit")

@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
       step_batch bb;
       for (int s = 0; s < batch; ++s) {
         sequence_slice sl;
-        sl.seq_id = static_cast<uint64_t>(s + 1);
+        sl.seq = seq_id{static_cast<uint64_t>(s + 1)};
         sl.tokens.assign(tokens.begin(), tokens.begin() + 32);
         sl.block_table = table_for(s + 1);
         bb.seqs.push_back(sl);

@@ -315,7 +315,7 @@ std::vector<block_info> block_manager::snapshot() const {
       block_info& info = out[static_cast<size_t>(s.device[i])];
       const int32_t filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
       info.num_filled = std::max(info.num_filled, filled);
-      if (info.owner == 0 || id < info.owner) info.owner = id;
+      if (!info.owner || id < info.owner) info.owner = id;
     }
   }
   return out;
@@ -357,8 +357,8 @@ std::string block_manager::check_invariants() const {
   std::vector<int32_t> refs(blocks_.size(), 0);
   std::vector<int32_t> host_refs(static_cast<size_t>(num_host_blocks_), 0);
   for (const auto& [id, s] : seqs_) {
-    if (s.swapped && !s.device.empty()) return "swapped sequence " + std::to_string(id) + " holds device blocks";
-    if (!s.swapped && !s.host.empty()) return "resident sequence " + std::to_string(id) + " holds host blocks";
+    if (s.swapped && !s.device.empty()) return "swapped sequence " + std::to_string(id.value()) + " holds device blocks";
+    if (!s.swapped && !s.host.empty()) return "resident sequence " + std::to_string(id.value()) + " holds host blocks";
     for (block_id b : s.device) {
       if (b < 0 || b >= num_device_blocks()) return "block id out of range";
       ++refs[static_cast<size_t>(b)];

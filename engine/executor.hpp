@@ -27,7 +27,7 @@ struct kv_cache_spec {
 // [num_computed, num_computed + tokens.size()); K/V of earlier positions are already in the blocks of
 // `block_table`, which covers every position up to the end of `tokens`.
 struct sequence_slice {
-  uint64_t seq_id = 0;
+  seq_id seq;
   std::vector<token_id> tokens;
   int32_t num_computed = 0;
   std::vector<block_id> block_table;

@@ -60,9 +60,11 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
     if (t < 0 || t >= vocab)
       throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
                             " tokens)");
-  const request_id id = next_request_++;
+  const request_id id = next_request_;
+  next_request_ = next_request_.next();
+  const seq_id first = next_seq_;
   auto seq = std::make_unique<sequence>();
-  seq->id = next_seq_;
+  seq->id = first;
   seq->request = id;
   seq->choice_index = 0;
   seq->priority = priority;
@@ -70,7 +72,7 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   seq->tokens = prompt;
   seq->num_prompt_tokens = static_cast<int32_t>(prompt.size());
   sched_.add(std::move(seq));  // throws invalid_request for empty / too long prompts
-  ++next_seq_;
+  next_seq_ = next_seq_.next();
   ++arrival_;
 
   request_state r;
@@ -78,10 +80,10 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   r.params = params;
   r.prompt = std::move(prompt);
   r.forked = params.n == 1;  // "all choices exist"
-  r.choices.push_back(std::make_unique<choice_state>(0, next_seq_ - 1, r.params, r.prompt, eos_ids_, tok_));
-  seq_owner_[next_seq_ - 1] = {id, 0};
+  r.choices.push_back(std::make_unique<choice_state>(0, first, r.params, r.prompt, eos_ids_, tok_));
+  seq_owner_[first] = {id, 0};
   requests_.emplace(id, std::move(r));
-  engine_event queued{event_kind::queued, id, next_seq_ - 1};
+  engine_event queued{event_kind::queued, id, first};
   queued.at = engine_clock::now();
   pending_events_.push_back(queued);
   ++stats_.num_requests;
@@ -381,7 +383,8 @@ std::vector<llm_engine::choice_state*> llm_engine::fork_choices(request_state& r
   r.forked = true;
   std::vector<choice_state*> children;
   for (int32_t c = 1; c < r.params.n; ++c) {
-    const seq_id child = next_seq_++;
+    const seq_id child = next_seq_;
+    next_seq_ = next_seq_.next();
     sched_.fork(parent, child, c);
     seq_owner_[child] = {r.id, c};
     r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));

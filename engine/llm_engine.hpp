@@ -51,7 +51,7 @@ struct token_logprob {
 
 // What one choice of one request produced in one step (only choices with news are reported).
 struct request_output {
-  request_id id = 0;
+  request_id id;
   int32_t index = 0;                  // choice index, 0..n-1
   std::vector<token_id> token_ids;    // new tokens this step
   std::string text;                   // new text (valid UTF-8; possible stop-string prefixes held back)
@@ -107,7 +107,7 @@ class llm_engine {
  private:
   struct choice_state {
     int32_t index = 0;
-    seq_id seq = 0;
+    seq_id seq;
     sampler samp;
     stop_checker stops;
     std::optional<incremental_detokenizer> detok;
@@ -120,7 +120,7 @@ class llm_engine {
     }
   };
   struct request_state {
-    request_id id = 0;
+    request_id id;
     sampling_params params;
     std::vector<token_id> prompt;
     int32_t num_cached_prompt_tokens = 0;
@@ -130,7 +130,7 @@ class llm_engine {
 
   // Which choice of which request a sequence is (the n > 1 fork makes one sequence per choice).
   struct choice_ref {
-    request_id request = 0;
+    request_id request;
     int32_t index = 0;
     auto operator<=>(const choice_ref&) const = default;
   };
@@ -179,8 +179,8 @@ class llm_engine {
   std::unordered_map<seq_id, choice_ref> seq_owner_;
   std::vector<request_output> pending_;  // abort outputs waiting for the next step()
   std::vector<engine_event> pending_events_;  // queued / aborted between steps, then the step's own
-  request_id next_request_ = 1;
-  seq_id next_seq_ = 1;
+  request_id next_request_{1};
+  seq_id next_seq_{1};
   uint64_t arrival_ = 0;
   step_record record_;
   engine_stats stats_;

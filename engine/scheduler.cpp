@@ -350,7 +350,7 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
   batch.seqs.reserve(plan.scheduled.size());
   for (const scheduled_sequence& s : plan.scheduled) {
     sequence_slice slice;
-    slice.seq_id = s.seq->id;
+    slice.seq = s.seq->id;
     auto first = s.seq->tokens.begin() + s.seq->num_computed;
     slice.tokens.assign(first, first + s.num_new_tokens);
     slice.num_computed = s.seq->num_computed;
@@ -415,12 +415,12 @@ std::string scheduler::check_invariants() const {
       if (i > 0 && more_important(*s, *q[i - 1])) return std::string(name) + " queue out of order";
       const int32_t nb = blocks_.num_blocks(s->id);
       if (status == sequence_status::running && nb != blocks_.blocks_for(s->num_computed))
-        return "running sequence " + std::to_string(s->id) + " has " + std::to_string(nb) + " blocks for " +
+        return "running sequence " + std::to_string(s->id.value()) + " has " + std::to_string(nb) + " blocks for " +
                std::to_string(s->num_computed) + " computed tokens";
       if (status == sequence_status::waiting && (blocks_.has(s->id) || s->num_computed != 0))
-        return "waiting sequence " + std::to_string(s->id) + " holds KV";
+        return "waiting sequence " + std::to_string(s->id.value()) + " holds KV";
       if (status == sequence_status::swapped && !blocks_.is_swapped(s->id))
-        return "swapped sequence " + std::to_string(s->id) + " is not in the host pool";
+        return "swapped sequence " + std::to_string(s->id.value()) + " is not in the host pool";
     }
     queued += q.size();
     return {};

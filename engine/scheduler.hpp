@@ -45,8 +45,8 @@ struct scheduler_options {
 
 struct scheduled_sequence {
   sequence* seq = nullptr;     // valid until the sequence is finished
-  seq_id id = 0;
-  request_id request = 0;
+  seq_id id;
+  request_id request;
   int32_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) this step
   bool samples = false;        // the chunk ends at the last token: its logits produce a new token
 };

@@ -49,8 +49,8 @@ struct lifecycle_entry {
 };
 
 struct sequence {
-  seq_id id = 0;
-  request_id request = 0;
+  seq_id id;
+  request_id request;
   int32_t choice_index = 0;  // which of the request's n samples
   int32_t priority = 0;      // lower value = more important (vLLM convention)
   uint64_t arrival = 0;      // FCFS order among equal priorities (forks inherit the parent's)

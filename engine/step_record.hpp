@@ -39,8 +39,8 @@ std::string_view to_string(preemption_reason reason);
 
 struct engine_event {
   event_kind kind = event_kind::admitted;
-  request_id request = 0;
-  seq_id seq = 0;
+  request_id request;
+  seq_id seq;
   int32_t num_blocks = 0;  // blocks reused (cache hit), swapped (swap) or freed (recompute)
   preemption_reason reason = preemption_reason::none;
   int64_t swap_bytes = 0;         // preempted_swap / swapped_in: bytes moved one way
@@ -61,8 +61,8 @@ struct pool_usage {
 };
 
 struct sequence_blocks {
-  seq_id seq = 0;
-  request_id request = 0;
+  seq_id seq;
+  request_id request;
   int32_t num_blocks = 0;
   int32_t num_tokens = 0;
 };
@@ -96,8 +96,8 @@ struct block_info {
   int32_t ref_count = 0;
   int32_t num_filled = 0;   // tokens with computed K/V (max over the sequences sharing it)
   bool cached = false;      // indexed by the prefix cache (full, hashed)
-  seq_id owner = 0;         // first sequence holding it (valid when ref_count > 0)
-  request_id owner_request = 0;
+  seq_id owner;         // first sequence holding it (valid when ref_count > 0)
+  request_id owner_request;
 };
 
 }  // namespace tessera

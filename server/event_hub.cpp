@@ -20,7 +20,7 @@ std::vector<int64_t> encode_block_runs(const block_tiles& tiles, const block_til
     size_t j = i + 1;
     while (j < n && tiles[j] == tiles[i] && !(previous && (*previous)[j] == tiles[j])) ++j;
     const block_tile& t = tiles[i];
-    out.insert(out.end(), {static_cast<int64_t>(i), static_cast<int64_t>(j - i), static_cast<int64_t>(t.owner),
+    out.insert(out.end(), {static_cast<int64_t>(i), static_cast<int64_t>(j - i), static_cast<int64_t>(t.owner.value()),
                            t.ref_count, t.num_filled, t.cached ? 1 : 0});
     i = j;
   }
@@ -34,7 +34,7 @@ void split_pools(const actors::kv_occupancy& o, block_tiles& device, block_tiles
   const size_t num_device = std::min(o.blocks->size(), static_cast<size_t>(std::max(0, o.device.num_total)));
   for (size_t i = 0; i < o.blocks->size(); ++i) {
     const block_info& b = (*o.blocks)[i];
-    block_tile t{b.ref_count > 0 ? b.owner_request : 0, b.ref_count, b.num_filled, b.cached};
+    block_tile t{b.ref_count > 0 ? b.owner_request : request_id{}, b.ref_count, b.num_filled, b.cached};
     (i < num_device ? device : host).push_back(t);
   }
 }
@@ -185,7 +185,7 @@ std::string event_hub::to_json(const actors::event_batch& b, const std::string* 
     out["kv_waste"] = r.kv_waste;
     json::array running;
     for (const auto& s : r.running) {
-      running.push_back(json::object{{"seq", s.seq}, {"request", s.request}, {"num_blocks", s.num_blocks}, {"num_tokens", s.num_tokens}});
+      running.push_back(json::object{{"seq", s.seq.value()}, {"request", s.request.value()}, {"num_blocks", s.num_blocks}, {"num_tokens", s.num_tokens}});
     }
     out["running"] = std::move(running);
   }
@@ -194,8 +194,8 @@ std::string event_hub::to_json(const actors::event_batch& b, const std::string* 
   for (const auto& e : b.events) {
     json::object ev{{"step", e.step},
                     {"kind", std::string(to_string(e.event.kind))},
-                    {"request", e.event.request},
-                    {"seq", e.event.seq},
+                    {"request", e.event.request.value()},
+                    {"seq", e.event.seq.value()},
                     {"num_blocks", e.event.num_blocks}};
     if (e.event.reason != preemption_reason::none) ev["reason"] = std::string(to_string(e.event.reason));
     if (e.event.swap_bytes != 0) ev["swap_bytes"] = e.event.swap_bytes;

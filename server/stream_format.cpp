@@ -97,7 +97,7 @@ std::string ws_delta_message(std::string_view id, const actors::stream_delta& d,
                  {"text", delta_text(o)}, {"t", d.seconds_since_submit}};
   // The chat shape whatever the endpoint: one schema for every /v1/ws client.
   if (with_logprobs) m["logprobs"] = delta_logprobs(api_kind::chat, o, tok);
-  if (with_engine_id) m["engine_request_id"] = o.id;
+  if (with_engine_id) m["engine_request_id"] = o.id.value();
   return json::serialize(m);
 }
 
@@ -109,7 +109,7 @@ std::string ws_final_message(std::string_view id, const actors::stream_final& f)
   }
   json::object m{{"type", "final"}, {"id", id}, {"finish_reason", finish_reason_json(f.reason)},
                  {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
-  if (f.request != 0) m["engine_request_id"] = f.request;
+  if (f.request) m["engine_request_id"] = f.request.value();
   if (f.reason == finish_reason::error) m["error"] = f.error;
   return json::serialize(m);
 }

@@ -60,10 +60,10 @@ TEST_F(actor_test, tokenizer_encodes_text_passes_ids_and_answers_errors) {
   self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
-step_batch one_sequence_batch(uint64_t seq, std::vector<token_id> tokens) {
+step_batch one_sequence_batch(seq_id seq, std::vector<token_id> tokens) {
   step_batch b;
   sequence_slice s;
-  s.seq_id = seq;
+  s.seq = seq;
   s.tokens = std::move(tokens);
   s.num_computed = 0;
   s.block_table = {0, 1};
@@ -76,7 +76,7 @@ TEST_F(actor_test, executor_runs_jobs_like_the_executor_itself) {
   sim_executor reference(16, 8, 0, test_vocab);
   caf::actor a = spawn_executor_actor(sys, exec);
   caf::scoped_actor self{sys};
-  const step_batch batch = one_sequence_batch(1, {3, 4, 5, 6});
+  const step_batch batch = one_sequence_batch(seq_id{1}, {3, 4, 5, 6});
   step_output out, expected;
   bool done = false;
   self->request(a, 5s, exec_atom_v, exec_job{&batch, &out})
@@ -95,7 +95,7 @@ TEST_F(actor_test, executor_failure_is_an_error_reply_and_the_actor_goes_down) {
   caf::actor a = spawn_executor_actor(sys, exec);
   caf::scoped_actor self{sys};
   self->monitor(a);
-  const step_batch batch = one_sequence_batch(1, {3, 4});
+  const step_batch batch = one_sequence_batch(seq_id{1}, {3, 4});
   step_output out;
   std::string error;
   self->request(a, 5s, exec_atom_v, exec_job{&batch, &out})
@@ -114,7 +114,7 @@ TEST_F(actor_test, actor_executor_forwards_and_fails_for_good_after_a_failure) {
   EXPECT_EQ(adapter.config().vocab_size, test_vocab);
   EXPECT_EQ(adapter.kv_spec().num_device_blocks, 8);
   sim_executor reference(16, 8, 0, test_vocab);
-  const step_batch batch = one_sequence_batch(1, {7, 8, 9});
+  const step_batch batch = one_sequence_batch(seq_id{1}, {7, 8, 9});
   step_output out, expected;
   adapter.execute(batch, out);
   reference.execute(batch, expected);
@@ -162,7 +162,7 @@ record_ptr make_record(uint64_t step, int32_t num_events) {
   r->device.num_used = static_cast<int32_t>(step);
   for (int32_t i = 0; i < num_events; ++i) {
     engine_event e;
-    e.request = step * 100 + static_cast<uint64_t>(i);
+    e.request = request_id{step * 100 + static_cast<uint64_t>(i)};
     r->events.push_back(e);
   }
   return r;
@@ -181,7 +181,7 @@ TEST_F(actor_test, event_bus_keeps_one_batch_in_flight_and_coalesces_the_rest) {
   ASSERT_NE(first, nullptr);
   EXPECT_EQ(first->num_records, 1u);
   ASSERT_EQ(first->events.size(), 2u);
-  EXPECT_EQ(first->events[0].event.request, 100u);
+  EXPECT_EQ(first->events[0].event.request, request_id{100});
 
   // Not acknowledged: the next 30 records (3 events each) pile up into one batch.
   for (uint64_t s = 2; s <= 31; ++s) sink->send(bus, publish_atom_v, make_record(s, 3));
@@ -199,7 +199,7 @@ TEST_F(actor_test, event_bus_keeps_one_batch_in_flight_and_coalesces_the_rest) {
   for (size_t i = 0; i < second->events.size(); ++i) {
     const uint64_t step = 2 + i / 3;
     EXPECT_EQ(second->events[i].step, step);
-    EXPECT_EQ(second->events[i].event.request, step * 100 + i % 3) << "events stay in order";
+    EXPECT_EQ(second->events[i].event.request, request_id{step * 100 + i % 3}) << "events stay in order";
   }
   sink->send_exit(bus, caf::exit_reason::user_shutdown);
 }
@@ -285,8 +285,8 @@ struct engine_actor_fixture : actor_test {
 TEST_F(engine_actor_fixture, a_text_request_streams_the_oracle_tokens_then_one_final) {
   start();
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(7, prompt_input::from_text("hello"), 12), caf::actor(self));
-  auto [tokens, final] = collect(self, 7);
+  self->send(engine, submit_atom_v, make_submit(ticket_id{7}, prompt_input::from_text("hello"), 12), caf::actor(self));
+  auto [tokens, final] = collect(self, ticket_id{7});
   // Oracle: greedy continuation under the simulated model, from the encoded prompt.
   encode_options o;
   o.add_special = tok->add_bos();
@@ -310,18 +310,18 @@ TEST_F(engine_actor_fixture, a_text_request_streams_the_oracle_tokens_then_one_f
 TEST_F(engine_actor_fixture, abort_and_subscriber_down_end_requests_and_free_their_blocks) {
   start();
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
   // Let it decode a few tokens, then abort.
   int deltas = 0;
   self->receive_for(deltas, 3)([&](delta_atom, delta_ptr&) {});
   self->send(engine, abort_atom_v, ticket_id{1});
-  auto [tokens, final] = collect(self, 1);
+  auto [tokens, final] = collect(self, ticket_id{1});
   EXPECT_EQ(final.reason, finish_reason::abort);
 
   // A subscriber that goes away: its request is aborted (no one else is told).
   {
     caf::scoped_actor gone{sys};
-    gone->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
+    gone->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
     gone->receive([&](delta_atom, delta_ptr&) {});
   }  // `gone` terminates here
   runtime_status status;
@@ -358,14 +358,15 @@ bool receive_error_finals(caf::scoped_actor& self, int num_streams, caf::timespa
 TEST_F(engine_actor_fixture, an_executor_failure_ends_every_stream_with_an_error) {
   start(64, 3);
   caf::scoped_actor self{sys};
-  for (ticket_id t = 1; t <= 4; ++t)
-    self->send(engine, submit_atom_v, make_submit(t, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
+  for (uint64_t t = 1; t <= 4; ++t)
+    self->send(engine, submit_atom_v,
+               make_submit(ticket_id{t}, prompt_input::from_ids({1, 2, static_cast<token_id>(t)}), 1000),
                caf::actor(self));
   ASSERT_TRUE(receive_error_finals(self, 4, 5s)) << "a stream hangs after the executor failed";
   EXPECT_FALSE(shared->healthy.load());
   // Later submits get an error final at once.
-  self->send(engine, submit_atom_v, make_submit(9, prompt_input::from_ids({1}), 4), caf::actor(self));
-  auto [tokens, final] = collect(self, 9);
+  self->send(engine, submit_atom_v, make_submit(ticket_id{9}, prompt_input::from_ids({1}), 4), caf::actor(self));
+  auto [tokens, final] = collect(self, ticket_id{9});
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::error);
 }
@@ -373,8 +374,8 @@ TEST_F(engine_actor_fixture, an_executor_failure_ends_every_stream_with_an_error
 TEST_F(engine_actor_fixture, an_executor_actor_killed_mid_stream_errors_every_stream_within_a_second) {
   start();
   caf::scoped_actor self{sys};
-  for (ticket_id t = 1; t <= 4; ++t)
-    self->send(engine, submit_atom_v, make_submit(t, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
+  for (uint64_t t = 1; t <= 4; ++t)
+    self->send(engine, submit_atom_v, make_submit(ticket_id{t}, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
                caf::actor(self));
   int deltas = 0;
   self->receive_for(deltas, 8)([&](delta_atom, delta_ptr&) {});  // streaming
@@ -395,8 +396,8 @@ TEST_F(engine_actor_fixture, the_executor_runs_on_its_own_thread_never_on_a_caf_
   auto held = std::make_shared<testing::held_executor>(64, 0);
   start_with(held, engine_options{});
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 4), caf::actor(self));
-  auto [tokens, final] = collect(self, 1);
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3}), 4), caf::actor(self));
+  auto [tokens, final] = collect(self, ticket_id{1});
   EXPECT_EQ(final.reason, finish_reason::length);
   // The compute blocks for a whole step: it must run on the executor actor's private thread, or it
   // would stall every event-based actor sharing that cooperative worker.
@@ -430,7 +431,7 @@ TEST_F(engine_actor_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_str
   caf::scoped_actor tokenizer{sys};
   start_with(std::make_shared<sim_executor>(16, 64, 0, test_vocab), engine_options{}, {caf::actor(tokenizer)});
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(5, prompt_input::from_text("abc"), 8), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{5}, prompt_input::from_text("abc"), 8), caf::actor(self));
   caf::response_promise answer;
   bool asked = false;
   tokenizer->receive(
@@ -442,10 +443,10 @@ TEST_F(engine_actor_fixture, an_abort_while_the_prompt_is_tokenized_ends_the_str
       caf::after(10s) >> [] {});
   ASSERT_TRUE(asked) << "the engine actor asks a tokenizer actor to encode a text prompt";
   self->send(engine, abort_atom_v, ticket_id{5});
-  auto [tokens, final] = collect(self, 5);
+  auto [tokens, final] = collect(self, ticket_id{5});
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::abort);
-  EXPECT_EQ(final.request, 0u) << "it never reached the engine";
+  EXPECT_EQ(final.request, request_id{0}) << "it never reached the engine";
   // The late token ids are dropped: nothing more reaches the subscriber, the engine stays empty.
   answer.deliver(std::vector<token_id>{1, 2, 3});
   bool extra = false;
@@ -467,16 +468,16 @@ TEST_F(engine_actor_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_e
   start_with(held, eo);
   held->hold_when([](const step_batch&) { return true; });
   caf::scoped_actor self{sys}, first{sys}, second{sys};
-  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
   ASSERT_TRUE(held->wait_held(10s));
-  self->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
   self->send(engine, abort_atom_v, ticket_id{2});
   held->release();
-  auto [tokens2, final2] = collect(second, 2);
+  auto [tokens2, final2] = collect(second, ticket_id{2});
   EXPECT_TRUE(tokens2.empty());
   EXPECT_EQ(final2.reason, finish_reason::abort);
   EXPECT_EQ(stages_of(final2), (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::aborted}));
-  auto [tokens1, final1] = collect(first, 1);
+  auto [tokens1, final1] = collect(first, ticket_id{1});
   EXPECT_EQ(final1.reason, finish_reason::length);
   EXPECT_EQ(tokens1, greedy_oracle({1, 2, 3}, 6));
   EXPECT_EQ(shared->num_queued.load(), 0);
@@ -492,11 +493,11 @@ TEST_F(engine_actor_fixture, an_abort_during_a_chunked_prefill_ends_it_before_it
   std::vector<token_id> prompt;
   for (int i = 0; i < 100; ++i) prompt.push_back(1 + i % (test_vocab - 1));
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt), 6), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids(prompt), 6), caf::actor(self));
   ASSERT_TRUE(held->wait_held(10s));
   self->send(engine, abort_atom_v, ticket_id{1});
   held->release();
-  auto [tokens, final] = collect(self, 1);
+  auto [tokens, final] = collect(self, ticket_id{1});
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::abort);
   EXPECT_EQ(stages_of(final),
@@ -523,17 +524,17 @@ TEST_F(engine_actor_fixture, an_abort_of_a_swapped_out_request_frees_its_host_bl
   held->hold_when([](const step_batch& b) { return !b.swap_out.empty(); });
   caf::scoped_actor self{sys}, a{sys}, b{sys};
   const std::vector<token_id> prompt_a = {1, 2, 3, 4, 5, 6, 7, 8}, prompt_b = {9, 10, 11, 12, 13, 14, 15, 16};
-  self->send(engine, submit_atom_v, make_submit(1, prompt_input::from_ids(prompt_a), 52), caf::actor(a));
-  self->send(engine, submit_atom_v, make_submit(2, prompt_input::from_ids(prompt_b), 52), caf::actor(b));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids(prompt_a), 52), caf::actor(a));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids(prompt_b), 52), caf::actor(b));
   ASSERT_TRUE(held->wait_held(20s)) << "no swap-out happened";
   // The held step swaps one request out and runs the other; the running one is recognised by the
   // prompt its sequence was first scheduled with.
-  const std::vector<uint64_t> running = held->held_seqs();
+  const std::vector<seq_id> running = held->held_seqs();
   ASSERT_EQ(running.size(), 1u);
   const bool a_runs = held->first_tokens().at(running[0]) == prompt_a;
   caf::scoped_actor& kept = a_runs ? a : b;
   caf::scoped_actor& swapped = a_runs ? b : a;
-  const ticket_id kept_ticket = a_runs ? 1 : 2, swapped_ticket = a_runs ? 2 : 1;
+  const ticket_id kept_ticket{a_runs ? 1u : 2u}, swapped_ticket{a_runs ? 2u : 1u};
   self->send(engine, abort_atom_v, swapped_ticket);
   held->release();
   auto [swapped_tokens, swapped_final] = collect(swapped, swapped_ticket);

@@ -80,12 +80,12 @@ class held_executor : public executor {
       pthread_getname_np(pthread_self(), thread_name, sizeof thread_name);
       thread_names_.insert(thread_name);
       for (const sequence_slice& s : batch.seqs)
-        if (s.num_computed == 0) first_tokens_.try_emplace(s.seq_id, s.tokens);
+        if (s.num_computed == 0) first_tokens_.try_emplace(s.seq, s.tokens);
       if (when_ && when_(batch)) {
         when_ = nullptr;
         held_ = true;
         held_seqs_.clear();
-        for (const sequence_slice& s : batch.seqs) held_seqs_.push_back(s.seq_id);
+        for (const sequence_slice& s : batch.seqs) held_seqs_.push_back(s.seq);
         changed_.notify_all();
         changed_.wait(lock, [&] { return !held_; });
       }
@@ -97,12 +97,12 @@ class held_executor : public executor {
     std::unique_lock lock(mutex_);
     return changed_.wait_for(lock, timeout, [&] { return held_; });
   }
-  std::vector<uint64_t> held_seqs() {
+  std::vector<seq_id> held_seqs() {
     std::lock_guard lock(mutex_);
     return held_seqs_;
   }
   // The tokens each sequence was first scheduled with (its prompt, or the prompt's first chunk).
-  std::map<uint64_t, std::vector<token_id>> first_tokens() {
+  std::map<seq_id, std::vector<token_id>> first_tokens() {
     std::lock_guard lock(mutex_);
     return first_tokens_;
   }
@@ -127,8 +127,8 @@ class held_executor : public executor {
   std::condition_variable changed_;
   std::function<bool(const step_batch&)> when_;
   bool held_ = false;
-  std::vector<uint64_t> held_seqs_;
-  std::map<uint64_t, std::vector<token_id>> first_tokens_;
+  std::vector<seq_id> held_seqs_;
+  std::map<seq_id, std::vector<token_id>> first_tokens_;
   std::set<std::string> thread_names_;
 };
 

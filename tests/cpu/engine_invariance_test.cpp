@@ -138,7 +138,7 @@ TEST_F(engine_invariance, in_a_batch_of_32) {
   const std::vector<token_id> alone = reference(target);
   ASSERT_EQ(alone.size(), static_cast<size_t>(num_output_tokens));
   llm_engine engine(*fixture_->exec, fixture_->model.tok, options());
-  request_id id = 0;
+  request_id id;
   for (int i = 0; i < 31; ++i) {
     if (i == 15) id = engine.add_request(target, greedy());  // somewhere in the middle
     engine.add_request(encode(other_texts()[static_cast<size_t>(i) % other_texts().size()] +

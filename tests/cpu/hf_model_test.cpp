@@ -151,7 +151,7 @@ step_output prompt_logits(std::shared_ptr<const model_weights> w, const std::vec
   auto ex = make_cpu_executor(std::move(w), o);
   step_batch b;
   sequence_slice s;
-  s.seq_id = 1;
+  s.seq = seq_id{1};
   s.tokens = prompt;
   s.block_table = {5, 2};
   s.logits = sequence_slice::logits_mode::all;

@@ -135,7 +135,7 @@ class LogitParity : public ::testing::Test {
     step_output out;
     step_batch b;
     sequence_slice s;
-    s.seq_id = 1;
+    s.seq = seq_id{1};
     s.tokens = ids;
     s.block_table = table;
     s.logits = sequence_slice::logits_mode::all;
@@ -152,7 +152,7 @@ class LogitParity : public ::testing::Test {
     while (static_cast<int>(generated.size()) < num_new) {
       step_batch d;
       sequence_slice t;
-      t.seq_id = 1;
+      t.seq = seq_id{1};
       t.tokens = {generated.back()};
       t.num_computed = static_cast<int32_t>(ids.size() + generated.size() - 1);
       t.block_table = table;

@@ -38,7 +38,7 @@ std::vector<token_id> greedy(executor& ex, const std::vector<token_id>& prompt, 
   for (size_t done = 0; done < prompt.size(); done += chunk) {
     step_batch b;
     sequence_slice s;
-    s.seq_id = 1;
+    s.seq = seq_id{1};
     s.tokens.assign(prompt.begin() + static_cast<long>(done),
                     prompt.begin() + static_cast<long>(std::min(prompt.size(), done + chunk)));
     s.num_computed = static_cast<int32_t>(done);
@@ -52,7 +52,7 @@ std::vector<token_id> greedy(executor& ex, const std::vector<token_id>& prompt, 
     generated.push_back(argmax(out.row(0)));
     step_batch b;
     sequence_slice s;
-    s.seq_id = 1;
+    s.seq = seq_id{1};
     s.tokens = {generated.back()};
     s.num_computed = static_cast<int32_t>(prompt.size() + generated.size() - 1);
     s.block_table = table;

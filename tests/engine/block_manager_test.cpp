@@ -32,17 +32,17 @@ TEST(block_manager, allocates_blocks_for_token_ranges_and_frees_them) {
   auto bm = make(4, 8);
   std::vector<block_copy> copies;
   auto t = iota_tokens(10);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 6, 0, copies));  // positions 0..5 -> 2 blocks
-  EXPECT_EQ(bm.num_blocks(1), 2);
-  bm.commit_computed(1, t, 6);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 6, 4, 0, copies));  // 0..9 -> 3 blocks
-  EXPECT_EQ(bm.num_blocks(1), 3);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 6, 0, copies));  // positions 0..5 -> 2 blocks
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 2);
+  bm.commit_computed(seq_id{1}, t, 6);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 6, 4, 0, copies));  // 0..9 -> 3 blocks
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 3);
   EXPECT_TRUE(copies.empty());
   EXPECT_EQ(bm.num_free_blocks(), 5);
   EXPECT_INVARIANTS(bm);
-  bm.free(1);
+  bm.free(seq_id{1});
   EXPECT_EQ(bm.num_free_blocks(), 8);
-  EXPECT_FALSE(bm.has(1));
+  EXPECT_FALSE(bm.has(seq_id{1}));
   EXPECT_INVARIANTS(bm);
 }
 
@@ -50,12 +50,12 @@ TEST(block_manager, failed_allocation_changes_nothing) {
   auto bm = make(4, 4);
   std::vector<block_copy> copies;
   auto t = iota_tokens(20);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 8, 0, copies));
   auto before = bm.snapshot();
-  EXPECT_FALSE(bm.allocate_slots(2, t, 0, 12, 0, copies));   // 3 blocks, 2 free
-  EXPECT_FALSE(bm.allocate_slots(1, t, 8, 4, 2, copies));    // 1 block but 2 reserved
-  EXPECT_TRUE(bm.allocate_slots(1, t, 8, 4, 1, copies));
-  EXPECT_EQ(bm.num_blocks(2), 0);
+  EXPECT_FALSE(bm.allocate_slots(seq_id{2}, t, 0, 12, 0, copies));   // 3 blocks, 2 free
+  EXPECT_FALSE(bm.allocate_slots(seq_id{1}, t, 8, 4, 2, copies));    // 1 block but 2 reserved
+  EXPECT_TRUE(bm.allocate_slots(seq_id{1}, t, 8, 4, 1, copies));
+  EXPECT_EQ(bm.num_blocks(seq_id{2}), 0);
   EXPECT_EQ(before[3].ref_count, 0);
   EXPECT_INVARIANTS(bm);
 }
@@ -64,12 +64,12 @@ TEST(block_manager, fork_shares_blocks_and_copies_on_write) {
   auto bm = make(4, 8, 0, false);
   std::vector<block_copy> copies;
   auto t = iota_tokens(10);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 10, 0, copies));
-  bm.commit_computed(1, t, 10);
-  bm.fork(1, 2);
-  bm.fork(1, 3);
-  const auto table = bm.block_table(1);
-  EXPECT_EQ(bm.block_table(2), table);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 10, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 10);
+  bm.fork(seq_id{1}, seq_id{2});
+  bm.fork(seq_id{1}, seq_id{3});
+  const auto table = bm.block_table(seq_id{1});
+  EXPECT_EQ(bm.block_table(seq_id{2}), table);
   EXPECT_EQ(bm.snapshot()[static_cast<size_t>(table[2])].ref_count, 3);
   EXPECT_EQ(bm.num_free_blocks(), 5);  // nothing copied yet
   EXPECT_INVARIANTS(bm);
@@ -77,22 +77,22 @@ TEST(block_manager, fork_shares_blocks_and_copies_on_write) {
   // Child 2 writes position 10, inside the shared partial block 2: it gets a private copy.
   auto t2 = t;
   t2.push_back(7);
-  ASSERT_TRUE(bm.allocate_slots(2, t2, 10, 1, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t2, 10, 1, 0, copies));
   ASSERT_EQ(copies.size(), 1u);
   EXPECT_EQ(copies[0].src, table[2]);
   EXPECT_NE(copies[0].dst, table[2]);
-  EXPECT_EQ(bm.block_table(2)[2], copies[0].dst);
-  EXPECT_EQ(bm.block_table(2)[0], table[0]);  // full blocks stay shared
+  EXPECT_EQ(bm.block_table(seq_id{2})[2], copies[0].dst);
+  EXPECT_EQ(bm.block_table(seq_id{2})[0], table[0]);  // full blocks stay shared
   copies.clear();
   // Child 3 copies as well; then the parent is the last holder and writes in place.
-  ASSERT_TRUE(bm.allocate_slots(3, t2, 10, 1, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, t2, 10, 1, 0, copies));
   EXPECT_EQ(copies.size(), 1u);
   copies.clear();
-  ASSERT_TRUE(bm.allocate_slots(1, t2, 10, 1, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t2, 10, 1, 0, copies));
   EXPECT_TRUE(copies.empty());
-  EXPECT_EQ(bm.block_table(1), table);
+  EXPECT_EQ(bm.block_table(seq_id{1}), table);
   EXPECT_INVARIANTS(bm);
-  for (seq_id s : {1, 2, 3}) bm.free(s);
+  for (uint64_t s : {1, 2, 3}) bm.free(seq_id{s});
   EXPECT_EQ(bm.num_free_blocks(), 8);
   EXPECT_INVARIANTS(bm);
 }
@@ -101,13 +101,13 @@ TEST(block_manager, fork_at_block_boundary_needs_no_copy) {
   auto bm = make(4, 8, 0, false);
   std::vector<block_copy> copies;
   auto t = iota_tokens(9);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
-  bm.commit_computed(1, t, 8);
-  bm.fork(1, 2);
-  ASSERT_TRUE(bm.allocate_slots(2, t, 8, 1, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 8, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 8);
+  bm.fork(seq_id{1}, seq_id{2});
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t, 8, 1, 0, copies));
   EXPECT_TRUE(copies.empty());
-  EXPECT_EQ(bm.num_blocks(2), 3);
-  EXPECT_NE(bm.block_table(2)[2], bm.block_table(1).size() > 2 ? bm.block_table(1)[2] : -1);
+  EXPECT_EQ(bm.num_blocks(seq_id{2}), 3);
+  EXPECT_NE(bm.block_table(seq_id{2})[2], bm.block_table(seq_id{1}).size() > 2 ? bm.block_table(seq_id{1})[2] : -1);
   EXPECT_INVARIANTS(bm);
 }
 
@@ -115,13 +115,13 @@ TEST(block_manager, copy_on_write_counts_in_blocks_needed) {
   auto bm = make(4, 3, 0, false);
   std::vector<block_copy> copies;
   auto t = iota_tokens(7);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 6, 0, copies));  // 2 blocks, 1 free
-  bm.commit_computed(1, t, 6);
-  bm.fork(1, 2);
-  EXPECT_EQ(bm.blocks_needed(2, t, 6, 1), 1);  // copy of the shared partial block
-  ASSERT_TRUE(bm.allocate_slots(2, t, 6, 1, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 6, 0, copies));  // 2 blocks, 1 free
+  bm.commit_computed(seq_id{1}, t, 6);
+  bm.fork(seq_id{1}, seq_id{2});
+  EXPECT_EQ(bm.blocks_needed(seq_id{2}, t, 6, 1), 1);  // copy of the shared partial block
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t, 6, 1, 0, copies));
   EXPECT_EQ(bm.num_free_blocks(), 0);
-  EXPECT_EQ(bm.blocks_needed(1, t, 6, 1), 0);  // now sole owner
+  EXPECT_EQ(bm.blocks_needed(seq_id{1}, t, 6, 1), 0);  // now sole owner
   EXPECT_INVARIANTS(bm);
 }
 
@@ -129,10 +129,10 @@ TEST(block_manager, prefix_cache_reuses_full_blocks_of_the_longest_prefix) {
   auto bm = make(4, 16);
   std::vector<block_copy> copies;
   auto a = iota_tokens(11);
-  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 11, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 11, 0, copies));
   // Nothing is cached before the computation is committed.
   EXPECT_EQ(bm.cached_prefix_tokens(a), 0);
-  bm.commit_computed(1, a, 11);
+  bm.commit_computed(seq_id{1}, a, 11);
   EXPECT_EQ(bm.cached_prefix_tokens(a), 8);  // two full blocks; the partial third is not cached
 
   auto b = iota_tokens(20);
@@ -146,10 +146,10 @@ TEST(block_manager, prefix_cache_reuses_full_blocks_of_the_longest_prefix) {
   auto exact = iota_tokens(8);   // a prompt equal to the cached prefix keeps one token to compute
   EXPECT_EQ(bm.cached_prefix_tokens(exact), 4);
 
-  ASSERT_TRUE(bm.allocate_slots(2, b, 8, 12, 0, copies));
-  EXPECT_EQ(bm.block_table(2)[0], bm.block_table(1)[0]);
-  EXPECT_EQ(bm.block_table(2)[1], bm.block_table(1)[1]);
-  EXPECT_NE(bm.block_table(2)[2], bm.block_table(1)[2]);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, b, 8, 12, 0, copies));
+  EXPECT_EQ(bm.block_table(seq_id{2})[0], bm.block_table(seq_id{1})[0]);
+  EXPECT_EQ(bm.block_table(seq_id{2})[1], bm.block_table(seq_id{1})[1]);
+  EXPECT_NE(bm.block_table(seq_id{2})[2], bm.block_table(seq_id{1})[2]);
   EXPECT_TRUE(copies.empty());
   EXPECT_INVARIANTS(bm);
 }
@@ -159,24 +159,24 @@ TEST(block_manager, freed_cached_blocks_are_revived_then_evicted_lru) {
   std::vector<block_copy> copies;
   auto a = iota_tokens(9, 100);
   auto b = iota_tokens(9, 500);
-  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 8, 0, copies));
-  bm.commit_computed(1, a, 8);
-  bm.free(1);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 8, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 8);
+  bm.free(seq_id{1});
   EXPECT_EQ(bm.num_cached_free_blocks(), 2);
   EXPECT_EQ(bm.num_free_blocks(), 4);
   EXPECT_EQ(bm.cached_prefix_tokens(a), 8);
-  ASSERT_TRUE(bm.allocate_slots(2, b, 0, 8, 0, copies));  // takes the 2 plain free blocks
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, b, 0, 8, 0, copies));  // takes the 2 plain free blocks
   EXPECT_EQ(bm.cached_prefix_tokens(a), 8);
-  bm.commit_computed(2, b, 8);
+  bm.commit_computed(seq_id{2}, b, 8);
   // A third allocation must evict: `a`'s tail block (freed first) goes before its head block.
   auto c = iota_tokens(5, 900);
-  ASSERT_TRUE(bm.allocate_slots(3, c, 0, 4, 0, copies));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, c, 0, 4, 0, copies));
   EXPECT_EQ(bm.cached_prefix_tokens(a), 4);
   EXPECT_INVARIANTS(bm);
   // Reviving the remaining cached block takes it off the free list.
-  bm.free(3);
-  EXPECT_EQ(bm.blocks_needed(4, a, 4, 4), 2);
-  ASSERT_TRUE(bm.allocate_slots(4, a, 4, 4, 0, copies));
+  bm.free(seq_id{3});
+  EXPECT_EQ(bm.blocks_needed(seq_id{4}, a, 4, 4), 2);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{4}, a, 4, 4, 0, copies));
   EXPECT_EQ(bm.num_free_blocks(), 0);
   EXPECT_INVARIANTS(bm);
 }
@@ -185,13 +185,13 @@ TEST(block_manager, reviving_a_cached_block_counts_against_free_blocks) {
   auto bm = make(4, 3);
   std::vector<block_copy> copies;
   auto a = iota_tokens(9);
-  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 8, 0, copies));
-  bm.commit_computed(1, a, 8);
-  bm.free(1);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 8, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 8);
+  bm.free(seq_id{1});
   // 8 cached tokens: 2 revived + 1 new block = all 3 blocks.
-  EXPECT_EQ(bm.blocks_needed(2, a, 8, 1), 3);
-  EXPECT_FALSE(bm.allocate_slots(2, a, 8, 1, 1, copies));
-  EXPECT_TRUE(bm.allocate_slots(2, a, 8, 1, 0, copies));
+  EXPECT_EQ(bm.blocks_needed(seq_id{2}, a, 8, 1), 3);
+  EXPECT_FALSE(bm.allocate_slots(seq_id{2}, a, 8, 1, 1, copies));
+  EXPECT_TRUE(bm.allocate_slots(seq_id{2}, a, 8, 1, 0, copies));
   EXPECT_INVARIANTS(bm);
 }
 
@@ -199,10 +199,10 @@ TEST(block_manager, disabled_prefix_cache_never_hits) {
   auto bm = make(4, 8, 0, false);
   std::vector<block_copy> copies;
   auto a = iota_tokens(9);
-  ASSERT_TRUE(bm.allocate_slots(1, a, 0, 9, 0, copies));
-  bm.commit_computed(1, a, 9);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 9, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 9);
   EXPECT_EQ(bm.cached_prefix_tokens(a), 0);
-  bm.free(1);
+  bm.free(seq_id{1});
   EXPECT_EQ(bm.num_cached_free_blocks(), 0);
 }
 
@@ -210,28 +210,28 @@ TEST(block_manager, swap_out_and_in_round_trip) {
   auto bm = make(4, 4, 3);
   std::vector<block_copy> out, in, copies;
   auto t = iota_tokens(10);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 10, 0, copies));
-  bm.commit_computed(1, t, 10);
-  const auto table = bm.block_table(1);
-  ASSERT_TRUE(bm.swap_out(1, out));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 10, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 10);
+  const auto table = bm.block_table(seq_id{1});
+  ASSERT_TRUE(bm.swap_out(seq_id{1}, out));
   ASSERT_EQ(out.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out[i].src, table[i]);
-  EXPECT_TRUE(bm.is_swapped(1));
-  EXPECT_EQ(bm.num_host_blocks_of(1), 3);
+  EXPECT_TRUE(bm.is_swapped(seq_id{1}));
+  EXPECT_EQ(bm.num_host_blocks_of(seq_id{1}), 3);
   EXPECT_EQ(bm.num_free_host_blocks(), 0);
   EXPECT_EQ(bm.num_free_blocks(), 4);
   EXPECT_INVARIANTS(bm);
   // Someone else takes 2 blocks: only 2 remain, swap-in must fail cleanly.
-  ASSERT_TRUE(bm.allocate_slots(2, t, 0, 8, 0, copies));
-  EXPECT_FALSE(bm.swap_in(1, 0, in));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t, 0, 8, 0, copies));
+  EXPECT_FALSE(bm.swap_in(seq_id{1}, 0, in));
   EXPECT_TRUE(in.empty());
-  bm.free(2);
-  EXPECT_FALSE(bm.swap_in(1, 2, in));  // 4 free, 3 needed, 2 reserved
-  ASSERT_TRUE(bm.swap_in(1, 1, in));
+  bm.free(seq_id{2});
+  EXPECT_FALSE(bm.swap_in(seq_id{1}, 2, in));  // 4 free, 3 needed, 2 reserved
+  ASSERT_TRUE(bm.swap_in(seq_id{1}, 1, in));
   ASSERT_EQ(in.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(in[i].src, out[i].dst);  // host block i comes back as logical block i
-    EXPECT_EQ(in[i].dst, bm.block_table(1)[i]);
+    EXPECT_EQ(in[i].dst, bm.block_table(seq_id{1})[i]);
   }
   EXPECT_EQ(bm.num_free_host_blocks(), 3);
   EXPECT_INVARIANTS(bm);
@@ -241,12 +241,12 @@ TEST(block_manager, swap_out_fails_when_the_host_pool_is_full) {
   auto bm = make(4, 4, 1);
   std::vector<block_copy> out, copies;
   auto t = iota_tokens(8);
-  ASSERT_TRUE(bm.allocate_slots(1, t, 0, 8, 0, copies));
-  EXPECT_FALSE(bm.swap_out(1, out));
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 8, 0, copies));
+  EXPECT_FALSE(bm.swap_out(seq_id{1}, out));
   EXPECT_TRUE(out.empty());
-  EXPECT_FALSE(bm.is_swapped(1));
+  EXPECT_FALSE(bm.is_swapped(seq_id{1}));
   EXPECT_INVARIANTS(bm);
-  bm.free(1);
+  bm.free(seq_id{1});
   EXPECT_EQ(bm.num_free_blocks(), 4);
 }
 
@@ -254,15 +254,15 @@ TEST(block_manager, snapshot_and_slot_usage_count_shared_blocks_once) {
   auto bm = make(4, 8, 0, false);
   std::vector<block_copy> copies;
   auto t = iota_tokens(6);
-  ASSERT_TRUE(bm.allocate_slots(7, t, 0, 6, 0, copies));
-  bm.commit_computed(7, t, 6);
-  bm.fork(7, 9);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{7}, t, 0, 6, 0, copies));
+  bm.commit_computed(seq_id{7}, t, 6);
+  bm.fork(seq_id{7}, seq_id{9});
   auto snap = bm.snapshot();
-  const auto table = bm.block_table(7);
+  const auto table = bm.block_table(seq_id{7});
   EXPECT_EQ(snap[static_cast<size_t>(table[0])].num_filled, 4);
   EXPECT_EQ(snap[static_cast<size_t>(table[1])].num_filled, 2);
   EXPECT_EQ(snap[static_cast<size_t>(table[1])].ref_count, 2);
-  EXPECT_EQ(snap[static_cast<size_t>(table[1])].owner, 7u);
+  EXPECT_EQ(snap[static_cast<size_t>(table[1])].owner, seq_id{7});
   auto usage = bm.slots();
   EXPECT_EQ(usage.num_allocated, 8);
   EXPECT_EQ(usage.num_filled, 6);
@@ -273,12 +273,12 @@ TEST(block_manager, host_snapshot_shows_swapped_blocks_and_their_owner) {
   auto bm = make(4, 8, 6, false);
   std::vector<block_copy> copies, out, in;
   auto t = iota_tokens(10);
-  ASSERT_TRUE(bm.allocate_slots(3, t, 0, 10, 0, copies));
-  bm.commit_computed(3, t, 10);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, t, 0, 10, 0, copies));
+  bm.commit_computed(seq_id{3}, t, 10);
   auto host = bm.host_snapshot();
   ASSERT_EQ(host.size(), 6u);
   for (const auto& b : host) EXPECT_EQ(b.ref_count, 0);
-  ASSERT_TRUE(bm.swap_out(3, out));
+  ASSERT_TRUE(bm.swap_out(seq_id{3}, out));
   host = bm.host_snapshot();
   ASSERT_EQ(out.size(), 3u);
   std::vector<int32_t> filled;
@@ -286,7 +286,7 @@ TEST(block_manager, host_snapshot_shows_swapped_blocks_and_their_owner) {
     const block_info& b = host[static_cast<size_t>(c.dst)];
     EXPECT_EQ(b.id, c.dst);
     EXPECT_EQ(b.ref_count, 1);
-    EXPECT_EQ(b.owner, 3u);
+    EXPECT_EQ(b.owner, seq_id{3});
     EXPECT_FALSE(b.cached);
     filled.push_back(b.num_filled);
   }
@@ -295,7 +295,7 @@ TEST(block_manager, host_snapshot_shows_swapped_blocks_and_their_owner) {
   for (const auto& b : host) held += b.ref_count;
   EXPECT_EQ(held, 3);
   for (const auto& b : bm.snapshot()) EXPECT_EQ(b.ref_count, 0) << "swapped out: no device block held";
-  ASSERT_TRUE(bm.swap_in(3, 0, in));
+  ASSERT_TRUE(bm.swap_in(seq_id{3}, 0, in));
   for (const auto& b : bm.host_snapshot()) EXPECT_EQ(b.ref_count, 0);
 }
 
@@ -307,7 +307,7 @@ TEST(block_manager, random_operations_keep_invariants) {
     auto bm = make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0);
     struct live { std::vector<token_id> tokens; int32_t computed = 0; };
     std::map<seq_id, live> seqs;
-    seq_id next = 1;
+    seq_id next = seq_id{1};
     std::vector<block_copy> copies, swaps;
     for (int op = 0; op < 300; ++op) {
       const uint32_t kind = rng() % 6;
@@ -323,7 +323,7 @@ TEST(block_manager, random_operations_keep_invariants) {
           l.computed = n;
           seqs.emplace(next, l);
         }
-        ++next;
+        next = next.next();
       } else {
         auto it = seqs.begin();
         std::advance(it, rng() % seqs.size());
@@ -334,7 +334,8 @@ TEST(block_manager, random_operations_keep_invariants) {
           seqs.erase(it);
         } else if (kind == 2 && !bm.is_swapped(s)) {
           bm.fork(s, next);
-          seqs.emplace(next++, l);
+          seqs.emplace(next, l);
+          next = next.next();
         } else if (kind == 3 && !bm.is_swapped(s)) {
           l.tokens.push_back(static_cast<token_id>(rng() % 2));
           if (bm.allocate_slots(s, l.tokens, l.computed, 1, 0, copies)) {

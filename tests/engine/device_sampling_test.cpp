@@ -84,7 +84,7 @@ class device_sim_executor : public sim_executor {
         }
         const auto first = out.logits.begin() + static_cast<ptrdiff_t>(out.first_row[i]) * vocab;
         out.sampled[i].token = sample_descriptor(*s.sampling, std::vector<float>(first, first + vocab));
-        positions[s.seq_id].push_back(s.sampling->position);
+        positions[s.seq].push_back(s.sampling->position);
         // The row is not returned: poison it so an engine that read it anyway would go wrong.
         std::fill(first, first + vocab, std::numeric_limits<float>::quiet_NaN());
         out.num_rows[i] = 0;
@@ -95,7 +95,7 @@ class device_sim_executor : public sim_executor {
 
   int num_device_rows = 0;
   int num_host_rows = 0;
-  std::map<uint64_t, std::vector<uint64_t>> positions;  // per sequence, the positions it was asked
+  std::map<seq_id, std::vector<uint64_t>> positions;  // per sequence, the positions it was asked
 };
 
 engine_options opts() {

@@ -249,7 +249,7 @@ TEST(llm_engine, abort_in_every_state_frees_everything) {
     p.n = i % 2 + 1;
     ids.push_back(engine.add_request(random_prompt(rng, 10), p));
   }
-  std::map<request_id, int> finals;
+  std::map<std::pair<request_id, int32_t>, int> finals;  // per (request, choice)
   std::map<request_id, finish_reason> reasons;
   int step = 0;
   while (engine.has_unfinished()) {
@@ -264,13 +264,13 @@ TEST(llm_engine, abort_in_every_state_frees_everything) {
     }
     for (const auto& out : engine.step())
       if (out.finished) {
-        ++finals[out.id * 100 + static_cast<request_id>(out.index)];
+        ++finals[{out.id, out.index}];
         reasons[out.id] = out.reason;
       }
     ++step;
     ASSERT_EQ(engine.get_scheduler().check_invariants(), "") << "step " << step;
   }
-  for (const auto& [k, n] : finals) EXPECT_EQ(n, 1) << k;
+  for (const auto& [k, n] : finals) EXPECT_EQ(n, 1) << k.first << "/" << k.second;
   EXPECT_EQ(reasons[ids[5]], finish_reason::abort);
   EXPECT_EQ(reasons[ids[0]], finish_reason::abort);
   engine.abort(ids[1]);  // finished: ignored
@@ -372,7 +372,7 @@ TEST(llm_engine, step_records_describe_the_step) {
   auto snap = engine.block_snapshot();
   ASSERT_EQ(snap.size(), 16u + 16u);  // the device pool's blocks, then the host pool's
   int owned = 0;
-  for (const auto& b : snap) owned += b.ref_count > 0 && b.owner_request != 0;
+  for (const auto& b : snap) owned += b.ref_count > 0 && b.owner_request;
   EXPECT_EQ(owned, 5);
   auto all = run_to_end(engine);
   // Final outputs carry the lifecycle timeline.
@@ -387,7 +387,7 @@ TEST(llm_engine, step_records_describe_the_step) {
 
 // Each sequence's events, in the order the step records carry them: a lifecycle a viewer can replay.
 struct sequence_events {
-  request_id request = 0;
+  request_id request;
   std::vector<event_kind> kinds;
 };
 
@@ -395,7 +395,7 @@ std::map<seq_id, sequence_events> events_per_sequence(llm_engine& engine, const 
   std::map<seq_id, sequence_events> out;
   const auto add = [&](const engine_event& e) {
     sequence_events& s = out[e.seq];
-    EXPECT_TRUE(s.request == 0 || s.request == e.request);
+    EXPECT_TRUE(!s.request || s.request == e.request);
     s.request = e.request;
     s.kinds.push_back(e.kind);
   };
@@ -527,7 +527,7 @@ TEST(llm_engine, random_workloads_terminate_once_and_match_the_oracle) {
     std::map<request_id, collected> all;
     for (int step = 0; engine.has_unfinished() && step < 10000; ++step) {
       if (rng() % 30 == 0) {
-        const request_id victim = 1 + rng() % prompts.size();
+        const request_id victim{1 + rng() % prompts.size()};
         if (!all[victim].num_final.count(0)) aborted.insert(victim);
         engine.abort(victim);
       }

@@ -39,7 +39,7 @@ struct driver {
   sim_executor exec;
   std::map<request_id, request> requests;
   std::map<seq_id, request_id> seq_request;
-  seq_id next_seq = 1000;
+  seq_id next_seq = seq_id{1000};
   uint64_t arrival = 0;
   std::vector<std::string> problems;
 
@@ -54,21 +54,21 @@ struct driver {
     r.n = n;
     r.stop_at_eos = stop_at_eos;
     auto s = std::make_unique<sequence>();
-    s->id = id;  // the first sequence of a request takes the request id
+    s->id = seq_id{id.value()};  // the first sequence of a request takes the request id's number
     s->request = id;
     s->priority = priority;
     s->arrival = arrival++;
     s->tokens = std::move(prompt);
     s->num_prompt_tokens = s->num_tokens();
     sched.add(std::move(s));
-    seq_request[id] = id;
+    seq_request[seq_id{id.value()}] = id;
     r.num_live = 1;
   }
 
   void finish_seq(seq_id s, lifecycle_stage stage) {
     auto seq = sched.finish(s, stage);
     if (!seq) {
-      problems.push_back("finish of unknown sequence " + std::to_string(s));
+      problems.push_back("finish of unknown sequence " + std::to_string(s.value()));
       return;
     }
     request& r = requests[seq->request];
@@ -103,7 +103,8 @@ struct driver {
       if (r.n > 1 && !r.forked) {
         r.forked = true;
         for (int32_t c = 1; c < r.n; ++c) {
-          const seq_id child = next_seq++;
+          const seq_id child = next_seq;
+          next_seq = next_seq.next();
           sched.fork(seq->id, child, c);
           seq_request[child] = seq->request;
           ++r.num_live;
@@ -253,14 +254,14 @@ TEST(scheduler, rejects_requests_that_can_never_run) {
   scheduler_options o = small_options(4, 8, 0, 8, 64, preemption_mode::recompute);
   o.max_model_len = 20;
   driver d(o);
-  EXPECT_THROW(d.add(1, prompt(21, 1), 4), invalid_request);
-  EXPECT_THROW(d.add(2, {}, 4), invalid_request);
+  EXPECT_THROW(d.add(request_id{1}, prompt(21, 1), 4), invalid_request);
+  EXPECT_THROW(d.add(request_id{2}, {}, 4), invalid_request);
   scheduler_options big = small_options(4, 8, 0, 8, 64, preemption_mode::recompute);
   driver d2(big);
-  EXPECT_THROW(d2.add(3, prompt(33, 1), 4), invalid_request);  // 9 blocks > 8
-  d2.add(4, prompt(32, 1), 4);                                  // exactly the whole cache
+  EXPECT_THROW(d2.add(request_id{3}, prompt(33, 1), 4), invalid_request);  // 9 blocks > 8
+  d2.add(request_id{4}, prompt(32, 1), 4);                                  // exactly the whole cache
   while (d2.sched.has_unfinished()) d2.step();
-  EXPECT_EQ(d2.requests[4].outputs[0].size(), 1u);  // max_seq_len reached after one token
+  EXPECT_EQ(d2.requests[request_id{4}].outputs[0].size(), 1u);  // max_seq_len reached after one token
   EXPECT_TRUE(d2.exec.errors().empty());
 }
 
@@ -268,11 +269,11 @@ TEST(scheduler, waiting_reasons_and_watermark) {
   scheduler_options o = small_options(4, 100, 0, 8, 512, preemption_mode::recompute);
   o.watermark = 0.10;  // 10 blocks
   driver d(o);
-  d.add(1, prompt(85 * 4, 1), 50, 1, 0, false);  // 85 blocks
+  d.add(request_id{1}, prompt(85 * 4, 1), 50, 1, 0, false);  // 85 blocks
   d.step();
-  d.add(2, prompt(9 * 4, 7), 5, 1, 0, false);  // 9 more blocks + watermark 10 > 15 free
+  d.add(request_id{2}, prompt(9 * 4, 7), 5, 1, 0, false);  // 9 more blocks + watermark 10 > 15 free
   d.step();
-  const sequence* s2 = d.sched.find(2);
+  const sequence* s2 = d.sched.find(seq_id{2});
   ASSERT_NE(s2, nullptr);
   EXPECT_EQ(s2->status, sequence_status::waiting);
   EXPECT_EQ(s2->waiting, waiting_reason::kv_full);
@@ -280,22 +281,22 @@ TEST(scheduler, waiting_reasons_and_watermark) {
   d.sched.fill_record(d.step(), r);
   EXPECT_EQ(r.num_waiting_by_reason[static_cast<size_t>(waiting_reason::kv_full)], 1);
   EXPECT_EQ(r.num_running, 1);
-  d.abort(1);
+  d.abort(request_id{1});
   d.step();
-  EXPECT_EQ(d.sched.find(2)->status, sequence_status::running);
+  EXPECT_EQ(d.sched.find(seq_id{2})->status, sequence_status::running);
 
   scheduler_options o2 = small_options(4, 100, 0, 1, 512, preemption_mode::recompute);
   driver d2(o2);
-  d2.add(1, prompt(8, 1), 5);
-  d2.add(2, prompt(8, 9), 5);
+  d2.add(request_id{1}, prompt(8, 1), 5);
+  d2.add(request_id{2}, prompt(8, 9), 5);
   d2.step();
-  EXPECT_EQ(d2.sched.find(2)->waiting, waiting_reason::max_seqs);
+  EXPECT_EQ(d2.sched.find(seq_id{2})->waiting, waiting_reason::max_seqs);
   scheduler_options o3 = small_options(4, 100, 0, 8, 10, preemption_mode::recompute);
   driver d3(o3);
-  d3.add(1, prompt(10, 1), 5);
-  d3.add(2, prompt(8, 9), 5);
+  d3.add(request_id{1}, prompt(10, 1), 5);
+  d3.add(request_id{2}, prompt(8, 9), 5);
   d3.step();
-  EXPECT_EQ(d3.sched.find(2)->waiting, waiting_reason::token_budget);
+  EXPECT_EQ(d3.sched.find(seq_id{2})->waiting, waiting_reason::token_budget);
 }
 
 TEST(scheduler, automatic_mode_follows_the_cost_model) {
@@ -305,14 +306,14 @@ TEST(scheduler, automatic_mode_follows_the_cost_model) {
     o.swap_bytes_per_second = cheap_swap ? 1e12 : 1e6;  // 2 MiB out+in: 2 us vs 2 s
     o.prefill_tokens_per_second = 1000;                  // 8 tokens: 8 ms
     driver d(o);
-    d.add(1, prompt(8, 1), 3, 1, 0, false);
-    d.add(2, prompt(8, 20), 2, 1, 0, false);
+    d.add(request_id{1}, prompt(8, 1), 3, 1, 0, false);
+    d.add(request_id{2}, prompt(8, 20), 2, 1, 0, false);
     d.step();
     auto plan = d.step();
     ASSERT_EQ(plan.events.size(), 1u);
     const engine_event& e = plan.events[0];
     EXPECT_EQ(e.kind, cheap_swap ? event_kind::preempted_swap : event_kind::preempted_recompute);
-    EXPECT_EQ(e.request, 2u);
+    EXPECT_EQ(e.request, request_id{2});
     EXPECT_EQ(e.reason, preemption_reason::kv_full);
     if (cheap_swap) {
       EXPECT_EQ(e.swap_bytes, 2 << 20);
@@ -327,21 +328,21 @@ TEST(scheduler, automatic_mode_follows_the_cost_model) {
 
 TEST(scheduler, lifecycle_timeline_records_preemption_and_swap) {
   driver d(small_options(4, 4, 8, 8, 64, preemption_mode::swap));
-  d.add(1, prompt(8, 1), 3, 1, 0, false);
-  d.add(2, prompt(8, 20), 4, 1, 0, false);
+  d.add(request_id{1}, prompt(8, 1), 3, 1, 0, false);
+  d.add(request_id{2}, prompt(8, 20), 4, 1, 0, false);
   d.step();
   d.step();
-  const sequence* s = d.sched.find(2);
+  const sequence* s = d.sched.find(seq_id{2});
   ASSERT_NE(s, nullptr);
   std::vector<lifecycle_stage> stages;
   for (const auto& e : s->timeline) stages.push_back(e.stage);
   EXPECT_EQ(stages, (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::scheduled,
                                                   lifecycle_stage::swapped_out}));
-  while (d.sched.find(2) && d.sched.find(2)->status != sequence_status::running) d.step();
-  ASSERT_NE(d.sched.find(2), nullptr);
-  EXPECT_EQ(d.sched.find(2)->timeline.back().stage, lifecycle_stage::swapped_in);
-  for (size_t i = 1; i < d.sched.find(2)->timeline.size(); ++i)
-    EXPECT_LE(d.sched.find(2)->timeline[i - 1].at, d.sched.find(2)->timeline[i].at);
+  while (d.sched.find(seq_id{2}) && d.sched.find(seq_id{2})->status != sequence_status::running) d.step();
+  ASSERT_NE(d.sched.find(seq_id{2}), nullptr);
+  EXPECT_EQ(d.sched.find(seq_id{2})->timeline.back().stage, lifecycle_stage::swapped_in);
+  for (size_t i = 1; i < d.sched.find(seq_id{2})->timeline.size(); ++i)
+    EXPECT_LE(d.sched.find(seq_id{2})->timeline[i - 1].at, d.sched.find(seq_id{2})->timeline[i].at);
 }
 
 // ---- randomized workloads ------------------------------------------------------------------------
@@ -453,8 +454,8 @@ TEST(scheduler, kv_waste_is_only_last_block_tails) {
   scheduler_options o = small_options(16, 2048, 0, 32, 2048, preemption_mode::recompute);
   driver d(o);
   std::mt19937 rng(7);
-  for (request_id r = 1; r <= 24; ++r)
-    d.add(r, prompt(200 + static_cast<int32_t>(rng() % 200), static_cast<token_id>(r)), 64, 1, 0, false);
+  for (uint64_t r = 1; r <= 24; ++r)
+    d.add(request_id{r}, prompt(200 + static_cast<int32_t>(rng() % 200), static_cast<token_id>(r)), 64, 1, 0, false);
   double worst = 0;
   int64_t measured = 0;
   while (d.sched.has_unfinished()) {

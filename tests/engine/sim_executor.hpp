@@ -120,23 +120,23 @@ class sim_executor : public executor {
     }
 
     // Blocks each slice reads (positions < num_computed) and writes (its new tokens).
-    std::map<block_id, std::set<uint64_t>> readers, writers;
+    std::map<block_id, std::set<seq_id>> readers, writers;
     for (const sequence_slice& s : batch.seqs) {
       const int32_t end = s.num_computed + static_cast<int32_t>(s.tokens.size());
       if (static_cast<int32_t>(s.block_table.size()) * bs < end) {
-        error("seq " + std::to_string(s.seq_id) + ": block table too short");
+        error("seq " + std::to_string(s.seq.value()) + ": block table too short");
         continue;
       }
       for (int32_t p = 0; p < end; ++p) {
         const block_id b = s.block_table[static_cast<size_t>(p / bs)];
-        (p < s.num_computed ? readers : writers)[b].insert(s.seq_id);
+        (p < s.num_computed ? readers : writers)[b].insert(s.seq);
       }
     }
     for (const auto& [b, w] : writers) {
       if (w.size() > 1) error("block " + std::to_string(b) + " written by two sequences in one step");
       auto r = readers.find(b);
       if (r != readers.end())
-        for (uint64_t reader : r->second)
+        for (seq_id reader : r->second)
           if (!w.count(reader)) error("block " + std::to_string(b) + " written while another sequence reads it");
     }
 
@@ -154,15 +154,15 @@ class sim_executor : public executor {
       for (int32_t p = 0; p < s.num_computed; ++p) {
         const slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
         if (sl.pos != p) {
-          error("seq " + std::to_string(s.seq_id) + ": position " + std::to_string(p) + " reads a slot holding position " +
+          error("seq " + std::to_string(s.seq.value()) + ": position " + std::to_string(p) + " reads a slot holding position " +
                 std::to_string(sl.pos));
         }
         history.push_back(sl.token);
       }
-      auto known = histories_.find(s.seq_id);
+      auto known = histories_.find(s.seq);
       if (known != histories_.end() && static_cast<int32_t>(known->second.size()) >= s.num_computed &&
           !std::equal(history.begin(), history.end(), known->second.begin()))
-        error("seq " + std::to_string(s.seq_id) + ": cached K/V differ from the tokens it computed before");
+        error("seq " + std::to_string(s.seq.value()) + ": cached K/V differ from the tokens it computed before");
       for (size_t j = 0; j < s.tokens.size(); ++j) {
         const int32_t p = s.num_computed + static_cast<int32_t>(j);
         slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
@@ -182,7 +182,7 @@ class sim_executor : public executor {
         out.logits.insert(out.logits.end(), l.begin(), l.end());
       }
       row += num_rows;
-      histories_[s.seq_id] = std::move(history);
+      histories_[s.seq] = std::move(history);
     }
   }
 
@@ -201,7 +201,7 @@ class sim_executor : public executor {
   int64_t block_bytes_;
   std::vector<slot> device_;
   std::vector<slot> host_;
-  std::unordered_map<uint64_t, std::vector<token_id>> histories_;
+  std::unordered_map<seq_id, std::vector<token_id>> histories_;
   std::vector<std::string> errors_;
   int64_t num_steps_ = 0;
   int64_t num_computed_tokens_ = 0;

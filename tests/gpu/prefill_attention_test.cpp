@@ -293,7 +293,7 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   using mode = sequence_slice::logits_mode;
   auto slice = [](uint64_t id, int32_t first, int32_t n, int32_t num_computed, std::vector<block_id> table, mode m) {
     sequence_slice s;
-    s.seq_id = id;
+    s.seq = seq_id{id};
     for (int32_t i = 0; i < n; ++i) s.tokens.push_back((first + i) * 37 % 256);
     s.num_computed = num_computed;
     s.block_table = std::move(table);

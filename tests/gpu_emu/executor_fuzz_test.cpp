@@ -86,7 +86,7 @@ void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
     for (fuzz_sequence* q : live) {
       const auto prompt_len = static_cast<int32_t>(q->prompt.size());
       sequence_slice sl;
-      sl.seq_id = q->id;
+      sl.seq = seq_id{q->id};
       sl.num_computed = q->computed;
       sl.block_table = q->table;
       if (q->computed < prompt_len) {

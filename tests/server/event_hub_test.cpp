@@ -16,7 +16,7 @@ block_tiles decode(const json::array& runs, block_tiles tiles) {
   for (size_t k = 0; k + 6 <= runs.size(); k += 6) {
     const auto start = runs[k].to_number<size_t>(), count = runs[k + 1].to_number<size_t>();
     for (size_t i = start; i < start + count; ++i) {
-      tiles.at(i) = block_tile{runs[k + 2].to_number<request_id>(), runs[k + 3].to_number<int32_t>(),
+      tiles.at(i) = block_tile{request_id{runs[k + 2].to_number<uint64_t>()}, runs[k + 3].to_number<int32_t>(),
                                runs[k + 4].to_number<int32_t>(), runs[k + 5].to_number<int>() != 0};
     }
   }
@@ -25,17 +25,17 @@ block_tiles decode(const json::array& runs, block_tiles tiles) {
 
 TEST(event_hub, block_runs_round_trip_full_and_diff) {
   block_tiles a(100), b;
-  for (size_t i = 10; i < 30; ++i) a[i] = {7, 1, 16, true};
-  a[30] = {7, 1, 5, false};
-  a[31] = {0, 0, 16, true};
+  for (size_t i = 10; i < 30; ++i) a[i] = {request_id{7}, 1, 16, true};
+  a[30] = {request_id{7}, 1, 5, false};
+  a[31] = {request_id{0}, 0, 16, true};
   const auto full = encode_block_runs(a, nullptr);
   EXPECT_EQ(full.size(), 6u * 5) << "free, 20 equal blocks, a partial one, a cached free one, free";
   json::array arr;
   for (auto v : full) arr.push_back(v);
   EXPECT_EQ(decode(arr, block_tiles(100)), a);
   b = a;
-  b[30] = {7, 1, 6, false};
-  b[50] = {9, 2, 3, false};
+  b[30] = {request_id{7}, 1, 6, false};
+  b[50] = {request_id{9}, 2, 3, false};
   const auto diff = encode_block_runs(b, &a);
   EXPECT_EQ(diff.size(), 12u) << "only the two changed blocks";
   json::array darr;
@@ -59,11 +59,11 @@ struct fake_engine {
   }
 };
 
-std::vector<block_info> blocks_with(int32_t num_device, int32_t num_host, std::initializer_list<std::pair<int, request_id>> held) {
+std::vector<block_info> blocks_with(int32_t num_device, int32_t num_host, std::initializer_list<std::pair<int, uint64_t>> held) {
   std::vector<block_info> out(static_cast<size_t>(num_device + num_host));
   for (auto [i, r] : held) {
     out[static_cast<size_t>(i)].ref_count = 1;
-    out[static_cast<size_t>(i)].owner_request = r;
+    out[static_cast<size_t>(i)].owner_request = request_id{r};
     out[static_cast<size_t>(i)].num_filled = 16;
   }
   return out;
@@ -77,7 +77,7 @@ actors::event_batch batch(uint64_t step, int32_t num_running = 1) {
   r->device.num_total = 1000;
   engine_event e;
   e.kind = event_kind::preempted_swap;
-  e.request = 4;
+  e.request = request_id{4};
   e.reason = preemption_reason::kv_full;
   e.swap_bytes = 4096;
   e.estimated_seconds = 0.002;
@@ -112,8 +112,8 @@ TEST(event_hub, sends_a_full_view_then_bounded_diffs_and_a_full_view_for_a_new_c
   EXPECT_EQ(first.at("host").at("blocks").as_int64(), 200);
   block_tiles device = decode(first.at("device").at("runs").as_array(), block_tiles(1000));
   block_tiles host = decode(first.at("host").at("runs").as_array(), block_tiles(200));
-  EXPECT_EQ(device[1].owner, 5u);
-  EXPECT_EQ(host[100].owner, 6u) << "host block 100 is entry 1000 + 100";
+  EXPECT_EQ(device[1].owner, request_id{5});
+  EXPECT_EQ(host[100].owner, request_id{6}) << "host block 100 is entry 1000 + 100";
   EXPECT_LT(json::serialize(got[0]).size(), 1200u) << "a mostly free 1,200-block cache is a few runs";
   const auto& ev = got[0].at("events").as_array()[0].as_object();
   EXPECT_EQ(ev.at("kind").as_string(), "preempted_swap");
@@ -140,7 +140,7 @@ TEST(event_hub, sends_a_full_view_then_bounded_diffs_and_a_full_view_for_a_new_c
   EXPECT_EQ(diff.at("step").as_int64(), 2);
   EXPECT_EQ(diff.at("device").at("runs").as_array().size(), 6u) << "only block 2 changed";
   device = decode(diff.at("device").at("runs").as_array(), device);
-  EXPECT_EQ(device[2].owner, 5u);
+  EXPECT_EQ(device[2].owner, request_id{5});
 
   // Unchanged blocks: nothing to send even after the interval.
   std::this_thread::sleep_for(std::chrono::milliseconds(40));
@@ -165,7 +165,7 @@ TEST(event_hub, sends_a_full_view_then_bounded_diffs_and_a_full_view_for_a_new_c
   hub.publish(batch(7));
   ASSERT_EQ(second.size(), 1u);
   EXPECT_TRUE(second[0].at("blocks").at("full").as_bool());
-  device[3] = {8, 1, 16, false};
+  device[3] = {request_id{8}, 1, 16, false};
   EXPECT_EQ(decode(second[0].at("blocks").at("device").at("runs").as_array(), block_tiles(1000)), device);
 
   // A client's first message (before any step) describes the pools as they are.
@@ -187,7 +187,7 @@ TEST(event_hub, large_pools_get_views_less_often) {
   int num_views = 0;
   hub.add([&](event_hub::message m) { num_views += json::parse(*m).as_object().contains("blocks"); });
   for (int step = 1; step <= 20; ++step) {
-    engine.set(static_cast<uint64_t>(step), blocks_with(2000, 0, {{step, 1}}), 2000);
+    engine.set(static_cast<uint64_t>(step), blocks_with(2000, 0, {{step, 1u}}), 2000);
     hub.publish(batch(static_cast<uint64_t>(step)));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

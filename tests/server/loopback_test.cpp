@@ -162,8 +162,11 @@ TEST(loopback, websocket_reader_that_never_reads_is_closed_and_its_generations_f
   // 8 x 20000 deltas are megabytes, far beyond what the socket buffers hold.
   for (int i = 0; i < num_generations; ++i) ws.write(net::buffer(start_message("g" + std::to_string(i), 20000)));
 
-  // Never reading: the server must give up on this socket by itself and abort all 8 generations.
-  const auto m = wait_idle(s, submitted_before + num_generations, 60s);
+  // Never reading: the server must give up on this socket by itself and abort all 8 generations. The
+  // kernel's socket buffers absorb megabytes first (the send buffer autotunes up to 4 MiB on
+  // loopback), thousands of steps that a loaded 2-core machine needs tens of seconds for: the wait
+  // is generous and returns as soon as the server is idle.
+  const auto m = wait_idle(s, submitted_before + num_generations, 300s);
   expect_idle(m, submitted_before + num_generations);
   EXPECT_EQ(m.at(aborted_key) - aborted_before, num_generations) << "the generations were aborted, not finished";
   EXPECT_EQ(get(s, "/health").status, 200);

@@ -17,7 +17,7 @@ json::object parse(const std::string& text) { return json::parse(text).as_object
 
 actors::stream_delta make_delta(int32_t index, std::vector<token_id> ids, std::string text, double t) {
   actors::stream_delta d;
-  d.output.id = 12;
+  d.output.id = request_id{12};
   d.output.index = index;
   d.output.token_ids = std::move(ids);
   d.output.text = std::move(text);
@@ -59,7 +59,7 @@ TEST(stream_format, websocket_delta_message) {
 
 TEST(stream_format, websocket_final_message) {
   actors::stream_final f;
-  f.request = 12;
+  f.request = request_id{12};
   f.reason = finish_reason::error;
   f.error = "boom";
   f.num_prompt_tokens = 3;
@@ -78,7 +78,7 @@ TEST(stream_format, websocket_final_message) {
   EXPECT_EQ(m.at("usage"), usage_json(f));
   EXPECT_EQ(m.at("usage").at("total_tokens"), 10);
   EXPECT_EQ(m.at("timings"), timings_json(f));
-  f.request = 0;  // never reached the engine
+  f.request = request_id{};  // never reached the engine
   f.reason = finish_reason::stop;
   const json::object plain = parse(ws_final_message("g", f));
   EXPECT_FALSE(plain.contains("engine_request_id"));

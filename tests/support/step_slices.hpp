@@ -12,7 +12,7 @@ namespace tessera::test_support {
 inline sequence_slice make_slice(uint64_t id, std::vector<token_id> tokens, int32_t num_computed,
                                  std::vector<block_id> table, sequence_slice::logits_mode mode) {
   sequence_slice s;
-  s.seq_id = id;
+  s.seq = seq_id{id};
   s.tokens = std::move(tokens);
   s.num_computed = num_computed;
   s.block_table = std::move(table);
