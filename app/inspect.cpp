@@ -1,5 +1,7 @@
 // `tessera inspect MODEL`: what a GGUF file holds, as the loader sees it.
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "app/commands.hpp"
 #include "engine/model/gguf.hpp"
@@ -20,7 +22,15 @@ int inspect_command::run() {
   std::printf("file: %s\nGGUF version %u, alignment %llu, %zu tensors\n\nmetadata:\n", path.c_str(), file->version(),
               static_cast<unsigned long long>(file->alignment()), file->tensors().size());
   for (const auto& key : file->keys()) std::printf("  %s = %s\n", key.c_str(), file->describe(key).c_str());
-  const model_config c = read_llama_config(*file);
+  const model_config c = read_gguf_config(*file);
+  std::printf("\narchitecture: %s\nfeatures: %s\n", std::string(to_string(c.architecture)).c_str(),
+              describe_features(c).c_str());
+  // The quant mix: how many tensors of each type (a "Q4_K_M" file is mostly Q4_K with some Q6_K).
+  std::map<std::string, int> mix;
+  for (const auto& t : file->tensors()) ++mix[std::string(type_info(t.type).name)];
+  std::printf("tensor types:");
+  for (const auto& [type, n] : mix) std::printf(" %s x%d", type.c_str(), n);
+  std::printf("\n");
   std::printf(
       "\nconfig: layers %d, hidden %d, ffn %d, heads %d, kv heads %d, head dim %d, vocab %d, context %d, "
       "rope dims %d theta %g, rms eps %g\n",

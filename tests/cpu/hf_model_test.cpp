@@ -481,12 +481,18 @@ TEST(hf_model_tiny, refusals_name_the_problem) {
   auto with_bias = tiny::llama_tensors("BF16", true);
   with_bias.push_back({"model.layers.0.self_attn.q_proj.bias", "BF16", {tiny::k_heads * tiny::k_head_dim}});
   tiny::write_safetensors(d.path / "model.safetensors", with_bias);
-  expect_refused("biases");
+  expect_refused("tensor 'model.layers.0.self_attn.k_proj.bias' is missing");  // Qwen2 has all three
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false));
+  tiny::write_safetensors(d.path / "model.safetensors", with_bias);
+  expect_refused("is a bias this architecture does not have");
   tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false, ",\"attention_bias\":true"));
   expect_refused("attention_bias");
   tiny::write_text(d.path / "config.json",
                    tiny::config_json("LlamaForCausalLM", false, ",\"rope_scaling\":{\"rope_type\":\"llama3\"}"));
-  expect_refused("RoPE scaling 'llama3'");
+  expect_refused("llama3 RoPE scaling without original_max_position_embeddings");
+  tiny::write_text(d.path / "config.json",
+                   tiny::config_json("LlamaForCausalLM", false, ",\"rope_scaling\":{\"rope_type\":\"ntk-by-parts\"}"));
+  expect_refused("RoPE scaling 'ntk-by-parts' is not supported");
   std::string gelu = tiny::config_json("LlamaForCausalLM", false);
   gelu.replace(gelu.find("\"silu\""), 6, "\"gelu\"");
   tiny::write_text(d.path / "config.json", gelu);

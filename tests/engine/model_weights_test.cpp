@@ -113,7 +113,7 @@ TEST(LlamaWeights, BindsEveryTensorOfATinyModel) {
   const auto file = tiny_llama{}.file();
   const auto w = load_gguf_weights(file);
   const model_config& c = w->config;
-  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.architecture, model_arch::llama);
   EXPECT_EQ(c.name, "tiny");
   EXPECT_EQ(c.num_layers, 2);
   EXPECT_EQ(c.hidden_size, 64);
@@ -186,7 +186,7 @@ TEST(LlamaWeights, OptionalKeysAndVocabFromTokens) {
     w.kv_u32("llama.rope.dimension_count", 8);
     w.kv_f32("llama.rope.freq_base", 100000.0f);
   };
-  const auto c = read_llama_config(*m.file());
+  const auto c = read_gguf_config(*m.file());
   EXPECT_EQ(c.vocab_size, 40);  // tokenizer.ggml.tokens length
   EXPECT_EQ(c.num_kv_heads, 4);
   EXPECT_EQ(c.rms_norm_eps, 1e-5f);
@@ -228,8 +228,11 @@ TEST(LlamaWeights, RefusesBadMetadata) {
   m.extra_kv = [](gguf_writer& w) { w.kv_u32("llama.rope.dimension_count", 32); };
   expect_load_error(m, "rope_dims = 32 is outside 2..16");
   m = {};
-  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "yarn"); };
-  expect_load_error(m, "rope scaling 'yarn' is not supported");
+  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "ntk-by-parts"); };
+  expect_load_error(m, "rope scaling 'ntk-by-parts' is not supported");
+  m = {};
+  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "yarn"); };  // without its context
+  expect_load_error(m, "yarn rope scaling without original_context_length");
   m = {};
   m.extra_kv = [](gguf_writer& w) { w.kv_u32("llama.attention.key_length", 32); };
   expect_load_error(m, "llama.attention.key_length = 32 differs");
@@ -269,8 +272,9 @@ TEST(LlamaWeights, RefusesMissingOrMisshapenTensors) {
   m.type_override["blk.0.ffn_gate.weight"] = t_q8_k;
   expect_load_error(m, "tensor 'blk.0.ffn_gate.weight' has type Q8_K, which this build cannot compute with");
   m = {};
-  m.extra_kv = [](gguf_writer& w) { w.f32_tensor("rope_freqs.weight", {8}, [](uint64_t) { return 1.0; }); };
-  expect_load_error(m, "rope_freqs.weight");
+  // llama3 frequency factors: one per rotated pair (head_dim 16: 8), not 5.
+  m.extra_kv = [](gguf_writer& w) { w.f32_tensor("rope_freqs.weight", {5}, [](uint64_t) { return 1.0; }); };
+  expect_load_error(m, "tensor 'rope_freqs.weight' has shape [5], expected [8]");
 }
 
 TEST(LlamaWeights, AcceptsTrailingUnitDimensions) {

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -55,6 +57,60 @@ TEST(CudaExecutorNoDevice, AskingForCudaWithoutADeviceIsAClearError) {
   } catch (const invalid_request& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
   }
+}
+
+// Each model feature the CUDA kernels lack is refused at load, by name, instead of computing another
+// model (the CPU executor runs them all: tests/cpu/model_parity_test.cpp).
+TEST(CudaExecutorFeatures, RefusesWhatItDoesNotImplementByName) {
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  const std::vector<std::pair<std::string, std::function<void(model_config&)>>> cases = {
+      {"QKV bias", [](model_config& c) { c.features.qkv_bias = true; }},
+      {"q/k norm", [](model_config& c) { c.features.qk_norm = true; }},
+      {"post-norms", [](model_config& c) { c.features.post_norms = true; }},
+      {"(1+w) RMSNorm", [](model_config& c) { c.features.norm = norm_kind::rms_one_plus; }},
+      {"GeGLU (tanh GELU)", [](model_config& c) { c.features.activation = ffn_activation::gelu_tanh; }},
+      {"embedding scaling", [](model_config& c) { c.features.scale_embedding = true; }},
+      {"attention logit soft-capping", [](model_config& c) { c.features.attn_softcap.cap = 50; }},
+      {"final logit soft-capping", [](model_config& c) { c.features.final_softcap.cap = 30; }},
+      {"attention scale", [](model_config& c) { c.features.attention_scale = 0.1f; }},
+      {"sliding-window attention",
+       [](model_config& c) {
+         c.layers = {layer_attention{8, 0, true}, layer_attention{}};
+       }},
+      {"per-layer RoPE bases",
+       [](model_config& c) {
+         c.layers = {layer_attention{0, 500.0f, true}, layer_attention{}};
+       }},
+      {"yarn RoPE attention factor",
+       [](model_config& c) {
+         c.scaling.kind = rope_scaling_kind::yarn;
+         c.scaling.factor = 4;
+         c.scaling.original_context = 64;
+         c.scaling.attention_factor = 1.2f;
+       }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    model_config c = tiny_config(rope_style::half);
+    mutate(c);
+    cuda_executor_options o;
+    o.kv = small_pool();
+    try {
+      make_cuda_executor(make_dummy_weights(c), o);
+      ADD_FAILURE() << name << ": accepted";
+    } catch (const load_error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("CUDA executor does not implement"), std::string::npos) << e.what();
+    }
+  }
+  // llama3 scaling folds into the frequencies: accepted.
+  model_config c = tiny_config(rope_style::half);
+  c.scaling.kind = rope_scaling_kind::llama3;
+  c.scaling.factor = 8;
+  c.scaling.original_context = 64;
+  c.scaling.freq_factors.assign(static_cast<size_t>(c.rope_dims / 2), 2.0f);
+  cuda_executor_options o;
+  o.kv = small_pool();
+  EXPECT_NO_THROW(make_cuda_executor(make_dummy_weights(c), o));
 }
 
 struct executor_case {
