@@ -124,7 +124,11 @@ def train_spm(style: str, out: Path):
     with tempfile.TemporaryDirectory() as tmp:
         text = Path(tmp) / "corpus.txt"
         text.write_text("\n".join(t.replace("\n", " ") for t in corpus()), encoding="utf-8")
-        ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3) if gemma else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+        # Gemma's special pieces as its tokenizer.model names them (else transformers' GemmaTokenizer
+        # appends its own <bos>/<eos>/<mask> after the vocabulary).
+        ids = (dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+                    unk_piece="<unk>", control_symbols=["<mask>"])
+               if gemma else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
         spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(Path(tmp) / "m"), vocab_size=SPM_VOCAB,
                                        model_type="bpe", byte_fallback=True, character_coverage=1.0,
                                        add_dummy_prefix=not gemma, normalization_rule_name="identity",
