@@ -16,11 +16,12 @@
 #include <tuple>
 #include <vector>
 
-#include "support/base64.hpp"
 #include "cpu/cpu_executor.hpp"
 #include "engine/base/error.hpp"
 #include "engine/model/hf_model.hpp"
 #include "engine/model/model_loader.hpp"
+#include "engine/model/rope.hpp"
+#include "support/base64.hpp"
 
 namespace tessera {
 namespace {
@@ -462,6 +463,28 @@ TEST(hf_model_tiny, sharded_checkpoints_follow_the_index) {
   EXPECT_NE(tiny::load_error_of(d.path).find("not a file name in the directory"), std::string::npos);
   tiny::write_text(d.path / "model.safetensors.index.json", index("model-00001-of-00002.safetensors"));
   EXPECT_NE(tiny::load_error_of(d.path).find("which lacks it"), std::string::npos);
+}
+
+// Dynamic NTK is the identity within the original context and re-bases the whole sequence beyond it
+// (transformers dynamic_rope_update), which a cache of rotated keys cannot follow: the context is
+// capped where it is exact, with a note. Linear scaling divides every frequency.
+TEST(hf_model_tiny, dynamic_ntk_caps_the_context_and_linear_divides) {
+  tiny::temp_dir d("rope");
+  tiny::write_model(d.path);
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false,
+                                                             R"(,"rope_scaling":{"rope_type":"dynamic","factor":2.0,)"
+                                                             R"("original_max_position_embeddings":512})"));
+  loaded_model m = load_model(d.path);
+  EXPECT_EQ(m.weights->config.scaling.kind, rope_scaling_kind::dynamic_ntk);
+  EXPECT_EQ(m.weights->config.context_length, 512);
+  ASSERT_FALSE(m.warnings.empty());
+  EXPECT_NE(m.warnings.front().find("dynamic NTK RoPE: context capped"), std::string::npos) << m.warnings.front();
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false,
+                                                             R"(,"rope_scaling":{"rope_type":"linear","factor":4.0})"));
+  m = load_model(d.path);
+  EXPECT_EQ(m.weights->config.scaling.kind, rope_scaling_kind::linear);
+  const rope_table t = rope_frequencies(m.weights->config, 0);
+  EXPECT_NEAR(t.inv_freq[1], std::pow(500000.0, -2.0 / m.weights->config.rope_dims) / 4, 1e-9);
 }
 
 TEST(hf_model_tiny, refusals_name_the_problem) {
