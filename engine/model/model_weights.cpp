@@ -224,6 +224,7 @@ model_config read_gguf_config(const gguf_file& f) {
     throw load_error("GGUF: vocabulary size unknown (neither " + a + ".vocab_size nor tokenizer.ggml.tokens)");
   }
 
+  c.tied_embeddings = f.tensor("output.weight") == nullptr;  // the LM head reuses token_embd
   model_features& ft = c.features;
   ft.qkv_bias = f.tensor("blk.0.attn_q.bias") != nullptr || f.tensor("blk.0.attn_qkv.bias") != nullptr;
   ft.qk_norm = f.tensor("blk.0.attn_q_norm.weight") != nullptr;
@@ -255,28 +256,25 @@ model_config read_gguf_config(const gguf_file& f) {
         throw load_error("GGUF " + a + ": " + pattern_key + " has " + std::to_string(per_layer->size()) +
                          " entries for " + std::to_string(c.num_layers) + " layers");
       }
-      const int32_t pattern =
-          per_layer ? 0 : optional_int(f, pattern_key, c.architecture == model_arch::gemma2 ? 2 : 6);
+      const int64_t pattern =
+          per_layer ? 0 : f.get_int(pattern_key).value_or(c.architecture == model_arch::gemma2 ? 2 : 6);
+      if (pattern < 0) throw load_error("GGUF " + a + ": " + pattern_key + " is negative");
       const float local_theta = optional_float(f, a + ".rope.freq_base_swa", c.rope_theta);
       c.layers.resize(static_cast<size_t>(c.num_layers));
       for (int32_t i = 0; i < c.num_layers; ++i) {
-        const bool local = per_layer ? (*per_layer)[static_cast<size_t>(i)] != 0 : i % pattern < pattern - 1;
+        // A pattern of 0 makes every layer local (llama_hparams::set_swa_pattern).
+        const bool local =
+            per_layer ? (*per_layer)[static_cast<size_t>(i)] != 0 : pattern == 0 || i % pattern < pattern - 1;
         if (local) {
           // Gemma 3's local layers: their own base and no scaling (llama.cpp rope_freq_scale_train_swa = 1).
           c.layers[static_cast<size_t>(i)] = {window, local_theta, c.architecture == model_arch::gemma2};
         }
       }
     }
-  } else if (const auto window = f.get_int(a + ".attention.sliding_window"); window && *window > 0) {
-    // llama.cpp runs Phi-3's and Qwen2's windows as full attention (phi3.cpp: "TODO: fix conversion
-    // scripts to correctly populate n_swa"); the file's numbers are the same, so we follow it.
   }
+  // Other architectures' attention.sliding_window (Phi-3, Qwen2) is run as full attention, as llama.cpp
+  // does (models/phi3.cpp: "TODO: fix conversion scripts to correctly populate n_swa"): the same model.
   read_rope_scaling(f, a, c);
-  if (c.architecture == model_arch::gemma3) {
-    for (layer_attention& l : c.layers) {
-      if (l.sliding_window > 0) l.rope_scaled = false;
-    }
-  }
   c.validate();
   return c;
 }
