@@ -78,14 +78,11 @@ std::vector<float> float_list(const json_file& f, sj::dom::object o, std::string
   if (!e) return out;
   if (!e->is_array()) f.fail("'" + std::string(key) + "' is not a list");
   for (auto v : e->get_array()) {
-    double d = 0;
-    if (v.is_double())
-      d = v.get_double();
-    else if (v.is_int64())
-      d = static_cast<double>(v.get_int64().value());
-    else
-      f.fail("'" + std::string(key) + "' holds a non-number");
-    out.push_back(static_cast<float>(d));
+    const std::optional<double> d = v.is_double()  ? std::optional<double>(v.get_double().value())
+                                    : v.is_int64() ? std::optional<double>(double(v.get_int64().value()))
+                                                   : std::nullopt;
+    if (!d) f.fail("'" + std::string(key) + "' holds a non-number");
+    out.push_back(static_cast<float>(*d));
   }
   return out;
 }
@@ -111,8 +108,9 @@ void read_rope_scaling(const json_file& f, const rope_params& rp, model_config& 
     s.low_freq_factor = static_cast<float>(float_field(f, o, "low_freq_factor").value_or(1.0));
     s.high_freq_factor = static_cast<float>(float_field(f, o, "high_freq_factor").value_or(4.0));
     if (s.original_context <= 0) f.fail("llama3 RoPE scaling without original_max_position_embeddings");
-    if (!(s.high_freq_factor > s.low_freq_factor))
+    if (!(s.high_freq_factor > s.low_freq_factor)) {
       f.fail("llama3 RoPE scaling needs high_freq_factor > low_freq_factor");
+    }
     s.freq_factors = llama3_freq_factors(c.rope_theta, c.rope_dims, s);
   } else if (type == "yarn") {
     // transformers _compute_yarn_parameters (truncate = true): the original context is the config's
@@ -125,8 +123,9 @@ void read_rope_scaling(const json_file& f, const rope_params& rp, model_config& 
     for (const char* key : {"mscale", "mscale_all_dim"}) {
       if (field(o, key)) f.fail(std::string("yarn RoPE scaling with '") + key + "' (DeepSeek style) is not supported");
     }
-    if (const auto t = bool_field(f, o, "truncate"); t && !*t)
+    if (const auto t = bool_field(f, o, "truncate"); t && !*t) {
       f.fail("yarn RoPE scaling with truncate = false is not supported");
+    }
     const auto af = float_field(f, o, "attention_factor");
     s.attention_factor = af ? static_cast<float>(*af) : yarn_default_attention_factor(s.factor);
     s.freq_factors = yarn_freq_factors(c.rope_theta, c.rope_dims, s);
@@ -252,8 +251,9 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
       global.obj = g.obj;
       if (g.theta) global.theta = g.theta;
       if (g.type) global.type = g.type;
-      if (const auto sl = field(o, "sliding_attention"); sl && !sl->get_object().get(so))
+      if (const auto sl = field(o, "sliding_attention"); sl && !sl->get_object().get(so)) {
         local = read_rope_object(*f, so);
+      }
     } else {
       const rope_params g = read_rope_object(*f, o);
       global.obj = g.obj;
@@ -265,8 +265,9 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
   if (!(theta > 0)) f->fail("rope_theta must be positive");
   c.rope_theta = static_cast<float>(theta);
   read_rope_scaling(*f, global, c, int_field(*f, cfg, "original_max_position_embeddings"), warnings);
-  if (local.type && *local.type != "default")
+  if (local.type && *local.type != "default") {
     f->fail("RoPE scaling '" + *local.type + "' on sliding layers is not supported");
+  }
 
   // ---- the block's features
   model_features& ft = c.features;
@@ -279,16 +280,18 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
     ft.qk_norm = c.architecture == model_arch::gemma3;
     std::string act = string_field(*f, cfg, "hidden_activation")
                           .value_or(string_field(*f, cfg, "hidden_act").value_or("gelu_pytorch_tanh"));
-    if (act != "gelu_pytorch_tanh")
+    if (act != "gelu_pytorch_tanh") {
       f->fail("hidden_activation '" + act + "' is not supported (gelu_pytorch_tanh only)");
+    }
     ft.activation = ffn_activation::gelu_tanh;
     const double scalar = float_field(*f, cfg, "query_pre_attn_scalar").value_or(c.head_dim);
     if (!(scalar > 0)) f->fail("query_pre_attn_scalar must be positive");
     ft.attention_scale = static_cast<float>(1.0 / std::sqrt(scalar));
     ft.attn_softcap.cap = static_cast<float>(float_field(*f, cfg, "attn_logit_softcapping").value_or(0.0));
     ft.final_softcap.cap = static_cast<float>(float_field(*f, cfg, "final_logit_softcapping").value_or(0.0));
-    if (bool_field(*f, cfg, "attention_bias").value_or(false))
+    if (bool_field(*f, cfg, "attention_bias").value_or(false)) {
       f->fail("attention_bias is true: biases are not supported");
+    }
   } else {
     if (const auto act = string_field(*f, cfg, "hidden_act"); act && *act != "silu") {
       f->fail("hidden_act '" + *act + "' is not supported (SwiGLU with silu only)");
@@ -313,10 +316,11 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
       std::string_view s;
       if (t.get_string().get(s)) f->fail("'layer_types' holds a non-string");
       if (i >= sliding.size()) f->fail("'layer_types' has more entries than num_hidden_layers");
-      if (s == "sliding_attention")
+      if (s == "sliding_attention") {
         sliding[i] = true;
-      else if (s != "full_attention")
+      } else if (s != "full_attention") {
         f->fail("layer type '" + std::string(s) + "' is not supported");
+      }
       ++i;
     }
     if (i != sliding.size()) f->fail("'layer_types' has fewer entries than num_hidden_layers");

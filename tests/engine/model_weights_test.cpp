@@ -1,4 +1,4 @@
-// LLaMA binding: read_llama_config / load_gguf_weights on tiny models written in-test, every
+// GGUF binding: read_gguf_config / load_gguf_weights on tiny models written in-test, every
 // refusal path naming the key or tensor, model_config::validate, and the real SmolLM2 file (whose
 // dequantized rows are compared with gguf-py's, tests/data/gguf/smollm2_rows.txt).
 #include <gtest/gtest.h>
