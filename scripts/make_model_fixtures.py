@@ -10,8 +10,9 @@ tokenizer_config.json). Then:
   * transformers' fp32 logits (the checkpoint loaded back as float32) for a prompt and 16 greedy tokens:
     every prompt position and every decode step;
   * the same model converted by llama.cpp's own convert_hf_to_gguf.py (the pinned sources of
-    bench/build_llama_cpp.sh) to GGUF, F16 and/or Q8_0, and quantized to Q4_K_M / Q6_K by
-    llama_model_quantize (what llama-quantize calls) from the F16 file;
+    bench/build_llama_cpp.sh) to GGUF, F16 and/or Q8_0, and quantized to Q4_K_M / Q6_K from the F16 file
+    by llama-quantize (or, before bench/build_llama_cpp.sh has built it, by the library function it calls,
+    llama_model_quantize, through scripts/llama_cpp_oracle.cpp: the same bytes);
   * llama.cpp's logits and greedy tokens on each GGUF (scripts/llama_cpp_oracle.cpp, linked against the
     pinned build's static libllama).
 
@@ -288,8 +289,12 @@ def make_arch(arch: str, spec: dict, out_root: Path, peers: Path, tool: Path) ->
                 if not f16.exists():
                     f16 = Path(tmp) / "f16.gguf"
                     convert(peers / "src", out, f16, "f16", spec.get("pre"))
-                subprocess.run([str(tool), "quantize", str(f16), str(path), str(FTYPES[t])], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                # llama-quantize when bench/build_llama_cpp.sh has built it, else the same library call
+                # (llama_model_quantize) through the oracle tool; both write identical files.
+                quantize = peers / "build" / "bin" / "llama-quantize"
+                cmd = ([str(quantize), str(f16), str(path), t.upper()] if quantize.exists() else
+                       [str(tool), "quantize", str(f16), str(path), str(FTYPES[t])])
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sources[f"llama_cpp:{t}"] = llama_cpp_oracle(tool, path, ids)
     index = {"arch": arch, "prompt": PROMPT, "ids": ids, "num_greedy": NUM_GREEDY, "n_ctx": N_CTX,
              "rows_per_source": len(ids) + NUM_GREEDY - 1, "sources": []}
