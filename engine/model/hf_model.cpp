@@ -341,7 +341,9 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
       !bool_field(*f, cfg, "use_sliding_window").value_or(false)) {
     std::fill(sliding.begin(), sliding.end(), false);
   }
-  const bool any_sliding = window && *window > 0 && std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+  // A window as long as the context never masks anything (some Qwen2 configs): no window.
+  const bool any_sliding = window && *window > 0 && *window < c.context_length &&
+                           std::find(sliding.begin(), sliding.end(), true) != sliding.end();
   const double local_theta = local.theta.value_or(float_field(*f, cfg, "rope_local_base_freq").value_or(theta));
   if (any_sliding || local_theta != theta) {
     c.layers.resize(static_cast<size_t>(c.num_layers));
