@@ -15,6 +15,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "engine/base/error.hpp"
+#include "engine/model/rope.hpp"
 #include "engine/model/weight_shapes.hpp"
 #include "engine/step_layout.hpp"
 
@@ -61,6 +62,12 @@ struct fused_linear {
 struct layer_state {
   std::vector<float> attn_norm;
   std::vector<float> ffn_norm;
+  std::vector<float> post_attn_norm;  // post_norms (empty when off)
+  std::vector<float> post_ffn_norm;
+  std::vector<float> q_norm, k_norm;  // qk_norm, [head_dim] each
+  std::vector<float> qkv_bias;        // qkv_bias: Q|K|V biases side by side, like the fused output
+  int32_t rope_table = 0;             // index into cpu_executor::rope_
+  int32_t sliding_window = 0;         // 0: full causal attention
   fused_linear qkv;
   fused_linear wo;
   fused_linear gate_up;
@@ -111,14 +118,8 @@ class cpu_executor final : public executor {
     // Uninitialised on purpose: the OS maps pages lazily, and every slot is written before read.
     kv_device_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_device_blocks)]);
     kv_host_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_host_blocks)]);
-    num_phases_ = 8 + 12 * static_cast<int64_t>(config_.num_layers);
+    num_phases_ = 10 + 16 * static_cast<int64_t>(config_.num_layers);
     counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
-    const int32_t half = config_.rope_dims / 2;
-    inv_freq_.resize(static_cast<size_t>(half));
-    for (int32_t i = 0; i < half; ++i) {
-      inv_freq_[static_cast<size_t>(i)] = static_cast<float>(
-          std::pow(static_cast<double>(config_.rope_theta), -2.0 * i / config_.rope_dims));
-    }
   }
 
   const model_config& config() const override { return config_; }
@@ -154,7 +155,8 @@ class cpu_executor final : public executor {
   std::vector<layer_state> layers_;
   std::vector<float> output_norm_;
   fused_linear output_;
-  std::vector<float> inv_freq_;
+  // The distinct RoPE tables of the layers (one, or Gemma 3's global and local ones).
+  std::vector<rope_table> rope_;
 
   int64_t block_floats_ = 0;
   std::unique_ptr<float[]> kv_device_;
@@ -167,8 +169,8 @@ class cpu_executor final : public executor {
   step_layout layout_;  // token rows, positions, owning sequences, logits rows (engine/step_layout.hpp)
   std::vector<attn_task> attn_tasks_;
   float* logits_out_ = nullptr;
-  std::vector<float> rope_cos_, rope_sin_;
-  std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_;
+  std::vector<std::vector<float>> rope_cos_, rope_sin_;  // per table: [T, rope_dims / 2]
+  std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_, tmp_;
   std::vector<act_block> xq_;      // the current matmul input in the formats its matrices need
   std::vector<act_block_k> xqk_;
   std::vector<float> xbf_;
@@ -208,6 +210,18 @@ std::vector<float> cpu_executor::prepare_vector(const weight_tensor& w) {
   return v;
 }
 
+namespace {
+
+// RMSNorm weights as the forward pass multiplies them: Gemma's checkpoints store w for x * (1 + w)
+// (transformers GemmaRMSNorm computes 1 + w in fp32, as here), the others w itself.
+void to_norm_multiplier(std::vector<float>& w, norm_kind kind) {
+  if (kind == norm_kind::rms_one_plus) {
+    for (float& x : w) x = 1.0f + x;
+  }
+}
+
+}  // namespace
+
 fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) const {
   fused_linear f;
   f.parts.assign(parts.begin(), parts.end());
@@ -233,17 +247,47 @@ fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) cons
 void cpu_executor::prepare_weights() {
   const model_weights& w = *weights_;
   check_weight_shapes(w, "cpu");  // every tensor, before anything is converted
-  for (const layer_weights& lw : w.layers) {
+  const model_features& f = config_.features;
+  auto norm = [&](const weight_tensor& t) {
+    std::vector<float> v = prepare_vector(t);
+    to_norm_multiplier(v, f.norm);
+    return v;
+  };
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    const layer_weights& lw = w.layers[static_cast<size_t>(l)];
     layer_state ls;
-    ls.attn_norm = prepare_vector(lw.attn_norm);
-    ls.ffn_norm = prepare_vector(lw.ffn_norm);
+    ls.attn_norm = norm(lw.attn_norm);
+    ls.ffn_norm = norm(lw.ffn_norm);
+    if (f.post_norms) {
+      ls.post_attn_norm = norm(lw.post_attn_norm);
+      ls.post_ffn_norm = norm(lw.post_ffn_norm);
+    }
+    if (f.qk_norm) {
+      ls.q_norm = norm(lw.q_norm);
+      ls.k_norm = norm(lw.k_norm);
+    }
+    if (f.qkv_bias) {
+      for (const weight_tensor* b : {&lw.bq, &lw.bk, &lw.bv}) {
+        const std::vector<float> v = prepare_vector(*b);
+        ls.qkv_bias.insert(ls.qkv_bias.end(), v.begin(), v.end());
+      }
+    }
+    // Layers with equal frequencies share a table (Gemma 3: the local ones, and the global ones).
+    rope_table table = rope_frequencies(config_, l);
+    auto same = [&](const rope_table& t) {
+      return t.inv_freq == table.inv_freq && t.attention_factor == table.attention_factor;
+    };
+    const auto it = std::find_if(rope_.begin(), rope_.end(), same);
+    ls.rope_table = static_cast<int32_t>(it - rope_.begin());
+    if (it == rope_.end()) rope_.push_back(std::move(table));
+    ls.sliding_window = config_.layer(l).sliding_window;
     ls.qkv = make_linear({prepare_matrix(lw.wq), prepare_matrix(lw.wk), prepare_matrix(lw.wv)});
     ls.wo = make_linear({prepare_matrix(lw.wo)});
     ls.gate_up = make_linear({prepare_matrix(lw.w_gate), prepare_matrix(lw.w_up)});
     ls.down = make_linear({prepare_matrix(lw.w_down)});
     layers_.push_back(std::move(ls));
   }
-  output_norm_ = prepare_vector(w.output_norm);
+  output_norm_ = norm(w.output_norm);
   output_ = make_linear({prepare_matrix(w.output.empty() ? w.token_embedding : w.output)});
 }
 
@@ -304,9 +348,14 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   gu_.resize(T * 2 * ffn);
   mlp_.resize(T * ffn);
   lx_.resize(layout_.logit_tokens.size() * hidden);
-  const size_t half = inv_freq_.size();
-  rope_cos_.resize(T * half);
-  rope_sin_.resize(T * half);
+  if (config_.features.post_norms) tmp_.resize(T * hidden);
+  const size_t half = static_cast<size_t>(config_.rope_dims / 2);
+  rope_cos_.resize(rope_.size());
+  rope_sin_.resize(rope_.size());
+  for (size_t r = 0; r < rope_.size(); ++r) {
+    rope_cos_[r].resize(T * half);
+    rope_sin_[r].resize(T * half);
+  }
   scratch_.resize(static_cast<size_t>(pool_->size()));
   const size_t scores = static_cast<size_t>(layout_.max_context) + 8;
   for (auto& s : scratch_) {
@@ -333,6 +382,30 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+// x += rms_norm(y) * w: a post-norm on a sub-layer's output before the residual add (Gemma 2/3).
+void add_rms_norm(float* x, const float* y, const float* w, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += y[i] * y[i];
+  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i] * scale * w[i];
+}
+
+// GeGLU: gelu_tanh(g) * u, GELU's tanh approximation as transformers' gelu_pytorch_tanh (Hendrycks &
+// Gimpel 2016, eq. for GELU(x) ~ 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))).
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x))) * u[i];
+  }
+}
+
+// cap * tanh(x / cap) (Gemma 2 report, sec. 2 "Logit soft-capping").
+void soft_cap(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const kernel_table& k = *kern_;
   int64_t phase = 0;
@@ -342,6 +415,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(i);
     pool_->barrier();
   };
+  const model_features& feat = config_.features;
   const int32_t T = num_tokens_;
   const int64_t hidden = config_.hidden_size;
   const int32_t hd = config_.head_dim;
@@ -352,9 +426,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const int64_t ffn = config_.intermediate_size;
   const int32_t bs = spec_.block_size;
   const int32_t group = nh / nkv;
-  const auto half = static_cast<int64_t>(inv_freq_.size());
+  const int64_t half = config_.rope_dims / 2;
   const float eps = config_.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = feat.attention_scale > 0.0f ? feat.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  // Gemma multiplies the embedding by sqrt(hidden) in the activations' dtype (fp32 here).
+  const float embed_scale = feat.scale_embedding ? std::sqrt(static_cast<float>(hidden)) : 1.0f;
 
   // out[t, cols of part] (+)= input[t] . W rows, over the chunks of `f`. The input is `xf` (f32) and
   // its conversions quantize_rows made (xq_, xqk_, xbf_ / xbf16_).
@@ -415,21 +491,31 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     if (f.needs_bf16) cpu::round_act_bf16(xr, xbf_.data() + row * n, xbf16_.data() + row * n, n);
   };
 
-  // Embedding rows and this step's RoPE angles.
+  // Embedding rows and this step's RoPE angles (per table), cos/sin scaled by the table's
+  // attention factor (YaRN's / LongRoPE's mscale, as transformers and ggml_rope_ext apply it).
   parallel(T, [&](int64_t t) {
     const weight_tensor& emb = weights_->token_embedding;
-    dequantize_row(emb.type, emb.row(layout_.token_ids[static_cast<size_t>(t)]), x_.data() + t * hidden, hidden);
+    float* x = x_.data() + t * hidden;
+    dequantize_row(emb.type, emb.row(layout_.token_ids[static_cast<size_t>(t)]), x, hidden);
+    if (embed_scale != 1.0f) {
+      for (int64_t i = 0; i < hidden; ++i) x[i] *= embed_scale;
+    }
     const auto pos = static_cast<float>(layout_.positions[static_cast<size_t>(t)]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq_[static_cast<size_t>(i)];
-      rope_cos_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      rope_sin_[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    for (size_t r = 0; r < rope_.size(); ++r) {
+      const rope_table& table = rope_[r];
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * table.inv_freq[static_cast<size_t>(i)];
+        rope_cos_[r][static_cast<size_t>(t * half + i)] =
+            static_cast<float>(std::cos(static_cast<double>(angle))) * table.attention_factor;
+        rope_sin_[r][static_cast<size_t>(t * half + i)] =
+            static_cast<float>(std::sin(static_cast<double>(angle))) * table.attention_factor;
+      }
     }
   });
 
-  auto rope = [&](float* v, int64_t t) {
-    const float* c = rope_cos_.data() + t * half;
-    const float* s = rope_sin_.data() + t * half;
+  auto rope = [&](float* v, int64_t t, int32_t table) {
+    const float* c = rope_cos_[static_cast<size_t>(table)].data() + t * half;
+    const float* s = rope_sin_[static_cast<size_t>(table)].data() + t * half;
     if (config_.rope == rope_style::interleaved) {
       for (int64_t i = 0; i < half; ++i) {
         const float a = v[2 * i], b = v[2 * i + 1];
@@ -454,25 +540,35 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     const int64_t qkv_cols = L.qkv.out_cols;
     linear(L.qkv, xn_.data(), hidden, T, qkv_.data(), qkv_cols, false);
 
-    // RoPE on Q and K, then K and V into their paged slots.
+    // Biases, per-head q/k norms, RoPE on Q and K, then K and V into their paged slots.
     parallel(T, [&](int64_t t) {
       float* q = qkv_.data() + t * qkv_cols;
       float* kk = q + q_dim;
       const float* v = kk + kv_dim;
-      for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t);
+      if (!L.qkv_bias.empty()) {
+        for (int64_t i = 0; i < qkv_cols; ++i) q[i] += L.qkv_bias[static_cast<size_t>(i)];
+      }
+      if (!L.q_norm.empty()) {
+        for (int32_t h = 0; h < nh; ++h) rms_norm(q + h * hd, L.q_norm.data(), q + h * hd, hd, eps);
+        for (int32_t h = 0; h < nkv; ++h) rms_norm(kk + h * hd, L.k_norm.data(), kk + h * hd, hd, eps);
+      }
+      for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t, L.rope_table);
       const int32_t pos = layout_.positions[static_cast<size_t>(t)];
       const auto seq = static_cast<size_t>(layout_.token_seq[static_cast<size_t>(t)]);
       const std::vector<block_id>& table = batch.seqs[seq].block_table;
       const block_id blk = table[static_cast<size_t>(pos / bs)];
       const int64_t slot = static_cast<int64_t>(pos % bs) * hd;
       for (int32_t h = 0; h < nkv; ++h) {
-        rope(kk + static_cast<int64_t>(h) * hd, t);
+        rope(kk + static_cast<int64_t>(h) * hd, t, L.rope_table);
         std::memcpy(kv_slot(blk, l, 0, h) + slot, kk + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
         std::memcpy(kv_slot(blk, l, 1, h) + slot, v + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
       }
     });
 
-    // Causal attention of each new token over positions [0, pos], read through the block table.
+    // Causal attention of each new token over positions [first, pos], read through the block table;
+    // first = 0, or pos - window + 1 on a sliding-window layer (keys older than the window are skipped,
+    // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do).
+    const int32_t window = L.sliding_window;
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
       const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].block_table;
@@ -481,29 +577,43 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       for (int32_t t = task.token_begin; t < task.token_end; ++t) {
         const float* q = qkv_.data() + t * qkv_cols + static_cast<int64_t>(task.head) * hd;
         const int32_t n_ctx = layout_.positions[static_cast<size_t>(t)] + 1;
-        const int32_t num_blocks = (n_ctx + bs - 1) / bs;
-        for (int32_t b = 0; b < num_blocks; ++b) {
-          const block_id blk = table[static_cast<size_t>(b)];
-          const int32_t n = std::min(bs, n_ctx - b * bs);
-          k.attn_scores(q, kv_slot(blk, l, 0, kvh), n, hd, scale, scores + static_cast<int64_t>(b) * bs);
-        }
+        const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
+        const int32_t n_keys = n_ctx - first;
+        // Runs f(block, first slot, slots, offset into scores) over the key range's pieces per block.
+        auto over_keys = [&](auto&& f) {
+          for (int32_t b = first / bs; b * bs < n_ctx; ++b) {
+            const int32_t begin = std::max(first, b * bs);
+            const int32_t end = std::min(n_ctx, (b + 1) * bs);
+            f(table[static_cast<size_t>(b)], begin - b * bs, end - begin, begin - first);
+          }
+        };
+        over_keys([&](block_id blk, int32_t slot, int32_t n, int32_t at) {
+          k.attn_scores(q, kv_slot(blk, l, 0, kvh) + static_cast<int64_t>(slot) * hd, n, hd, scale, scores + at);
+        });
+        if (feat.attn_softcap.on()) soft_cap(scores, n_keys, feat.attn_softcap.cap);
         float mx = scores[0];
-        for (int32_t j = 1; j < n_ctx; ++j) mx = std::max(mx, scores[j]);
-        const float sum = k.softmax_exp(scores, n_ctx, mx);
+        for (int32_t j = 1; j < n_keys; ++j) mx = std::max(mx, scores[j]);
+        const float sum = k.softmax_exp(scores, n_keys, mx);
         float* o = attn_.data() + t * q_dim + static_cast<int64_t>(task.head) * hd;
         std::fill(o, o + hd, 0.0f);
-        for (int32_t b = 0; b < num_blocks; ++b) {
-          const block_id blk = table[static_cast<size_t>(b)];
-          const int32_t n = std::min(bs, n_ctx - b * bs);
-          k.attn_accumulate(scores + static_cast<int64_t>(b) * bs, kv_slot(blk, l, 1, kvh), n, hd, o);
-        }
+        over_keys([&](block_id blk, int32_t slot, int32_t n, int32_t at) {
+          k.attn_accumulate(scores + at, kv_slot(blk, l, 1, kvh) + static_cast<int64_t>(slot) * hd, n, hd, o);
+        });
         const float inv = 1.0f / sum;
         for (int32_t d = 0; d < hd; ++d) o[d] *= inv;
       }
     });
 
+    // Output projection: added to the residual directly, or (post_norms) normed first.
     if (L.wo.needs_conversion()) parallel(T, [&](int64_t t) { quantize_rows(L.wo, attn_.data(), t); });
-    linear(L.wo, attn_.data(), q_dim, T, x_.data(), hidden, true);
+    if (feat.post_norms) {
+      linear(L.wo, attn_.data(), q_dim, T, tmp_.data(), hidden, false);
+      parallel(T, [&](int64_t t) {
+        add_rms_norm(x_.data() + t * hidden, tmp_.data() + t * hidden, L.post_attn_norm.data(), hidden, eps);
+      });
+    } else {
+      linear(L.wo, attn_.data(), q_dim, T, x_.data(), hidden, true);
+    }
 
     parallel(T, [&](int64_t t) {
       rms_norm(x_.data() + t * hidden, L.ffn_norm.data(), xn_.data() + t * hidden, hidden, eps);
@@ -515,10 +625,21 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       const float* g = gu_.data() + t * 2 * ffn;
       const float* u = g + ffn;
       float* m = mlp_.data() + t * ffn;
-      k.silu_mul(g, u, m, ffn);
+      if (feat.activation == ffn_activation::gelu_tanh) {
+        gelu_tanh_mul(g, u, m, ffn);
+      } else {
+        k.silu_mul(g, u, m, ffn);
+      }
       quantize_rows(L.down, mlp_.data(), t);
     });
-    linear(L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
+    if (feat.post_norms) {
+      linear(L.down, mlp_.data(), ffn, T, tmp_.data(), hidden, false);
+      parallel(T, [&](int64_t t) {
+        add_rms_norm(x_.data() + t * hidden, tmp_.data() + t * hidden, L.post_ffn_norm.data(), hidden, eps);
+      });
+    } else {
+      linear(L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
+    }
   }
 
   // Final norm of the rows whose logits were asked for, then the output projection.
@@ -530,6 +651,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     quantize_rows(output_, lx_.data(), r);
   });
   linear(output_, lx_.data(), hidden, static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);
+  if (feat.final_softcap.on()) {
+    parallel(R, [&](int64_t r) {
+      soft_cap(logits_out_ + r * config_.vocab_size, config_.vocab_size, feat.final_softcap.cap);
+    });
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 
 #include "engine/base/error.hpp"
 #include "engine/model/ggml_types.hpp"
+#include "engine/model/rope.hpp"
 #include "engine/model/weight_shapes.hpp"
 #include "engine/step_layout.hpp"
 #include "gpu/attention.hpp"
@@ -32,9 +33,9 @@
 #include "gpu/gemv.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/op_profiler.hpp"
+#include "gpu/prefill_attention.hpp"
 #include "gpu/sampling.hpp"
 #include "gpu/sampling_batch.hpp"
-#include "gpu/prefill_attention.hpp"
 
 #define CUBLAS_CHECK(expr)                                                                                   \
   do {                                                                                                       \
@@ -121,6 +122,42 @@ struct gpu_layer {
   const void* down = nullptr;     // [hidden, ffn]
 };
 
+// The model features the CUDA kernels implement: the LLaMA block (RMSNorm, SwiGLU, no biases) with one
+// RoPE table for every layer (any scaling whose divisors fold into it: linear, llama3, and others
+// without a cos/sin multiplier) and full causal attention. Anything else is refused by name rather than
+// computed as another model; the CPU executor runs all of model_config's features.
+void refuse_unsupported_features(const model_config& c) {
+  const model_features& f = c.features;
+  std::vector<std::string> missing;
+  if (f.norm != norm_kind::rms) missing.push_back("(1+w) RMSNorm");
+  if (f.activation != ffn_activation::silu) missing.push_back("GeGLU (tanh GELU)");
+  if (f.qkv_bias) missing.push_back("QKV bias");
+  if (f.qk_norm) missing.push_back("q/k norm");
+  if (f.post_norms) missing.push_back("post-norms");
+  if (f.scale_embedding) missing.push_back("embedding scaling");
+  if (f.attn_softcap.on()) missing.push_back("attention logit soft-capping");
+  if (f.final_softcap.on()) missing.push_back("final logit soft-capping");
+  if (f.attention_scale > 0.0f && f.attention_scale != 1.0f / std::sqrt(static_cast<float>(c.head_dim))) {
+    missing.push_back("attention scale (query_pre_attn_scalar)");
+  }
+  if (c.has_sliding_window()) missing.push_back("sliding-window attention");
+  const rope_table first = rope_frequencies(c, 0);
+  if (first.attention_factor != 1.0f) {
+    missing.push_back(std::string(to_string(c.scaling.kind)) + " RoPE attention factor");
+  }
+  for (int32_t i = 1; i < c.num_layers; ++i) {
+    if (rope_frequencies(c, i).inv_freq != first.inv_freq) {
+      missing.push_back("per-layer RoPE bases");
+      break;
+    }
+  }
+  if (missing.empty()) return;
+  std::string list;
+  for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
+  throw load_error("cuda executor: " + std::string(to_string(c.architecture)) + " model needs " + list +
+                   ", which the CUDA executor does not implement yet (use --device cpu)");
+}
+
 template <class T>
 class cuda_executor final : public executor {
  public:
@@ -131,6 +168,7 @@ class cuda_executor final : public executor {
         use_small_batch_gemm_(options.small_batch_gemm.value_or(gpu::small_batch_gemm_from_env())) {
     config_ = weights_->config;
     config_.validate();
+    refuse_unsupported_features(config_);
     if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
       throw invalid_request("cuda executor: bad kv_cache_spec");
     }
@@ -155,12 +193,8 @@ class cuda_executor final : public executor {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
     upload_weights();
 
-    const int32_t half = config_.rope_dims / 2;
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    for (int32_t i = 0; i < half; ++i) {  // as the CPU executor, so both rotate by the same angles
-      inv_freq[static_cast<size_t>(i)] = static_cast<float>(
-          std::pow(static_cast<double>(config_.rope_theta), -2.0 * i / config_.rope_dims));
-    }
+    // As the CPU executor, so both rotate by the same angles (every layer alike: checked above).
+    const std::vector<float> inv_freq = rope_frequencies(config_, 0).inv_freq;
     inv_freq_.reserve(inv_freq.size() * sizeof(float));
     CUDA_CHECK(cudaMemcpy(inv_freq_.as<float>(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
 

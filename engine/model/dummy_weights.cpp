@@ -137,6 +137,21 @@ std::shared_ptr<const model_weights> make_dummy_weights(const model_config& conf
     l.w_gate = fill.matrix(p + "ffn_gate.weight", ffn, hidden, in_hidden);
     l.w_up = fill.matrix(p + "ffn_up.weight", ffn, hidden, in_hidden);
     l.w_down = fill.matrix(p + "ffn_down.weight", hidden, ffn, 1.0f / std::sqrt(static_cast<float>(ffn)));
+    // The optional tensors the config's features read (check_weight_shapes wants them exactly then).
+    const model_features& f = config.features;
+    if (f.qkv_bias) {
+      l.bq = fill.matrix(p + "attn_q.bias", 1, q_dim, 0.1f);
+      l.bk = fill.matrix(p + "attn_k.bias", 1, kv_dim, 0.1f);
+      l.bv = fill.matrix(p + "attn_v.bias", 1, kv_dim, 0.1f);
+    }
+    if (f.qk_norm) {
+      l.q_norm = fill.ones(p + "attn_q_norm.weight", config.head_dim);
+      l.k_norm = fill.ones(p + "attn_k_norm.weight", config.head_dim);
+    }
+    if (f.post_norms) {
+      l.post_attn_norm = fill.ones(p + "post_attention_norm.weight", hidden);
+      l.post_ffn_norm = fill.ones(p + "post_ffw_norm.weight", hidden);
+    }
   }
   w->storage = std::move(storage);
   return w;

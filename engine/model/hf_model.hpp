@@ -2,9 +2,10 @@
 // model.safetensors.index.json), tokenizer.json, tokenizer_config.json (+ chat_template.jinja); this file reads
 // the model's part (config and weights), engine/text/hf_tokenizer.hpp the tokenizer's.
 //
-// Supported: LLaMA-family decoders as transformers names them (LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM without biases) with F32/F16/BF16 weights, and byte-level BPE tokenizers whose
-// pre-tokenizer is one of those engine/text/tokenizer.hpp implements. Weights are used in place from the
+// Supported: the decoders as transformers names them (LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM; docs/models.md)
+// with F32/F16/BF16 weights, and BPE tokenizers (byte-level, or SentencePiece-style with byte_fallback)
+// whose pre-tokenizer is one of those engine/text/tokenizer.hpp implements. Weights are used in place from the
 // mapping (HF stores [out_features, in_features] row-major, which is weight_tensor's layout); RoPE
 // is rope_style::half, because HF checkpoints keep Q/K rows in rotate_half order.
 #pragma once

@@ -1,4 +1,4 @@
-// Views of a LLaMA model's weights in their stored element type (quantized or not), plus the
+// Views of a decoder's weights in their stored element type (quantized or not), plus the
 // storage that keeps them alive (a GGUF mapping, or owned buffers). No device code here: executors
 // turn these views into whatever layout they compute with.
 #pragma once
@@ -40,6 +40,15 @@ struct layer_weights {
   weight_tensor w_gate;     // [intermediate, hidden]
   weight_tensor w_up;       // [intermediate, hidden]
   weight_tensor w_down;     // [hidden, intermediate]
+  // Optional, per model_config::features (empty when the feature is off; check_weight_shapes
+  // requires them exactly when it is on).
+  weight_tensor bq;              // [1, q_dim]   qkv_bias (Qwen2)
+  weight_tensor bk;              // [1, kv_dim]
+  weight_tensor bv;              // [1, kv_dim]
+  weight_tensor q_norm;          // [1, head_dim] qk_norm, shared by every head (Qwen3, Gemma 3)
+  weight_tensor k_norm;          // [1, head_dim]
+  weight_tensor post_attn_norm;  // [1, hidden]  post_norms (Gemma 2/3): on the attention output
+  weight_tensor post_ffn_norm;   // [1, hidden]  on the FFN output
 };
 
 struct model_weights {
@@ -51,9 +60,11 @@ struct model_weights {
   std::shared_ptr<const void> storage;  // keeps the mapping / buffers alive
 };
 
-// Reads `llama.*` metadata and binds every tensor, checking names, types and shapes against the
-// config. Throws load_error.
-model_config read_llama_config(const gguf_file& file);
+// Reads `<arch>.*` metadata (llama, qwen2, qwen3, gemma2, gemma3, phi3 as llama.cpp's converter
+// writes them) and binds every tensor, checking names, types and shapes against the config. Throws
+// load_error.
+model_config read_gguf_config(const gguf_file& file);
+
 std::shared_ptr<const model_weights> load_gguf_weights(std::shared_ptr<const gguf_file> file);
 
 }  // namespace tessera

@@ -38,6 +38,18 @@ void check_vector(const weight_tensor& w, int64_t n, const std::string& prefix, 
   }
 }
 
+void check_optional(const weight_tensor& w, bool feature_on, int64_t n, const std::string& prefix, const char* what) {
+  if (!feature_on) {
+    if (!w.empty()) throw load_error(prefix + "weight " + what + " is present but the model config does not use it");
+    return;
+  }
+  if (w.empty()) throw load_error(prefix + "weight " + what + " is missing");
+  if (w.rows * w.cols != n || !type_info(w.type).can_dequantize) {
+    throw load_error(prefix + "weight " + what + " ('" + w.name + "') has " + std::to_string(w.rows * w.cols) +
+                     " values, expected " + std::to_string(n));
+  }
+}
+
 }  // namespace
 
 void check_weight_shapes(const model_weights& w, const char* executor_name) {
@@ -64,6 +76,16 @@ void check_weight_shapes(const model_weights& w, const char* executor_name) {
     check_matrix(lw.w_gate, ffn, hidden, prefix, "w_gate");
     check_matrix(lw.w_up, ffn, hidden, prefix, "w_up");
     check_matrix(lw.w_down, hidden, ffn, prefix, "w_down");
+    // The optional tensors: present exactly when the feature that reads them is on, so a loader that
+    // forgot one (or bound one the executor would ignore) fails here instead of computing another model.
+    const model_features& f = c.features;
+    check_optional(lw.bq, f.qkv_bias, q_dim, prefix, "bq (qkv_bias)");
+    check_optional(lw.bk, f.qkv_bias, kv_dim, prefix, "bk (qkv_bias)");
+    check_optional(lw.bv, f.qkv_bias, kv_dim, prefix, "bv (qkv_bias)");
+    check_optional(lw.q_norm, f.qk_norm, c.head_dim, prefix, "q_norm (qk_norm)");
+    check_optional(lw.k_norm, f.qk_norm, c.head_dim, prefix, "k_norm (qk_norm)");
+    check_optional(lw.post_attn_norm, f.post_norms, hidden, prefix, "post_attn_norm (post_norms)");
+    check_optional(lw.post_ffn_norm, f.post_norms, hidden, prefix, "post_ffn_norm (post_norms)");
   }
   check_vector(w.output_norm, hidden, prefix, "output_norm");
   check_matrix(w.output.empty() ? emb : w.output, c.vocab_size, hidden, prefix, "output");

@@ -14,6 +14,9 @@ namespace tessera {
 //     wk and wv [kv_dim, hidden], wo [hidden, q_dim], w_gate and w_up [ffn, hidden], w_down
 //     [hidden, ffn] are present with those shapes, rows at least row_bytes(type, cols) apart, and a
 //     decodable type;
+//   * the optional tensors are present exactly when their feature is on (bq [q_dim], bk and bv [kv_dim]:
+//     qkv_bias; q_norm and k_norm [head_dim]: qk_norm; post_attn_norm and post_ffn_norm [hidden]:
+//     post_norms), with that many decodable values;
 //   * output_norm holds `hidden` decodable values, and the LM head (output, or token_embedding when
 //     output is empty: tied) is [vocab, hidden] as above.
 // Checked in that order; the message names the first tensor that fails.

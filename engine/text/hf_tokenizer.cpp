@@ -6,6 +6,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -81,6 +82,76 @@ std::string detect_pre(const std::vector<pre_tokenizer_step>& steps) {
   return "";
 }
 
+// How a SentencePiece-style tokenizer.json turns text into U+2581-separated pieces; only the forms
+// transformers writes for SentencePiece models are accepted (anything else would tokenize differently):
+//   * LLaMA / Mistral / Phi-3: pre_tokenizer Metaspace(replacement U+2581, prepend_scheme "first" or
+//     "always"), or (older files) normalizer Sequence[Prepend(U+2581), Replace(" ", U+2581)];
+//   * Gemma: normalizer Replace(" ", U+2581) and no prefix (pre_tokenizer none, or a Split on " ").
+void read_spm_text_rules(const json_file& f, sj::dom::object root, vocab_data& v) {
+  constexpr std::string_view k_space = "\xe2\x96\x81";  // U+2581
+  bool prefix = false, replaces_spaces = false;
+  std::vector<sj::dom::object> norms;
+  if (const auto n = field(root, "normalizer")) {
+    sj::dom::object o;
+    if (n->get_object().get(o)) f.fail("'normalizer' is not an object");
+    if (string_field(f, o, "type") == "Sequence") {
+      if (const auto list = field(o, "normalizers"); list && list->is_array()) {
+        for (auto e : list->get_array()) {
+          if (e.is_object()) norms.push_back(e.get_object());
+        }
+      }
+    } else {
+      norms.push_back(o);
+    }
+  }
+  for (const sj::dom::object& o : norms) {
+    const std::string t = string_field(f, o, "type").value_or("");
+    if (t == "Prepend" && string_field(f, o, "prepend") == std::string(k_space)) {
+      prefix = true;
+    } else if (t == "Replace") {
+      const auto pattern = field(o, "pattern");
+      const auto from =
+          pattern && pattern->is_object() ? string_field(f, pattern->get_object(), "String") : std::nullopt;
+      if (from != " " || string_field(f, o, "content") != std::string(k_space)) {
+        f.fail("SentencePiece-style normalizer Replace other than ' ' -> U+2581 is not supported");
+      }
+      replaces_spaces = true;
+    } else if (t != "NFC") {
+      f.fail("SentencePiece-style normalizer '" + t + "' is not supported");
+    }
+  }
+  if (const auto pre = field(root, "pre_tokenizer")) {
+    sj::dom::object o;
+    if (pre->get_object().get(o)) f.fail("'pre_tokenizer' is not an object");
+    const std::string t = string_field(f, o, "type").value_or("");
+    if (t == "Metaspace") {
+      if (string_field(f, o, "replacement").value_or(std::string(k_space)) != k_space) {
+        f.fail("Metaspace replacement other than U+2581 is not supported");
+      }
+      const std::string scheme =
+          string_field(f, o, "prepend_scheme")
+              .value_or(bool_field(f, o, "add_prefix_space").value_or(true) ? "always" : "never");
+      if (scheme != "first" && scheme != "always" && scheme != "never") {
+        f.fail("Metaspace prepend_scheme '" + scheme + "' is not supported");
+      }
+      prefix = prefix || scheme != "never";
+      replaces_spaces = true;
+    } else if (t == "Split") {
+      // Gemma's Split on " " (after the normalizer replaced every space): splits nothing.
+      const auto pattern = field(o, "pattern");
+      if (!replaces_spaces || !pattern || !pattern->is_object() ||
+          string_field(f, pattern->get_object(), "String") != " ") {
+        f.fail("SentencePiece-style pre_tokenizer Split is only supported on ' ' after a ' ' -> U+2581 normalizer");
+      }
+    } else {
+      f.fail("SentencePiece-style pre_tokenizer '" + t + "' is not supported (Metaspace)");
+    }
+  }
+  if (!replaces_spaces) f.fail("SentencePiece-style tokenizer without a ' ' -> U+2581 rule is not supported");
+  v.add_space_prefix = prefix;
+  v.pre = "default";
+}
+
 // tokenizer_config.json's bos_token etc.: a string, or an AddedToken object {"content": ...}.
 std::optional<std::string> special_text(const json_file& f, sj::dom::object o, std::string_view key) {
   const auto e = field(o, key);
@@ -99,10 +170,10 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   if (!model_e || !model_e->is_object()) f->fail("'model' is missing");
   const sj::dom::object model = model_e->get_object();
   const std::string type = string_field(*f, model, "type").value_or("BPE");
-  if (type != "BPE") f->fail("tokenizer model '" + type + "' is not supported (byte-level BPE only)");
-  if (bool_field(*f, model, "byte_fallback").value_or(false)) {
-    f->fail("SentencePiece-style BPE (byte_fallback) tokenizers are not supported yet; use a GGUF file");
-  }
+  if (type != "BPE") f->fail("tokenizer model '" + type + "' is not supported (BPE only)");
+  // byte_fallback: a SentencePiece BPE model in tokenizers' clothes (LLaMA 1/2, Mistral v0.x, Phi-3, Gemma;
+  // transformers' SpmConverter): spaces are U+2581, unknown characters fall back to <0xXX> tokens.
+  const bool spm = bool_field(*f, model, "byte_fallback").value_or(false);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (const auto s = string_field(*f, model, key); s && !s->empty()) {
       f->fail(std::string(key) + " '" + *s + "' is not supported");
@@ -110,7 +181,7 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   }
 
   vocab_data v;
-  v.kind = vocab_kind::bpe;
+  v.kind = spm ? vocab_kind::spm : vocab_kind::bpe;
   // ---- tokens: model.vocab (text -> id), then added_tokens (which may extend it) ----
   std::vector<std::optional<std::string>> slots;
   std::vector<token_type> types;
@@ -172,6 +243,16 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   }
 
   // ---- merges: "left right" strings (tokenizers < 0.20) or [left, right] pairs ----
+  if (spm) {
+    // <0xXX> are the byte-fallback tokens (SentencePiece's byte pieces).
+    for (size_t i = 0; i < v.tokens.size(); ++i) {
+      const std::string& t = v.tokens[i];
+      if (v.types[i] == token_type::normal && t.size() == 6 && t.starts_with("<0x") && t.ends_with(">") &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+        v.types[i] = token_type::byte;
+      }
+    }
+  }
   const auto merges_e = field(model, "merges");
   if (!merges_e || !merges_e->is_array()) f->fail("'model.merges' is missing or not a list");
   for (auto m : merges_e->get_array()) {
@@ -193,27 +274,52 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
     }
     v.merges.push_back(std::string(parts[0]) + " " + std::string(parts[1]));
   }
+  if (spm) {
+    // SentencePiece merges by the score of the merged piece, highest first; transformers' SpmConverter
+    // lists a merge for every pair of pieces whose concatenation is a piece, ordered by that score. So
+    // score = -rank of the merge that makes a token reproduces the order (tokens no merge makes sit
+    // below every merge: a pair can only produce a token through a merge).
+    std::unordered_map<std::string_view, size_t> index;
+    for (size_t i = 0; i < v.tokens.size(); ++i) index.emplace(v.tokens[i], i);
+    v.scores.assign(v.tokens.size(), 0.0f);
+    for (size_t i = 0; i < v.tokens.size(); ++i) v.scores[i] = -static_cast<float>(v.merges.size() + i);
+    std::vector<bool> scored(v.tokens.size(), false);
+    for (size_t rank = 0; rank < v.merges.size(); ++rank) {
+      const std::string& m = v.merges[rank];
+      const size_t space = m.find(' ');
+      const std::string merged = m.substr(0, space) + m.substr(space + 1);
+      const auto it = index.find(merged);
+      if (it == index.end()) f->fail("merge '" + m + "' makes '" + merged + "', which is not in the vocabulary");
+      if (!scored[it->second]) {
+        v.scores[it->second] = -static_cast<float>(rank);
+        scored[it->second] = true;
+      }
+    }
+    v.merges.clear();
+  }
 
   // ---- pre-tokenizer ----
   std::vector<pre_tokenizer_step> steps;
   if (const auto pre = field(root, "pre_tokenizer")) collect_steps(*f, *pre, steps);
-  if (std::none_of(steps.begin(), steps.end(), [](const auto& s) { return s.type == "ByteLevel"; })) {
+  if (spm) {
+    read_spm_text_rules(*f, root, v);
+  } else if (std::none_of(steps.begin(), steps.end(), [](const auto& s) { return s.type == "ByteLevel"; })) {
     f->fail("pre_tokenizer is not byte-level (no ByteLevel step); only byte-level BPE is supported");
   }
-  v.pre = detect_pre(steps);
-  if (v.pre.empty()) {
+  if (!spm) v.pre = detect_pre(steps);
+  if (!spm && v.pre.empty()) {
     v.pre = "gpt2";
     note(warnings, f->name + ": pre_tokenizer not recognised (not GPT-2, SmolLM digits, LLaMA-3 or Qwen2); "
                              "falling back to the GPT-2 split, so some texts may tokenize differently");
   }
-  if (std::any_of(steps.begin(), steps.end(), [](const auto& s) { return s.add_prefix_space; })) {
+  if (!spm && std::any_of(steps.begin(), steps.end(), [](const auto& s) { return s.add_prefix_space; })) {
     note(warnings, f->name + ": ByteLevel add_prefix_space is ignored");
   }
-  if (const auto norm = field(root, "normalizer")) {
+  if (const auto norm = field(root, "normalizer"); norm && !spm) {
     const auto t = norm->is_object() ? string_field(*f, norm->get_object(), "type") : std::nullopt;
     if (t != "NFC") note(warnings, f->name + ": normalizer '" + t.value_or("?") + "' is ignored");
   }
-  v.add_space_prefix = false;
+  if (!spm) v.add_space_prefix = false;
 
   // ---- special tokens ----
   std::unordered_map<std::string_view, token_id> ids;
@@ -282,6 +388,8 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   if (!v.unk) {
     if (const auto unk = string_field(*f, model, "unk_token")) v.unk = id_of(*unk);
   }
+  // SentencePiece's <unk> is its own kind (llama.cpp: LLAMA_TOKEN_ATTR_UNKNOWN), not a control token.
+  if (spm && v.unk) v.types[static_cast<size_t>(*v.unk)] = token_type::unknown;
   if (!v.bos) v.bos = template_bos;
   if (!v.eos) v.eos = template_eos;
   std::optional<bool> add_bos = tc ? bool_field(*tc, tc->object(), "add_bos_token") : std::nullopt;

@@ -16,11 +16,12 @@
 #include <tuple>
 #include <vector>
 
-#include "support/base64.hpp"
 #include "cpu/cpu_executor.hpp"
 #include "engine/base/error.hpp"
 #include "engine/model/hf_model.hpp"
 #include "engine/model/model_loader.hpp"
+#include "engine/model/rope.hpp"
+#include "support/base64.hpp"
 
 namespace tessera {
 namespace {
@@ -464,6 +465,28 @@ TEST(hf_model_tiny, sharded_checkpoints_follow_the_index) {
   EXPECT_NE(tiny::load_error_of(d.path).find("which lacks it"), std::string::npos);
 }
 
+// Dynamic NTK is the identity within the original context and re-bases the whole sequence beyond it
+// (transformers dynamic_rope_update), which a cache of rotated keys cannot follow: the context is
+// capped where it is exact, with a note. Linear scaling divides every frequency.
+TEST(hf_model_tiny, dynamic_ntk_caps_the_context_and_linear_divides) {
+  tiny::temp_dir d("rope");
+  tiny::write_model(d.path);
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false,
+                                                             R"(,"rope_scaling":{"rope_type":"dynamic","factor":2.0,)"
+                                                             R"("original_max_position_embeddings":512})"));
+  loaded_model m = load_model(d.path);
+  EXPECT_EQ(m.weights->config.scaling.kind, rope_scaling_kind::dynamic_ntk);
+  EXPECT_EQ(m.weights->config.context_length, 512);
+  ASSERT_FALSE(m.warnings.empty());
+  EXPECT_NE(m.warnings.front().find("dynamic NTK RoPE: context capped"), std::string::npos) << m.warnings.front();
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false,
+                                                             R"(,"rope_scaling":{"rope_type":"linear","factor":4.0})"));
+  m = load_model(d.path);
+  EXPECT_EQ(m.weights->config.scaling.kind, rope_scaling_kind::linear);
+  const rope_table t = rope_frequencies(m.weights->config, 0);
+  EXPECT_NEAR(t.inv_freq[1], std::pow(500000.0, -2.0 / m.weights->config.rope_dims) / 4, 1e-9);
+}
+
 TEST(hf_model_tiny, refusals_name_the_problem) {
   tiny::temp_dir d("refuse");
   auto expect_refused = [&](const std::string& fragment) {
@@ -481,12 +504,18 @@ TEST(hf_model_tiny, refusals_name_the_problem) {
   auto with_bias = tiny::llama_tensors("BF16", true);
   with_bias.push_back({"model.layers.0.self_attn.q_proj.bias", "BF16", {tiny::k_heads * tiny::k_head_dim}});
   tiny::write_safetensors(d.path / "model.safetensors", with_bias);
-  expect_refused("biases");
+  expect_refused("tensor 'model.layers.0.self_attn.k_proj.bias' is missing");  // Qwen2 has all three
+  tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false));
+  tiny::write_safetensors(d.path / "model.safetensors", with_bias);
+  expect_refused("is a bias this architecture does not have");
   tiny::write_text(d.path / "config.json", tiny::config_json("LlamaForCausalLM", false, ",\"attention_bias\":true"));
   expect_refused("attention_bias");
   tiny::write_text(d.path / "config.json",
                    tiny::config_json("LlamaForCausalLM", false, ",\"rope_scaling\":{\"rope_type\":\"llama3\"}"));
-  expect_refused("RoPE scaling 'llama3'");
+  expect_refused("llama3 RoPE scaling without original_max_position_embeddings");
+  tiny::write_text(d.path / "config.json",
+                   tiny::config_json("LlamaForCausalLM", false, ",\"rope_scaling\":{\"rope_type\":\"ntk-by-parts\"}"));
+  expect_refused("RoPE scaling 'ntk-by-parts' is not supported");
   std::string gelu = tiny::config_json("LlamaForCausalLM", false);
   gelu.replace(gelu.find("\"silu\""), 6, "\"gelu\"");
   tiny::write_text(d.path / "config.json", gelu);

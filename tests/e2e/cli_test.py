@@ -114,6 +114,23 @@ def inspect_reports_the_config():
     assert "layers 30, hidden 576" in p.stdout and "general.architecture" in p.stdout, p.stdout[:2000]
 
 
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "models")
+
+
+@case
+def inspect_names_architecture_features_and_tensor_types():
+    # The tiny fixtures of tests/data/models: a GGUF llama.cpp's converter made, and an HF directory.
+    p = run(["inspect", os.path.join(TINY, "qwen2", "qwen2-q8_0.gguf")])
+    assert p.returncode == 0, p.stderr
+    for want in ("architecture: qwen2", "qkv bias", "yarn rope scaling (factor 4", "tensor types:", "Q8_0 x"):
+        assert want in p.stdout, (want, p.stdout[:1500])
+    p = run(["inspect", os.path.join(TINY, "gemma3")])
+    assert p.returncode == 0, p.stderr
+    for want in ("architecture: gemma3", "rmsnorm (1+w)", "geglu (tanh gelu)", "q/k norm", "post-norms",
+                 "sliding window 8 on 1/2 layers", "BF16 x"):
+        assert want in p.stdout, (want, p.stdout[:1500])
+
+
 failed = sum(1 for _, e in results if e)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

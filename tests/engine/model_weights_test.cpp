@@ -1,4 +1,4 @@
-// LLaMA binding: read_llama_config / load_gguf_weights on tiny models written in-test, every
+// GGUF binding: read_gguf_config / load_gguf_weights on tiny models written in-test, every
 // refusal path naming the key or tensor, model_config::validate, and the real SmolLM2 file (whose
 // dequantized rows are compared with gguf-py's, tests/data/gguf/smollm2_rows.txt).
 #include <gtest/gtest.h>
@@ -15,9 +15,10 @@
 #include <vector>
 
 #include "engine/base/error.hpp"
-#include "engine/model/gguf.hpp"
 #include "engine/gguf_test_writer.hpp"
+#include "engine/model/gguf.hpp"
 #include "engine/model/model_weights.hpp"
+#include "engine/model/rope.hpp"
 
 namespace tessera {
 namespace {
@@ -113,7 +114,7 @@ TEST(LlamaWeights, BindsEveryTensorOfATinyModel) {
   const auto file = tiny_llama{}.file();
   const auto w = load_gguf_weights(file);
   const model_config& c = w->config;
-  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.architecture, model_arch::llama);
   EXPECT_EQ(c.name, "tiny");
   EXPECT_EQ(c.num_layers, 2);
   EXPECT_EQ(c.hidden_size, 64);
@@ -186,7 +187,7 @@ TEST(LlamaWeights, OptionalKeysAndVocabFromTokens) {
     w.kv_u32("llama.rope.dimension_count", 8);
     w.kv_f32("llama.rope.freq_base", 100000.0f);
   };
-  const auto c = read_llama_config(*m.file());
+  const auto c = read_gguf_config(*m.file());
   EXPECT_EQ(c.vocab_size, 40);  // tokenizer.ggml.tokens length
   EXPECT_EQ(c.num_kv_heads, 4);
   EXPECT_EQ(c.rms_norm_eps, 1e-5f);
@@ -228,8 +229,11 @@ TEST(LlamaWeights, RefusesBadMetadata) {
   m.extra_kv = [](gguf_writer& w) { w.kv_u32("llama.rope.dimension_count", 32); };
   expect_load_error(m, "rope_dims = 32 is outside 2..16");
   m = {};
-  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "yarn"); };
-  expect_load_error(m, "rope scaling 'yarn' is not supported");
+  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "ntk-by-parts"); };
+  expect_load_error(m, "rope scaling 'ntk-by-parts' is not supported");
+  m = {};
+  m.extra_kv = [](gguf_writer& w) { w.kv_str("llama.rope.scaling.type", "yarn"); };  // without its context
+  expect_load_error(m, "yarn rope scaling without original_context_length");
   m = {};
   m.extra_kv = [](gguf_writer& w) { w.kv_u32("llama.attention.key_length", 32); };
   expect_load_error(m, "llama.attention.key_length = 32 differs");
@@ -269,8 +273,51 @@ TEST(LlamaWeights, RefusesMissingOrMisshapenTensors) {
   m.type_override["blk.0.ffn_gate.weight"] = t_q8_k;
   expect_load_error(m, "tensor 'blk.0.ffn_gate.weight' has type Q8_K, which this build cannot compute with");
   m = {};
-  m.extra_kv = [](gguf_writer& w) { w.f32_tensor("rope_freqs.weight", {8}, [](uint64_t) { return 1.0; }); };
-  expect_load_error(m, "rope_freqs.weight");
+  // llama3 frequency factors: one per rotated pair (head_dim 16: 8), not 5.
+  m.extra_kv = [](gguf_writer& w) { w.f32_tensor("rope_freqs.weight", {5}, [](uint64_t) { return 1.0; }); };
+  expect_load_error(m, "tensor 'rope_freqs.weight' has shape [5], expected [8]");
+}
+
+// RoPE scaling as llama.cpp's files state it, folded into per-pair divisors (engine/model/rope.hpp).
+TEST(LlamaWeights, ReadsRopeScaling) {
+  const double base = 10000.0;  // tiny_llama: head_dim 16, freq_base default
+  auto plain = [&](int i) { return std::pow(base, -2.0 * i / 16); };
+  tiny_llama m;
+  m.extra_kv = [](gguf_writer& w) {
+    w.kv_str("llama.rope.scaling.type", "linear");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+  };
+  model_config c = read_gguf_config(*m.file());
+  EXPECT_EQ(c.scaling.kind, rope_scaling_kind::linear);
+  rope_table t = rope_frequencies(c, 0);
+  ASSERT_EQ(t.inv_freq.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(t.inv_freq[static_cast<size_t>(i)], plain(i) / 4, 1e-6 * plain(i)) << i;
+  EXPECT_EQ(t.attention_factor, 1.0f);
+
+  // Llama 3.1: the converter's divisors in rope_freqs.weight, used as they are.
+  m = {};
+  m.extra_kv = [](gguf_writer& w) {
+    w.f32_tensor("rope_freqs.weight", {8}, [](uint64_t i) { return 1.0 + double(i); });
+  };
+  c = read_gguf_config(*m.file());
+  EXPECT_EQ(c.scaling.kind, rope_scaling_kind::llama3);
+  t = rope_frequencies(c, 0);
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(t.inv_freq[static_cast<size_t>(i)], plain(i) / (1 + i), 1e-6 * plain(i)) << i;
+
+  // YaRN (Peng et al. 2023): fast pairs keep their frequency, slow ones are divided by the factor, and
+  // cos/sin carry 0.1 ln(factor) + 1.
+  m = {};
+  m.extra_kv = [](gguf_writer& w) {
+    w.kv_str("llama.rope.scaling.type", "yarn");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+    w.kv_u32("llama.rope.scaling.original_context_length", 64);
+  };
+  c = read_gguf_config(*m.file());
+  EXPECT_EQ(c.scaling.kind, rope_scaling_kind::yarn);
+  t = rope_frequencies(c, 0);
+  EXPECT_NEAR(t.inv_freq[0], plain(0), 1e-9);
+  EXPECT_NEAR(t.inv_freq[7], plain(7) / 4, 1e-6 * plain(7));
+  EXPECT_NEAR(t.attention_factor, 0.1 * std::log(4.0) + 1, 1e-6);
 }
 
 TEST(LlamaWeights, AcceptsTrailingUnitDimensions) {

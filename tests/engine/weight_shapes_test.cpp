@@ -148,5 +148,38 @@ TEST(weight_shapes, names_the_first_bad_tensor) {
             "cpu executor: weight wq ('" + dummy()->layers[1].wq.name + "') has shape [1, 64], expected [64, 64]");
 }
 
+// The optional tensors: present exactly when the config's feature reads them, of the right size.
+TEST(weight_shapes, optional_tensors_follow_the_features) {
+  model_config c = tiny_config(false);
+  c.features.qkv_bias = true;
+  c.features.qk_norm = true;
+  c.features.post_norms = true;
+  dummy_weights_options o;
+  o.type = ggml_type::f32;
+  o.num_threads = 1;
+  const auto with = make_dummy_weights(c, o);
+  auto check = [&](const std::function<void(model_weights&)>& edit) {
+    model_weights w = *with;
+    edit(w);
+    try {
+      check_weight_shapes(w, "cpu");
+    } catch (const load_error& e) { return std::string(e.what()); }
+    return std::string();
+  };
+  EXPECT_EQ(check([](model_weights&) {}), "");
+  EXPECT_NE(check([](model_weights& w) { w.layers[1].bk = weight_tensor{}; }).find("bk (qkv_bias) is missing"),
+            std::string::npos);
+  EXPECT_NE(check([](model_weights& w) { w.layers[0].q_norm.cols = 8; }).find("q_norm (qk_norm)"), std::string::npos);
+  EXPECT_NE(check([](model_weights& w) {
+              w.layers[0].post_ffn_norm = weight_tensor{};
+            }).find("post_ffn_norm (post_norms) is missing"),
+            std::string::npos);
+  // A tensor the config does not use is refused too: an executor would silently ignore it.
+  EXPECT_NE(check([](model_weights& w) {
+              w.config.features.qkv_bias = false;
+            }).find("bq (qkv_bias) is present but the model config does not use it"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera

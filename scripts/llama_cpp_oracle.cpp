@@ -1,0 +1,102 @@
+// The llama.cpp side of scripts/make_model_fixtures.py, built there against the static libllama of the
+// pinned llama.cpp sources (bench/build_llama_cpp.sh). Two commands:
+//
+//   llama_cpp_oracle quantize IN.gguf OUT.gguf FTYPE     llama_model_quantize, as llama-quantize calls it
+//                                                       (FTYPE: the llama_ftype number, e.g. 15 = Q4_K_M)
+//   llama_cpp_oracle logits MODEL.gguf N_CTX N_NEW ID... the prompt in one batch with every position's
+//                                                       logits, then N_NEW greedy tokens one at a time
+//
+// `logits` writes to stdout: int32 vocab, int32 rows, rows x vocab float32 (prompt rows, then one row
+// per fed greedy token but the last), then N_NEW int32 greedy ids. Default context settings (F16 KV
+// cache, flash attention as llama.cpp chooses), one sequence, n_threads 1: the engine's outputs are
+// compared with what a llama.cpp user gets.
+#include <llama.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+void quiet(ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+}
+
+int quantize(const char* in, const char* out, int ftype) {
+  llama_model_quantize_params p = llama_model_quantize_default_params();
+  p.ftype = static_cast<llama_ftype>(ftype);
+  p.nthread = 1;
+  return llama_model_quantize(in, out, &p) == 0 ? 0 : 1;
+}
+
+int logits(const char* path, int n_ctx, int n_new, const std::vector<llama_token>& prompt) {
+  llama_model_params mp = llama_model_default_params();
+  llama_model* model = llama_model_load_from_file(path, mp);
+  if (model == nullptr) return 1;
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(n_ctx);
+  cp.n_batch = static_cast<uint32_t>(n_ctx);
+  cp.n_ubatch = static_cast<uint32_t>(n_ctx);
+  cp.n_threads = 1;
+  cp.n_threads_batch = 1;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) return 1;
+  const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  std::vector<float> rows;
+  auto argmax = [&](const float* l) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; ++i) best = l[i] > l[best] ? i : best;
+    return best;
+  };
+  llama_batch b = llama_batch_init(static_cast<int32_t>(prompt.size()), 0, 1);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    b.token[i] = prompt[i];
+    b.pos[i] = static_cast<llama_pos>(i);
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = 1;
+  }
+  b.n_tokens = static_cast<int32_t>(prompt.size());
+  if (llama_decode(ctx, b) != 0) return 1;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const float* l = llama_get_logits_ith(ctx, static_cast<int32_t>(i));
+    rows.insert(rows.end(), l, l + vocab);
+  }
+  std::vector<int32_t> greedy{argmax(rows.data() + (prompt.size() - 1) * vocab)};
+  while (static_cast<int>(greedy.size()) < n_new) {
+    b.n_tokens = 1;
+    b.token[0] = greedy.back();
+    b.pos[0] = static_cast<llama_pos>(prompt.size() + greedy.size() - 1);
+    b.logits[0] = 1;
+    if (llama_decode(ctx, b) != 0) return 1;
+    const float* l = llama_get_logits_ith(ctx, 0);
+    rows.insert(rows.end(), l, l + vocab);
+    greedy.push_back(argmax(l));
+  }
+  const int32_t num_rows = static_cast<int32_t>(rows.size() / vocab);
+  std::fwrite(&vocab, 4, 1, stdout);
+  std::fwrite(&num_rows, 4, 1, stdout);
+  std::fwrite(rows.data(), 4, rows.size(), stdout);
+  std::fwrite(greedy.data(), 4, greedy.size(), stdout);
+  llama_batch_free(b);
+  llama_free(ctx);
+  llama_model_free(model);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llama_log_set(quiet, nullptr);
+  llama_backend_init();
+  if (argc == 5 && std::strcmp(argv[1], "quantize") == 0) return quantize(argv[2], argv[3], std::atoi(argv[4]));
+  if (argc >= 6 && std::strcmp(argv[1], "logits") == 0) {
+    std::vector<llama_token> ids;
+    for (int i = 5; i < argc; ++i) ids.push_back(std::atoi(argv[i]));
+    return logits(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), ids);
+  }
+  std::fprintf(stderr, "usage: %s quantize IN OUT FTYPE | logits MODEL N_CTX N_NEW ID...\n", argv[0]);
+  return 2;
+}
