@@ -14,9 +14,13 @@
 #include "engine/model/gguf.hpp"
 #include "engine/model/model_weights.hpp"
 #include "tests/support/fast_vs_exact.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
+
+using test_support::argmax;
+using test_support::top2_margin;
 
 const std::filesystem::path model_path =
     std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -24,10 +28,6 @@ const std::filesystem::path model_path =
 std::shared_ptr<const model_weights> load_or_skip() {
   if (!std::filesystem::exists(model_path)) return nullptr;
   return load_gguf_weights(gguf_file::open(model_path));
-}
-
-token_id argmax(std::span<const float> row) {
-  return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 // Greedy decoding: prefill `prompt` (in chunks of `chunk`), then `num_new` tokens one at a time.
