@@ -33,7 +33,8 @@ void touch_weight(const weight_tensor& w) {
   dequantize_row(w.type, w.row(w.rows - 1), row.data(), w.cols);
 }
 
-void exercise(const std::shared_ptr<const gguf_file>& file, size_t image_size) {
+void exercise(const std::shared_ptr<const gguf_file>& file, std::string_view image) {
+  const size_t image_size = image.size();
   for (const auto& key : file->keys()) {
     fuzz::check(file->find(key) != nullptr, "keys() lists '" + key + "' but find() does not know it");
     (void)file->describe(key);
@@ -68,8 +69,11 @@ void exercise(const std::shared_ptr<const gguf_file>& file, size_t image_size) {
   try {
     tok = tokenizer::from_gguf(*file);
   } catch (const load_error&) { return; }
+  // Fixed text, and the image's last bytes: hostile text against the hostile vocabulary (the fuzzer
+  // controls both there, e.g. special tokens that are prefixes of one another).
+  const std::string_view tail = image.substr(image.size() - std::min<size_t>(image.size(), 128));
   for (const std::string_view text :
-       {std::string_view("Hello, world! 123 <|im_start|>user\n\xe4\xb8\x96\xff"), std::string_view("  \t\n")}) {
+       {std::string_view("Hello, world! 123 <|im_start|>user\n\xe4\xb8\x96\xff"), std::string_view("  \t\n"), tail}) {
     const auto ids = tok->encode(text, {.add_special = true, .parse_special = true});
     for (token_id id : ids) {
       fuzz::check(id >= 0 && static_cast<size_t>(id) < tok->vocab_size(),
@@ -111,6 +115,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::check(parsed == opened,
               parsed ? "from_bytes() accepted what open() refused" : "open() accepted what from_bytes() refused");
 
-  if (parsed) exercise(file, size);
+  if (parsed) exercise(file, fuzz::as_text(data, size));
   return 0;
 }

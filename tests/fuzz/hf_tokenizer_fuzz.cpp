@@ -52,8 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::check(vocab->types.size() == vocab->tokens.size(), "types and tokens differ in length");
     try {
       const tokenizer tok(std::move(*vocab));
-      for (const std::string_view text :
-           {std::string_view("Hello world 123 <|im_start|>\xc3\xa9\xf0\x9f\x8e\x89 "), std::string_view("\n\n  x")}) {
+      // Fixed text, and the input's last part: hostile text against the hostile vocabulary.
+      for (const std::string_view text : {std::string_view("Hello world 123 <|im_start|>\xc3\xa9\xf0\x9f\x8e\x89 "),
+                                          std::string_view("\n\n  x"), parts.back().substr(0, 256)}) {
         const auto ids = tok.encode(text, {.add_special = true, .parse_special = true});
         for (token_id id : ids) {
           fuzz::check(id >= 0 && static_cast<size_t>(id) < tok.vocab_size(),
