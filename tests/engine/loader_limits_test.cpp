@@ -218,7 +218,7 @@ TEST(loader_limits, every_file_of_a_hf_directory_refuses_non_regular_files) {
   EXPECT_EQ(expect_refusal([&] { read_hf_config(d.path); }, {"config.json", "(a FIFO)"}), "");
 }
 
-// ---- token ids bounded by the declared vocabulary -------------------------------------------------
+// ---- sizes and token ids, bounded before anything is allocated ------------------------------------
 
 // Runs `load` in a child and reports its peak memory growth in KiB, or -1 when it did not return or
 // throw a load_error in time (the message goes to *what).
@@ -230,7 +230,9 @@ int64_t peak_growth_kib(const std::function<void()>& load, std::string* what) {
         std::string msg = "loaded";
         try {
           load();
-        } catch (const load_error& e) { msg = e.what(); }
+        } catch (const load_error& e) {
+          msg = e.what();
+        }
         const int64_t after = test::peak_rss_kib();
         if (before < 0 || after < 0) return "no VmHWM in /proc/self/status";
         // The growth travels in the message (which makes the child "fail"; the caller judges it).
@@ -240,6 +242,24 @@ int64_t peak_growth_kib(const std::function<void()>& load, std::string* what) {
   *what = r.message;
   if (r.ok || r.message.rfind("growth ", 0) != 0) return -1;
   return std::stoll(r.message.substr(7));
+}
+
+TEST(loader_limits, json_files_beyond_1_gib_are_refused_before_reading) {
+  // A sparse file: 1 GiB + 1 byte long, no disk or memory behind it. Refused from its size alone.
+  temp_dir d("huge_json");
+  write_model(d.path);
+  for (const std::string name : {"config.json", "chat_template.jinja"}) {
+    SCOPED_TRACE(name);
+    const fs::path p = d.path / name;
+    fs::resize_file(p, (uint64_t{1} << 30) + 1);
+    std::string what;
+    const int64_t growth = peak_growth_kib(
+        [&] { name == "config.json" ? (void)read_hf_config(d.path) : (void)read_hf_chat_template(d.path); }, &what);
+    ASSERT_GE(growth, 0) << what;
+    EXPECT_LT(growth, 64 * 1024) << what;
+    EXPECT_NE(what.find(p.string() + ": larger than 1073741824 bytes"), std::string::npos) << what;
+    write_model(d.path);
+  }
 }
 
 TEST(loader_limits, an_added_token_id_beyond_the_vocabulary_is_refused_before_allocating) {
