@@ -451,6 +451,17 @@ def chunked_trailers_are_bounded():
     raw = srv.raw(head.replace(b"Transfer-Encoding", b"Connection: close\r\nTransfer-Encoding") +
                   b"0\r\nX-Checksum: abc\r\n\r\n", half_close=False)
     assert status_of(raw) == 200, raw[:200]
+    # The last chunk and the final CRLF in pieces: Beast's parser failed an assertion on "0\r\n" +
+    # "\r" and aborted the process (found by the http_request fuzz target).
+    with srv.connect(timeout=15) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(head.replace(b"Transfer-Encoding", b"Connection: close\r\nTransfer-Encoding"))
+        for piece in (b"0\r\n", b"\r", b"\n"):
+            time.sleep(0.1)
+            s.sendall(piece)
+        raw = read_all(s)
+    assert status_of(raw) == 200, raw[:200]
+    assert srv.alive(), "the server died of a final chunk sent in pieces"
     assert srv.request("GET", "/health")[0] == 200
 
 

@@ -5,8 +5,12 @@
 // and the max_model_len the engine enforces.
 #include "tests/server/loopback_support.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <fstream>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "server/listener.hpp"
@@ -80,6 +84,31 @@ TEST(hardening, endless_trailer_is_refused_before_it_is_buffered) {
     EXPECT_EQ(status_of(r), 431) << r.substr(0, 200);  // or reset, with unread bytes pending
   }
   EXPECT_LT(rss_kib() - rss_before, 32 * 1024) << "the trailer was buffered";
+  EXPECT_EQ(get(s, "/health").status, 200);
+}
+
+// Found by the http_request fuzz target: the last chunk's "0\r\n" and the final CRLF arriving in
+// pieces ("\r", then "\n") made Beast's parser fail an assertion (n >= 5 in parse_chunk_header) and
+// abort the process, before authentication. Now the request is answered (server/boost_assert.hpp).
+TEST(hardening, final_chunk_in_pieces_is_answered) {
+  server_options so;
+  so.api_key = "k";
+  loopback_server s(so);
+  for (bool authed : {false, true}) {
+    raw_connection c(s);
+    const int one = 1;
+    ::setsockopt(c.sock.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c.send(chunked_post_head("/tokenize", std::string(authed ? "Authorization: Bearer k\r\n" : "") +
+                                              "Connection: close\r\n") +
+           chunk(R"({"prompt":"abc"})"));
+    // Separate segments, so the parser sees "0\r\n", then "0\r\n\r", then the rest.
+    for (const char* piece : {"0\r\n", "\r", "\n"}) {
+      std::this_thread::sleep_for(100ms);
+      c.send(piece);
+    }
+    const std::string r = c.read_all();
+    EXPECT_EQ(status_of(r), authed ? 200 : 401) << r.substr(0, 300);
+  }
   EXPECT_EQ(get(s, "/health").status, 200);
 }
 
