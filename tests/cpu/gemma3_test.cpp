@@ -37,6 +37,8 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
+#include "support/base64.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
@@ -83,10 +85,6 @@ struct greedy_case {
   }
 };
 
-size_t argmax(std::span<const float> row) {
-  return static_cast<size_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
 std::vector<greedy_case> load_cases() {
   simdjson::dom::parser parser;
   simdjson::dom::element doc = parser.load(k_fixture.string());
@@ -126,29 +124,6 @@ TEST(Gemma3, LoadsWithItsFeaturesAndWindows) {
   EXPECT_TRUE(gemma().tok->add_bos());
 }
 
-std::string base64_decode(std::string_view in) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = value(c);
-    if (v < 0) continue;  // '=' padding
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return out;
-}
-
 TEST(Gemma3, TokenizerEqualsLlamaCppOnTheHardCorpus) {
   REQUIRE_GEMMA();
   simdjson::dom::parser parser;
@@ -159,7 +134,7 @@ TEST(Gemma3, TokenizerEqualsLlamaCppOnTheHardCorpus) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     simdjson::dom::element e = parser.parse(line);
-    const std::string text = base64_decode(e["text_b64"].get_string().value());
+    const std::string text = test::base64_decode(e["text_b64"].get_string().value());
     const bool special = e["special"].get_bool().value();
     std::vector<token_id> expected;
     for (int64_t x : e["ids"].get_array()) expected.push_back(static_cast<token_id>(x));
@@ -210,13 +185,13 @@ TEST(Gemma3, TeacherForcedArgmaxEqualsLlamaCppWhereItsMarginIsClear) {
     step_output out;
     exec->execute(batch, out);
     for (size_t s = 0; s < c.greedy.size(); ++s) {
-      const size_t ours = argmax(out.row(static_cast<int32_t>(c.ids.size() - 1 + s)));
+      const token_id ours = test_support::argmax(out.row(static_cast<int32_t>(c.ids.size() - 1 + s)));
       ++steps;
-      equal_all += ours == static_cast<size_t>(c.greedy[s]);
+      equal_all += ours == c.greedy[s];
       if (c.margins[s] < k_clear_margin) continue;
       ++clear;
-      equal_clear += ours == static_cast<size_t>(c.greedy[s]);
-      EXPECT_EQ(ours, static_cast<size_t>(c.greedy[s]))
+      equal_clear += ours == c.greedy[s];
+      EXPECT_EQ(ours, c.greedy[s])
           << ::testing::PrintToString(c.text) << " step " << s << ": llama.cpp margin " << c.margins[s];
     }
   }
