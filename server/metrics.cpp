@@ -146,6 +146,9 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   append_f(out, "tessera_kv_blocks_swapped_total{direction=\"in\"} %llu\n", static_cast<unsigned long long>(e.num_blocks_swapped_in));
   append_f(out, "tessera_kv_blocks_swapped_total{direction=\"out\"} %llu\n",
            static_cast<unsigned long long>(e.num_blocks_swapped_out));
+  metric(out, "tessera_kv_blocks_window_freed_total", "counter",
+         "KV blocks freed early because no layer's sliding window reached them any more");
+  append_f(out, "tessera_kv_blocks_window_freed_total %llu\n", static_cast<unsigned long long>(e.num_window_freed_blocks));
   metric(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens computed (prefill and recompute)");
   append_f(out, "tessera_prompt_tokens_total %llu\n", static_cast<unsigned long long>(e.num_prefill_tokens));
   metric(out, "tessera_cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache");
