@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -35,7 +36,8 @@ struct matrix {
   act_format act = act_format::f32;
   ggml_type type = ggml_type::f32;
   const std::byte* data = nullptr;
-  int64_t stride = 0;  // bytes per row
+  bool packed = false;  // data is pack_weights' panel layout (matmul_packed), else rows (matmul_q / matmul_f32)
+  int64_t stride = 0;  // bytes per row (of the ggml layout)
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -100,7 +102,8 @@ class cpu_executor final : public executor {
       : weights_(std::move(weights)),
         spec_(options.kv),
         kern_(&pick_kernels(options.kernels)),
-        dequantize_all_(options.dequantize_weights) {
+        dequantize_all_(options.dequantize_weights),
+        repack_(options.repack_weights && !env_disables_repack()) {
     if (!weights_) throw invalid_request("cpu executor: no weights");
     config_ = weights_->config;
     config_.validate();
@@ -144,11 +147,22 @@ class cpu_executor final : public executor {
                spec_.block_size * config_.head_dim;
   }
 
+  static bool env_disables_repack() {
+    const char* v = std::getenv("TESSERA_CPU_REPACK");
+    return v != nullptr && std::string_view(v) == "0";
+  }
+
+  struct free_deleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+
   std::shared_ptr<const model_weights> weights_;
   model_config config_;
   kv_cache_spec spec_;
   const kernel_table* kern_;
   bool dequantize_all_;
+  bool repack_;
+  std::vector<std::unique_ptr<std::byte[], free_deleter>> packed_;  // repacked matrices (64-byte aligned)
   std::unique_ptr<cpu::thread_pool> pool_;
 
   std::vector<std::vector<float>> owned_;  // converted weights (moving keeps data() stable)
@@ -191,6 +205,15 @@ matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
     m.type = w.type;
     m.data = w.data;
     m.stride = w.row_stride_bytes;
+    if (repack_ && cpu::has_packed_kernel(w.type)) {  // the same bytes, rows interleaved in panels of 16
+      const auto bytes = static_cast<size_t>(cpu::packed_matrix_bytes(w.type, w.rows, w.cols));
+      auto* p = static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+      if (p == nullptr) throw load_error("cpu executor: out of memory repacking a weight matrix");
+      packed_.emplace_back(p);
+      cpu::pack_weights(w.type, w.data, w.row_stride_bytes, w.rows, w.cols, p);
+      m.data = p;
+      m.packed = true;
+    }
     return m;
   }
   // No kernel for this type, or exact mode: dequantize once to f32 and use the f32 path.
@@ -457,7 +480,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         a.out = o;
         a.out_stride = out_stride;
         a.accumulate = accumulate;
-        k.matmul_q(a);
+        if (m.packed) {
+          k.matmul_packed(a);
+        } else {
+          k.matmul_q(a);
+        }
       } else {
         cpu::fmatmul_args a;
         a.type = m.type;

@@ -22,6 +22,10 @@ struct cpu_executor_options {
   // quantization): matches an fp32 reference (transformers) to ~1e-4 at ~6x the weight memory and
   // several times the time. For parity tests and debugging; off for serving.
   bool dequantize_weights = false;
+  // Repack the quantized matrices at load into 16-row panels (cpu/kernels.hpp, "packed weights": the
+  // same bytes, rows interleaved) for the register-tiled kernels. Off (or $TESSERA_CPU_REPACK=0): the
+  // kernels read the rows as stored in the file, without a copy.
+  bool repack_weights = true;
 };
 
 // Throws load_error when the weights are inconsistent with their config, invalid_request when

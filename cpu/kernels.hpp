@@ -25,13 +25,15 @@ inline constexpr int64_t act_block_elems = 32;
 inline constexpr int64_t act_block_k_elems = 256;
 
 // 32 activations quantized symmetrically: x[i] ~= d * q[i]; s = d * sum(q) serves the zero-point
-// term of Q4_1 (m * sum(x)) and the -8 offset of Q4_0.
+// term of Q4_1 (m * sum(x)) and the -8 offset of Q4_0; sum = sum(q) the packed kernels' integer
+// offsets (Q4_0's -8, Q5_0's -16 and Q8_0's -128 of its weights shifted to unsigned, in int32).
 struct act_block {
   float d;
   float s;
+  int32_t sum;
   int8_t q[32];
 };
-static_assert(sizeof(act_block) == 40);
+static_assert(sizeof(act_block) == 44);
 
 // 256 activations quantized symmetrically with one scale (the K-quants' super-block): x[i] ~= d * q[i];
 // bsums[j] = sum(q[16j .. 16j+16)) serves the weights' per-sub-block offsets (Q2_K/Q4_K/Q5_K mins,
@@ -89,6 +91,34 @@ struct fmatmul_args {
   bool accumulate = false;
 };
 
+// ---- packed weights ----------------------------------------------------------------------------
+//
+// The quantized types can also be computed from a *packed* copy made at load (pack_weights): rows in
+// panels of 16, each panel stored block by block, and inside a panel-block every field of the ggml block
+// (ggml-common.h) transposed across the 16 rows: a 2-byte field (an f16 scale) as 16 consecutive
+// halves, any other field (quants, sub-block scales; all multiples of 4 bytes) as its 4-byte words,
+// word i of rows 0..15 side by side (64 bytes). A field at offset o of the block starts at 16 * o of
+// the panel-block, so the packed matrix has exactly the bytes of the original (plus zero rows that pad
+// the last panel). One 64-byte load then holds 4 consecutive quants of 16 rows: vpdpbusd against the
+// activations' 4 bytes broadcast gives 16 rows' partial dots in the 16 int32 lanes, so each weight
+// load feeds every token of the tile and no horizontal sums are needed (docs/cpu_executor.md, "Packed
+// weights"). Q5_0/Q5_1 also permute the bits of each row's 32-bit qh word (new bit 8j + g = old bit
+// 4g + j, new bit 8j + 4 + g = old bit 16 + 4g + j, j, g < 4) so that the fifth bits of the chunk of
+// elements 4g..4g+3 sit at bit g of their bytes, as Q5_K's do.
+inline constexpr int64_t panel_rows = 16;
+
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K.
+bool has_packed_kernel(ggml_type t) noexcept;
+// Bytes of the packed form of a rows x cols matrix: ceil(rows / 16) panels of 16 rows.
+int64_t packed_matrix_bytes(ggml_type t, int64_t rows, int64_t cols) noexcept;
+// dst (packed_matrix_bytes) = the packed form of rows [0, rows) at src (rows src_stride bytes apart).
+// pre: has_packed_kernel(t), cols a multiple of the block size.
+void pack_weights(ggml_type t, const std::byte* src, int64_t src_stride, int64_t rows, int64_t cols, std::byte* dst);
+// Row r of a packed matrix back in ggml's layout (row_bytes(t, cols) bytes): the inverse, for tests.
+void unpack_weight_row(ggml_type t, const std::byte* packed, int64_t cols, int64_t r, std::byte* dst);
+// One block of one lane (row of the panel) of a packed panel-block, back in ggml's layout.
+void unpack_panel_block(ggml_type t, const std::byte* panel_block, int lane, std::byte* dst);
+
 struct kernel_table {
   const char* name;
   // dst[0 .. n/32) from x[0 .. n). pre: n % 32 == 0.
@@ -96,6 +126,12 @@ struct kernel_table {
   // dst[0 .. n/256) from x[0 .. n). pre: n % 256 == 0.
   void (*quantize_act_k)(const float* x, act_block_k* dst, int64_t n);
   void (*matmul_q)(const qmatmul_args& a);
+  // The same over packed weights (a.weights: pack_weights' output; a.weight_stride unused). Every panel
+  // that overlaps [row_begin, row_end) is computed whole, only rows in the range are written. Each
+  // (row, token) output is the same sequence of integer sums and f32 fmas in every table (exact integer
+  // dots per block or super-block, then fma with the scales), so all tables agree bitwise and the result
+  // depends neither on the token count nor on the row range.
+  void (*matmul_packed)(const qmatmul_args& a);
   void (*matmul_f32)(const fmatmul_args& a);  // f32, f16 and bf16 weights
   // out[j] = scale * dot(q, k + j*head_dim) for j < n.
   void (*attn_scores)(const float* q, const float* k, int32_t n, int32_t head_dim, float scale,

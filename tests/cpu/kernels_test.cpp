@@ -264,6 +264,7 @@ TEST_P(kernels_test, quantize_act_round_trips_within_half_a_step) {
       sum += qi;
     }
     EXPECT_FLOAT_EQ(q[static_cast<size_t>(b)].s, q[static_cast<size_t>(b)].d * static_cast<float>(sum));
+    EXPECT_EQ(q[static_cast<size_t>(b)].sum, sum);
   }
 }
 
@@ -429,6 +430,195 @@ TEST_P(kernels_test, matmul_results_do_not_depend_on_row_ranges_or_token_batches
       for (int64_t r = 0; r < rows; ++r) {
         EXPECT_EQ(part[static_cast<size_t>(r)], whole[static_cast<size_t>(t * rows + r)])
             << type_info(type).name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// ---- packed weights -------------------------------------------------------------------------------
+
+std::vector<ggml_type> packed_types() {
+  std::vector<ggml_type> out;
+  for (ggml_type t : all_types) {
+    if (has_packed_kernel(t)) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::byte> pack(ggml_type type, const std::vector<std::byte>& w, int64_t rows, int64_t cols) {
+  std::vector<std::byte> packed(static_cast<size_t>(packed_matrix_bytes(type, rows, cols)), std::byte{0x5a});
+  pack_weights(type, w.data(), row_bytes(type, cols), rows, cols, packed.data());
+  return packed;
+}
+
+void run_packed(const kernel_table& k, ggml_type type, const std::vector<std::byte>& packed, int64_t cols,
+                const prepared_input& in, int32_t tokens, int64_t row_begin, int64_t row_end, float* out,
+                int64_t out_stride, bool accumulate) {
+  const int64_t block = type_info(type).block_elems;
+  qmatmul_args a;
+  a.type = type;
+  a.weights = packed.data();
+  a.num_blocks = cols / block;
+  a.act = in.q8.data();
+  a.act_k = in.q8_k.data();
+  a.act_stride = cols / block;
+  a.num_tokens = tokens;
+  a.row_begin = row_begin;
+  a.row_end = row_end;
+  a.out = out;
+  a.out_stride = out_stride;
+  a.accumulate = accumulate;
+  k.matmul_packed(a);
+}
+
+TEST(packed_weights, every_quantized_type_has_a_packed_kernel_of_the_same_bytes) {
+  for (ggml_type t : all_types) {
+    EXPECT_EQ(has_packed_kernel(t), !is_float_type(t)) << type_info(t).name;
+    if (!has_packed_kernel(t)) continue;
+    const int64_t cols = 2 * type_info(t).block_elems;
+    EXPECT_EQ(packed_matrix_bytes(t, 32, cols), 32 * row_bytes(t, cols));  // no padding on whole panels
+    EXPECT_EQ(packed_matrix_bytes(t, 17, cols), 32 * row_bytes(t, cols));  // the last panel padded
+  }
+}
+
+TEST(packed_weights, unpacking_gives_back_every_row) {
+  std::mt19937 rng(21);
+  for (ggml_type type : packed_types()) {
+    const int64_t rows = 37, cols = 2 * type_info(type).block_elems;  // 3 panels, the last one partial
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const int64_t rb = row_bytes(type, cols);
+    std::vector<std::byte> row(static_cast<size_t>(rb));
+    for (int64_t r = 0; r < rows; ++r) {
+      unpack_weight_row(type, packed.data(), cols, r, row.data());
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), w.begin() + r * rb)) << type_info(type).name << " row " << r;
+    }
+    for (int64_t r = rows; r < 48; ++r) {  // the padding rows are zero
+      unpack_weight_row(type, packed.data(), cols, r, row.data());
+      EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](std::byte b) { return b == std::byte{0}; })) << r;
+    }
+  }
+}
+
+// As quantized_matmul_matches_dequantized_reference, through the packed kernels, with token counts that
+// fill several register tiles (8 tokens per tile on AVX-512, 4 on the 256-bit tables).
+TEST_P(kernels_test, packed_matmul_matches_dequantized_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(22);
+  for (ggml_type type : packed_types()) {
+    for (int64_t cols : test_cols(type)) {
+      for (int32_t num_tokens : {1, 2, 3, 4, 5, 8, 9, 17}) {
+        const int64_t rows = 37;
+        const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+        const std::vector<std::byte> packed = pack(type, w, rows, cols);
+        const std::vector<float> x = random_activations(num_tokens, cols, rng);
+        const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+        const int64_t out_stride = rows + 3;
+        std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
+        const bool accumulate = (num_tokens % 2) == 1;
+        const int64_t row_begin = 3;
+        run_packed(k, type, packed, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
+        const int64_t rb = row_bytes(type, cols);
+        for (int64_t r = 0; r < rows + 3; ++r) {
+          for (int32_t t = 0; t < num_tokens; ++t) {
+            const float got = out[static_cast<size_t>(t * out_stride + r)];
+            if (r < row_begin || r >= rows) {
+              EXPECT_EQ(got, 0.5f) << "row outside the range was written";
+              continue;
+            }
+            const reference_value ref =
+                reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+            const double want = ref.value + (accumulate ? 0.5 : 0.0);
+            EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
+                << type_info(type).name << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t
+                << " (regime " << r % 5 << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// The packed kernels do the same integer sums and the same f32 fmas in every table: bitwise equal to
+// the scalar table's, on shapes with several panels and token tiles.
+TEST_P(kernels_test, packed_matmul_is_bitwise_the_scalar_tables) {
+  const kernel_table& k = *GetParam();
+  const kernel_table& s = scalar_kernels();
+  std::mt19937 rng(23);
+  for (ggml_type type : packed_types()) {
+    const int64_t cols = 1024, rows = 67;
+    const int32_t num_tokens = 11;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(s, type, x, num_tokens, cols);
+    std::vector<float> got(static_cast<size_t>(num_tokens * rows)), want(got.size());
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, got.data(), rows, false);
+    run_packed(s, type, packed, cols, in, num_tokens, 0, rows, want.data(), rows, false);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << type_info(type).name << " row " << i % rows << " token " << i / rows;
+    }
+  }
+}
+
+// Row ranges (any start, not only panel boundaries) and token batching change nothing, bitwise.
+TEST_P(kernels_test, packed_results_do_not_depend_on_row_ranges_or_token_batches) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(24);
+  for (ggml_type type : packed_types()) {
+    const int64_t cols = 512, rows = 45;
+    const int32_t num_tokens = 10;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> whole(static_cast<size_t>(num_tokens * rows));
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, whole.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      const prepared_input one = prepare_input(k, type, {x.begin() + t * cols, x.begin() + (t + 1) * cols}, 1, cols);
+      std::vector<float> part(static_cast<size_t>(rows));
+      for (int64_t r0 = 0; r0 < rows; r0 += 7) {
+        run_packed(k, type, packed, cols, one, 1, r0, std::min(rows, r0 + 7), part.data(), rows, false);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(part[static_cast<size_t>(r)], whole[static_cast<size_t>(t * rows + r)])
+            << type_info(type).name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// gguf-py's blocks (real statistics) through the packed kernels.
+TEST_P(kernels_test, packed_matmul_on_gguf_py_blocks_matches_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(25);
+  for (ggml_type type : packed_types()) {
+    std::string file(type_info(type).name);
+    for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
+    const ggml_type_info& info = type_info(type);
+    const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
+    ASSERT_GT(nb, 0) << info.name;
+    const int64_t cols = nb * info.block_elems, rows = 20;
+    std::vector<std::byte> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
+        w.insert(w.end(), blk, blk + info.block_bytes);
+      }
+    }
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const int32_t num_tokens = 3;
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> out(static_cast<size_t>(num_tokens * rows));
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, out.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const reference_value ref = reference_dot(type, w.data() + r * nb * info.block_bytes, cols,
+                                                  in.seen.data() + static_cast<int64_t>(t) * cols);
+        EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref.value, matmul_rel_tolerance * ref.magnitude + 1e-6)
+            << info.name << " row " << r << " token " << t;
       }
     }
   }
