@@ -375,20 +375,23 @@ void matmul_f32_scalar(const fmatmul_args& a) {
   }
 }
 
-void attn_scores_scalar(const float* q, const float* k, int32_t n, int32_t hd, float scale,
-                        float* out) {
-  for (int32_t j = 0; j < n; ++j) {
-    float s = 0.0f;
-    for (int32_t d = 0; d < hd; ++d) s += q[d] * k[j * hd + d];
-    out[j] = s * scale;
+// The reference of the SIMD tables' operation order (kernels_attn_simd.inc): per score one fmaf chain
+// over the head dimensions, then one multiply; per output element one fmaf chain over the slots
+// (attn_accumulate_dims).
+void attn_scores_scalar(const attn_block_args& a) {
+  const float* kscale = kv_slot_scales(a.tile, a.block_size, a.head_dim);
+  for (int32_t m = 0; m < a.rows; ++m) {
+    for (int32_t j = 0; j < a.n; ++j) {
+      float acc = 0.0f;
+      for (int32_t d = 0; d < a.head_dim; ++d) {
+        acc = std::fmaf(a.q[m][d], kv_element(a.dtype, a.tile, int64_t{d} * a.block_size + j), acc);
+      }
+      a.s[m * a.ld + j] = acc * (a.dtype == kv_dtype::i8 ? kscale[j] * a.scale : a.scale);
+    }
   }
 }
 
-void attn_accumulate_scalar(const float* p, const float* v, int32_t n, int32_t hd, float* out) {
-  for (int32_t j = 0; j < n; ++j) {
-    for (int32_t d = 0; d < hd; ++d) out[d] += p[j] * v[j * hd + d];
-  }
-}
+void attn_accumulate_scalar(const attn_block_args& a) { attn_accumulate_dims(a, 0); }
 
 float softmax_exp_scalar(float* x, int32_t n, float max) {
   float sum = 0.0f;

@@ -658,39 +658,259 @@ TEST_P(kernels_test, f32_matmul_matches_double_reference) {
   }
 }
 
-TEST_P(kernels_test, attention_helpers_match_reference) {
-  const kernel_table& k = *GetParam();
-  std::mt19937 rng(4);
-  for (int32_t hd : {16, 64, 20}) {
-    for (int32_t n : {1, 7, 16, 19}) {
-      const std::vector<float> q = random_floats(static_cast<size_t>(hd), rng);
-      const std::vector<float> kv = random_floats(static_cast<size_t>(n * hd), rng);
-      std::vector<float> scores(static_cast<size_t>(n));
-      k.attn_scores(q.data(), kv.data(), n, hd, 0.25f, scores.data());
-      for (int32_t j = 0; j < n; ++j) {
-        double ref = 0.0;
-        for (int32_t d = 0; d < hd; ++d) ref += static_cast<double>(q[static_cast<size_t>(d)]) * kv[static_cast<size_t>(j * hd + d)];
-        EXPECT_NEAR(scores[static_cast<size_t>(j)], 0.25 * ref, 1e-5);
+const std::vector<kv_dtype> all_kv_dtypes = {kv_dtype::f32, kv_dtype::f16, kv_dtype::bf16, kv_dtype::i8};
+
+// A KV tile of `bs` slots, the first n written with random head vectors (the rest left as garbage, which
+// the kernels may read but must not let into a result), plus 64 readable bytes after it as in the pools.
+struct test_tile {
+  std::vector<std::byte> bytes;
+  std::byte* data() { return bytes.data(); }
+};
+
+test_tile random_tile(kv_dtype dt, bool is_k, int32_t bs, int32_t hd, int32_t n, std::mt19937& rng) {
+  test_tile t;
+  t.bytes.resize(static_cast<size_t>(kv_tile_bytes(dt, bs, hd) + 64));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : t.bytes) b = static_cast<std::byte>(dt == kv_dtype::f32 ? 0 : byte(rng));  // no NaN garbage in f32
+  for (int32_t j = 0; j < n; ++j) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(hd), rng, -3.0f, 3.0f);
+    if (is_k) {
+      kv_store_k(dt, x.data(), bs, hd, j, t.data());
+    } else {
+      kv_store_v(dt, x.data(), bs, hd, j, t.data());
+    }
+  }
+  return t;
+}
+
+// Stored values read back within the dtype's rounding: fp32 exact, fp16 2^-11, bf16 2^-8 relative; int8
+// half a step of the slot's scale (max |x| / 127).
+TEST(kv_tiles, store_and_load_round_trip_within_the_dtype_rounding) {
+  std::mt19937 rng(30);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (const bool is_k : {true, false}) {
+      const int32_t bs = 5, hd = 20;
+      std::vector<std::byte> tile(static_cast<size_t>(kv_tile_bytes(dt, bs, hd)));
+      EXPECT_EQ(kv_tile_bytes(dt, bs, hd) % 4, 0);
+      std::vector<std::vector<float>> rows;
+      for (int32_t j = 0; j < bs; ++j) {
+        rows.push_back(random_floats(static_cast<size_t>(hd), rng, -5.0f, 5.0f));
+        if (j == 2) std::fill(rows.back().begin(), rows.back().end(), 0.0f);  // an all-zero vector
+        (is_k ? kv_store_k : kv_store_v)(dt, rows.back().data(), bs, hd, j, tile.data());
       }
-      std::vector<float> e = scores;
-      const float mx = *std::max_element(e.begin(), e.end());
-      const float sum = k.softmax_exp(e.data(), n, mx);
-      double ref_sum = 0.0;
-      for (int32_t j = 0; j < n; ++j) {
-        const double ref = std::exp(static_cast<double>(scores[static_cast<size_t>(j)]) - mx);
-        EXPECT_NEAR(e[static_cast<size_t>(j)], ref, 1e-6 * ref + 1e-30);
-        ref_sum += ref;
-      }
-      EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum);
-      std::vector<float> out = random_floats(static_cast<size_t>(hd), rng);
-      const std::vector<float> before = out;
-      k.attn_accumulate(e.data(), kv.data(), n, hd, out.data());
-      for (int32_t d = 0; d < hd; ++d) {
-        double ref = before[static_cast<size_t>(d)];
-        for (int32_t j = 0; j < n; ++j) ref += static_cast<double>(e[static_cast<size_t>(j)]) * kv[static_cast<size_t>(j * hd + d)];
-        EXPECT_NEAR(out[static_cast<size_t>(d)], ref, 1e-5);
+      for (int32_t j = 0; j < bs; ++j) {
+        float amax = 0.0f;
+        for (float x : rows[static_cast<size_t>(j)]) amax = std::max(amax, std::fabs(x));
+        for (int32_t d = 0; d < hd; ++d) {
+          const float x = rows[static_cast<size_t>(j)][static_cast<size_t>(d)];
+          const float got = (is_k ? kv_load_k : kv_load_v)(dt, tile.data(), bs, hd, j, d);
+          const double tol = dt == kv_dtype::f32    ? 0.0
+                             : dt == kv_dtype::f16  ? std::ldexp(std::fabs(x), -11)
+                             : dt == kv_dtype::bf16 ? std::ldexp(std::fabs(x), -8)
+                                                    : 0.5 * amax / 127.0 * (1 + 1e-6);
+          EXPECT_LE(std::fabs(got - x), tol) << to_string(dt) << (is_k ? " K" : " V") << " slot " << j << " dim " << d;
+        }
       }
     }
+  }
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::f32, 16, 64), 16 * 64 * 4);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::f16, 16, 64), 16 * 64 * 2);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::bf16, 16, 64), 16 * 64 * 2);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::i8, 16, 64), 16 * 64 + 16 * 4);
+}
+
+// Scores and the V accumulation of every table and dtype against double math on the values the tile holds
+// (kv_load_*), with block sizes that are and are not multiples of the vector, rows that fill several
+// register tiles, and head dims with a tail.
+TEST_P(kernels_test, attention_block_kernels_match_reference_for_every_kv_dtype) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(4);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (int32_t bs : {4, 16, 19}) {
+      for (int32_t hd : {16, 64, 20}) {
+        for (int32_t rows : {1, 3, 9}) {
+          const int32_t n = bs == 4 ? 3 : bs;
+          test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+          test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+          std::vector<std::vector<float>> q;
+          std::vector<const float*> qp;
+          for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+          for (const auto& r : q) qp.push_back(r.data());
+          const int32_t ld = (bs + 15) / 16 * 16;
+          std::vector<float> s(static_cast<size_t>(rows * ld), 7.0f);
+          attn_block_args a;
+          a.dtype = dt;
+          a.tile = kt.data();
+          a.block_size = bs;
+          a.head_dim = hd;
+          a.n = n;
+          a.rows = rows;
+          a.q = qp.data();
+          a.scale = 0.25f;
+          a.s = s.data();
+          a.ld = ld;
+          k.attn_scores(a);
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < n; ++j) {
+              double ref = 0.0, mag = 0.0;
+              for (int32_t d = 0; d < hd; ++d) {
+                const double p = static_cast<double>(q[static_cast<size_t>(m)][static_cast<size_t>(d)]) *
+                                 kv_load_k(dt, kt.data(), bs, hd, j, d);
+                ref += p;
+                mag += std::fabs(p);
+              }
+              EXPECT_NEAR(s[static_cast<size_t>(m * ld + j)], 0.25 * ref, 1e-5 * (1 + mag))
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " m " << m << " j " << j;
+            }
+          }
+          // Probabilities (a zero among them: it must add exactly nothing), then the accumulation.
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < ld; ++j) s[static_cast<size_t>(m * ld + j)] = j == 1 ? 0.0f : 0.1f + 0.05f * static_cast<float>(j);
+          }
+          std::vector<float> o(static_cast<size_t>(rows * hd));
+          for (auto& x : o) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+          const std::vector<float> before = o;
+          a.tile = vt.data();
+          a.o = o.data();
+          a.o_ld = hd;
+          k.attn_accumulate(a);
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t d = 0; d < hd; ++d) {
+              double ref = before[static_cast<size_t>(m * hd + d)];
+              for (int32_t j = 0; j < n; ++j) {
+                ref += static_cast<double>(s[static_cast<size_t>(m * ld + j)]) * kv_load_v(dt, vt.data(), bs, hd, j, d);
+              }
+              EXPECT_NEAR(o[static_cast<size_t>(m * hd + d)], ref, 1e-5 * (1 + std::fabs(ref)))
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " m " << m << " d " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row's scores and accumulation are bitwise the same whatever rows share the call (the executor's
+// batching and chunking invariance rests on it).
+TEST_P(kernels_test, attention_rows_do_not_depend_on_their_neighbours) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(31);
+  for (kv_dtype dt : all_kv_dtypes) {
+    const int32_t bs = 16, hd = 64, n = 11, rows = 11;
+    test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+    test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+    std::vector<std::vector<float>> q;
+    std::vector<const float*> qp;
+    for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+    for (const auto& r : q) qp.push_back(r.data());
+    auto run = [&](int32_t m0, int32_t count, std::vector<float>& s, std::vector<float>& o) {
+      attn_block_args a;
+      a.dtype = dt;
+      a.block_size = bs;
+      a.head_dim = hd;
+      a.n = n;
+      a.rows = count;
+      a.q = qp.data() + m0;
+      a.scale = 0.125f;
+      a.ld = 16;
+      a.s = s.data() + m0 * 16;
+      a.tile = kt.data();
+      k.attn_scores(a);
+      for (int32_t j = n; j < 16; ++j) {
+        for (int32_t m = m0; m < m0 + count; ++m) s[static_cast<size_t>(m * 16 + j)] = 0.0f;
+      }
+      a.tile = vt.data();
+      a.o = o.data() + m0 * hd;
+      a.o_ld = hd;
+      k.attn_accumulate(a);
+    };
+    std::vector<float> s_all(static_cast<size_t>(rows * 16)), o_all(static_cast<size_t>(rows * hd), 0.0f);
+    run(0, rows, s_all, o_all);
+    for (int32_t m = 0; m < rows; ++m) {
+      std::vector<float> s_one(s_all.size()), o_one(o_all.size(), 0.0f);
+      run(m, 1, s_one, o_one);
+      for (int32_t j = 0; j < n; ++j) EXPECT_EQ(s_one[static_cast<size_t>(m * 16 + j)], s_all[static_cast<size_t>(m * 16 + j)]);
+      for (int32_t d = 0; d < hd; ++d) EXPECT_EQ(o_one[static_cast<size_t>(m * hd + d)], o_all[static_cast<size_t>(m * hd + d)]);
+    }
+  }
+}
+
+// Scores and accumulation are the same f32 operations in the same order in every table: bitwise equal to
+// the scalar table's, for every dtype, block sizes with and without a vector tail and head dims with one.
+TEST_P(kernels_test, attention_kernels_are_bitwise_the_scalar_table) {
+  const kernel_table& k = *GetParam();
+  const kernel_table& ref = scalar_kernels();
+  std::mt19937 rng(32);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (int32_t bs : {16, 19}) {
+      for (int32_t hd : {64, 20}) {
+        const int32_t n = bs - 2, rows = 10, ld = (bs + 15) / 16 * 16;
+        test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+        test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+        std::vector<std::vector<float>> q;
+        std::vector<const float*> qp;
+        for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+        for (const auto& r : q) qp.push_back(r.data());
+        const std::vector<float> o0 = random_floats(static_cast<size_t>(rows * hd), rng);
+        auto run = [&](const kernel_table& t, std::vector<float>& s, std::vector<float>& o) {
+          attn_block_args a;
+          a.dtype = dt;
+          a.block_size = bs;
+          a.head_dim = hd;
+          a.n = n;
+          a.rows = rows;
+          a.q = qp.data();
+          a.scale = 0.125f;
+          a.ld = ld;
+          a.s = s.data();
+          a.tile = kt.data();
+          t.attn_scores(a);
+          // Probabilities from the scores, the same for both tables (softmax_exp is not under test).
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < ld; ++j) {
+              float& x = s[static_cast<size_t>(m * ld + j)];
+              x = j < n ? 1.0f / (1.0f + std::fabs(x)) : 0.0f;
+            }
+          }
+          a.tile = vt.data();
+          a.o = o.data();
+          a.o_ld = hd;
+          t.attn_accumulate(a);
+        };
+        std::vector<float> s_got(static_cast<size_t>(rows * ld)), s_want(s_got.size());
+        std::vector<float> o_got = o0, o_want = o0;
+        run(k, s_got, o_got);
+        run(ref, s_want, o_want);
+        for (int32_t m = 0; m < rows; ++m) {
+          for (int32_t j = 0; j < n; ++j) {
+            ASSERT_EQ(s_got[static_cast<size_t>(m * ld + j)], s_want[static_cast<size_t>(m * ld + j)])
+                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " slot " << j;
+          }
+          for (int32_t d = 0; d < hd; ++d) {
+            ASSERT_EQ(o_got[static_cast<size_t>(m * hd + d)], o_want[static_cast<size_t>(m * hd + d)])
+                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " dim " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(kernels_test, softmax_exp_matches_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(4);
+  for (int32_t n : {1, 7, 16, 19}) {
+    const std::vector<float> scores = random_floats(static_cast<size_t>(n), rng, -8.0f, 8.0f);
+    std::vector<float> e = scores;
+    const float mx = *std::max_element(e.begin(), e.end());
+    const float sum = k.softmax_exp(e.data(), n, mx);
+    double ref_sum = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+      const double ref = std::exp(static_cast<double>(scores[static_cast<size_t>(j)]) - mx);
+      EXPECT_NEAR(e[static_cast<size_t>(j)], ref, 1e-6 * ref + 1e-30);
+      ref_sum += ref;
+    }
+    EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum);
   }
   // Very negative inputs underflow to (almost) zero instead of producing garbage.
   std::vector<float> x{0.0f, -50.0f, -200.0f, -1e30f, -3.0f, 1.0f, -1.0f, -87.5f, -90.0f};
