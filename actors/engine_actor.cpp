@@ -97,7 +97,7 @@ class engine_actor : public caf::event_based_actor {
     // Whatever ends this actor, no stream is left without its final message.
     std::vector<ticket_id> all;
     for (const auto& [t, s] : tickets_) all.push_back(t);
-    for (ticket_id t : all) close_ticket(t, finish_reason::error, "scheduler stopped");
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, "scheduler stopped", true);
     engine_.reset();
     proxy_.reset();
     // Strong references to other actors keep their (detached) threads alive: let go of them now.
@@ -143,7 +143,7 @@ class engine_actor : public caf::event_based_actor {
       by_subscriber_.emplace(subscriber.address(), ticket);
     }
     if (!engine_) {
-      close_ticket(ticket, finish_reason::error, health_message());
+      close_ticket(ticket, finish_reason::error, health_message(), true);
       return;
     }
     if (req->prompt.type == prompt_input::kind::token_ids) {
@@ -163,7 +163,7 @@ class engine_actor : public caf::event_based_actor {
     if (it == tickets_.end()) return;
     ticket_state& t = it->second;
     if (config_.tokenizers.empty()) {
-      close_ticket(ticket, finish_reason::error, "tokenization failed: no tokenizer actor is left");
+      close_ticket(ticket, finish_reason::error, "tokenization failed: no tokenizer actor is left", true);
       return;
     }
     const caf::actor& tok = config_.tokenizers[next_tokenizer_++ % config_.tokenizers.size()];
@@ -224,7 +224,8 @@ class engine_actor : public caf::event_based_actor {
       if (i == 0 && ++t.num_encode_deaths >= k_max_encode_deaths) {
         close_ticket(held[i].second, finish_reason::error,
                      "tokenization failed: the tokenizer actor died while encoding this prompt (" +
-                         std::to_string(k_max_encode_deaths) + " times): " + why);
+                         std::to_string(k_max_encode_deaths) + " times): " + why,
+                     true);
         continue;
       }
       start_encoding(held[i].second);
@@ -245,7 +246,7 @@ class engine_actor : public caf::event_based_actor {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;  // aborted while tokenizing: its final is already sent
     if (!engine_) {
-      close_ticket(ticket, finish_reason::error, health_message());
+      close_ticket(ticket, finish_reason::error, health_message(), true);
       return;
     }
     ticket_state& t = it->second;
@@ -326,7 +327,8 @@ class engine_actor : public caf::event_based_actor {
   }
 
   // Sends the one final message of `ticket` and forgets it. reason none: derived from the choices.
-  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error) {
+  // runtime_fault: the error is the runtime's (stream_final::runtime_fault), not the request's.
+  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error, bool runtime_fault = false) {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;
     ticket_state& t = it->second;
@@ -351,6 +353,7 @@ class engine_actor : public caf::event_based_actor {
       final->error = error;
     }
     final->reason = reason;
+    final->runtime_fault = reason == finish_reason::error && (runtime_fault || final->request);
     const auto now = runtime_clock::now();
     final->seconds_total = seconds_between(t.request->submitted_at, now);
     if (t.has_first_token) final->seconds_to_first_token = seconds_between(t.request->submitted_at, t.first_token);
@@ -461,7 +464,7 @@ class engine_actor : public caf::event_based_actor {
     for (const auto& [t, s] : tickets_) all.push_back(t);
     release_engine_blocks(all);
     engine_.reset();  // nothing it holds is needed any more; closing must not touch it
-    for (ticket_id t : all) close_ticket(t, finish_reason::error, message);
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, message, true);
   }
 
   engine_actor_config config_;

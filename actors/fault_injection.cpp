@@ -144,13 +144,29 @@ double fault_draw(uint64_t seed, uint64_t stream, uint64_t index) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
+uint64_t prompt_hash(const prompt_input& p) {
+  // FNV-1a over the kind and every byte that is encoded, with separators that cannot be confused.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](std::string_view bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+    h = (h ^ 0xff) * 0x100000001b3ULL;
+  };
+  mix(std::string_view(p.type == prompt_input::kind::chat ? "chat" : "text"));
+  mix(p.text);
+  for (const chat_message& m : p.messages) {
+    mix(m.role);
+    mix(m.content);
+  }
+  return h;
+}
+
 tokenizer_fault make_tokenizer_fault(const fault_plan& plan) {
   if (plan.tokenizer_exit_rate <= 0) return {};
-  // One counter shared by every tokenizer actor (and replacement): the n-th encode request of the
-  // runtime gets draw n, whichever actor serves it.
-  auto counter = std::make_shared<std::atomic<uint64_t>>(0);
-  return [counter, seed = plan.seed, rate = plan.tokenizer_exit_rate](const prompt_input&) {
-    return fault_draw(seed, k_stream_tokenizer, counter->fetch_add(1)) < rate;
+  // Keyed on the prompt, not on a counter: a drawn prompt kills every actor that encodes it, like
+  // an input that trips a crash bug, and every other prompt is safe however often it is retried.
+  // So the runtime's promise is testable exactly: only the poisoned prompts fail.
+  return [seed = plan.seed, rate = plan.tokenizer_exit_rate](const prompt_input& p) {
+    return fault_draw(seed, k_stream_tokenizer, prompt_hash(p)) < rate;
   };
 }
 

@@ -35,7 +35,9 @@ struct fault_plan {
   std::chrono::milliseconds stall{500};  // longer than a step normally takes
   int64_t after_calls = 0;               // the first N execute() calls never fault (start-up, warm-up)
   int64_t at_call = 0;                   // > 0: this execute() call faults (a kind drawn as above)
-  double tokenizer_exit_rate = 0;        // per encode request: the tokenizer actor exits without answering
+  // The fraction of distinct prompts (text or conversation) that make every tokenizer actor encoding
+  // them exit without answering.
+  double tokenizer_exit_rate = 0;
 
   bool any() const { return executor_fault_rate > 0 || at_call > 0 || tokenizer_exit_rate > 0; }
   bool faults_executor() const { return executor_fault_rate > 0 || at_call > 0; }
@@ -54,8 +56,10 @@ double fault_draw(uint64_t seed, uint64_t stream, uint64_t index);
 // Decides, for one encode request, whether the tokenizer actor serving it exits instead of answering.
 // Called on the tokenizer actors' (CAF worker) threads, concurrently: must be thread-safe.
 using tokenizer_fault = std::function<bool(const prompt_input&)>;
-// plan.tokenizer_exit_rate as a tokenizer_fault (null when the rate is 0).
+// plan.tokenizer_exit_rate as a tokenizer_fault (null when the rate is 0): true for a prompt whose
+// seeded draw, keyed on a hash of its content, is below the rate; the same answer every time.
 tokenizer_fault make_tokenizer_fault(const fault_plan& plan);
+uint64_t prompt_hash(const prompt_input& p);
 
 // An executor whose execute() first asks `schedule` (or, without one, the plan's seeded draw) what to
 // do: run normally, throw (std::runtime_error, or std::bad_alloc), sleep plan.stall then run, or
