@@ -125,8 +125,8 @@ class engine_actor : public caf::event_based_actor {
     // (an answer or error of an earlier attempt, from an actor that died, is ignored).
     caf::actor_addr encoding_on;
     int32_t encode_attempt = 0;
-    uint64_t encode_order = 0;       // when it was sent: the actor answers in this order
-    int32_t num_encode_deaths = 0;   // tokenizer actors that died encoding this very prompt
+    uint64_t encode_order = 0;      // when it was sent: the actor answers in this order
+    int32_t num_encode_deaths = 0;  // tokenizer actors that died encoding this very prompt
   };
 
   // A tokenizer actor that dies while encoding a prompt is replaced and the prompt tried again; one

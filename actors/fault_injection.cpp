@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <new>
 #include <cstdio>
+#include <new>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -38,7 +38,8 @@ T parse_number(std::string_view all, std::string_view key, std::string_view valu
   T out{};
   const char* end = value.data() + value.size();
   auto [ptr, ec] = std::from_chars(value.data(), end, out);
-  if (ec != std::errc() || ptr != end) bad(all, "'" + std::string(key) + "' needs a number, got '" + std::string(value) + "'");
+  if (ec != std::errc() || ptr != end)
+    bad(all, "'" + std::string(key) + "' needs a number, got '" + std::string(value) + "'");
   return out;
 }
 
@@ -76,15 +77,16 @@ std::string_view to_string(executor_fault f) {
 
 std::string fault_plan::describe() const {
   std::string kinds;
-  for (auto [on, name] : {std::pair{throws, "throw"}, std::pair{stalls, "stall"}, std::pair{stall_throws, "stall_throw"},
-                          std::pair{bad_allocs, "bad_alloc"}}) {
+  for (auto [on, name] : {std::pair{throws, "throw"}, std::pair{stalls, "stall"},
+                          std::pair{stall_throws, "stall_throw"}, std::pair{bad_allocs, "bad_alloc"}}) {
     if (!on) continue;
     if (!kinds.empty()) kinds += "+";
     kinds += name;
   }
   char text[320];
-  std::snprintf(text, sizeof text, "seed %llu, executor faults %g per step (%s, stalls %lld ms, none in the first %lld)%s, "
-                "tokenizer exits %g per prompt",
+  std::snprintf(text, sizeof text,
+                "seed %llu, executor faults %g per step (%s, stalls %lld ms, none in the first %lld)%s, "
+                "a fraction %g of the prompts kill the tokenizer actor encoding them",
                 static_cast<unsigned long long>(seed), executor_fault_rate, kinds.c_str(),
                 static_cast<long long>(stall.count()), static_cast<long long>(after_calls),
                 at_call > 0 ? (" and one at step " + std::to_string(at_call)).c_str() : "", tokenizer_exit_rate);
@@ -112,11 +114,16 @@ fault_plan parse_fault_plan(std::string_view text) {
     } else if (key == "kinds") {
       p.throws = p.stalls = p.stall_throws = p.bad_allocs = false;
       for (std::string_view k : split(value, '+')) {
-        if (k == "throw") p.throws = true;
-        else if (k == "stall") p.stalls = true;
-        else if (k == "stall_throw") p.stall_throws = true;
-        else if (k == "bad_alloc") p.bad_allocs = true;
-        else bad(text, "unknown fault kind '" + std::string(k) + "'");
+        if (k == "throw")
+          p.throws = true;
+        else if (k == "stall")
+          p.stalls = true;
+        else if (k == "stall_throw")
+          p.stall_throws = true;
+        else if (k == "bad_alloc")
+          p.bad_allocs = true;
+        else
+          bad(text, "unknown fault kind '" + std::string(k) + "'");
       }
     } else if (key == "stall_ms") {
       const auto ms = parse_number<int64_t>(text, key, value);
@@ -170,7 +177,8 @@ tokenizer_fault make_tokenizer_fault(const fault_plan& plan) {
   };
 }
 
-fault_injecting_executor::fault_injecting_executor(std::unique_ptr<executor> inner, fault_plan plan, schedule_fn schedule)
+fault_injecting_executor::fault_injecting_executor(std::unique_ptr<executor> inner, fault_plan plan,
+                                                   schedule_fn schedule)
     : inner_(std::move(inner)), plan_(plan), schedule_(std::move(schedule)) {
   if (!inner_) throw invalid_request("fault_injecting_executor: no executor");
 }
@@ -207,7 +215,8 @@ void fault_injecting_executor::execute(const step_batch& batch, step_output& out
   }
   if (f == executor_fault::throw_now || f == executor_fault::stall_then_throw) {
     num_throws_.fetch_add(1);
-    throw std::runtime_error("fault injection: " + std::string(to_string(f)) + " at execute() call " + std::to_string(call));
+    throw std::runtime_error("fault injection: " + std::string(to_string(f)) + " at execute() call " +
+                             std::to_string(call));
   }
   inner_->execute(batch, out);
 }

@@ -46,7 +46,8 @@ struct fault_plan {
 
 // The value of TESSERA_FAULT_INJECTION: "SEED:RATE" (every executor fault kind at RATE per call) or
 // comma-separated keys: seed=N, rate=P, kinds=throw+stall+stall_throw+bad_alloc, stall_ms=N,
-// after=N, at=N, tokenizer_exit=P. Throws invalid_request naming the bad part (a typo must not silently disable it).
+// after=N, at=N, tokenizer_exit=P. Throws invalid_request naming the bad part (a typo must not
+// silently disable it).
 fault_plan parse_fault_plan(std::string_view text);
 
 // Deterministic uniform draw in [0, 1) for (seed, stream, index): the same plan injects the same

@@ -182,8 +182,8 @@ TEST(fault_plan, parses_the_short_and_the_long_form_and_refuses_typos) {
   EXPECT_TRUE(p.bad_allocs && !p.throws && !p.stalls && !p.stall_throws);
 
   for (const char* bad : {"", "7", "x:0.1", "1:1.5", "1:-0.1", "seed=1,rate=0.1,kind=throw", "rate=0.1,kinds=explode",
-                          "rate=0.1,kinds=", "seed=1,rate=abc", "stall_ms=-1", "after=-3", "rate=0.1 ", "tokenizer_exit=2", "at=0",
-                          "at=x"}) {
+                          "rate=0.1,kinds=", "seed=1,rate=abc", "stall_ms=-1", "after=-3", "rate=0.1 ",
+                          "tokenizer_exit=2", "at=0", "at=x"}) {
     EXPECT_THROW(parse_fault_plan(bad), invalid_request) << "'" << bad << "' must be refused";
   }
 }
@@ -202,17 +202,15 @@ TEST(fault_injecting_executor, draws_the_same_faults_for_the_same_seed_and_injec
   for (int64_t call = 1; call <= 10000; ++call) {
     const executor_fault f = a.drawn_fault(call);
     EXPECT_EQ(f, b.drawn_fault(call)) << "same seed, same schedule";
-    if (call <= 50) {
-      EXPECT_EQ(f, executor_fault::none) << "no fault in the first `after` calls";
-    }
+    if (call <= 50) { EXPECT_EQ(f, executor_fault::none) << "no fault in the first `after` calls"; }
     num_differences += f != other.drawn_fault(call);
     ++counts[f];
   }
   EXPECT_GT(num_differences, 100) << "another seed draws other faults";
   const int num_faults = 10000 - counts[executor_fault::none];
   EXPECT_NEAR(num_faults, 995, 150) << "about rate x calls";
-  for (executor_fault k : {executor_fault::throw_now, executor_fault::stall, executor_fault::stall_then_throw,
-                           executor_fault::bad_alloc})
+  for (executor_fault k :
+       {executor_fault::throw_now, executor_fault::stall, executor_fault::stall_then_throw, executor_fault::bad_alloc})
     EXPECT_GT(counts[k], 150) << to_string(k) << ": every kind is drawn";
 
   // at=N: that call faults, and only that one (no rate).
@@ -239,22 +237,20 @@ TEST(fault_injecting_executor, draws_the_same_faults_for_the_same_seed_and_injec
   s.block_table = {0};
   batch.seqs.push_back(s);
   step_output out;
+  // Counters, not clocks (no timing asserts in unit tests): a stall is counted where it sleeps.
   f.execute(batch, out);
-  auto t0 = steady::now();
+  EXPECT_EQ(f.num_stalls(), 0);
   f.execute(batch, out);
-  EXPECT_GE(steady::now() - t0, 60ms) << "stalled";
-  EXPECT_EQ(inner->num_steps(), 2);
-  t0 = steady::now();
+  EXPECT_EQ(f.num_stalls(), 1) << "stalled";
+  EXPECT_EQ(inner->num_steps(), 2) << "then ran normally";
   EXPECT_THROW(f.execute(batch, out), std::runtime_error);
-  EXPECT_LT(steady::now() - t0, 60ms) << "a plain throw does not stall";
-  t0 = steady::now();
+  EXPECT_EQ(f.num_stalls(), 1) << "a plain throw does not stall";
   try {
     f.execute(batch, out);
     ADD_FAILURE() << "stall_throw must throw";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("fault injection: stall_throw"), std::string::npos) << e.what();
   }
-  EXPECT_GE(steady::now() - t0, 60ms);
   EXPECT_EQ(inner->num_steps(), 2) << "a throwing call never reaches the inner executor";
   EXPECT_EQ(f.num_calls(), 4);
   EXPECT_EQ(f.num_throws(), 2);
@@ -368,14 +364,15 @@ TEST(executor_faults, stalls_only_delay_steps) {
 
 // A throw after a long stall, while the engine actor is blocked in that step: the submits, the abort
 // and the dropped handle that arrive meanwhile wait in its mailbox. All of them still end (the
-// submits with the unhealthy error), nothing hangs, shutdown afterwards is prompt.
+// submits with the unhealthy error), nothing hangs, shutdown afterwards completes.
 TEST(executor_faults, a_throw_after_a_stall_also_ends_what_arrived_during_the_stall) {
   constexpr int64_t fail_call = 8;
   fault_plan plan;
   plan.stall = 500ms;
   auto exec = std::make_unique<fault_injecting_executor>(
-      std::make_unique<sim_executor>(16, 64, 16, test_vocab), plan,
-      [](int64_t call, const step_batch&) { return call == fail_call ? executor_fault::stall_then_throw : executor_fault::none; });
+      std::make_unique<sim_executor>(16, 64, 16, test_vocab), plan, [](int64_t call, const step_batch&) {
+        return call == fail_call ? executor_fault::stall_then_throw : executor_fault::none;
+      });
   fault_injecting_executor* faults = exec.get();
   auto engine = std::make_unique<engine_facade>(components(std::move(exec)), options_for());
   auto streams = submit_all(*engine, growing_requests(3, 6));
@@ -411,9 +408,7 @@ TEST(executor_faults, a_throw_after_a_stall_also_ends_what_arrived_during_the_st
   for (auto until = steady::now() + 2s; engine->stats().num_open > 0 && steady::now() < until;)
     std::this_thread::sleep_for(5ms);
   expect_pools_free(*engine, "after a stall then a throw");
-  const auto t0 = steady::now();
-  engine.reset();
-  EXPECT_LT(steady::now() - t0, 3s) << "shutdown after the failure is prompt";
+  engine.reset();  // shutdown after the failure completes (a hang fails by ctest's timeout)
 }
 
 // An allocation that fails in the middle of decoding (std::bad_alloc out of execute(), what an
@@ -538,8 +533,9 @@ TEST(tokenizer_faults, random_tokenizer_exits_only_hit_the_prompts_being_encoded
     const bool ids = i % 5 == 0;
     texts.push_back(text_of(rng));
     requests.push_back({encoded(texts.back()), seeded(static_cast<uint64_t>(i), 5 + i % 7)});
-    submit_result r = engine.submit(ids ? prompt_input::from_ids(requests.back().prompt) : prompt_input::from_text(texts.back()),
-                                    requests.back().params);
+    submit_result r =
+        engine.submit(ids ? prompt_input::from_ids(requests.back().prompt) : prompt_input::from_text(texts.back()),
+                      requests.back().params);
     ASSERT_TRUE(r) << r.message;
     streams.push_back(r.stream);
   }
@@ -564,7 +560,8 @@ TEST(tokenizer_faults, random_tokenizer_exits_only_hit_the_prompts_being_encoded
     EXPECT_EQ(got[i].final->reason, finish_reason::length) << "stream " << i << ": " << got[i].final->error;
     // Each request alone on a fresh engine: its tokens depend only on its prompt and seed.
     sim_executor oracle_exec(16, 256, 0, test_vocab);
-    EXPECT_EQ(got[i].tokens, offline(oracle_exec, char_tokenizer(), options.engine, {requests[i]})[0]) << "stream " << i;
+    EXPECT_EQ(got[i].tokens, offline(oracle_exec, char_tokenizer(), options.engine, {requests[i]})[0])
+        << "stream " << i;
   }
   EXPECT_GE(num_poisoned, 5) << "the plan poisons about a quarter of the 48 text prompts";
   EXPECT_EQ(engine.stats().num_failed, static_cast<uint64_t>(num_poisoned));
@@ -609,12 +606,13 @@ TEST(swap_faults, a_full_host_pool_falls_back_to_recompute_and_loses_nothing) {
 TEST(swap_faults, an_executor_failure_while_requests_are_swapped_out_frees_their_host_blocks) {
   fault_plan plan;
   bool swapped = false;  // touched only on the executor actor's thread
-  auto exec = std::make_unique<fault_injecting_executor>(
-      std::make_unique<sim_executor>(16, 14, 16, test_vocab), plan, [&swapped](int64_t, const step_batch& b) {
-        if (swapped && b.swap_in.empty()) return executor_fault::throw_now;
-        swapped = swapped || !b.swap_out.empty();
-        return executor_fault::none;
-      });
+  auto exec = std::make_unique<fault_injecting_executor>(std::make_unique<sim_executor>(16, 14, 16, test_vocab), plan,
+                                                         [&swapped](int64_t, const step_batch& b) {
+                                                           if (swapped && b.swap_in.empty())
+                                                             return executor_fault::throw_now;
+                                                           swapped = swapped || !b.swap_out.empty();
+                                                           return executor_fault::none;
+                                                         });
   facade_options options = options_for();
   options.engine.preemption = preemption_mode::swap;
   options.engine.watermark = 0;
