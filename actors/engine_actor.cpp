@@ -34,11 +34,13 @@ class engine_actor : public caf::event_based_actor {
 
   caf::behavior make_behavior() override {
     monitor(config_.executor_actor);
+    for (const caf::actor& tok : config_.tokenizers) monitor(tok);
     set_down_handler([this](const caf::down_msg& down) {
       if (down.source == config_.executor_actor.address()) {
         fatal("executor actor down: " + system().render(down.reason));
         return;
       }
+      if (on_tokenizer_down(down)) return;
       // A subscriber went away: its requests are aborted.
       auto range = by_subscriber_.equal_range(down.source);
       std::vector<ticket_id> tickets;
@@ -95,11 +97,14 @@ class engine_actor : public caf::event_based_actor {
     // Whatever ends this actor, no stream is left without its final message.
     std::vector<ticket_id> all;
     for (const auto& [t, s] : tickets_) all.push_back(t);
-    for (ticket_id t : all) close_ticket(t, finish_reason::error, "scheduler stopped");
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, "scheduler stopped", true);
     engine_.reset();
     proxy_.reset();
     // Strong references to other actors keep their (detached) threads alive: let go of them now.
     config_.executor_actor = nullptr;
+    // Replacement tokenizer actors (on_tokenizer_down) are this actor's own: end them with it. The
+    // facade ends the ones it spawned itself; a second exit message to those is harmless.
+    for (const caf::actor& tok : config_.tokenizers) caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
     config_.tokenizers.clear();
     config_.kv_manager = nullptr;
     config_.event_bus = nullptr;
@@ -116,7 +121,17 @@ class engine_actor : public caf::event_based_actor {
     std::vector<choice_result> finished;
     int32_t num_prompt_tokens = 0;
     int32_t num_cached_prompt_tokens = 0;
+    // While the prompt is being tokenized: the tokenizer actor asked, and which attempt this is
+    // (an answer or error of an earlier attempt, from an actor that died, is ignored).
+    caf::actor_addr encoding_on;
+    int32_t encode_attempt = 0;
+    uint64_t encode_order = 0;      // when it was sent: the actor answers in this order
+    int32_t num_encode_deaths = 0;  // tokenizer actors that died encoding this very prompt
   };
+
+  // A tokenizer actor that dies while encoding a prompt is replaced and the prompt tried again; one
+  // that kills this many fails with an error (a prompt that crashes every tokenizer must not loop).
+  static constexpr int32_t k_max_encode_deaths = 2;
 
   void on_submit(const submit_ptr& req, const caf::actor& subscriber) {
     const ticket_id ticket = req->ticket;
@@ -128,7 +143,7 @@ class engine_actor : public caf::event_based_actor {
       by_subscriber_.emplace(subscriber.address(), ticket);
     }
     if (!engine_) {
-      close_ticket(ticket, finish_reason::error, health_message());
+      close_ticket(ticket, finish_reason::error, health_message(), true);
       return;
     }
     if (req->prompt.type == prompt_input::kind::token_ids) {
@@ -139,21 +154,99 @@ class engine_actor : public caf::event_based_actor {
       close_ticket(ticket, finish_reason::error, "this engine has no tokenizer: send token ids");
       return;
     }
+    start_encoding(ticket);
+  }
+
+  // Sends the ticket's prompt to the next tokenizer actor (round robin).
+  void start_encoding(ticket_id ticket) {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;
+    ticket_state& t = it->second;
+    if (config_.tokenizers.empty()) {
+      close_ticket(ticket, finish_reason::error, "tokenization failed: no tokenizer actor is left", true);
+      return;
+    }
     const caf::actor& tok = config_.tokenizers[next_tokenizer_++ % config_.tokenizers.size()];
+    const int32_t attempt = ++t.encode_attempt;
+    t.encoding_on = tok.address();
+    t.encode_order = ++num_encodes_sent_;
     // Aliasing constructor: the prompt lives inside the (immutable) submit_request.
-    prompt_ptr prompt(req, &req->prompt);
+    prompt_ptr prompt(t.request, &t.request->prompt);
     request(tok, caf::infinite, encode_atom_v, prompt)
-        .then([this, ticket](std::vector<token_id>& ids) { add_to_engine(ticket, std::move(ids)); },
-              [this, ticket](caf::error& err) {
-                close_ticket(ticket, finish_reason::error, "tokenization failed: " + system().render(err));
-              });
+        .then(
+            [this, ticket, attempt](std::vector<token_id>& ids) {
+              if (!current_attempt(ticket, attempt)) return;
+              tickets_.at(ticket).encoding_on = caf::actor_addr();
+              add_to_engine(ticket, std::move(ids));
+            },
+            [this, ticket, attempt](caf::error& err) {
+              if (!current_attempt(ticket, attempt)) return;
+              // Bounced: the actor died before (or while) encoding this prompt. Its down message may
+              // still be on its way; whichever comes first handles the death.
+              if (err == caf::sec::request_receiver_down)
+                return tokenizer_died(tickets_.at(ticket).encoding_on, system().render(err));
+              tickets_.at(ticket).encoding_on = caf::actor_addr();
+              close_ticket(ticket, finish_reason::error, "tokenization failed: " + system().render(err));
+            });
+  }
+
+  bool current_attempt(ticket_id ticket, int32_t attempt) const {
+    auto it = tickets_.find(ticket);
+    return it != tickets_.end() && it->second.encode_attempt == attempt && !it->second.engine_request;
+  }
+
+  // The tokenizer actor `dead` is gone (a crash; fault injection makes one), learnt from its down
+  // message or from a request it bounced, whichever came first. It is replaced by a fresh actor
+  // (unless the runtime is shutting down), so the pool keeps its size, and every prompt it still
+  // held is sent again. An actor answers in the order it was asked, so the oldest of those is the
+  // one it was encoding when it died: that prompt is blamed, and one that kills
+  // k_max_encode_deaths actors fails instead of killing them forever; the others were only queued.
+  void tokenizer_died(const caf::actor_addr& dead, const std::string& why) {
+    auto pos = std::find_if(config_.tokenizers.begin(), config_.tokenizers.end(),
+                            [&](const caf::actor& a) { return a.address() == dead; });
+    if (pos != config_.tokenizers.end()) {
+      if (config_.tokenizer_encoder && !shutting_down_) {
+        *pos = spawn_tokenizer_actor(system(), config_.tokenizer_encoder, config_.tokenizer_exit_when);
+        monitor(*pos);
+        std::lock_guard lock(shared_->mutex);
+        ++shared_->num_tokenizer_restarts;
+      } else {
+        config_.tokenizers.erase(pos);
+      }
+    }
+    std::vector<std::pair<uint64_t, ticket_id>> held;
+    for (const auto& [id, t] : tickets_)
+      if (t.encoding_on == dead) held.emplace_back(t.encode_order, id);
+    std::sort(held.begin(), held.end());
+    for (size_t i = 0; i < held.size(); ++i) {
+      ticket_state& t = tickets_.at(held[i].second);
+      t.encoding_on = caf::actor_addr();
+      if (i == 0 && ++t.num_encode_deaths >= k_max_encode_deaths) {
+        close_ticket(held[i].second, finish_reason::error,
+                     "tokenization failed: the tokenizer actor died while encoding this prompt (" +
+                         std::to_string(k_max_encode_deaths) + " times): " + why,
+                     true);
+        continue;
+      }
+      start_encoding(held[i].second);
+    }
+  }
+
+  // False: `down` is not about a tokenizer actor (or about one already replaced).
+  bool on_tokenizer_down(const caf::down_msg& down) {
+    const bool in_pool = std::any_of(config_.tokenizers.begin(), config_.tokenizers.end(),
+                                     [&](const caf::actor& a) { return a.address() == down.source; });
+    if (!in_pool) return false;
+    if (down.reason == caf::exit_reason::user_shutdown) shutting_down_ = true;
+    tokenizer_died(down.source, system().render(down.reason));
+    return true;
   }
 
   void add_to_engine(ticket_id ticket, std::vector<token_id> ids) {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;  // aborted while tokenizing: its final is already sent
     if (!engine_) {
-      close_ticket(ticket, finish_reason::error, health_message());
+      close_ticket(ticket, finish_reason::error, health_message(), true);
       return;
     }
     ticket_state& t = it->second;
@@ -234,7 +327,8 @@ class engine_actor : public caf::event_based_actor {
   }
 
   // Sends the one final message of `ticket` and forgets it. reason none: derived from the choices.
-  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error) {
+  // runtime_fault: the error is the runtime's (stream_final::runtime_fault), not the request's.
+  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error, bool runtime_fault = false) {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;
     ticket_state& t = it->second;
@@ -259,6 +353,7 @@ class engine_actor : public caf::event_based_actor {
       final->error = error;
     }
     final->reason = reason;
+    final->runtime_fault = reason == finish_reason::error && (runtime_fault || final->request);
     const auto now = runtime_clock::now();
     final->seconds_total = seconds_between(t.request->submitted_at, now);
     if (t.has_first_token) final->seconds_to_first_token = seconds_between(t.request->submitted_at, t.first_token);
@@ -346,13 +441,30 @@ class engine_actor : public caf::event_based_actor {
     shared_->changed.notify_all();
   }
 
+  // Before the engine is dropped: abort what it still holds (running, waiting and swapped-out
+  // requests the failed step did not touch), so their device and host blocks go back to the pools,
+  // and publish that, so /metrics and the KV manager do not report blocks of requests that no longer
+  // exist. The step that reports the aborts executes nothing (no request is left to schedule). An
+  // engine that throws here (a scheduler failure) is dropped as it is.
+  void release_engine_blocks(const std::vector<ticket_id>& tickets) {
+    if (!engine_) return;
+    try {
+      for (ticket_id t : tickets)
+        if (const request_id r = tickets_.at(t).engine_request) engine_->abort(r);
+      engine_->step();
+      publish();
+    } catch (const std::exception&) {
+    }
+  }
+
   // The executor is gone: every open request ends with an error now, later submits are refused.
   void fatal(const std::string& message) {
     mark_unhealthy(message);
     std::vector<ticket_id> all;
     for (const auto& [t, s] : tickets_) all.push_back(t);
+    release_engine_blocks(all);
     engine_.reset();  // nothing it holds is needed any more; closing must not touch it
-    for (ticket_id t : all) close_ticket(t, finish_reason::error, message);
+    for (ticket_id t : all) close_ticket(t, finish_reason::error, message, true);
   }
 
   engine_actor_config config_;
@@ -363,6 +475,8 @@ class engine_actor : public caf::event_based_actor {
   std::unordered_map<request_id, ticket_id> by_request_;
   std::unordered_multimap<caf::actor_addr, ticket_id> by_subscriber_;
   size_t next_tokenizer_ = 0;
+  uint64_t num_encodes_sent_ = 0;
+  bool shutting_down_ = false;  // a tokenizer actor was stopped on purpose: no more replacements
   bool step_pending_ = false;
   runtime_clock::time_point last_snapshot_{};
 };

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -78,6 +80,20 @@ void stream_handle::abort() {
 
 namespace {
 
+// The fault injection switch (actors/fault_injection.hpp, docs/security.md "Fault injection"): a
+// malformed value stops the start (invalid_request) instead of running without the faults a test
+// asked for, and an enabled plan is announced on stderr, so nobody mistakes such a server for a
+// normal one.
+void apply_fault_injection_env(facade_components& c) {
+  const char* env = std::getenv("TESSERA_FAULT_INJECTION");
+  if (!env || !*env) return;
+  const fault_plan plan = parse_fault_plan(env);
+  std::fprintf(stderr, "tessera: WARNING: fault injection enabled by TESSERA_FAULT_INJECTION=%s: %s\n", env,
+               plan.describe().c_str());
+  if (plan.faults_executor()) c.exec = std::make_unique<fault_injecting_executor>(std::move(c.exec), plan);
+  if (plan.tokenizer_exit_rate > 0 && !c.tokenizer_exit_when) c.tokenizer_exit_when = make_tokenizer_fault(plan);
+}
+
 int default_caf_threads() {
   const unsigned n = std::max(1u, std::thread::hardware_concurrency());
   return static_cast<int>(std::min(n, 4u));
@@ -139,6 +155,7 @@ struct facade_internals {
 engine_facade::engine_facade(facade_components components, facade_options options)
     : shared_(std::make_shared<runtime_shared>()), tok_(components.tok), options_(options) {
   if (!components.exec) throw invalid_request("engine_facade: no executor");
+  apply_fault_injection_env(components);
   config_ = components.exec->config();
   kv_cache_dtype_ = components.exec->kv_cache_dtype();
   kv_block_bytes_ = components.exec->kv_block_bytes();
@@ -150,7 +167,8 @@ engine_facade::engine_facade(facade_components components, facade_options option
     int num_tok = options.num_tokenizer_actors;
     if (num_tok <= 0) num_tok = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
     if (components.tok)
-      for (int i = 0; i < num_tok; ++i) in_->tokenizers.push_back(spawn_tokenizer_actor(sys, encoder));
+      for (int i = 0; i < num_tok; ++i)
+        in_->tokenizers.push_back(spawn_tokenizer_actor(sys, encoder, components.tokenizer_exit_when));
     std::shared_ptr<executor> exec(std::move(components.exec));
     in_->executor_actor = spawn_executor_actor(sys, exec);
     in_->kv_manager = spawn_kv_manager_actor(sys);
@@ -161,6 +179,10 @@ engine_facade::engine_facade(facade_components components, facade_options option
     sc.tok = components.tok;
     sc.engine = options.engine;
     sc.tokenizers = in_->tokenizers;
+    if (components.tok) {
+      sc.tokenizer_encoder = encoder;
+      sc.tokenizer_exit_when = components.tokenizer_exit_when;
+    }
     sc.kv_manager = in_->kv_manager;
     sc.event_bus = in_->event_bus;
     sc.shared = shared_;
@@ -297,6 +319,7 @@ facade_stats engine_facade::stats() const {
     s.num_completed = shared_->num_completed;
     s.num_aborted = shared_->num_aborted;
     s.num_failed = shared_->num_failed;
+    s.num_tokenizer_restarts = shared_->num_tokenizer_restarts;
   }
   s.num_queued = shared_->num_queued.load();
   s.num_open = shared_->num_open.load();

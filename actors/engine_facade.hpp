@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/fault_injection.hpp"
 #include "actors/messages.hpp"
 #include "actors/stream_buffer.hpp"
 #include "engine/text/chat_template.hpp"
@@ -47,6 +48,9 @@ struct facade_components {
   std::unique_ptr<executor> exec;
   std::shared_ptr<const tokenizer> tok;  // null: token-id prompts only, no text in outputs
   std::optional<chat_template> chat;     // absent: ChatML
+  // Fault injection, for tests only (empty in production): a tokenizer actor asked to encode a prompt
+  // for which this returns true exits without answering (see actors/fault_injection.hpp).
+  tokenizer_fault tokenizer_exit_when;
 };
 
 // The consumer's side of one request's stream. Copyable; when the last copy is destroyed before the
@@ -104,6 +108,7 @@ struct facade_stats {
   uint64_t num_completed = 0;
   uint64_t num_aborted = 0;
   uint64_t num_failed = 0;
+  uint64_t num_tokenizer_restarts = 0;  // tokenizer actors that died and were replaced
 };
 
 // What tokenize_async() answers: the ids, or why there are none.

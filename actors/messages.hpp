@@ -64,6 +64,9 @@ struct stream_final {
   request_id request;            // 0 when the request never reached the engine
   finish_reason reason = finish_reason::none;  // error > abort > choice 0's reason
   std::string error;                 // reason == error: what failed
+  // reason == error: the runtime failed (the executor, a tokenizer actor, shutdown), not the
+  // request; with request == 0 the request was refused (prompt too long, template error) otherwise.
+  bool runtime_fault = false;
   std::vector<choice_result> choices;
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;

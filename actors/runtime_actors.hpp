@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/fault_injection.hpp"
 #include "actors/messages.hpp"
 #include "actors/prompt_encoder.hpp"
 #include "engine/llm_engine.hpp"
@@ -53,6 +54,7 @@ struct runtime_shared {
   uint64_t num_completed = 0;   // finals with reason stop / length
   uint64_t num_aborted = 0;
   uint64_t num_failed = 0;
+  uint64_t num_tokenizer_restarts = 0;  // tokenizer actors that died and were replaced
 
   void ticket_closed() {
     {
@@ -63,7 +65,10 @@ struct runtime_shared {
   }
 };
 
-caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder);
+// `fault` (tests, fault injection only; empty otherwise): a prompt for which it returns true makes the
+// actor exit without answering, as if it crashed in the middle of the request.
+caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder,
+                                 tokenizer_fault fault = {});
 
 // Owns `exec` and runs it on the actor's own thread (detached), so compute never occupies one of
 // CAF's cooperative scheduler threads. An exception from execute() is answered as an error and the
@@ -125,6 +130,10 @@ struct engine_actor_config {
   std::shared_ptr<const tokenizer> tok;               // for incremental detokenization in the engine
   engine_options engine;
   std::vector<caf::actor> tokenizers;                 // empty: token-id prompts only
+  // Set: a tokenizer actor that dies is replaced by one spawned with these (else it is only removed
+  // from the pool). tokenizer_exit_when: fault injection, tests only (spawn_tokenizer_actor).
+  std::shared_ptr<const prompt_encoder> tokenizer_encoder;
+  tokenizer_fault tokenizer_exit_when;
   caf::actor kv_manager;                              // may be invalid
   caf::actor event_bus;                               // may be invalid
   std::shared_ptr<runtime_shared> shared;

@@ -10,11 +10,18 @@ namespace tessera::actors {
 
 namespace {
 
-caf::behavior tokenizer_behavior(caf::event_based_actor* self, std::shared_ptr<const prompt_encoder> encoder) {
-  (void)self;
+caf::behavior tokenizer_behavior(caf::event_based_actor* self, std::shared_ptr<const prompt_encoder> encoder,
+                                 tokenizer_fault fault) {
   return {
-      [encoder](encode_atom, const prompt_ptr& prompt) -> caf::result<std::vector<token_id>> {
+      [self, encoder, fault](encode_atom, const prompt_ptr& prompt) -> caf::result<std::vector<token_id>> {
         if (!prompt) return caf::make_error(caf::sec::invalid_argument, "no prompt");
+        if (fault && fault(*prompt)) {
+          // Fault injection (tests only): the actor dies in the middle of this request, as a crash
+          // would: it quits and never answers. CAF 0.17 has no broken-promise error, so the requester
+          // learns it only from the down message of the actor it monitors (engine_actor.cpp).
+          self->quit(caf::make_error(caf::sec::runtime_error, "fault injection: tokenizer actor exited mid-request"));
+          return caf::delegated<std::vector<token_id>>{};
+        }
         try {
           return encoder->encode(*prompt);
         } catch (const std::exception& e) {
@@ -26,8 +33,9 @@ caf::behavior tokenizer_behavior(caf::event_based_actor* self, std::shared_ptr<c
 
 }  // namespace
 
-caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder) {
-  return sys.spawn(tokenizer_behavior, std::move(encoder));
+caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder,
+                                 tokenizer_fault fault) {
+  return sys.spawn(tokenizer_behavior, std::move(encoder), std::move(fault));
 }
 
 }  // namespace tessera::actors

@@ -327,8 +327,9 @@ void http_session::on_final(const stream_final& f) {
 
   if (f.reason == finish_reason::error && !(g.sse && g.sse->headers_sent())) {
     // Nothing was sent yet: a plain error response. A request the engine refused (prompt too
-    // long, template error) never got an engine id: the client's fault.
-    const int status = !f.request ? 400 : 500;
+    // long, template error) is the client's fault; a failure of the runtime (the executor, a
+    // tokenizer actor that died) is the server's, whether or not the request reached the engine.
+    const int status = f.runtime_fault ? 500 : 400;
     std::string msg = f.error.empty() ? "request failed" : f.error;
     gen_.reset();
     return send_error(api_error(status, msg, status == 400 ? "prompt" : "", status == 400 ? "invalid_prompt" : "engine_error"),

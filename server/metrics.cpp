@@ -163,6 +163,8 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   append_f(out, "tessera_engine_steps_total %llu\n", static_cast<unsigned long long>(e.num_steps));
   metric(out, "tessera_failed_steps_total", "counter", "Engine steps whose execution failed");
   append_f(out, "tessera_failed_steps_total %llu\n", static_cast<unsigned long long>(e.num_failed_steps));
+  metric(out, "tessera_tokenizer_restarts_total", "counter", "Tokenizer actors that died and were replaced");
+  append_f(out, "tessera_tokenizer_restarts_total %llu\n", static_cast<unsigned long long>(s.num_tokenizer_restarts));
   metric(out, "tessera_requests_submitted_total", "counter", "Requests accepted by the runtime");
   append_f(out, "tessera_requests_submitted_total %llu\n", static_cast<unsigned long long>(s.num_submitted));
 
