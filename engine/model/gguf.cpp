@@ -11,10 +11,7 @@
 // allocated for it, and every sum/product uses checked arithmetic.
 #include "engine/model/gguf.hpp"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -28,6 +25,7 @@
 #include <utility>
 
 #include "engine/base/error.hpp"
+#include "engine/base/regular_file.hpp"
 
 namespace tessera {
 namespace {
@@ -592,28 +590,16 @@ std::shared_ptr<const gguf_file> gguf_file::from_bytes(std::span<const std::byte
 
 std::shared_ptr<const gguf_file> gguf_file::open(const std::filesystem::path& path) {
   const std::string where = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw load_error(where + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw load_error(where + ": cannot stat: " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw load_error(where + ": not a regular file");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  // Refuses FIFOs, devices and directories without blocking (engine/base/regular_file.hpp).
+  const regular_file file = regular_file::open(path);
+  const uint64_t size = file.size();
   if (size < 4 + 4 + 8 + 8) {
-    ::close(fd);
     throw load_error(where + ": GGUF: file truncated: " + std::to_string(size) +
                      " bytes is smaller than the 24-byte header (at offset 0)");
   }
-  void* addr = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps its own reference to the file
-  if (addr == MAP_FAILED) throw load_error(where + ": cannot mmap: " + std::strerror(map_err));
+  // The mapping keeps its own reference to the file; `file` closes the descriptor on return.
+  void* addr = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  if (addr == MAP_FAILED) throw load_error(where + ": cannot mmap: " + std::strerror(errno));
 
   std::shared_ptr<gguf_file> f(new gguf_file());
   f->impl_ = std::make_unique<impl>();

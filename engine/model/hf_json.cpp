@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/base/regular_file.hpp"
+
 namespace tessera::hf_json {
 
 namespace fs = std::filesystem;
@@ -61,13 +63,10 @@ std::string widen_big_integers(std::string_view json) {
 std::unique_ptr<json_file> load_json(const fs::path& path) {
   auto f = std::make_unique<json_file>();
   f->name = path.string();
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) f->fail("cannot read: " + ec.message());
-  if (size > k_max_json_bytes) f->fail("larger than 1 GiB; refusing to parse");
-  sj::padded_string raw;
-  if (sj::padded_string::load(path.string()).get(raw)) f->fail("cannot read");
-  const sj::padded_string text(widen_big_integers(std::string_view(raw)));
+  // A FIFO, a device or a directory is refused here without blocking; the size is bounded before
+  // anything is allocated. The errors name the path.
+  const std::string raw = read_regular_file(path, k_max_json_bytes);
+  const sj::padded_string text(widen_big_integers(raw));
   if (const auto err = f->parser.parse(text).get(f->root); err) {
     f->fail(std::string("invalid JSON: ") + sj::error_message(err));
   }

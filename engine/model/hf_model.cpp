@@ -177,7 +177,10 @@ void read_rope_scaling(const json_file& f, const rope_params& rp, model_config& 
 
 bool is_hf_model_dir(const fs::path& dir) {
   std::error_code ec;
-  return fs::is_directory(dir, ec) && fs::is_regular_file(dir / "config.json", ec);
+  // config.json present as anything (a FIFO, a directory, ...) makes this a model directory whose
+  // loading then fails naming the file (load_json refuses non-regular files) rather than one
+  // reported as "without config.json".
+  return fs::is_directory(dir, ec) && fs::exists(dir / "config.json", ec);
 }
 
 model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warnings) {

@@ -60,7 +60,7 @@ loaded_model load_dummy(const fs::path& path) {
   model.path = dir;
   const model_config config = read_hf_config(dir, &model.warnings);
   model.weights = make_dummy_weights(config);
-  if (fs::is_regular_file(dir / "tokenizer.json", ec)) {
+  if (fs::exists(dir / "tokenizer.json", ec)) {  // a tokenizer.json that is not a regular file is refused
     model.tok = std::make_shared<const tokenizer>(read_hf_vocab(dir, config.vocab_size, &model.warnings));
     model.chat_template = read_hf_chat_template(dir);
   } else {

@@ -1,10 +1,7 @@
 #include "engine/model/safetensors.hpp"
 
-#include <fcntl.h>
 #include <simdjson.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +10,7 @@
 #include <unordered_map>
 
 #include "engine/base/error.hpp"
+#include "engine/base/regular_file.hpp"
 
 namespace tessera {
 
@@ -235,26 +233,26 @@ safetensors_file::~safetensors_file() = default;
 std::shared_ptr<const safetensors_file> safetensors_file::open(const std::filesystem::path& path) {
   auto p = std::make_unique<impl>();
   p->name = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) p->fail(std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    p->fail("not a regular file");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size > 0) {
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      p->fail(std::string("mmap failed: ") + std::strerror(e));
+  // Refuses FIFOs, devices and directories without blocking (engine/base/regular_file.hpp). Its
+  // "<path>: <reason>" becomes this reader's "<path>: safetensors: <reason>".
+  const regular_file file = [&] {
+    try {
+      return regular_file::open(path);
+    } catch (const load_error& e) {
+      std::string_view reason = e.what();
+      if (reason.starts_with(p->name + ": ")) reason.remove_prefix(p->name.size() + 2);
+      p->fail(std::string(reason));
     }
+  }();
+  const uint64_t size = file.size();
+  if (size > 0) {
+    // The mapping keeps its own reference to the file; `file` closes the descriptor on return.
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+    if (m == MAP_FAILED) p->fail(std::string("mmap failed: ") + std::strerror(errno));
     p->bytes.mapping = m;
     p->bytes.data = static_cast<const std::byte*>(m);
   }
   p->bytes.size = size;
-  ::close(fd);
   p->parse();
   return std::shared_ptr<const safetensors_file>(new safetensors_file(std::move(p)));
 }

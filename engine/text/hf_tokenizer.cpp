@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "engine/base/error.hpp"
+#include "engine/base/regular_file.hpp"
 #include "engine/model/hf_json.hpp"
 
 namespace tessera {
@@ -165,6 +166,9 @@ std::optional<std::string> special_text(const json_file& f, sj::dom::object o, s
 
 vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vector<std::string>* warnings) {
   const auto f = load_json(dir / "tokenizer.json");
+  if (min_vocab_size > k_max_vocab) {
+    f->fail("the model's vocab_size " + std::to_string(min_vocab_size) + " exceeds the limit of 2^24");
+  }
   const sj::dom::object root = f->object();
   const auto model_e = field(root, "model");
   if (!model_e || !model_e->is_object()) f->fail("'model' is missing");
@@ -183,10 +187,33 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   vocab_data v;
   v.kind = spm ? vocab_kind::spm : vocab_kind::bpe;
   // ---- tokens: model.vocab (text -> id), then added_tokens (which may extend it) ----
+  const auto vocab_e = field(model, "vocab");
+  sj::dom::object vocab;
+  if (!vocab_e || vocab_e->get_object().get(vocab)) f->fail("'model.vocab' is missing or not an object");
+  const auto added = field(root, "added_tokens");
+  if (added && !added->is_array()) f->fail("'added_tokens' is not a list");
+  // Ids index the vectors below, which grow to the largest id: one id of 2^24 - 1 in a 50-token
+  // file would cost 16M slots and placeholder tokens (3 GB, 20 s) before anything refused it. So
+  // ids are bounded, before anything is allocated, by the vocabulary the model declares (config.json
+  // vocab_size, passed as min_vocab_size) or, when larger, the number of tokens this file defines:
+  // a dense vocabulary never needs an id beyond either.
+  size_t num_entries = 0;
+  for ([[maybe_unused]] auto e : vocab) ++num_entries;
+  if (added) {
+    for ([[maybe_unused]] auto a : added->get_array()) ++num_entries;
+  }
+  const int64_t id_limit =
+      std::min<int64_t>(k_max_vocab, std::max<int64_t>(min_vocab_size, static_cast<int64_t>(num_entries)));
   std::vector<std::optional<std::string>> slots;
   std::vector<token_type> types;
   auto place = [&](int64_t id, std::string text, token_type t, bool may_replace) {
-    if (id < 0 || id >= k_max_vocab) f->fail("token id " + std::to_string(id) + " is out of range");
+    if (id < 0 || id >= id_limit) {
+      f->fail((t == token_type::normal ? "vocab entry '" : "added token '") + text.substr(0, 64) + "' has id " +
+              std::to_string(id) + ", outside the vocabulary: ids must be below " + std::to_string(id_limit) +
+              " (the larger of the model's vocab_size, " +
+              (min_vocab_size > 0 ? std::to_string(min_vocab_size) : std::string("not given")) + ", and the " +
+              std::to_string(num_entries) + " tokens this file defines)");
+    }
     const auto i = static_cast<size_t>(id);
     if (i >= slots.size()) {
       slots.resize(i + 1);
@@ -198,16 +225,12 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
     slots[i] = std::move(text);
     types[i] = t;
   };
-  const auto vocab_e = field(model, "vocab");
-  sj::dom::object vocab;
-  if (!vocab_e || vocab_e->get_object().get(vocab)) f->fail("'model.vocab' is missing or not an object");
   for (auto e : vocab) {
     const auto id = int_value(e.value);
     if (!id) f->fail("vocab entry '" + std::string(e.key) + "' has a non-integer id");
     place(*id, std::string(e.key), token_type::normal, false);
   }
-  if (const auto added = field(root, "added_tokens")) {
-    if (!added->is_array()) f->fail("'added_tokens' is not a list");
+  if (added) {
     for (auto a : added->get_array()) {
       sj::dom::object o;
       if (a.get_object().get(o)) f->fail("an added_tokens entry is not an object");
@@ -419,12 +442,9 @@ std::optional<std::string> read_hf_chat_template(const fs::path& dir) {
     }
   }
   const fs::path jinja = dir / "chat_template.jinja";  // transformers >= 4.43 may write it separately
-  if (fs::is_regular_file(jinja, ec)) {
-    if (fs::file_size(jinja, ec) > k_max_json_bytes) throw load_error(jinja.string() + ": too large");
-    sj::padded_string text;
-    if (sj::padded_string::load(jinja.string()).get(text)) throw load_error(jinja.string() + ": cannot read");
-    return std::string(std::string_view(text));
-  }
+  // Present as anything but a regular file (a FIFO, a device, a directory): refused by
+  // read_regular_file with the path, instead of blocking on it or silently going without a template.
+  if (fs::exists(jinja, ec)) return read_regular_file(jinja, k_max_json_bytes);
   return std::nullopt;
 }
 

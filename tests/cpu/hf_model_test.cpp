@@ -22,9 +22,13 @@
 #include "engine/model/model_loader.hpp"
 #include "engine/model/rope.hpp"
 #include "support/base64.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
+
+using test_support::argmax;
+using test_support::top2_margin;
 
 namespace fs = std::filesystem;
 
@@ -160,10 +164,6 @@ step_output prompt_logits(std::shared_ptr<const model_weights> w, const std::vec
   step_output out;
   ex->execute(b, out);
   return out;
-}
-
-token_id argmax(std::span<const float> row) {
-  return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 struct logit_diff {

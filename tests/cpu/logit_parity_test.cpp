@@ -21,9 +21,13 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/model_weights.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
+
+using test_support::argmax;
+using test_support::top2_margin;
 
 namespace fs = std::filesystem;
 const fs::path model_path = fs::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -93,18 +97,6 @@ diff_stats compare(std::span<const float> a, std::span<const float> b) {
   }
   s.mean_abs /= double(a.size());
   return s;
-}
-
-token_id argmax(std::span<const float> row) {
-  return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-// Gap between the best and second-best logit: below ~0.5 the quantized paths may legitimately
-// disagree about the winner.
-double top2_margin(std::span<const float> row) {
-  std::vector<float> v(row.begin(), row.end());
-  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-  return double(v[0]) - double(v[1]);
 }
 
 class LogitParity : public ::testing::Test {

@@ -19,6 +19,7 @@
 #include "engine/model/ggml_types.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/model_weights.hpp"
+#include "tests/support/fast_vs_exact.hpp"
 #include "tests/support/ggml_encode.hpp"
 
 namespace tessera {
@@ -110,34 +111,14 @@ TEST(mixed_types, reencoded_default_model_matches_exact_math_like_the_stored_fil
   const auto w = reencode(load_gguf_weights(gguf_file::open(model_path)));
   // "The quick brown fox jumps over the lazy": logits of every position.
   const std::vector<token_id> prompt = {504, 2365, 6354, 16438, 27003, 690, 260, 23790};
-  auto all_logits = [&](bool exact) {
-    cpu_executor_options o;
-    o.num_threads = 2;
-    o.kv.block_size = 16;
-    o.kv.num_device_blocks = 4;
-    o.dequantize_weights = exact;
-    auto ex = make_cpu_executor(w, o);
-    step_batch b;
-    sequence_slice s;
-    s.tokens = prompt;
-    s.block_table = {3, 1};
-    s.logits = sequence_slice::logits_mode::all;
-    b.seqs.push_back(s);
-    step_output out;
-    ex->execute(b, out);
-    return out;
-  };
-  const step_output fast = all_logits(false);
-  const step_output exact = all_logits(true);
-  ASSERT_EQ(fast.logits.size(), exact.logits.size());
-  double max_diff = 0.0, sum_diff = 0.0;
-  for (size_t i = 0; i < fast.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(fast.logits[i]));
-    const double d = std::fabs(static_cast<double>(fast.logits[i]) - exact.logits[i]);
-    max_diff = std::max(max_diff, d);
-    sum_diff += d;
-  }
-  const double mean_diff = sum_diff / static_cast<double>(fast.logits.size());
+  cpu_executor_options o;
+  o.num_threads = 2;
+  o.kv.block_size = 16;
+  o.kv.num_device_blocks = 4;
+  const step_output fast = test_support::all_position_logits(w, o, prompt, false);
+  const step_output exact = test_support::all_position_logits(w, o, prompt, true);
+  const test_support::logit_distance d = test_support::distance(fast, exact);
+  const double max_diff = d.max, mean_diff = d.mean;
   // Quantized activations perturb logits of magnitude ~20 by a few tenths; a wrong block layout or
   // scale moves them by units. Measured: max 2.67, mean 0.47 (the stored Q4_1 file, model_test:
   // 1.61 / 0.33; llama.cpp on it 1.58 / 0.30). The excess is the K-quants' activation format (one

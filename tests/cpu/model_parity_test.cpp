@@ -26,9 +26,13 @@
 #include "engine/model/model_loader.hpp"
 #include "engine/model/rope.hpp"
 #include "support/base64.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
+
+using test_support::argmax;
+using test_support::top2_margin;
 
 namespace fs = std::filesystem;
 const fs::path models_dir = fs::path(TESSERA_TEST_DATA_DIR) / "models";
@@ -93,16 +97,6 @@ std::vector<std::string> archs() {
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-token_id argmax(std::span<const float> row) {
-  return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-double top2_margin(std::span<const float> row) {
-  std::vector<float> v(row.begin(), row.end());
-  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-  return double(v[0]) - double(v[1]);
 }
 
 double max_abs_diff(std::span<const float> a, std::span<const float> b) {

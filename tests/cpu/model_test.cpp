@@ -13,9 +13,14 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/model_weights.hpp"
+#include "tests/support/fast_vs_exact.hpp"
+#include "tests/support/logit_rank.hpp"
 
 namespace tessera {
 namespace {
+
+using test_support::argmax;
+using test_support::top2_margin;
 
 const std::filesystem::path model_path =
     std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -23,10 +28,6 @@ const std::filesystem::path model_path =
 std::shared_ptr<const model_weights> load_or_skip() {
   if (!std::filesystem::exists(model_path)) return nullptr;
   return load_gguf_weights(gguf_file::open(model_path));
-}
-
-token_id argmax(std::span<const float> row) {
-  return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 // Greedy decoding: prefill `prompt` (in chunks of `chunk`), then `num_new` tokens one at a time.
@@ -115,31 +116,10 @@ TEST(cpu_model, quantized_activations_stay_close_to_exact_f32_math) {
   if (!w) GTEST_SKIP() << "model file missing: " << model_path;
   // "The quick brown fox jumps over the lazy": logits of every position, both paths.
   const std::vector<token_id> prompt = {504, 2365, 6354, 16438, 27003, 690, 260, 23790};
-  auto all_logits = [&](bool exact) {
-    cpu_executor_options o = options();
-    o.dequantize_weights = exact;
-    auto ex = make_cpu_executor(w, o);
-    step_batch b;
-    sequence_slice s;
-    s.tokens = prompt;
-    s.block_table = {3, 1};
-    s.logits = sequence_slice::logits_mode::all;
-    b.seqs.push_back(s);
-    step_output out;
-    ex->execute(b, out);
-    return out;
-  };
-  const step_output fast = all_logits(false);
-  const step_output exact = all_logits(true);
-  ASSERT_EQ(fast.logits.size(), exact.logits.size());
-  double max_diff = 0.0, sum_diff = 0.0;
-  for (size_t i = 0; i < fast.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(exact.logits[i]));
-    const double d = std::fabs(static_cast<double>(fast.logits[i]) - exact.logits[i]);
-    max_diff = std::max(max_diff, d);
-    sum_diff += d;
-  }
-  const double mean_diff = sum_diff / static_cast<double>(fast.logits.size());
+  const step_output exact = test_support::all_position_logits(w, options(), prompt, true);
+  const test_support::logit_distance d =
+      test_support::distance(test_support::all_position_logits(w, options(), prompt, false), exact);
+  const double max_diff = d.max, mean_diff = d.mean;
   // Q8 activations perturb logits of magnitude ~20 by a few tenths. Measured on this prompt:
   // ours max 1.61 / mean 0.33; llama.cpp (llama-cpp-python 0.3.36, same file) against the same
   // f32 reference: max 1.58 / mean 0.30. The bounds leave room for kernel changes, not for bugs

@@ -389,6 +389,16 @@ TEST(ChatTemplate, RuntimeErrors) {
     // Callers that map invalid_request to a client error get one.
     EXPECT_NE(dynamic_cast<const invalid_request*>(&e), nullptr);
   }
+  // Found by fuzzing (tests/fuzz/regressions/jinja): an empty sequence times 2e13 looped 2e13 times,
+  // and range() near the int64 limits overflowed its counter. Outputs as Jinja2 renders them.
+  const std::pair<const char*, const char*> edge_cases[] = {
+      {"{{ [] * 20000000000000 }}", "[]"},
+      {"{{ '' * 20000000000000 }}", ""},
+      {"{{ range(9223372036854775800, 9223372036854775807, 5) | list }}", "[9223372036854775800, 9223372036854775805]"},
+      {"{{ range(-9223372036854775800, -9223372036854775807, -5) | list }}",
+       "[-9223372036854775800, -9223372036854775805]"},
+  };
+  for (const auto& [source, expected] : edge_cases) EXPECT_EQ(chat_template::parse(source).render({}, {}), expected);
   // Operands are evaluated left to right, as Python (and so Jinja) does: the left failure is reported.
   for (const char* source : {"{{ raise_exception('left') + raise_exception('right') }}",
                              "{{ raise_exception('left')[raise_exception('right')] }}"}) {

@@ -66,8 +66,13 @@ value make_range(render_budget& budget, const call_args& args) {
                : std::ceil((static_cast<long double>(start) - stop) / -static_cast<long double>(step));
   if (count > 100000)
     fail(chat_template_error_kind::limit, "chat template range() is too big (more than 100000 items)");
+  // Near the int64 limits `k += step` overflows (undefined behaviour) before the end test could stop
+  // the loop: an overflowing step has left [start, stop) anyway, so it ends the range.
   std::vector<value> items;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) items.push_back(value::integer(k));
+  for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
+    items.push_back(value::integer(k));
+    if (__builtin_add_overflow(k, step, &k)) break;
+  }
   return budget.make_list(std::move(items));
 }
 

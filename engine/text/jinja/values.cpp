@@ -619,7 +619,9 @@ value binary_op(render_budget& budget, const std::string& op, const value& a, co
     const value* seq = (a.kind == value_kind::string || a.kind == value_kind::list) ? &a : &b;
     const value* count = seq == &a ? &b : &a;
     if ((seq->kind == value_kind::string || seq->kind == value_kind::list) && is_integral(*count)) {
-      const int64_t n = std::max<int64_t>(as_int(*count), 0);
+      // An empty sequence repeated any number of times is empty: no loop over n (n may be 2e13).
+      const bool empty = seq->kind == value_kind::string ? seq->s->empty() : seq->list->items.empty();
+      const int64_t n = empty ? 0 : std::max<int64_t>(as_int(*count), 0);
       if (seq->kind == value_kind::string) {
         const auto unit = seq->s->size();
         const size_t max_bytes = budget.bounds().max_output_bytes;
