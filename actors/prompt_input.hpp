@@ -18,6 +18,9 @@ struct prompt_input {
   std::string text;
   std::vector<chat_message> messages;
   std::vector<token_id> ids;
+  // Text only: whether the vocabulary's BOS is added (when it asks for one). A generation always
+  // adds it; POST /tokenize may say "add_special_tokens": false.
+  bool add_special = true;
 
   static prompt_input from_text(std::string t) {
     prompt_input p;
