@@ -224,7 +224,10 @@ class cuda_executor final : public executor {
     plan_step(batch, out);  // validates everything before the cache is touched
     upload_metadata();
     if (!sampling_.empty()) {
-      CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<void>(), sample_in_host_.as<void>(), sampling_.input_bytes(),
+      // Without the grammar masks when they come later (below): the host is about to write them.
+      const bool masks_later = sampling_.has_masks() && batch.masks_ready.valid();
+      CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<void>(), sample_in_host_.as<void>(),
+                                 masks_later ? sampling_.masks_offset() : sampling_.input_bytes(),
                                  cudaMemcpyHostToDevice, stream_));
     }
     const auto T_ = num_tokens_;
@@ -257,6 +260,16 @@ class cuda_executor final : public executor {
     } else if (T_ > 0) {
       profiler_.begin(stream_, num_prefill_tokens_ == 0 && batch.seqs.size() == static_cast<size_t>(T_));
       forward();
+    }
+    if (!sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid()) {
+      // The GPU runs the forward pass meanwhile: waiting here for the grammar workers costs the step
+      // nothing unless the masks take longer than the forward pass. Then one more small upload, queued
+      // behind the forward pass on the same stream.
+      batch.masks_ready.wait();
+      sampling_.pack_masks(sample_in_host_.as<void>());
+      CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<char>() + sampling_.masks_offset(),
+                                 sample_in_host_.as<char>() + sampling_.masks_offset(), sampling_.masks_bytes(),
+                                 cudaMemcpyHostToDevice, stream_));
     }
     if (!sampling_.empty()) {  // after the LM head (a replayed graph included); only tokens come back
       gpu::sample_rows(sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
@@ -535,7 +548,9 @@ class cuda_executor final : public executor {
     reserve_logit_rows(num_logit_rows_);
     if (!sampling_.empty()) {
       sample_in_host_.reserve(sampling_.input_bytes());
-      sampling_.pack_inputs(sample_in_host_.as<void>());
+      // The grammar masks are packed after the forward pass is launched (execute()): the engine's
+      // grammar workers are still writing them now.
+      sampling_.pack_inputs(sample_in_host_.as<void>(), /*with_masks=*/!batch.masks_ready.valid());
       sample_in_dev_.reserve(sampling_.input_bytes());
       sample_out_dev_.reserve(sampling_.output_bytes());
       sample_out_host_.reserve(sampling_.output_bytes());

@@ -475,13 +475,21 @@ __device__ int32_t sample_processed(const sampling_row& r, float* work, int32_t 
 __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_args a) {
   const sampling_row r = a.rows[blockIdx.x];
   const int32_t vocab = a.vocab;
-  const float* raw = a.logits + static_cast<int64_t>(r.logits_row) * vocab;
+  const float* logits = a.logits + static_cast<int64_t>(r.logits_row) * vocab;
   float* work = a.work + static_cast<int64_t>(blockIdx.x) * vocab;
   const auto in_vocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
+  // The row as the sampler sees it: sanitized, and -inf where the grammar's mask disallows the token
+  // (before everything else, raw logprobs included, as the host does).
+  const uint32_t* allowed = r.mask_row >= 0 ? a.allowed + static_cast<int64_t>(r.mask_row) * a.mask_words : nullptr;
+  const int32_t mask_words = a.mask_words;
+  const auto raw = [logits, allowed, mask_words](int32_t i) {
+    if (allowed && (i / 32 >= mask_words || !((allowed[i / 32] >> (i % 32)) & 1u))) return -INFINITY;
+    return sm::sanitize_logit(logits[i]);
+  };
 
   // The logit processors, in the host's order; a token may be in several lists, so each list is
   // finished (barrier) before the next starts. Within a list the ids are distinct.
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) work[i] = sm::sanitize_logit(raw[i]);
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) work[i] = raw(i);
   __syncthreads();
   for (int32_t j = threadIdx.x; j < r.bias_count; j += kThreads) {
     const int32_t t = a.ids[r.bias_begin + j];
@@ -516,21 +524,20 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     token = sample_processed(r, work, vocab);
   }
   // Everything masked: the raw argmax, as the host.
-  if (token < 0) token = row_argmax(vocab, [raw](int32_t i) { return sm::sanitize_logit(raw[i]); }).id;
+  if (token < 0) token = row_argmax(vocab, raw).id;
   if (threadIdx.x == 0) a.out_tokens[blockIdx.x] = token;
 
   if (r.num_logprobs < 0) return;
   // Raw logprobs: log_softmax of the sanitized logits as given.
   float local_max = -INFINITY;
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) local_max = fmaxf(local_max, sm::sanitize_logit(raw[i]));
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) local_max = fmaxf(local_max, raw(i));
   const float max_raw = block_max(local_max);
   double sum[1] = {0.0};
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) sum[0] += expf(sm::sanitize_logit(raw[i]) - max_raw);
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) sum[0] += expf(raw(i) - max_raw);
   block_sum(sum);
   const double log_normalizer = static_cast<double>(max_raw) + log(sum[0]);
   if (threadIdx.x == 0) {
-    a.out_logprobs[blockIdx.x] =
-        static_cast<float>(static_cast<double>(sm::sanitize_logit(raw[token])) - log_normalizer);
+    a.out_logprobs[blockIdx.x] = static_cast<float>(static_cast<double>(raw(token)) - log_normalizer);
   }
   const int32_t num_top = min(r.num_logprobs, a.max_top);
   int32_t* top_ids = a.out_top_ids + static_cast<int64_t>(blockIdx.x) * a.max_top;
@@ -543,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
   int32_t prev_id = -1;
   for (int32_t j = 0; j < num_top; ++j) {
     const ranked best = row_argmax(vocab, [raw, prev_v, prev_id](int32_t i) {
-      const float v = sm::sanitize_logit(raw[i]);
+      const float v = raw(i);
       return ranks_before(prev_v, prev_id, v, i) ? v : -INFINITY;
     });
     if (!(best.value > -INFINITY)) break;

@@ -1,8 +1,8 @@
 // Logits processing and sampling on the GPU: the engine's sampler (engine/sampler.cpp) as a batched
 // kernel, one CTA per logits row, so an executor copies back a token (and logprobs) per sequence
 // instead of a vocabulary-sized row of fp32 logits. Same order and semantics as sampler::sample()
-// (docs/sampling.md): sanitize, logit_bias, min_tokens mask, repetition penalty, presence/frequency
-// penalties, greedy argmax or temperature, top-k, top-p, min-p, the seeded inverse-CDF draw in token
+// (docs/sampling.md): sanitize, the grammar's token mask, logit_bias, min_tokens mask, repetition penalty,
+// presence/frequency penalties, greedy argmax or temperature, top-k, top-p, min-p, the seeded inverse-CDF draw in token
 // id order; the raw logprob of the chosen token and the top-n raw logprobs.
 //
 // Truncation never sorts the row: the top-k threshold is a radix selection over the logits' order
@@ -43,6 +43,7 @@ struct sampling_row {
   int32_t mask_begin = 0, mask_count = 0;    // ids[i]: set to -inf
   int32_t rep_begin = 0, rep_count = 0;      // ids[i]: repetition penalty (distinct)
   int32_t count_begin = 0, count_count = 0;  // ids[i], values[i] (a count as float): presence/frequency
+  int32_t mask_row = -1;                     // row of `allowed` (constrained decoding); -1: every token allowed
 };
 
 struct sampling_kernel_args {
@@ -53,6 +54,10 @@ struct sampling_kernel_args {
   int32_t num_rows = 0;
   const int32_t* ids = nullptr;
   const float* values = nullptr;
+  // Constrained decoding: packed allowed-token bitmasks, `mask_words` uint32 per row (bit t % 32 of word
+  // t / 32: token t allowed). Disallowed logits become -inf before anything else, raw logprobs included.
+  const uint32_t* allowed = nullptr;
+  int32_t mask_words = 0;
   int32_t* out_tokens = nullptr;        // [num_rows]
   float* out_logprobs = nullptr;        // [num_rows] (rows with num_logprobs >= 0)
   int32_t max_top = 0;                  // top logprob slots per row

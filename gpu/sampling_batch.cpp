@@ -14,6 +14,8 @@ void sampling_batch::clear() {
   rows_.clear();
   ids_.clear();
   values_.clear();
+  masks_.clear();
+  mask_words_ = 0;
   max_top_ = 0;
 }
 
@@ -45,6 +47,11 @@ void sampling_batch::add(const device_sampling& d, int32_t logits_row) {
   // The host multiplies by static_cast<float>(count): the same float.
   for (const auto& [token, count] : d.output_counts) ids_.push_back(token), values_.push_back(static_cast<float>(count));
   r.count_count = mark() - r.count_begin;
+  if (!d.allowed_tokens.empty()) {
+    r.mask_row = static_cast<int32_t>(masks_.size());
+    masks_.push_back(d.allowed_tokens);
+    mask_words_ = std::max(mask_words_, static_cast<int32_t>(d.allowed_tokens.size()));
+  }
   max_top_ = std::max(max_top_, d.num_logprobs);
   rows_.push_back(r);
 }
@@ -54,7 +61,8 @@ sampling_batch::layout sampling_batch::input_layout() const {
   l.rows = 0;
   l.ids = align16(rows_.size() * sizeof(sampling_row));
   l.values = l.ids + align16(ids_.size() * sizeof(int32_t));
-  l.end = l.values + align16(values_.size() * sizeof(float));
+  l.masks = l.values + align16(values_.size() * sizeof(float));
+  l.end = l.masks + align16(masks_.size() * static_cast<size_t>(mask_words_) * sizeof(uint32_t));
   return l;
 }
 
@@ -73,13 +81,25 @@ sampling_batch::out_layout sampling_batch::output_layout() const {
 size_t sampling_batch::input_bytes() const { return input_layout().end; }
 size_t sampling_batch::output_bytes() const { return output_layout().end; }
 
-void sampling_batch::pack_inputs(void* host) const {
+void sampling_batch::pack_inputs(void* host, bool with_masks) const {
   const layout l = input_layout();
   auto* base = static_cast<char*>(host);
-  std::memset(base, 0, l.end);
+  std::memset(base, 0, l.masks);
   if (!rows_.empty()) std::memcpy(base + l.rows, rows_.data(), rows_.size() * sizeof(sampling_row));
   if (!ids_.empty()) std::memcpy(base + l.ids, ids_.data(), ids_.size() * sizeof(int32_t));
   if (!values_.empty()) std::memcpy(base + l.values, values_.data(), values_.size() * sizeof(float));
+  if (with_masks) pack_masks(host);
+}
+
+void sampling_batch::pack_masks(void* host) const {
+  const layout l = input_layout();
+  auto* out = reinterpret_cast<uint32_t*>(static_cast<char*>(host) + l.masks);
+  const auto words = static_cast<size_t>(mask_words_);
+  for (size_t r = 0; r < masks_.size(); ++r) {
+    // A row shorter than the widest is padded with zeros: tokens past its end are not allowed.
+    std::memset(out + r * words, 0, words * sizeof(uint32_t));
+    std::memcpy(out + r * words, masks_[r].data(), masks_[r].size() * sizeof(uint32_t));
+  }
 }
 
 sampling_kernel_args sampling_batch::kernel_args(const void* device_inputs, void* device_outputs, const float* logits,
@@ -96,6 +116,8 @@ sampling_kernel_args sampling_batch::kernel_args(const void* device_inputs, void
   a.num_rows = num_rows();
   a.ids = reinterpret_cast<const int32_t*>(src + in.ids);
   a.values = reinterpret_cast<const float*>(src + in.values);
+  a.allowed = reinterpret_cast<const uint32_t*>(src + in.masks);
+  a.mask_words = mask_words_;
   a.out_tokens = reinterpret_cast<int32_t*>(dst + out.tokens);
   a.out_logprobs = reinterpret_cast<float*>(dst + out.logprobs);
   a.max_top = max_top_;

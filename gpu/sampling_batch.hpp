@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/executor.hpp"
@@ -19,9 +20,16 @@ class sampling_batch {
   int32_t num_rows() const { return static_cast<int32_t>(rows_.size()); }
   bool empty() const { return rows_.empty(); }
 
-  // The inputs as one image of input_bytes() bytes (rows, then ids, then values).
+  // The inputs as one image of input_bytes() bytes (rows, ids, values, then the grammar masks).
   size_t input_bytes() const;
-  void pack_inputs(void* host) const;
+  // with_masks false: everything but the masks, whose words the grammar workers may still be writing
+  // (device_sampling::allowed_tokens); pack_masks() adds them once they are ready.
+  void pack_inputs(void* host, bool with_masks = true) const;
+  void pack_masks(void* host) const;
+  // The masks' part of the image: [masks_offset(), masks_offset() + masks_bytes()).
+  size_t masks_offset() const { return input_layout().masks; }
+  size_t masks_bytes() const { return input_layout().end - input_layout().masks; }
+  bool has_masks() const { return !masks_.empty(); }
   // The outputs: tokens, logprobs, top ids, top logprobs in one buffer of output_bytes().
   size_t output_bytes() const;
 
@@ -33,7 +41,7 @@ class sampling_batch {
 
  private:
   struct layout {
-    size_t rows = 0, ids = 0, values = 0, end = 0;
+    size_t rows = 0, ids = 0, values = 0, masks = 0, end = 0;
   };
   struct out_layout {
     size_t tokens = 0, logprobs = 0, top_ids = 0, top_logprobs = 0, end = 0;
@@ -44,6 +52,8 @@ class sampling_batch {
   std::vector<sampling_row> rows_;
   std::vector<int32_t> ids_;
   std::vector<float> values_;
+  std::vector<std::span<const uint32_t>> masks_;  // the rows' allowed_tokens, in mask_row order
+  int32_t mask_words_ = 0;
   int32_t max_top_ = 0;
 };
 

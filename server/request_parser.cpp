@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "engine/base/error.hpp"
+#include "server/structured_output_request.hpp"
 
 namespace tessera::server {
 
@@ -191,6 +192,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
   int32_t top_logprobs = -1;
+  structured_output_fields structured;
 
   for (auto [key, value] : sj::dom::object(doc)) {
     if (value.is_null() && key != "prompt" && key != "messages") continue;  // null: the default
@@ -306,8 +308,9 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       bad(key, "is not supported");
     } else if (key == "chat_template" || key == "chat_template_kwargs") {
       throw api_error(400, "'" + std::string(key) + "': request-supplied chat templates are refused", std::string(key));
-    } else if (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call" ||
-               key == "response_format" || key == "guided_json" || key == "guided_regex") {
+    } else if (is_structured_output_field(key)) {
+      parse_structured_output_field(key, value, structured);
+    } else if (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call") {
       bad(key, "is not supported by this server");
     } else if (key == "user") {
       req.user = get_string(value, key);
@@ -336,11 +339,20 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   }
   p.logprobs = req.want_logprobs ? req.top_logprobs : -1;
   if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
+  p.structured = std::move(structured.spec);
 
   try {
     p.validate(vocab_size, limits.sampling);
   } catch (const invalid_request& e) {
-    throw api_error(400, e.what());
+    // validate() names the parameter ("sampling parameter 'X' ..."): it becomes the error's param.
+    const std::string_view what = e.what();
+    constexpr std::string_view prefix = "sampling parameter '";
+    std::string param;
+    if (what.starts_with(prefix)) {
+      const size_t end = what.find('\'', prefix.size());
+      if (end != std::string_view::npos) param = std::string(what.substr(prefix.size(), end - prefix.size()));
+    }
+    throw api_error(400, e.what(), param);
   }
   const int64_t response_bytes = estimated_response_bytes(req, limits);
   if (response_bytes > limits.max_response_bytes) {

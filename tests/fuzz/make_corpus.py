@@ -387,6 +387,13 @@ def make_request_parser():
         (2, {"prompt": "Hello world", "add_special_tokens": False}),
         (2, {"messages": chat, "add_generation_prompt": True, "model": "m"}),
         (3, {"tokens": [9906, 1917], "model": "m"}),
+        # Structured output in each dialect (server/structured_output_request.cpp).
+        (1, {"messages": chat, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": True,
+             "schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}}),
+        (1, {"messages": chat, "structured_outputs": {"choice": ["yes", "no"], "backend": "xgrammar"}}),
+        (0, {"prompt": "x", "guided_regex": "[0-9]{3}", "guided_decoding_backend": "auto"}),
+        (0, {"prompt": "x", "grammar": "root ::= \"a\" | \"b\"", "json_schema": None}),
+        (1, {"messages": chat, "guided_json": "{\"type\": \"string\"}", "response_format": {"type": "text"}}),
     ]
     for i, (kind, body) in enumerate(bodies):
         write("request_parser", f"body_{i:02d}.bin", bytes([kind]) + json.dumps(body).encode())

@@ -48,6 +48,7 @@ struct sample_case {
   std::vector<token_id> history;  // tokens already generated (recorded before sampling)
   std::vector<token_id> eos;
   std::vector<float> logits;
+  std::vector<uint32_t> allowed;  // a grammar's packed token mask; empty: unconstrained
 };
 
 // A named parameter set of the sweep.
@@ -158,12 +159,16 @@ class GpuSampling : public ::testing::Test {
       for (token_id t : c.history) samplers.back().append_external_token(t);
       auto req = samplers.back().device_request();
       ASSERT_TRUE(req.has_value()) << what;
+      req->allowed_tokens = c.allowed;
       reqs.push_back(*req);
     }
     const std::vector<sampled_token> got = run_gpu(cases, reqs);
     ASSERT_EQ(got.size(), cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
-      const sample_result want = samplers[i].sample(cases[i].logits);
+      const sample_result want = samplers[i].sample(cases[i].logits, cases[i].allowed);
+      if (!cases[i].allowed.empty()) {
+        ASSERT_TRUE((cases[i].allowed[static_cast<size_t>(got[i].token) / 32] >> (got[i].token % 32)) & 1u) << what;
+      }
       SCOPED_TRACE(what + ", case " + std::to_string(i));
       ASSERT_EQ(got[i].token, want.token);
       if (cases[i].params.logprobs < 0) continue;
@@ -211,6 +216,43 @@ class GpuSampling : public ::testing::Test {
 TEST_F(GpuSampling, EveryParameterMatchesTheHostSamplerVocab49152) { run_sweep(49152, 6); }
 
 TEST_F(GpuSampling, EveryParameterMatchesTheHostSamplerVocab128256) { run_sweep(128256, 3); }
+
+// Constrained decoding: a grammar's bitmask composes with every parameter on both samplers, which
+// choose the same token, always inside the mask (a mask that excludes the model's favourites, one
+// of a few hundred allowed ids, a single allowed id, and rows without a mask in the same launch).
+TEST_F(GpuSampling, TheGrammarMaskComposesWithEveryParameterLikeTheHost) {
+  const int32_t vocab = 49152;
+  uint32_t seed = 500;
+  for (const param_set& set : sweep()) {
+    std::vector<sample_case> cases;
+    for (int32_t r = 0; r < 4; ++r, ++seed) {
+      sample_case c;
+      c.params = set.params;
+      c.params.seed = seed;
+      std::mt19937 rng(seed);
+      for (int i = 0; i < 40; ++i) c.history.push_back(static_cast<token_id>(rng() % 600));
+      c.prompt = {1, 2, 3, 500, 501};
+      c.eos = {2, 0};
+      c.logits = normal_row(vocab, seed * 31u, r % 2 ? 4.0f : 1.5f);
+      for (int i = 0; i < 600; i += 3) c.logits[static_cast<size_t>(i)] += 6.0f;  // favourites, mostly masked
+      if (r < 3) {
+        c.allowed.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+        const auto allow = [&](token_id t) { c.allowed[static_cast<size_t>(t) / 32] |= 1u << (t % 32); };
+        if (r == 0) {
+          for (int k = 0; k < 300; ++k) allow(static_cast<token_id>(rng() % vocab));
+        } else if (r == 1) {
+          allow(static_cast<token_id>(40000 + seed % 100));  // one token: what a forced continuation looks like
+        } else {
+          for (token_id t = 0; t < 600; t += 7) allow(t);  // some favourites, and tokens the penalties hit
+          allow(2), allow(5), allow(9);                    // end and stop ids (min_tokens masks them)
+        }
+      }
+      cases.push_back(std::move(c));
+    }
+    check(cases, std::string(set.name) + " with a grammar mask");
+    if (HasFatalFailure()) return;
+  }
+}
 
 // Consecutive positions of one seeded stream: the draw depends on the output position.
 TEST_F(GpuSampling, SeededStreamMatchesPositionByPosition) {
