@@ -2,6 +2,7 @@
 // data, so that the sampler needs nothing else of the executor interface.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct device_sampling {
   std::vector<token_id> masked;                        // set to -inf (min_tokens not reached yet)
   std::vector<token_id> penalized;                     // distinct ids: repetition penalty
   std::vector<std::pair<token_id, int32_t>> output_counts;  // distinct ids: presence / frequency
+  // Constrained decoding: the grammar's packed bitmask of allowed tokens (engine/structured_output.hpp),
+  // applied before everything else (disallowed logits become -inf, raw logprobs included). Empty: no
+  // constraint. The engine's grammar workers fill it while the forward pass runs, so its words may be
+  // read only after step_batch::masks_ready is ready (an executor waits right before it samples).
+  std::span<const uint32_t> allowed_tokens;
 };
 
 // A token the executor sampled, with the raw logprobs asked for (as sample_result).

@@ -3,6 +3,7 @@
 // positions and physical KV block ids; executors own the KV memory those ids point into.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,6 +51,10 @@ struct step_batch {
   std::vector<block_copy> swap_out;  // device block src -> host block dst
   std::vector<block_copy> copies;    // device block src -> device block dst
   std::vector<sequence_slice> seqs;
+  // Constrained decoding: valid() when some seqs[i].sampling has allowed_tokens, whose words the
+  // engine's grammar workers are still writing while the forward pass runs. An executor waits on it
+  // after launching the forward pass and before it reads any mask (so the masks cost no step time).
+  std::shared_future<void> masks_ready;
 };
 
 // Logits rows for the sequences that asked for them, in batch order: for seqs[i], rows

@@ -51,11 +51,21 @@ llm_engine::llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, con
     auto eog = tok_->eog_tokens();
     eos_ids_.assign(eog.begin(), eog.end());
   }
+  mask_words_ = token_mask_words(exec_.config().vocab_size);
 }
 
-request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority) {
+llm_engine::~llm_engine() { wait_masks(); }
+
+request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority,
+                                   std::shared_ptr<const compiled_constraint> grammar) {
   const int32_t vocab = exec_.config().vocab_size;
   params.validate(vocab, options_.limits);
+  if (params.structured && !grammar) {
+    if (!options_.constraints) {
+      throw invalid_request("'" + params.structured->field + "': structured output is not available in this build");
+    }
+    grammar = options_.constraints->compile(*params.structured);  // throws invalid_request
+  }
   for (token_id t : prompt)
     if (t < 0 || t >= vocab)
       throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
@@ -80,7 +90,9 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   r.params = params;
   r.prompt = std::move(prompt);
   r.forked = params.n == 1;  // "all choices exist"
+  r.grammar = params.structured ? std::move(grammar) : nullptr;
   r.choices.push_back(std::make_unique<choice_state>(0, first, r.params, r.prompt, eos_ids_, tok_));
+  if (r.grammar) r.choices.back()->constraint = r.grammar->start();
   seq_owner_[first] = {id, 0};
   requests_.emplace(id, std::move(r));
   engine_event queued{event_kind::queued, id, first};
@@ -144,6 +156,13 @@ void llm_engine::finish_choice(request_state& r, choice_state& c, finish_reason 
 }
 
 void llm_engine::accept_token(request_state& r, choice_state& c, const sample_result& s, request_output& out) {
+  if (c.constraint && !c.constraint->accept(s.token)) {
+    // Only a sampler that fell back past an all-masked row can get here: the grammar stays sound.
+    out.error =
+        "the grammar of '" + r.params.structured->field + "' rejected the sampled token " + std::to_string(s.token);
+    finish_choice(r, c, finish_reason::error, out, lifecycle_stage::aborted, event_kind::failed);
+    return;
+  }
   sched_.append_token(c.seq, s.token);
   sequence* seq = sched_.find(c.seq);
   ++c.num_generated;
@@ -162,6 +181,13 @@ void llm_engine::accept_token(request_state& r, choice_state& c, const sample_re
   stop_update u = c.stops.append(s.token, delta);
   out.text += u.text;
   finish_reason reason = u.reason;
+  if (reason == finish_reason::none && c.constraint && c.constraint->is_complete()) {
+    // The grammar is complete (only an end token could follow): the output is done. Text held back
+    // as a possible stop-string prefix is output.
+    out.text += c.stops.flush();
+    if (c.detok) out.text += c.detok->flush();
+    reason = finish_reason::stop;
+  }
   if (reason == finish_reason::none && seq && seq->num_tokens() >= sched_.max_seq_len()) {
     out.text += c.stops.flush();
     reason = finish_reason::length;
@@ -208,6 +234,11 @@ void llm_engine::drop_if_done(request_id id) {
 // ---- the step loop ---------------------------------------------------------------------------------
 
 std::vector<request_output> llm_engine::step() {
+  // Whatever leaves this function, the grammar workers are done with this step's constraints first.
+  struct masks_done {
+    llm_engine& e;
+    ~masks_done() { e.wait_masks(); }
+  } guard{*this};
   step_context ctx = begin_step();
   scheduler_output p = plan(ctx);
   execute(p, ctx);
@@ -236,19 +267,27 @@ scheduler_output llm_engine::plan(step_context& ctx) {
   record_.step = p.step;
   record_.schedule_seconds = seconds_since(ctx.start);
   ctx.asked_device.assign(p.scheduled.size(), false);
+  ctx.mask_row.assign(p.scheduled.size(), -1);
   return p;
 }
 
 void llm_engine::execute(scheduler_output& p, step_context& ctx) {
   if (p.scheduled.empty() && p.swap_in.empty() && p.swap_out.empty() && p.copies.empty()) return;
   step_batch batch = sched_.make_batch(p);
-  if (exec_.samples_on_device()) ask_device_sampling(p, batch, ctx);
+  // The masks of this step depend only on the tokens accepted up to the last one: the grammar workers
+  // compute them while the executor runs the forward pass.
+  start_masks(p, ctx);
+  if (exec_.samples_on_device()) {
+    ask_device_sampling(p, batch, ctx);
+    batch.masks_ready = masks_pending_;
+  }
   const auto t_exec = engine_clock::now();
   try {
     exec_.execute(batch, logits_);
   } catch (const std::exception& e) {
     // The plan is not committed: nothing it allocated enters the prefix cache. Every request whose
     // KV the step touched is failed and its blocks freed; the others continue.
+    wait_masks();  // the workers are done with the constraints about to be dropped
     ctx.failed = true;
     ++stats_.num_failed_steps;
     fail_touched_requests(p, std::string("executor failed: ") + e.what(), ctx);
@@ -276,6 +315,11 @@ void llm_engine::apply(scheduler_output& p) {
 }
 
 void llm_engine::sample(scheduler_output& p, step_context& ctx) {
+  if (masks_pending_.valid()) {
+    const auto t0 = engine_clock::now();
+    wait_masks();
+    stats_.mask_wait_seconds += seconds_since(t0);
+  }
   for (size_t i = 0; i < p.scheduled.size(); ++i)
     if (p.scheduled[i].samples) sample_sequence(i, p, ctx);
 }
@@ -321,7 +365,45 @@ void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batc
     if (!r.forked && r.params.n > 1) continue;
     batch.seqs[i].sampling = r.choices[static_cast<size_t>(owner->index)]->samp.device_request();
     ctx.asked_device[i] = batch.seqs[i].sampling.has_value();
+    if (ctx.asked_device[i]) batch.seqs[i].sampling->allowed_tokens = mask_of(ctx, i);
   }
+}
+
+// One mask row per constrained sequence that samples this step (at an n > 1 request's fork, choice 0's:
+// the forks start in the same state), handed to the backend's workers.
+void llm_engine::start_masks(const scheduler_output& p, step_context& ctx) {
+  if (!options_.constraints) return;
+  std::vector<std::pair<size_t, token_constraint*>> wanted;
+  for (size_t i = 0; i < p.scheduled.size(); ++i) {
+    if (!p.scheduled[i].samples) continue;
+    const choice_ref* owner = owner_of(p.scheduled[i].id);
+    if (!owner) continue;
+    choice_state& c = *requests_.at(owner->request).choices[static_cast<size_t>(owner->index)];
+    if (c.constraint) wanted.emplace_back(i, c.constraint.get());
+  }
+  if (wanted.empty()) return;
+  const auto words = static_cast<size_t>(mask_words_);
+  masks_.resize(wanted.size() * words);
+  std::vector<mask_job> jobs;
+  jobs.reserve(wanted.size());
+  for (size_t row = 0; row < wanted.size(); ++row) {
+    ctx.mask_row[wanted[row].first] = static_cast<int32_t>(row);
+    jobs.push_back({wanted[row].second, std::span<uint32_t>(masks_.data() + row * words, words)});
+  }
+  stats_.num_token_masks += jobs.size();
+  masks_pending_ = options_.constraints->fill_masks(std::move(jobs));
+}
+
+void llm_engine::wait_masks() {
+  if (!masks_pending_.valid()) return;
+  masks_pending_.wait();
+  masks_pending_ = {};
+}
+
+std::span<const uint32_t> llm_engine::mask_of(const step_context& ctx, size_t i) const {
+  if (i >= ctx.mask_row.size() || ctx.mask_row[i] < 0) return {};
+  const auto words = static_cast<size_t>(mask_words_);
+  return {masks_.data() + static_cast<size_t>(ctx.mask_row[i]) * words, words};
 }
 
 void llm_engine::fail_touched_requests(const scheduler_output& p, const std::string& message, step_context& ctx) {
@@ -362,6 +444,7 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
     std::vector<choice_state*> forked = fork_choices(r, s.id, p);
     samplers.insert(samplers.end(), forked.begin(), forked.end());
   }
+  const std::span<const uint32_t> allowed = mask_of(ctx, i);
   for (choice_state* c : samplers) {
     sample_result res;
     if (device_token) {  // one sampler: requests that fork were not sent
@@ -370,7 +453,7 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
       res.top_logprobs = device_token->top_logprobs;
       c->samp.append_external_token(res.token);
     } else {
-      res = c->samp.sample(row);
+      res = c->samp.sample(row, allowed);
     }
     accept_token(r, *c, res, output_for(ctx.outs, ctx.index, r, *c));
   }
@@ -388,6 +471,7 @@ std::vector<llm_engine::choice_state*> llm_engine::fork_choices(request_state& r
     sched_.fork(parent, child, c);
     seq_owner_[child] = {r.id, c};
     r.choices.push_back(std::make_unique<choice_state>(c, child, r.params, r.prompt, eos_ids_, tok_));
+    if (r.choices.front()->constraint) r.choices.back()->constraint = r.choices.front()->constraint->fork();
     children.push_back(r.choices.back().get());
     engine_event forked{event_kind::forked, r.id, child};
     forked.at = engine_clock::now();

@@ -26,6 +26,7 @@
 #include "engine/sequence.hpp"
 #include "engine/step_record.hpp"
 #include "engine/stop_checker.hpp"
+#include "engine/structured_output.hpp"
 #include "engine/text/tokenizer.hpp"
 
 namespace tessera {
@@ -41,6 +42,9 @@ struct engine_options {
   bool enable_prefix_caching = true;
   int32_t max_model_len = 0;      // 0: the model's context_length
   sampling_limits limits;
+  // Constrained decoding (engine/structured/): compiles specs and fills the masks off the engine
+  // thread. Null: requests with sampling_params::structured are refused.
+  std::shared_ptr<constraint_backend> constraints;
 };
 
 struct token_logprob {
@@ -78,6 +82,10 @@ struct engine_stats {
   uint64_t num_blocks_swapped_out = 0;  // device -> host block copies
   uint64_t num_failed_steps = 0;
   double kv_waste = 0;                 // now: allocated-but-unused slots / allocated slots
+  uint64_t num_token_masks = 0;        // grammar masks computed (one per constrained sequence and step)
+  // Time the step waited for grammar masks after the executor returned: ~0 while the masks are
+  // computed within the forward pass, as designed.
+  double mask_wait_seconds = 0;
 };
 
 class llm_engine {
@@ -88,7 +96,11 @@ class llm_engine {
 
   // Validates (params.validate, token ids, prompt length vs max_model_len and the cache) and
   // queues the request. Throws invalid_request with a message naming the problem.
-  request_id add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority = 0);
+  // params.structured: `grammar` is its compiled form (the actor runtime compiles off this thread);
+  // null: compiled here, blocking, with options.constraints.
+  request_id add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority = 0,
+                         std::shared_ptr<const compiled_constraint> grammar = nullptr);
+  ~llm_engine();
   // Aborts a request in any state; its final outputs (reason abort) come with the next step().
   // Unknown or finished ids are ignored.
   void abort(request_id id);
@@ -111,6 +123,7 @@ class llm_engine {
     sampler samp;
     stop_checker stops;
     std::optional<incremental_detokenizer> detok;
+    std::unique_ptr<token_constraint> constraint;  // structured output; null: unconstrained
     bool finished = false;
     int32_t num_generated = 0;
     choice_state(int32_t i, seq_id s, const sampling_params& p, std::span<const token_id> prompt,
@@ -124,6 +137,7 @@ class llm_engine {
     sampling_params params;
     std::vector<token_id> prompt;
     int32_t num_cached_prompt_tokens = 0;
+    std::shared_ptr<const compiled_constraint> grammar;
     bool forked = false;
     std::vector<std::unique_ptr<choice_state>> choices;
   };
@@ -143,6 +157,7 @@ class llm_engine {
     output_index index;
     std::vector<engine_event> events;  // between-step events first
     std::vector<bool> asked_device;    // per scheduled sequence: sampling sent to the executor
+    std::vector<int32_t> mask_row;     // per scheduled sequence: its row of masks_, -1: unconstrained
     bool failed = false;               // the executor threw: nothing of the plan is committed
   };
 
@@ -156,6 +171,9 @@ class llm_engine {
 
   // Helpers of the phases.
   void ask_device_sampling(const scheduler_output& plan, step_batch& batch, step_context& ctx);
+  void start_masks(const scheduler_output& plan, step_context& ctx);
+  void wait_masks();
+  std::span<const uint32_t> mask_of(const step_context& ctx, size_t i) const;
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
   void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
   std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
@@ -185,6 +203,11 @@ class llm_engine {
   step_record record_;
   engine_stats stats_;
   step_output logits_;  // reused across steps
+  // This step's grammar masks, one row per constrained sampling sequence, and the workers' progress:
+  // nothing that a worker reads (constraints, masks_) may change until masks_pending_ is ready.
+  std::vector<uint32_t> masks_;
+  int32_t mask_words_ = 0;
+  std::shared_future<void> masks_pending_;
 };
 
 }  // namespace tessera

@@ -356,14 +356,23 @@ void sampler::process_logits(std::span<float> logits) const {
   }
 }
 
-sample_result sampler::sample(std::span<const float> logits) {
+sample_result sampler::sample(std::span<const float> logits, std::span<const uint32_t> allowed) {
   if (logits.empty()) throw std::invalid_argument("sampler::sample: empty logits row");
   const size_t vocab = logits.size();
+  if (!allowed.empty() && allowed.size() < (vocab + 31) / 32) {
+    throw std::invalid_argument("sampler::sample: the allowed-token mask is shorter than the vocabulary");
+  }
 
+  // The logits as the model gave them, sanitized, with the grammar's disallowed tokens at -inf: the
+  // constrained model's distribution, which everything below (raw logprobs included) starts from.
+  const auto raw = [&](size_t i) {
+    if (!allowed.empty() && !((allowed[i / 32] >> (i % 32)) & 1u)) return neg_inf;
+    return sanitize(logits[i]);
+  };
   thread_local std::vector<float> tls_work;  // a vocabulary-sized scratch row per thread
   std::vector<float>& work = tls_work;
   work.resize(vocab);
-  for (size_t i = 0; i < vocab; ++i) work[i] = sanitize(logits[i]);
+  for (size_t i = 0; i < vocab; ++i) work[i] = raw(i);
 
   // Reported logprobs come from the raw distribution, so take them before any processing.
   sample_result result;
@@ -398,14 +407,13 @@ sample_result sampler::sample(std::span<const float> logits) {
                               : sample_whole_vocabulary(work, params_.min_p, uniform);
   }
   // Everything was masked (e.g. min_tokens over a vocabulary of stop tokens): fall back to the raw
-  // argmax rather than fail the request.
+  // argmax (within the grammar's tokens) rather than fail the request.
   if (result.token < 0) {
-    for (size_t i = 0; i < vocab; ++i) work[i] = sanitize(logits[i]);
+    for (size_t i = 0; i < vocab; ++i) work[i] = raw(i);
     result.token = argmax(work);
   }
   if (params_.logprobs >= 0) {
-    result.logprob =
-        static_cast<float>(sanitize(logits[static_cast<size_t>(result.token)]) - log_normalizer);
+    result.logprob = static_cast<float>(raw(static_cast<size_t>(result.token)) - log_normalizer);
   }
 
   record(result.token);

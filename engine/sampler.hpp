@@ -46,10 +46,13 @@ class sampler {
 
   // Chooses the next token from `logits` (one row, vocab_size floats; not modified) and records it
   // (penalty counts, output position). NaN logits count as -inf, +inf as the largest float.
+  // `allowed` (constrained decoding): a packed bitmask (engine/structured_output.hpp); tokens outside
+  // it are set to -inf first, before the raw logprobs and every other step, so all parameters compose
+  // with the constraint. Empty: every token is allowed.
   // Thread-compatible: one thread per sampler at a time; different samplers may run concurrently
   // (the vocabulary-sized scratch buffers are thread_local). Cost: a few linear passes over the
   // vocabulary, no full sort, whatever top-k / top-p are.
-  sample_result sample(std::span<const float> logits);
+  sample_result sample(std::span<const float> logits, std::span<const uint32_t> allowed = {});
 
   // Records a token that did NOT come from sample() (e.g. a forced continuation) so penalties and the
   // output position stay right. Never call it for tokens sample() returned: they are recorded already.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "engine/base/error.hpp"
 
@@ -140,6 +141,28 @@ void sampling_params::validate(int32_t vocab_size, const sampling_limits& limits
   if (logprobs < -1 || logprobs > limits.max_logprobs) {
     reject("logprobs", "must be -1 (none) or in [0, " + std::to_string(limits.max_logprobs) +
                            "], got " + std::to_string(logprobs));
+  }
+
+  if (structured) {
+    const std::string& field = structured->field;
+    size_t bytes = structured->source.size();
+    for (const std::string& c : structured->choices) bytes += c.size();
+    if (std::cmp_greater(bytes, limits.max_structured_output_bytes)) {
+      reject(field, "is " + std::to_string(bytes) + " bytes, at most " +
+                        std::to_string(limits.max_structured_output_bytes) + " allowed");
+    }
+    if (structured->type == structured_output_spec::kind::choice) {
+      if (structured->choices.empty()) reject(field, "must list at least one choice");
+      if (std::ssize(structured->choices) > limits.max_choices) {
+        reject(field, "lists " + std::to_string(structured->choices.size()) + " choices, at most " +
+                          std::to_string(limits.max_choices) + " allowed");
+      }
+      for (const std::string& c : structured->choices) {
+        if (!is_valid_utf8(c)) reject(field, "holds a choice that is not valid UTF-8");
+      }
+    } else if (structured->type != structured_output_spec::kind::json_object && structured->source.empty()) {
+      reject(field, "must not be empty");
+    }
   }
 }
 

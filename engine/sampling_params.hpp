@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/base/token_id.hpp"
+#include "engine/structured_output.hpp"
 
 namespace tessera {
 
@@ -22,6 +23,10 @@ struct sampling_limits {
   int32_t max_stop_token_ids = 64;
   int32_t max_logit_bias_entries = 1024;
   float max_abs_logit_bias = 100.0f;   // OpenAI's bound
+  // Constrained decoding: the schema / regex / grammar text, and guided_choice's list. The grammar
+  // engine bounds nesting depth and compile time itself (engine/structured/grammar_backend.hpp).
+  int32_t max_structured_output_bytes = 64 * 1024;
+  int32_t max_choices = 1024;
 };
 
 struct sampling_params {
@@ -43,6 +48,9 @@ struct sampling_params {
   bool include_stop_str_in_output = false;
   int32_t logprobs = -1;              // -1: none; 0..20: the sampled token's logprob plus top-N
   bool skip_special_tokens = true;    // detokenizer: drop special tokens' text
+  // Constrained decoding (docs/structured_output.md): every token is sampled from the tokens the
+  // grammar allows, and the sequence finishes (reason stop) when the grammar is complete.
+  std::optional<structured_output_spec> structured;
 
   // Throws invalid_request, naming the offending field, for any value the engine cannot honour.
   // vocab_size bounds the token ids in logit_bias and stop_token_ids.
