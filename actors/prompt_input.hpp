@@ -18,6 +18,7 @@ struct prompt_input {
   std::string text;
   std::vector<chat_message> messages;
   std::vector<token_id> ids;
+  std::string tools_json;  // chat: the request's tool definitions for the template; empty: none
 
   static prompt_input from_text(std::string t) {
     prompt_input p;
