@@ -1,5 +1,5 @@
 // GGUF reader (engine/model/gguf.hpp) on arbitrary bytes, then what the model loader does with a file
-// that parses: the LLaMA binding (read_llama_config, load_gguf_weights), the tokenizer
+// that parses: the architecture binding (read_gguf_config, load_gguf_weights), the tokenizer
 // (tokenizer::from_gguf) and a short encode/decode with it.
 //
 // Oracles besides the sanitizers: from_bytes (heap copy) and open (the mmap path, through a scratch
@@ -50,7 +50,7 @@ void exercise(const std::shared_ptr<const gguf_file>& file, std::string_view ima
   }
 
   try {
-    const model_config config = read_llama_config(*file);
+    const model_config config = read_gguf_config(*file);
     (void)config;
     const auto weights = load_gguf_weights(file);
     touch_weight(weights->token_embedding);
@@ -58,7 +58,8 @@ void exercise(const std::shared_ptr<const gguf_file>& file, std::string_view ima
     touch_weight(weights->output);
     for (const auto& l : weights->layers) {
       for (const weight_tensor* w :
-           {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+           {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.bq,
+            &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm}) {
         touch_weight(*w);
       }
     }
