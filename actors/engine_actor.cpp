@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <unordered_map>
 
 #include "actors/runtime_actors.hpp"
@@ -59,6 +60,7 @@ class engine_actor : public caf::event_based_actor {
     return {
         [this](submit_atom, const submit_ptr& req, const caf::actor& subscriber) { on_submit(req, subscriber); },
         [this](abort_atom, ticket_id ticket) { abort_ticket(ticket); },
+        [this](compiled_atom, ticket_id ticket, const compiled_ptr& result) { on_compiled(ticket, result); },
         [this](abort_all_atom) {
           std::vector<ticket_id> all;
           for (const auto& [t, s] : tickets_) all.push_back(t);
@@ -111,6 +113,11 @@ class engine_actor : public caf::event_based_actor {
     caf::actor subscriber;
     request_id engine_request;  // 0 while the prompt is being tokenized
     bool queued = true;            // counted in shared_->num_queued
+    // Structured output: the prompt's ids and the compiled grammar are made concurrently (tokenizer
+    // actor, grammar compile worker); the request enters the engine when both are there.
+    std::optional<std::vector<token_id>> ids;
+    std::shared_ptr<const compiled_constraint> grammar;
+    bool grammar_pending = false;
     runtime_clock::time_point first_token{};
     bool has_first_token = false;
     std::vector<choice_result> finished;
@@ -131,6 +138,24 @@ class engine_actor : public caf::event_based_actor {
       close_ticket(ticket, finish_reason::error, health_message());
       return;
     }
+    if (req->params.structured) {
+      if (!config_.engine.constraints) {
+        close_ticket(ticket, finish_reason::error,
+                     "'" + req->params.structured->field + "': structured output is not available in this build",
+                     req->params.structured->field);
+        return;
+      }
+      t.grammar_pending = true;
+      // The compile runs on the backend's workers (or answers at once from its cache); its result comes
+      // back as a message, so this thread keeps stepping meanwhile.
+      config_.engine.constraints->compile_async(*req->params.structured, [addr = address(), ticket](compile_result r) {
+        // A weak address: a compile still running must not keep a stopped engine actor alive.
+        if (auto self = caf::actor_cast<caf::actor>(addr)) {
+          caf::anon_send(self, compiled_atom_v, ticket,
+                         compiled_ptr(std::make_shared<const compile_result>(std::move(r))));
+        }
+      });
+    }
     if (req->prompt.type == prompt_input::kind::token_ids) {
       add_to_engine(ticket, req->prompt.ids);
       return;
@@ -149,6 +174,19 @@ class engine_actor : public caf::event_based_actor {
               });
   }
 
+  void on_compiled(ticket_id ticket, const compiled_ptr& result) {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return;  // aborted meanwhile: its final is already sent
+    ticket_state& t = it->second;
+    if (!result->compiled) {
+      close_ticket(ticket, finish_reason::error, result->error, t.request->params.structured->field);
+      return;
+    }
+    t.grammar = result->compiled;
+    t.grammar_pending = false;
+    if (t.ids) add_to_engine(ticket, std::move(*t.ids));
+  }
+
   void add_to_engine(ticket_id ticket, std::vector<token_id> ids) {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;  // aborted while tokenizing: its final is already sent
@@ -157,8 +195,12 @@ class engine_actor : public caf::event_based_actor {
       return;
     }
     ticket_state& t = it->second;
+    if (t.grammar_pending) {  // the grammar is still compiling: on_compiled adds the request
+      t.ids = std::move(ids);
+      return;
+    }
     try {
-      t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority);
+      t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority, t.grammar);
     } catch (const std::exception& e) {
       close_ticket(ticket, finish_reason::error, e.what());
       return;
@@ -234,12 +276,14 @@ class engine_actor : public caf::event_based_actor {
   }
 
   // Sends the one final message of `ticket` and forgets it. reason none: derived from the choices.
-  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error) {
+  void close_ticket(ticket_id ticket, finish_reason reason, const std::string& error,
+                    const std::string& error_param = "") {
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;
     ticket_state& t = it->second;
     auto final = std::make_shared<stream_final>();
     final->ticket = ticket;
+    final->error_param = error_param;
     final->request = t.engine_request;
     std::sort(t.finished.begin(), t.finished.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
     final->choices = std::move(t.finished);

@@ -199,8 +199,10 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   if (!shared_->healthy.load()) return reject(submit_error::unhealthy, "the engine is unhealthy: " + health().message);
   try {
     params.validate(config_.vocab_size, options_.engine.limits);
-  } catch (const std::exception& e) {
-    return reject(submit_error::invalid, e.what());
+  } catch (const std::exception& e) { return reject(submit_error::invalid, e.what()); }
+  if (params.structured && !options_.engine.constraints) {
+    return reject(submit_error::invalid,
+                  "'" + params.structured->field + "': structured output is not available in this build");
   }
   if (shared_->num_queued.fetch_add(1) >= options_.max_waiting) {
     shared_->num_queued.fetch_sub(1);

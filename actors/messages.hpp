@@ -64,6 +64,9 @@ struct stream_final {
   request_id request;            // 0 when the request never reached the engine
   finish_reason reason = finish_reason::none;  // error > abort > choice 0's reason
   std::string error;                 // reason == error: what failed
+  // A request refused before it reached the engine because of one of its fields (the grammar of
+  // response_format does not compile, ...): that field, for the client's 400. Empty otherwise.
+  std::string error_param;
   std::vector<choice_result> choices;
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
@@ -113,6 +116,8 @@ using final_ptr = std::shared_ptr<const stream_final>;
 using record_ptr = std::shared_ptr<const step_record>;
 using occupancy_ptr = std::shared_ptr<const kv_occupancy>;
 using event_batch_ptr = std::shared_ptr<const event_batch>;
+// engine actor <- a grammar compile worker: a submitted request's structured output, compiled.
+using compiled_ptr = std::shared_ptr<const compile_result>;
 
 // Small value messages are inspectable (0.17 signature) and carry type IDs.
 struct usage_report {
@@ -159,6 +164,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::record_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::occupancy_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::event_batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::exec_job)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::compiled_ptr)
 
 // Atom texts are at most 10 characters in CAF 0.17.
 CAF_BEGIN_TYPE_ID_BLOCK(tessera_actors, caf::first_custom_type_id)
@@ -184,4 +190,5 @@ CAF_BEGIN_TYPE_ID_BLOCK(tessera_actors, caf::first_custom_type_id)
   CAF_ADD_ATOM(tessera_actors, tessera::actors, abort_all_atom, "abort_all")
   CAF_ADD_ATOM(tessera_actors, tessera::actors, stop_atom, "stop")
   CAF_ADD_ATOM(tessera_actors, tessera::actors, usage_atom, "usage")
+  CAF_ADD_ATOM(tessera_actors, tessera::actors, compiled_atom, "compiled")
 CAF_END_TYPE_ID_BLOCK(tessera_actors)

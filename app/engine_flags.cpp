@@ -12,6 +12,9 @@
 #include "gpu/cuda_executor.hpp"
 #endif
 #include "engine/base/error.hpp"
+#if TESSERA_WITH_XGRAMMAR
+#include "engine/structured/grammar_backend.hpp"
+#endif
 #include "engine/model/gguf.hpp"
 
 namespace tessera::app {
@@ -131,6 +134,7 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& b, const engin
   components.chat = b.chat;
   actors::facade_options options;
   options.engine = to_engine_options(flags);
+  options.engine.constraints = b.constraints;
   options.max_waiting = max_waiting;
   return std::make_unique<actors::engine_facade>(std::move(components), options);
 }
@@ -178,7 +182,14 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
     b.exec = make_cpu_executor(b.model.weights, exec_options);
   }
 
-  if (direct_engine) b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, to_engine_options(flags));
+#if TESSERA_WITH_XGRAMMAR
+  if (b.model.tok) b.constraints = structured::make_grammar_backend(*b.model.tok, config.vocab_size);
+#endif
+  if (direct_engine) {
+    engine_options options = to_engine_options(flags);
+    options.constraints = b.constraints;
+    b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, options);
+  }
 
   std::string warning;
   b.chat = chat_template::from_model_or_fallback(b.model.chat_template, &warning);

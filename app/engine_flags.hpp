@@ -43,6 +43,9 @@ struct engine_bundle {
   loaded_model model;
   std::unique_ptr<executor> exec;
   std::unique_ptr<llm_engine> engine;  // null when built for the actor runtime
+  // Constrained decoding (xgrammar, engine/structured/); null when the build has no xgrammar or the
+  // model no tokenizer: requests that ask for structured output are then refused.
+  std::shared_ptr<constraint_backend> constraints;
   chat_template chat = chat_template::fallback_chatml();
 };
 

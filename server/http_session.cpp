@@ -228,7 +228,15 @@ void http_session::on_final(const stream_final& f) {
     const int status = !f.request ? 400 : 500;
     std::string msg = f.error.empty() ? "request failed" : f.error;
     gen_.reset();
-    return send_error(api_error(status, msg, status == 400 ? "prompt" : "", status == 400 ? "invalid_prompt" : "engine_error"),
+    // A refused structured output (a schema that does not compile, ...) names its own field.
+    const bool field_error = status == 400 && !f.error_param.empty();
+    return send_error(api_error(status, msg,
+                                field_error     ? f.error_param
+                                : status == 400 ? "prompt"
+                                                : "",
+                                field_error     ? "invalid_structured_output"
+                                : status == 400 ? "invalid_prompt"
+                                                : "engine_error"),
                       keep_alive);
   }
   std::string out;

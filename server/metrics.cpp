@@ -126,6 +126,13 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   append_f(out, "tessera_engine_steps_total %llu\n", static_cast<unsigned long long>(e.num_steps));
   metric(out, "tessera_failed_steps_total", "counter", "Engine steps whose execution failed");
   append_f(out, "tessera_failed_steps_total %llu\n", static_cast<unsigned long long>(e.num_failed_steps));
+  // Constrained decoding: the masks are computed while the forward pass runs, so the wait stays ~0
+  // unless the grammar workers fall behind (docs/structured_output.md).
+  metric(out, "tessera_grammar_masks_total", "counter", "Grammar token masks computed (constrained sequences x steps)");
+  append_f(out, "tessera_grammar_masks_total %llu\n", static_cast<unsigned long long>(e.num_token_masks));
+  metric(out, "tessera_grammar_mask_wait_seconds_total", "counter",
+         "Time steps waited for grammar masks after the forward pass (host sampling)");
+  append_f(out, "tessera_grammar_mask_wait_seconds_total %.6f\n", e.mask_wait_seconds);
   metric(out, "tessera_requests_submitted_total", "counter", "Requests accepted by the runtime");
   append_f(out, "tessera_requests_submitted_total %llu\n", static_cast<unsigned long long>(s.num_submitted));
 

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "engine/base/error.hpp"
+#include "server/structured_output_request.hpp"
 
 namespace tessera::server {
 
@@ -238,6 +239,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
   int32_t top_logprobs = -1;
+  structured_output_fields structured;
 
   for (auto [key, value] : sj::dom::object(doc)) {
     if (value.is_null() && key != "prompt" && key != "messages") continue;  // null: the default
@@ -349,6 +351,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       bad(key, "is not supported");
     } else if (key == "chat_template" || key == "chat_template_kwargs") {
       throw api_error(400, "'" + std::string(key) + "': request-supplied chat templates are refused", std::string(key));
+    } else if (is_structured_output_field(key)) {
+      parse_structured_output_field(key, value, structured);
     } else if (key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") {
       if (kind != api_kind::chat) bad(key, "is a chat completions field");
       if (key == "tools") {
@@ -361,8 +365,6 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       }
     } else if (key == "functions" || key == "function_call") {
       bad(key, "(the deprecated function-calling API) is not supported: use 'tools' and 'tool_choice'");
-    } else if (key == "response_format" || key == "guided_json" || key == "guided_regex") {
-      bad(key, "is not supported by this server");
     } else if (key == "user") {
       req.user = get_string(value, key);
     } else if (is_ignored_field(key)) {
@@ -384,12 +386,15 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     if (req.tools.forced()) {
       // required / a named function: the grammar makes every output a valid call. Without a grammar
       // backend the engine refuses the request ("'tool_choice': structured output is not available").
-      if (p.structured) bad("tool_choice", "cannot be combined with response_format or other structured output fields");
+      if (structured.spec) {
+        bad("tool_choice", "cannot be combined with '" + structured.field + "' (both constrain the output)");
+      }
       structured_output_spec spec;
       spec.type = structured_output_spec::kind::json_schema;
       spec.source = forced_call_schema(req.tools);
       spec.field = "tool_choice";
-      p.structured = std::move(spec);
+      structured.spec = std::move(spec);
+      structured.field = "tool_choice";
     }
   }
   if (p.min_tokens > p.max_tokens) bad("min_tokens", "must not exceed max_tokens");
@@ -404,11 +409,20 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   }
   p.logprobs = req.want_logprobs ? req.top_logprobs : -1;
   if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
+  p.structured = std::move(structured.spec);
 
   try {
     p.validate(vocab_size, limits.sampling);
   } catch (const invalid_request& e) {
-    throw api_error(400, e.what());
+    // validate() names the parameter ("sampling parameter 'X' ..."): it becomes the error's param.
+    const std::string_view what = e.what();
+    constexpr std::string_view prefix = "sampling parameter '";
+    std::string param;
+    if (what.starts_with(prefix)) {
+      const size_t end = what.find('\'', prefix.size());
+      if (end != std::string_view::npos) param = std::string(what.substr(prefix.size(), end - prefix.size()));
+    }
+    throw api_error(400, e.what(), param);
   }
   return req;
 }

@@ -221,6 +221,14 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
     }
     record_final(f, state_.metrics);
     if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
+    if (f.reason == finish_reason::error && !f.error_param.empty()) {
+      // Refused before it reached the engine (its grammar does not compile): the same 400 as over HTTP.
+      messages.push_back(ws_error_message(api_error(400, f.error, f.error_param, "invalid_structured_output"), id));
+      log_generation(400, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
+                     f.num_generated_tokens);
+      finished = true;
+      continue;
+    }
     messages.push_back(ws_final_message(id, f, g.outputs.empty() ? nullptr : &g.calls_per_choice));
     log_generation(200, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens, f.num_generated_tokens);
     finished = true;

@@ -235,19 +235,34 @@ def bad_tool_requests_are_400_naming_the_problem():
 
 
 @case
-def required_is_enforced_or_refused_clearly():
-    # With a grammar backend the output is a valid call; without one, a 400 that says why.
-    status, data = srv.request("POST", "/v1/chat/completions", {
-        "model": MODEL_NAME, "messages": FEW_SHOT, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60,
-        "temperature": 0})
-    body = json.loads(data)
-    if status == 400:
-        assert "tool_choice" in body["error"]["message"] and "structured output" in body["error"]["message"], body
-        return
-    assert status == 200, (status, body)
-    c = body["choices"][0]
-    assert c["finish_reason"] == "tool_calls" and c["message"]["tool_calls"][0]["function"]["name"] == "get_weather", c
-    assert isinstance(json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]), dict), c
+def required_and_named_are_enforced_or_refused_clearly():
+    # With a grammar backend the output is a valid call (the grammar is the function's schema); without
+    # one, a 400 that says why.
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        for stream in (False, True):
+            body = {"model": MODEL_NAME, "messages": FEW_SHOT[-1:], "tools": TOOLS, "tool_choice": choice,
+                    "max_tokens": 200, "temperature": 0}
+            if not stream:
+                status, data = srv.request("POST", "/v1/chat/completions", body)
+                out = json.loads(data)
+                if status == 400:
+                    assert "tool_choice" in out["error"]["message"] and "structured output" in out["error"]["message"], out
+                    continue
+                assert status == 200, (status, out)
+                c = out["choices"][0]
+                assert c["finish_reason"] == "tool_calls", c
+                calls = [(t["function"]["name"], t["function"]["arguments"]) for t in c["message"]["tool_calls"]]
+            else:
+                try:
+                    content, _, calls, finish = reassemble(list(srv.client.chat.completions.create(stream=True, **body)))
+                except openai.BadRequestError as e:
+                    assert "structured output" in str(e), e
+                    continue
+                assert finish == "tool_calls" and content == "", (finish, content)
+            assert calls and all(name == "get_weather" for name, _ in calls), calls
+            for _, arguments in calls:
+                args = json.loads(arguments)
+                assert isinstance(args, dict) and isinstance(args.get("city"), str), args
 
 
 @case
