@@ -108,6 +108,7 @@ struct facade_internals {
   std::mutex sinks_mutex;
   std::vector<caf::actor> event_sinks;
   std::atomic<uint64_t> next_ticket{1};  // ticket_id values, handed out in order
+  std::atomic<uint64_t> next_tokenizer{0};  // tokenize_async: round robin over the pool
   std::atomic<bool> accepting{true};
   std::atomic<uint64_t> num_submitted{0};
   std::atomic<uint64_t> num_rejected{0};
@@ -235,6 +236,42 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
 
 void engine_facade::abort(ticket_id id) {
   if (in_->engine) caf::anon_send(in_->engine, abort_atom_v, id);
+}
+
+void engine_facade::tokenize_async(prompt_input prompt, std::function<void(tokenize_result)> done) {
+  auto refuse = [&](std::string message) {
+    tokenize_result r;
+    r.error = std::move(message);
+    r.refused = true;
+    done(std::move(r));
+  };
+  if (!in_->accepting.load()) return refuse("the engine is shutting down");
+  if (in_->tokenizers.empty()) return refuse("this model has no tokenizer");
+  const caf::actor tok = in_->tokenizers[in_->next_tokenizer.fetch_add(1) % in_->tokenizers.size()];
+  auto input = std::make_shared<const prompt_input>(std::move(prompt));
+  // A short-lived actor makes the request, so the answer comes back as a message (no thread waits).
+  in_->sys->spawn([tok, input, done = std::move(done)](caf::event_based_actor* self) {
+    self->request(tok, caf::infinite, encode_atom_v, input)
+        .then(
+            [self, done](std::vector<token_id>& ids) {
+              tokenize_result r;
+              r.ids = std::move(ids);
+              done(std::move(r));
+              self->quit();
+            },
+            [self, done](caf::error& err) {
+              tokenize_result r;
+              // The tokenizer's own message (see tokenizer_actor.cpp) rather than CAF's rendering.
+              const caf::message& context = err.context();
+              r.error = context.match_elements<std::string>() ? context.get_as<std::string>(0) : self->system().render(err);
+              done(std::move(r));
+              self->quit();
+            });
+  });
+}
+
+int32_t engine_facade::max_model_len() const {
+  return options_.engine.max_model_len > 0 ? options_.engine.max_model_len : config_.context_length;
 }
 
 void engine_facade::subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz) {

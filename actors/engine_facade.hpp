@@ -106,6 +106,13 @@ struct facade_stats {
   uint64_t num_failed = 0;
 };
 
+// What tokenize_async() answers: the ids, or why there are none.
+struct tokenize_result {
+  std::vector<token_id> ids;
+  std::string error;  // empty: ok
+  bool refused = false;  // not tokenized at all: no tokenizer, or the runtime is shutting down
+};
+
 struct health_report {
   bool healthy = true;
   std::string message;  // why not
@@ -124,6 +131,17 @@ class engine_facade {
   submit_result submit(prompt_input prompt, const sampling_params& params, int32_t priority = 0);
   // Aborts a request by id; unknown or finished ids are ignored.
   void abort(ticket_id id);
+
+  // Tokenizes `prompt` on one of the tokenizer actors, exactly as submit() would (text: with the
+  // vocabulary's BOS when prompt.add_special and the vocabulary asks for it; a conversation: rendered
+  // with the chat template first), and calls `done` with the ids or the error, on that actor's thread
+  // (or on the caller's, at once, when refused: no tokenizer, or shutting down). Never blocks: what a
+  // server's I/O thread calls instead of encoding a megabyte of text itself. `done` must be quick
+  // and must not block (hand the result to the caller's own thread).
+  void tokenize_async(prompt_input prompt, std::function<void(tokenize_result)> done);
+
+  // The longest sequence the engine admits: --max-model-len when set, else the model's context.
+  int32_t max_model_len() const;
 
   // `callback` receives coalesced event batches on its own thread, at most max_rate_hz per second.
   void subscribe_events(std::function<void(const event_batch&)> callback, double max_rate_hz = 10.0);

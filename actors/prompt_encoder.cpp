@@ -24,7 +24,7 @@ std::vector<token_id> prompt_encoder::encode(const prompt_input& prompt) const {
     case prompt_input::kind::text: {
       if (!tok_) throw invalid_request("this engine has no tokenizer: send token ids");
       encode_options options;
-      options.add_special = tok_->add_bos();
+      options.add_special = prompt.add_special && tok_->add_bos();
       return tok_->encode(prompt.text, options);
     }
     case prompt_input::kind::chat: {

@@ -62,6 +62,16 @@ void serve_command::add_to(CLI::App& app) {
       ->check(CLI::Range(1, 86400));
   cmd_->add_option("--ws-max-message-bytes", ws_max_message_bytes_, "Largest WebSocket message a client may send")
       ->check(CLI::Range(1024, 16 << 20));
+  cmd_->add_option("--write-timeout", write_timeout_s_,
+                   "Seconds a client may take no bytes of a pending response or message before it is disconnected "
+                   "(its generations aborted)")
+      ->check(CLI::Range(1, 3600));
+  cmd_->add_option("--ws-auth-timeout", ws_auth_timeout_s_,
+                   "Seconds a WebSocket has to send its auth message when the upgrade carried no key")
+      ->check(CLI::Range(1, 3600));
+  cmd_->add_option("--max-response-bytes", max_response_bytes_,
+                   "Largest response a request may ask for, estimated from n x max_tokens x logprobs (larger: 400)")
+      ->check(CLI::Range(int64_t{1} << 16, int64_t{1} << 40));
   cmd_->add_option("--shutdown-timeout", shutdown_timeout_s_,
                    "Seconds open requests may still finish after SIGINT/SIGTERM before they are aborted")
       ->check(CLI::Range(0, 3600));
@@ -151,6 +161,8 @@ int serve_command::run() {
   so.read_timeout = std::chrono::seconds(request_timeout_s_);
   so.idle_timeout = std::chrono::seconds(keep_alive_timeout_s_);
   so.ws_idle_timeout = std::chrono::seconds(ws_idle_timeout_s_);
+  so.write_timeout = std::chrono::seconds(write_timeout_s_);
+  so.ws_auth_timeout = std::chrono::seconds(ws_auth_timeout_s_);
   so.ws_max_message_bytes = ws_max_message_bytes_;
   so.allowed_origins = allowed_origins_;
   so.allowed_hosts = allowed_hosts_;
@@ -164,6 +176,8 @@ int serve_command::run() {
   so.encode_chat = [&b](const std::vector<chat_message>& messages) {
     return encode_messages(b, messages);
   };
+  so.limits.max_response_bytes = max_response_bytes_;
+  so.limits.max_model_len = facade.max_model_len();
 
   // SIGINT/SIGTERM end the server: block them here, wait for one on a helper thread.
   sigset_t signals;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -126,6 +128,9 @@ class cpu_executor final : public executor {
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
   const char* name() const override { return "cpu"; }
+  // Attention starts at the window's first key (below) and the K/V write is at the new positions, so
+  // entries of freed blocks before the window are never touched.
+  bool reads_only_window() const override { return true; }
 
   void execute(const step_batch& batch, step_output& out) override;
 
@@ -139,9 +144,17 @@ class cpu_executor final : public executor {
   void forward(int thread_index, const step_batch& batch);
 
   float* kv_slot(block_id block, int32_t layer, int kind, int32_t kv_head) const {
+    // step_layout refuses a freed entry inside the window; reaching one here is a bug in the key
+    // ranges below, and reading through it would read another block's memory: stop.
+    if (block < 0) [[unlikely]] freed_block_touched(block, layer);
     return kv_device_.get() + static_cast<int64_t>(block) * block_floats_ +
            ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) *
                spec_.block_size * config_.head_dim;
+  }
+
+  [[noreturn]] static void freed_block_touched(block_id block, int32_t layer) {
+    std::fprintf(stderr, "cpu executor: layer %d touched block-table entry %d (a freed block): aborting\n", layer, block);
+    std::abort();
   }
 
   std::shared_ptr<const model_weights> weights_;
@@ -567,7 +580,9 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
 
     // Causal attention of each new token over positions [first, pos], read through the block table;
     // first = 0, or pos - window + 1 on a sliding-window layer (keys older than the window are skipped,
-    // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do).
+    // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do). Table entries before
+    // first / block_size are never looked at: the engine frees those blocks (no_block) when every layer
+    // has a window (reads_only_window).
     const int32_t window = L.sliding_window;
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];

@@ -18,8 +18,10 @@ const std::vector<block_id> empty_table;
 block_manager::block_manager(const block_manager_options& options)
     : block_size_(options.block_size),
       num_host_blocks_(options.num_host_blocks),
-      prefix_caching_(options.enable_prefix_caching) {
+      prefix_caching_(options.enable_prefix_caching),
+      window_(options.attention_window) {
   if (options.block_size <= 0) throw invalid_request("block_size must be positive");
+  if (options.attention_window < 0) throw invalid_request("attention_window must not be negative");
   if (options.num_device_blocks <= 0) throw invalid_request("num_kv_blocks must be positive");
   if (options.num_host_blocks < 0) throw invalid_request("num_host_blocks must not be negative");
   blocks_.resize(static_cast<size_t>(options.num_device_blocks));
@@ -62,7 +64,21 @@ const std::vector<block_id>& block_manager::block_table(seq_id seq) const {
 }
 
 int32_t block_manager::num_blocks(seq_id seq) const {
-  return static_cast<int32_t>(block_table(seq).size());
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.swapped) return 0;
+  return static_cast<int32_t>(it->second.device.size()) - it->second.num_freed;
+}
+
+int32_t block_manager::num_freed_blocks(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.num_freed;
+}
+
+int32_t block_manager::num_logical_blocks(seq_id seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  const seq_state& s = it->second;
+  return s.num_freed + static_cast<int32_t>(s.swapped ? s.host.size() : s.device.size() - static_cast<size_t>(s.num_freed));
 }
 
 int32_t block_manager::num_host_blocks_of(seq_id seq) const {
@@ -92,17 +108,33 @@ int32_t block_manager::cached_prefix_blocks(std::span<const token_id> tokens, st
   // Leave at least the last token to compute: the sampler needs its logits.
   const int32_t max_blocks = (static_cast<int32_t>(tokens.size()) - 1) / block_size_;
   uint64_t parent = root_hash;
-  int32_t n = 0;
-  for (; n < max_blocks; ++n) {
+  std::vector<block_id> found;
+  std::vector<uint64_t> chain;
+  int32_t best = 0;
+  int32_t run_start = 0;  // first block of the current run of consecutive hits
+  for (int32_t n = 0; n < max_blocks; ++n) {
     auto block_tokens = tokens.subspan(static_cast<size_t>(n) * block_size_, static_cast<size_t>(block_size_));
     const uint64_t h = block_hash(parent, block_tokens);
     const block_id b = lookup(h, block_tokens);
-    if (b < 0) break;
-    if (out) out->push_back(b);
-    if (hashes) hashes->push_back(h);
     parent = h;
+    found.push_back(b);
+    chain.push_back(h);
+    if (b < 0) {
+      // Without a window every block of the prefix is read again, so the first miss ends the hit.
+      // With one, a later stretch of hits may still cover a later prefix's window: scan on.
+      if (window_ == 0) break;
+      run_start = n + 1;
+      continue;
+    }
+    // A sequence that starts with n + 1 blocks computed reads blocks from blocks_outside_window on.
+    if (run_start <= blocks_outside_window((n + 1) * block_size_)) best = n + 1;
   }
-  return n;
+  const int32_t skipped = blocks_outside_window(best * block_size_);
+  for (int32_t i = 0; i < best; ++i) {
+    if (out) out->push_back(i < skipped ? no_block : found[static_cast<size_t>(i)]);
+    if (hashes) hashes->push_back(chain[static_cast<size_t>(i)]);
+  }
+  return best;
 }
 
 int32_t block_manager::cached_prefix_tokens(std::span<const token_id> tokens) const {
@@ -156,9 +188,11 @@ int32_t block_manager::blocks_needed(seq_id seq, std::span<const token_id> token
     const int32_t num_hit_blocks = num_computed / block_size_;
     if (num_hit_blocks > 0)
       cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits, nullptr);
-    int32_t revived = 0;
-    for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(hits.size()); ++i)
-      if (blocks_[static_cast<size_t>(hits[static_cast<size_t>(i)])].ref_count == 0) ++revived;
+    int32_t revived = 0;  // hit blocks outside the window (no_block) are not taken: they cost nothing
+    for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(hits.size()); ++i) {
+      const block_id b = hits[static_cast<size_t>(i)];
+      if (b != no_block && blocks_[static_cast<size_t>(b)].ref_count == 0) ++revived;
+    }
     return revived + (total_blocks - num_hit_blocks);
   }
   const seq_state& s = it->second;
@@ -195,11 +229,15 @@ bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens,
         throw std::logic_error("block_manager::allocate_slots: claimed prefix is not cached");
       for (int32_t i = 0; i < num_hit_blocks; ++i) {
         const block_id b = hits[static_cast<size_t>(i)];
+        s.device.push_back(b);
+        s.hashes.push_back(hashes[static_cast<size_t>(i)]);
+        if (b == no_block) {  // before the window of the first query: never read, not taken
+          ++s.num_freed;
+          continue;
+        }
         block_meta& m = blocks_[static_cast<size_t>(b)];
         if (m.ref_count == 0) lru_.erase(m.lru_pos);  // revive a cached-free block
         ++m.ref_count;
-        s.device.push_back(b);
-        s.hashes.push_back(hashes[static_cast<size_t>(i)]);
       }
     }
     s.num_computed = num_computed;
@@ -208,6 +246,8 @@ bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens,
   const int32_t write_block = num_computed / block_size_;
   if (num_new > 0 && write_block < static_cast<int32_t>(s.device.size())) {
     block_id& slot = s.device[static_cast<size_t>(write_block)];
+    // The block of position num_computed is inside every window (w >= 1), so never freed.
+    if (slot == no_block) throw std::logic_error("block_manager::allocate_slots: write into a freed block");
     if (blocks_[static_cast<size_t>(slot)].ref_count > 1) {
       const block_id fresh = take_free_block();
       copies.push_back({slot, fresh});
@@ -224,15 +264,16 @@ void block_manager::commit_computed(seq_id seq, std::span<const token_id> tokens
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   seq_state& s = it->second;
+  if (s.swapped) throw std::logic_error("block_manager::commit_computed: sequence is swapped out");
   s.num_computed = num_computed;
-  if (!prefix_caching_) return;
-  const int32_t num_full = std::min(num_computed / block_size_, static_cast<int32_t>(s.device.size()));
+  const int32_t num_full = prefix_caching_ ? std::min(num_computed / block_size_, static_cast<int32_t>(s.device.size())) : 0;
   while (static_cast<int32_t>(s.hashes.size()) < num_full) {
     const size_t i = s.hashes.size();
     auto block_tokens = tokens.subspan(i * static_cast<size_t>(block_size_), static_cast<size_t>(block_size_));
     const uint64_t h = block_hash(i == 0 ? root_hash : s.hashes.back(), block_tokens);
     s.hashes.push_back(h);
     const block_id b = s.device[i];
+    if (b == no_block) continue;  // freed for the window (the chain goes on: later blocks need it)
     block_meta& m = blocks_[static_cast<size_t>(b)];
     // An equal block already indexed (computed twice concurrently) keeps the index; this copy is
     // freed normally later.
@@ -242,14 +283,29 @@ void block_manager::commit_computed(seq_id seq, std::span<const token_id> tokens
     m.tokens.assign(block_tokens.begin(), block_tokens.end());
     hash_to_block_.emplace(h, b);
   }
+  // After indexing: a full block that leaves the window in the same step (a long prefill chunk)
+  // goes to the cached-free list and stays revivable by a later prefix hit.
+  release_outside_window(s);
+}
+
+void block_manager::release_outside_window(seq_state& s) {
+  const int32_t dead = std::min(blocks_outside_window(s.num_computed), static_cast<int32_t>(s.device.size()));
+  // Oldest first: they enter the LRU list first and so are evicted first.
+  for (; s.num_freed < dead; ++s.num_freed) {
+    block_id& b = s.device[static_cast<size_t>(s.num_freed)];
+    release(b);
+    b = no_block;
+    ++num_window_freed_;
+  }
 }
 
 void block_manager::fork(seq_id parent, seq_id child) {
   auto it = seqs_.find(parent);
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::fork: parent not resident");
   if (has(child)) throw std::logic_error("block_manager::fork: child already has blocks");
-  seq_state copy = it->second;
-  for (block_id b : copy.device) ++blocks_[static_cast<size_t>(b)].ref_count;
+  seq_state copy = it->second;  // freed window entries included: the child is at the same position
+  for (block_id b : copy.device)
+    if (b != no_block) ++blocks_[static_cast<size_t>(b)].ref_count;
   seqs_.emplace(child, std::move(copy));
 }
 
@@ -259,7 +315,8 @@ void block_manager::free(seq_id seq) {
   seq_state& s = it->second;
   // Tail blocks first: they enter the LRU list earlier, so they are evicted before the prefix
   // blocks that other requests are more likely to share.
-  for (auto b = s.device.rbegin(); b != s.device.rend(); ++b) release(*b);
+  for (auto b = s.device.rbegin(); b != s.device.rend(); ++b)
+    if (*b != no_block) release(*b);
   for (block_id h : s.host) free_host_.push_back(h);
   seqs_.erase(it);
 }
@@ -268,14 +325,15 @@ bool block_manager::swap_out(seq_id seq, std::vector<block_copy>& swap_out_list)
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::swap_out: not resident");
   seq_state& s = it->second;
-  if (s.device.size() > free_host_.size()) return false;
-  for (block_id d : s.device) {
+  const auto held = std::span(s.device).subspan(static_cast<size_t>(s.num_freed));  // freed entries: nothing to copy
+  if (held.size() > free_host_.size()) return false;
+  for (block_id d : held) {
     const block_id h = free_host_.back();
     free_host_.pop_back();
     swap_out_list.push_back({d, h});
     s.host.push_back(h);
   }
-  for (auto b = s.device.rbegin(); b != s.device.rend(); ++b) release(*b);
+  for (auto b = held.rbegin(); b != held.rend(); ++b) release(*b);
   s.device.clear();
   s.swapped = true;
   return true;
@@ -286,6 +344,7 @@ bool block_manager::swap_in(seq_id seq, int32_t reserve_blocks, std::vector<bloc
   if (it == seqs_.end() || !it->second.swapped) throw std::logic_error("block_manager::swap_in: not swapped");
   seq_state& s = it->second;
   if (static_cast<int32_t>(s.host.size()) > num_free_blocks() - reserve_blocks) return false;
+  s.device.assign(static_cast<size_t>(s.num_freed), no_block);
   for (block_id h : s.host) {
     const block_id d = take_free_block();
     swap_in_list.push_back({h, d});
@@ -311,7 +370,7 @@ std::vector<block_info> block_manager::snapshot() const {
     if (blocks_[b].cached && blocks_[b].ref_count == 0) out[b].num_filled = block_size_;
   }
   for (const auto& [id, s] : seqs_) {
-    for (size_t i = 0; i < s.device.size(); ++i) {
+    for (size_t i = static_cast<size_t>(s.num_freed); i < s.device.size(); ++i) {
       block_info& info = out[static_cast<size_t>(s.device[i])];
       const int32_t filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
       info.num_filled = std::max(info.num_filled, filled);
@@ -328,7 +387,8 @@ std::vector<block_info> block_manager::host_snapshot() const {
     for (size_t i = 0; i < s.host.size(); ++i) {
       block_info& info = out[static_cast<size_t>(s.host[i])];
       info.ref_count = 1;
-      info.num_filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
+      const int32_t logical = s.num_freed + static_cast<int32_t>(i);  // host[i] holds table entry num_freed + i
+      info.num_filled = std::clamp(s.num_computed - logical * block_size_, 0, block_size_);
       info.owner = id;
     }
   }
@@ -339,7 +399,7 @@ block_manager::slot_usage block_manager::slots() const {
   slot_usage u;
   std::vector<int32_t> filled(blocks_.size(), -1);
   for (const auto& [id, s] : seqs_) {
-    for (size_t i = 0; i < s.device.size(); ++i) {
+    for (size_t i = static_cast<size_t>(s.num_freed); i < s.device.size(); ++i) {
       const int32_t f = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
       int32_t& slot = filled[static_cast<size_t>(s.device[i])];
       slot = std::max(slot, f);
@@ -359,7 +419,19 @@ std::string block_manager::check_invariants() const {
   for (const auto& [id, s] : seqs_) {
     if (s.swapped && !s.device.empty()) return "swapped sequence " + std::to_string(id.value()) + " holds device blocks";
     if (!s.swapped && !s.host.empty()) return "resident sequence " + std::to_string(id.value()) + " holds host blocks";
-    for (block_id b : s.device) {
+    const std::string seq_name = "sequence " + std::to_string(id.value());
+    // The window: exactly the blocks no later query reads are freed, all of them leading entries.
+    if (s.num_freed != blocks_outside_window(s.num_computed))
+      return seq_name + ": " + std::to_string(s.num_freed) + " blocks freed for the window, expected " +
+             std::to_string(blocks_outside_window(s.num_computed)) + " at " + std::to_string(s.num_computed) +
+             " computed tokens";
+    if (!s.swapped && static_cast<int32_t>(s.device.size()) < s.num_freed) return seq_name + ": table shorter than its freed entries";
+    for (size_t i = 0; i < s.device.size(); ++i) {
+      const block_id b = s.device[i];
+      if ((b == no_block) != (static_cast<int32_t>(i) < s.num_freed))
+        return seq_name + ": table entry " + std::to_string(i) + (b == no_block ? " is freed" : " is held") +
+               " but " + std::to_string(s.num_freed) + " leading entries are freed";
+      if (b == no_block) continue;
       if (b < 0 || b >= num_device_blocks()) return "block id out of range";
       ++refs[static_cast<size_t>(b)];
     }

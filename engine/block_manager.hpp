@@ -11,9 +11,19 @@
 //    drops to 0 stay indexed ("cached free") and are evicted least-recently-freed first, only when
 //    the plain free list is empty.
 //  * Host swap pool: swap_out() moves a sequence's blocks to host blocks, swap_in() back.
+//  * Sliding-window attention (attention_window w > 0: every layer of the model has a window, the
+//    widest being w; model_config::kv_window): a query at position p reads no key before p - w + 1,
+//    so once a sequence has n computed tokens every later query (at >= n) reads nothing before
+//    n - w + 1. Its leading blocks that lie wholly before that point are released (reference - 1,
+//    to the free or cached-free list like any freed block) and their table entries become no_block:
+//    the table keeps its logical length, so positions still map to table[pos / block_size]. A
+//    sequence holds at most ceil((w - 1) / block_size) + 1 blocks between steps, plus the blocks of
+//    the chunk it computes next. Prefix hits need only the blocks of the hit's own window to be
+//    cached (the hash chain vouches for the prefix before them), as vLLM's sliding-window manager.
 //
 // Every mutating call either succeeds completely or returns false with nothing changed.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <span>
@@ -32,6 +42,9 @@ struct block_manager_options {
   int32_t num_device_blocks = 0;
   int32_t num_host_blocks = 0;
   bool enable_prefix_caching = true;
+  // 0: every computed position stays in the cache while its sequence lives. w > 0: no query reads a
+  // key more than w - 1 positions behind it (model_config::kv_window), so blocks behind that are freed.
+  int32_t attention_window = 0;
 };
 
 class block_manager {
@@ -43,7 +56,14 @@ class block_manager {
   int32_t num_device_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t num_host_blocks() const { return num_host_blocks_; }
   bool prefix_caching() const { return prefix_caching_; }
+  int32_t attention_window() const { return window_; }
   int32_t blocks_for(int32_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+  // Leading blocks of a sequence with `num_computed` tokens that no later query reads: 0 without a
+  // window, else floor(max(0, num_computed - w + 1) / block_size). Exactly these entries of a
+  // sequence's table are no_block (check_invariants).
+  int32_t blocks_outside_window(int32_t num_computed) const {
+    return window_ > 0 ? std::max(0, num_computed - window_ + 1) / block_size_ : 0;
+  }
 
   // Free device blocks, including cached-free ones (which an allocation may evict).
   int32_t num_free_blocks() const;
@@ -55,19 +75,27 @@ class block_manager {
   // ---- per sequence ----------------------------------------------------------------------------
   bool has(seq_id seq) const { return seqs_.count(seq) != 0; }
   bool is_swapped(seq_id seq) const;
-  // Device block table (empty for an unknown or swapped sequence).
+  // Device block table (empty for an unknown or swapped sequence); its leading
+  // num_freed_blocks(seq) entries are no_block (outside the attention window).
   const std::vector<block_id>& block_table(seq_id seq) const;
-  int32_t num_blocks(seq_id seq) const;       // device blocks
+  int32_t num_blocks(seq_id seq) const;         // device blocks it holds (freed entries not counted)
+  int32_t num_freed_blocks(seq_id seq) const;   // leading entries freed for the window (also while swapped)
+  int32_t num_logical_blocks(seq_id seq) const; // table length: freed + held (device or host)
   int32_t num_host_blocks_of(seq_id seq) const;
+  // Blocks freed because they fell outside the attention window, since construction.
+  int64_t num_window_freed_blocks() const { return num_window_freed_; }
 
   // Tokens of the longest prefix of `tokens` held by cached full blocks, a multiple of block_size,
   // capped at tokens.size() - 1 so at least one token is computed (its logits are needed).
-  // Read-only; 0 when prefix caching is off.
+  // With a window, only the blocks the prefix's next query can read must be cached (those before it
+  // may have been evicted: the chain hash of a later block vouches for them). Read-only; 0 when
+  // prefix caching is off.
   int32_t cached_prefix_tokens(std::span<const token_id> tokens) const;
 
-  // Ensures `seq` has device slots for positions [0, num_computed + num_new).
-  // A sequence without blocks starts with `num_computed` tokens from the prefix cache (0, or exactly
-  // what cached_prefix_tokens(tokens) returned): those blocks are shared, not recomputed.
+  // Ensures `seq` has device slots for positions [0, num_computed + num_new) (freed entries of the
+  // window aside). A sequence without blocks starts with `num_computed` tokens from the prefix cache
+  // (0, or exactly what cached_prefix_tokens(tokens) returned): those blocks are shared, not
+  // recomputed; with a window, the hit blocks already outside it are not taken at all (no_block).
   // If the block receiving position num_computed is shared, it is first copied to a fresh block
   // (appended to `copies`). Fails, changing nothing, if that needs more than
   // num_free_blocks() - reserve_blocks blocks.
@@ -77,7 +105,8 @@ class block_manager {
   // Device blocks allocate_slots would take from the free pool (cache revivals included).
   int32_t blocks_needed(seq_id seq, std::span<const token_id> tokens, int32_t num_computed, int32_t num_new) const;
 
-  // The first `num_computed` of `tokens` now have K/V: full blocks enter the prefix cache.
+  // The first `num_computed` of `tokens` now have K/V: full blocks enter the prefix cache, then the
+  // leading blocks now wholly outside the attention window are freed (cached ones stay revivable).
   // Call only after the executor step that computed them succeeded.
   void commit_computed(seq_id seq, std::span<const token_id> tokens, int32_t num_computed);
 
@@ -87,8 +116,9 @@ class block_manager {
   // Releases every device and host block of `seq` (no-op for an unknown sequence).
   void free(seq_id seq);
 
-  // Moves `seq`'s device blocks to the host pool (device -> host pairs appended to `swap_out`).
-  // Fails, changing nothing, if the host pool has too few free blocks.
+  // Moves `seq`'s device blocks to the host pool (device -> host pairs appended to `swap_out`); freed
+  // window entries stay freed (nothing to copy). Fails, changing nothing, if the host pool has too
+  // few free blocks.
   bool swap_out(seq_id seq, std::vector<block_copy>& swap_out);
   // Moves them back (host -> device pairs appended to `swap_in`); fails, changing nothing, if the
   // device pool has fewer than blocks + reserve_blocks free.
@@ -118,19 +148,24 @@ class block_manager {
     std::list<block_id>::iterator lru_pos{};  // valid while cached and ref_count == 0
   };
   struct seq_state {
-    std::vector<block_id> device;
-    std::vector<block_id> host;       // non-empty only while swapped out
+    std::vector<block_id> device;     // the table: num_freed leading no_block entries, then held blocks
+    std::vector<block_id> host;       // non-empty only while swapped out: copies of device[num_freed..]
     std::vector<uint64_t> hashes;     // hash chain of its first hashes.size() full blocks
     int32_t num_computed = 0;
+    int32_t num_freed = 0;            // leading table entries released for the attention window
     bool swapped = false;
   };
 
   uint64_t block_hash(uint64_t parent, std::span<const token_id> block_tokens) const;
   // Cached block holding exactly these tokens after `parent`, or -1.
   block_id lookup(uint64_t hash, std::span<const token_id> block_tokens) const;
-  // Number of leading full blocks of `tokens` that are cached (capped as in cached_prefix_tokens).
+  // Number of leading full blocks of `tokens` a new sequence can take from the cache (capped as in
+  // cached_prefix_tokens); `out` gets their blocks (no_block for those outside the window) and
+  // `hashes` their chain hashes.
   int32_t cached_prefix_blocks(std::span<const token_id> tokens, std::vector<block_id>* out,
                                std::vector<uint64_t>* hashes) const;
+  // Releases the leading blocks of `s` that blocks_outside_window(s.num_computed) says are dead.
+  void release_outside_window(seq_state& s);
   block_id take_free_block();  // pre: num_free_blocks() > 0
   void release(block_id b);    // reference count - 1; to a free list at 0
   void uncache(block_id b);
@@ -138,6 +173,8 @@ class block_manager {
   int32_t block_size_;
   int32_t num_host_blocks_;
   bool prefix_caching_;
+  int32_t window_;
+  int64_t num_window_freed_ = 0;
   std::vector<block_meta> blocks_;
   std::vector<block_id> free_;        // plain free blocks (no cached content), used as a stack
   std::list<block_id> lru_;           // cached free blocks, least recently freed first

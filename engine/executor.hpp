@@ -26,7 +26,9 @@ struct kv_cache_spec {
 
 // One sequence's part of a step: `tokens` are new tokens at positions
 // [num_computed, num_computed + tokens.size()); K/V of earlier positions are already in the blocks of
-// `block_table`, which covers every position up to the end of `tokens`.
+// `block_table`, which covers every position up to the end of `tokens`. With an attention window
+// (model_config::kv_window() = w > 0, and an executor that reads_only_window()), the entries of blocks
+// wholly before position num_computed - w + 1 may be no_block: those blocks were freed.
 struct sequence_slice {
   seq_id seq;
   std::vector<token_id> tokens;
@@ -90,6 +92,10 @@ class executor {
   // True when execute() honours sequence_slice::sampling (gpu/cuda_executor.cpp); the engine then
   // sends its sampler's state and records the tokens the executor returns.
   virtual bool samples_on_device() const { return false; }
+  // True when execute() never reads nor writes a block-table entry that lies wholly before the window
+  // of config().kv_window() (the CPU executor: its attention starts at the window's first key). The
+  // engine then frees those blocks and hands such entries as no_block.
+  virtual bool reads_only_window() const { return false; }
 };
 
 }  // namespace tessera

@@ -38,6 +38,11 @@ using seq_id = id_type<struct seq_id_tag>;
 // A physical block of the executor's KV pool (device or host); int32_t because executors index their
 // pools with it.
 using block_id = int32_t;
+// A block-table entry whose block was released while the sequence lives on: with sliding-window
+// attention (model_config::kv_window) the leading blocks that no layer's window reaches any more are
+// freed, and their entries keep their logical position with this id. Executors never read or write
+// such an entry (they skip keys outside the window); step_layout refuses one inside the window.
+inline constexpr block_id no_block = -1;
 
 }  // namespace tessera
 

@@ -30,6 +30,9 @@ scheduler_options make_scheduler_options(const executor& exec, const engine_opti
   s.blocks.num_device_blocks = o.num_kv_blocks == 0 ? spec.num_device_blocks : o.num_kv_blocks;
   s.blocks.num_host_blocks = o.num_host_blocks < 0 ? spec.num_host_blocks : o.num_host_blocks;
   s.blocks.enable_prefix_caching = o.enable_prefix_caching;
+  // Freed blocks' table entries become no_block: only an executor that skips keys outside the window
+  // without touching their entries may get such tables.
+  s.blocks.attention_window = o.free_window_blocks && exec.reads_only_window() ? exec.config().kv_window() : 0;
   s.max_num_seqs = o.max_num_seqs;
   s.max_num_batched_tokens = o.max_num_batched_tokens;
   s.preemption = o.preemption;
@@ -483,6 +486,7 @@ std::vector<llm_engine::choice_state*> llm_engine::fork_choices(request_state& r
 engine_stats llm_engine::stats() const {
   engine_stats s = stats_;
   s.kv_waste = sched_.blocks().slots().waste();
+  s.num_window_freed_blocks = static_cast<uint64_t>(sched_.blocks().num_window_freed_blocks());
   return s;
 }
 

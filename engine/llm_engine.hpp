@@ -40,6 +40,10 @@ struct engine_options {
   preemption_mode preemption = preemption_mode::automatic;
   double watermark = 0.01;
   bool enable_prefix_caching = true;
+  // Sliding-window models whose every layer has a window (model_config::kv_window), on an executor
+  // that never reads outside it (executor::reads_only_window): free each sequence's KV blocks once no
+  // layer's window reaches them. Off: keep them (the same outputs, more memory); for comparisons.
+  bool free_window_blocks = true;
   int32_t max_model_len = 0;      // 0: the model's context_length
   sampling_limits limits;
   // Constrained decoding (engine/structured/): compiles specs and fills the masks off the engine
@@ -81,6 +85,7 @@ struct engine_stats {
   uint64_t num_blocks_swapped_in = 0;   // host -> device block copies
   uint64_t num_blocks_swapped_out = 0;  // device -> host block copies
   uint64_t num_failed_steps = 0;
+  uint64_t num_window_freed_blocks = 0;  // KV blocks freed because no layer's window reached them
   double kv_waste = 0;                 // now: allocated-but-unused slots / allocated slots
   uint64_t num_token_masks = 0;        // grammar masks computed (one per constrained sequence and step)
   // Time the step waited for grammar masks after the executor returned: ~0 while the masks are

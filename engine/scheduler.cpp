@@ -28,6 +28,15 @@
 //      does not fit (strict FCFS/priority order, no overtaking), and only when no sequence is
 //      swapped out and nothing was preempted for lack of blocks this step.
 //
+// Sliding-window attention (options.blocks.attention_window > 0, see block_manager.hpp): after each
+// commit a sequence's leading blocks that no later query reads are freed, so what it HOLDS is bounded
+// by the window, not by its length. Everything that counts blocks counts held blocks: allocation needs
+// (a prefix hit takes only the blocks of its window), the watermark check of an admission, the
+// priority preemption's reclaimable blocks, a swap's size and cost (only held blocks move), and the
+// step record. A recompute-preempted sequence frees everything and re-prefills from position 0 (its
+// K/V at any position depends on the whole prefix through the layers). When the worst step of a lone
+// sequence fits the cache, sequences may be longer than the cache (max_seq_len).
+//
 // Preemption cost model (mode automatic), per event:
 //   swap      = 2 * blocks * kv_block_bytes / swap_bytes_per_second   (out now, in later)
 //   recompute = num_computed / prefill_tokens_per_second              (prefill them again)
@@ -60,6 +69,19 @@ scheduler::scheduler(const scheduler_options& options) : options_(options), bloc
   const int64_t capacity = int64_t{blocks_.num_device_blocks()} * blocks_.block_size();
   max_seq_len_ = static_cast<int32_t>(std::min<int64_t>(capacity, std::numeric_limits<int32_t>::max()));
   if (options.max_model_len > 0) max_seq_len_ = std::min(max_seq_len_, options.max_model_len);
+  // With a window, a lone sequence computing a chunk of k <= max_num_batched_tokens tokens after n
+  // holds the blocks of positions [n - w + 1, n + k): at most ceil((w + k - 2) / block_size) + 1
+  // whatever n is. When that fits the whole cache, preempting everything else always lets it go on,
+  // so its length is bounded by max_model_len only (a prompt may be longer than the cache).
+  const int32_t window = blocks_.attention_window();
+  if (window > 0 && options.max_model_len > 0) {
+    const int64_t span = int64_t{window} + options.max_num_batched_tokens - 2;
+    const int64_t worst = (span + blocks_.block_size() - 1) / blocks_.block_size() + 1;
+    if (worst <= blocks_.num_device_blocks()) {
+      max_seq_len_ = options.max_model_len;
+      window_bounded_ = true;
+    }
+  }
 }
 
 int32_t scheduler::watermark_blocks() const {
@@ -96,7 +118,7 @@ sequence& scheduler::add(std::unique_ptr<sequence> seq) {
   if (options_.max_model_len > 0 && len > options_.max_model_len)
     throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than max_model_len (" +
                           std::to_string(options_.max_model_len) + ")");
-  if (blocks_.blocks_for(len) > blocks_.num_device_blocks())
+  if (!window_bounded_ && blocks_.blocks_for(len) > blocks_.num_device_blocks())
     throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than the whole KV cache holds (" +
                           std::to_string(blocks_.num_device_blocks()) + " blocks of " +
                           std::to_string(blocks_.block_size()) + ")");
@@ -283,8 +305,8 @@ scheduler_output scheduler::schedule() {
       if (num_running() >= options_.max_num_seqs) { blocked = waiting_reason::max_seqs; break; }
       if (budget <= 0) { blocked = waiting_reason::token_budget; break; }
       const int32_t num_new = std::min(seq->num_uncomputed(), budget);
-      const int32_t num_host = blocks_.num_host_blocks_of(seq->id);
-      const int32_t extra = std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - num_host);
+      // Blocks beyond the restored table (its freed window entries stay freed, nothing to restore).
+      const int32_t extra = std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id));
       const int32_t reserve = (running_.empty() ? 0 : watermark) + extra;
       const size_t first = plan.swap_in.size();
       if (!blocks_.swap_in(seq->id, reserve, plan.swap_in)) { blocked = waiting_reason::kv_full; break; }
@@ -384,7 +406,7 @@ void scheduler::fill_record(const scheduler_output& plan, step_record& r) const 
   r.running.clear();
   r.running.reserve(running_.size());
   for (const sequence* s : running_)
-    r.running.push_back({s->id, s->request, blocks_.num_blocks(s->id), s->num_tokens()});
+    r.running.push_back({s->id, s->request, blocks_.num_blocks(s->id), s->num_tokens(), blocks_.num_freed_blocks(s->id)});
   r.num_batch_seqs = static_cast<int32_t>(plan.scheduled.size());
   r.num_prefill_tokens = plan.num_prefill_tokens;
   r.num_decode_tokens = plan.num_decode_tokens;
@@ -413,10 +435,16 @@ std::string scheduler::check_invariants() const {
       const sequence* s = q[i];
       if (s->status != status) return std::string("sequence in ") + name + " queue has status " + std::string(to_string(s->status));
       if (i > 0 && more_important(*s, *q[i - 1])) return std::string(name) + " queue out of order";
-      const int32_t nb = blocks_.num_blocks(s->id);
+      // Table length (freed window entries included); which of them are freed is the block manager's check.
+      const int32_t nb = blocks_.num_logical_blocks(s->id);
       if (status == sequence_status::running && nb != blocks_.blocks_for(s->num_computed))
         return "running sequence " + std::to_string(s->id.value()) + " has " + std::to_string(nb) + " blocks for " +
                std::to_string(s->num_computed) + " computed tokens";
+      if (status == sequence_status::running &&
+          blocks_.num_freed_blocks(s->id) != blocks_.blocks_outside_window(s->num_computed))
+        return "running sequence " + std::to_string(s->id.value()) + " freed " +
+               std::to_string(blocks_.num_freed_blocks(s->id)) + " window blocks at " + std::to_string(s->num_computed) +
+               " computed tokens";
       if (status == sequence_status::waiting && (blocks_.has(s->id) || s->num_computed != 0))
         return "waiting sequence " + std::to_string(s->id.value()) + " holds KV";
       if (status == sequence_status::swapped && !blocks_.is_swapped(s->id))

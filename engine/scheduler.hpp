@@ -73,11 +73,13 @@ class scheduler {
   explicit scheduler(const scheduler_options& options);
 
   // Longest sequence (prompt + generated) the engine may produce: max_model_len capped by the
-  // whole device cache, so a sequence alone in the engine always fits.
+  // whole device cache, so a sequence alone in the engine always fits; with an attention window
+  // whose worst step fits the cache (scheduler.cpp), max_model_len alone.
   int32_t max_seq_len() const { return max_seq_len_; }
 
   // Queues a new sequence (status waiting). Throws invalid_request if its prompt is empty, longer
-  // than max_model_len or larger than the whole KV cache: it could never be scheduled.
+  // than max_model_len or larger than the whole KV cache (unless the window bounds what it holds):
+  // it could never be scheduled.
   sequence& add(std::unique_ptr<sequence> seq);
 
   // Plans one step: allocates the blocks of every scheduled chunk, preempts when blocks run out,
@@ -130,6 +132,7 @@ class scheduler {
   scheduler_options options_;
   block_manager blocks_;
   int32_t max_seq_len_ = 0;
+  bool window_bounded_ = false;  // the attention window bounds a sequence's blocks below the cache size
   uint64_t step_ = 0;
   std::unordered_map<seq_id, std::unique_ptr<sequence>> seqs_;
   // Each queue is kept in importance order (more_important): running_ back = first victim.

@@ -24,6 +24,7 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
   out.num_rows.assign(batch.seqs.size(), 0);
 
   const int32_t bs = spec.block_size;
+  const int32_t window = config.kv_window();  // 0: every layer may read every past position
   int32_t rows = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const sequence_slice& sl = batch.seqs[s];
@@ -33,10 +34,13 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
     // int32 in both executors' kernels, and end + block_size must not overflow either.
     if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) refuse("bad num_computed");
     if (static_cast<int64_t>(sl.block_table.size()) * bs < end) refuse("block table does not cover the sequence");
-    // Only the blocks this step reads or writes: a table may carry blocks allocated ahead.
+    // Only the blocks this step reads or writes: a table may carry blocks allocated ahead, and with a
+    // window its leading entries that no query of this slice reaches may be no_block (freed).
     const int64_t used_blocks = (end + bs - 1) / bs;
+    const int64_t first_read = window > 0 ? std::max<int64_t>(0, int64_t{sl.num_computed} - window + 1) / bs : 0;
     for (int64_t b = 0; b < used_blocks; ++b) {
       const block_id id = sl.block_table[static_cast<size_t>(b)];
+      if (id == no_block && b < first_read) continue;  // freed, and no layer reads it: never touched
       if (id < 0 || id >= spec.num_device_blocks) refuse("block id out of range");
     }
     step_layout::sequence_rows sr;

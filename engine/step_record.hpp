@@ -63,8 +63,9 @@ struct pool_usage {
 struct sequence_blocks {
   seq_id seq;
   request_id request;
-  int32_t num_blocks = 0;
+  int32_t num_blocks = 0;         // device blocks it holds
   int32_t num_tokens = 0;
+  int32_t num_window_freed = 0;   // leading blocks freed because no layer's window reaches them
 };
 
 struct step_record {

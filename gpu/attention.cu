@@ -71,8 +71,14 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 
   const int32_t ctx = a.context_lens[token];
   const int32_t* table = a.block_tables + static_cast<int64_t>(a.token_seq[token]) * a.max_blocks_per_seq;
-  const int32_t start = a.num_splits == 1 ? 0 : split * a.partition_size;
+  // Sliding window: the query (at ctx - 1) sees [ctx - window, ctx); the walk starts there, so blocks
+  // wholly before the window are never read (nor the table entries naming them), and the splits cut
+  // the window, not the context.
+  const int32_t first = a.window > 0 ? max(0, ctx - a.window) : 0;
+  const int32_t start = first + (a.num_splits == 1 ? 0 : split * a.partition_size);
   const int32_t end = a.num_splits == 1 ? ctx : min(ctx, start + a.partition_size);
+  const bool capped = a.softcap > 0.0f;
+  const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
   const int32_t bs = a.layout.block_size;
   const int64_t block_elems = a.layout.block_elems();
   const int64_t k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * bs * D;
@@ -110,6 +116,10 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
                     q1.z * kf[6] + q1.w * kf[7];
           }
         }
+      }
+      if (capped) {  // soft-capping of the scaled score (Gemma 2), with the CPU executor's 1/cap multiply
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[g] = a.softcap * tanhf(s[g] * inv_cap);
       }
     }
     // 2. tile max, new running max, probabilities, tile sum
@@ -269,19 +279,23 @@ void launch(const paged_attention_args<T>& a, cudaStream_t stream) {
   if (a.layout.num_kv_heads * ((a.num_heads / a.layout.num_kv_heads + kMaxGroup - 1) / kMaxGroup) > 65535) {
     throw std::invalid_argument("paged_attention: too many heads for one launch");
   }
+  if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("paged_attention: negative window or soft-cap");
   switch (a.layout.head_dim) {
+    case 32: return launch_for_dim<32>(a, stream);
     case 64: return launch_for_dim<64>(a, stream);
     case 128: return launch_for_dim<128>(a, stream);
     case 256: return launch_for_dim<256>(a, stream);
     default:
       throw std::invalid_argument("paged_attention: head_dim " + std::to_string(a.layout.head_dim) +
-                                  " is not compiled (64, 128, 256)");
+                                  " is not compiled (32, 64, 128, 256)");
   }
 }
 
 }  // namespace
 
-bool attention_supports_head_dim(int32_t head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+bool attention_supports_head_dim(int32_t head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 
 int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t num_splits) {
   return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);

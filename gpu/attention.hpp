@@ -1,7 +1,8 @@
 // Paged attention over the KV cache of gpu/kernels.hpp's kv_layout, for decode and prefill alike:
-// every query token attends causally to positions [0, context_lens[t]) of its sequence, read through
-// the sequence's block table, so chunked prefill and prefix-cache hits (K/V of earlier positions
-// already in the blocks) need nothing special.
+// every query token attends causally to positions [0, context_lens[t]) of its sequence (the last
+// `window` of them on a sliding-window layer), read through the sequence's block table, so chunked
+// prefill and prefix-cache hits (K/V of earlier positions already in the blocks) need nothing special.
+// Scores may be soft-capped (paged_attention_common::softcap).
 //
 // GQA: one CTA serves all query heads of a KV head (up to 8 at a time), so each K/V row is read once
 // per group, not once per query head. Online softmax (flash-attention's running max / sum), fp32.
@@ -27,15 +28,16 @@ struct paged_attention_args : paged_attention_common<T> {
   const int32_t* token_seq = nullptr;     // [num_tokens]: row of block_tables
 };
 
-// Head sizes the kernel is compiled for.
+// Head sizes the kernel is compiled for (32, 64, 128, 256; the prefill kernel's too).
 bool attention_supports_head_dim(int32_t head_dim);
 
 // Floats of workspace a split launch needs.
 int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t num_splits);
 
-// How to split: (num_splits, partition_size) for `num_tokens` queries of at most `max_context`
-// positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the (token, KV head) CTAs
-// already fill the GPU or the context is short.
+// How to split: (num_splits, partition_size) for `num_tokens` queries that each walk at most
+// `max_context` positions (the context, or the window on a sliding-window layer) on a GPU of `num_sms`
+// multiprocessors. num_splits == 1 when the (token, KV head) CTAs already fill the GPU or the walk is
+// short.
 split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
 
 // Throws std::invalid_argument for an unsupported head_dim or a bad split.

@@ -3,13 +3,17 @@
 //
 // Per layer, on one stream:
 //   add_rms_norm (x -> xn, GEMM input type)         gemm  qkv = xn Wqkv^T            (fp32 out)
-//   rope_kv_write (Q, K rotated; K, V -> cache)      paged_attention (decode rows) + prefill_attention
-//                                                    (prompt-chunk rows) (-> attn)
+//   rope_kv_write (+ Q/K/V bias, q/k norms; Q, K rotated; K, V -> cache)
+//   paged_attention (decode rows) + prefill_attention (prompt-chunk rows) (-> attn; per-layer window,
+//                                                    soft-capped scores)
 //   gemm  x += attn Wo^T  (beta = 1: the residual add is the GEMM's epilogue)
-//   add_rms_norm (x -> xn)   gemm gu = xn Wgu^T   silu_and_mul (-> mlp)   gemm x += mlp Wdown^T
-// then the final norm of only the rows whose logits are wanted, the LM head GEMM, the GPU sampler
-// (gpu/sampling.hpp) over the rows the engine asked to sample here, and one copy of the tokens and of
-// the remaining logits rows to pinned host memory (docs/gpu_executor.md).
+//   add_rms_norm (x -> xn)   gemm gu = xn Wgu^T   silu_and_mul / gelu_tanh_and_mul (-> mlp)
+//   gemm x += mlp Wdown^T
+// Post-norm models (Gemma 2/3) write the O and down GEMMs to tmp instead and add them to x through
+// post_norm_add_rms_norm, which also computes the next pre-norm (one launch, as add_rms_norm's).
+// Then the final norm of only the rows whose logits are wanted, the LM head GEMM, the final soft-cap,
+// the GPU sampler (gpu/sampling.hpp) over the rows the engine asked to sample here, and one copy of
+// the tokens and of the remaining logits rows to pinned host memory (docs/gpu_executor.md).
 #include "gpu/cuda_executor.hpp"
 
 #include <cublas_v2.h>
@@ -116,46 +120,30 @@ class pinned_buffer {
 struct gpu_layer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
+  const float* post_attn_norm = nullptr;  // post_norms, else null
+  const float* post_ffn_norm = nullptr;
+  const float* q_norm = nullptr;          // qk_norm, else null: [head_dim] each
+  const float* k_norm = nullptr;
+  const float* qkv_bias = nullptr;        // qkv_bias, else null: Q|K|V biases, as the fused GEMM's columns
   const void* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]
   const void* wo = nullptr;       // [hidden, q_dim]
   const void* gate_up = nullptr;  // [2 ffn, hidden]
   const void* down = nullptr;     // [hidden, ffn]
+  const float* inv_freq = nullptr;  // this layer's RoPE table (layers with equal tables share one)
+  float attention_factor = 1.0f;
+  int32_t window = 0;               // sliding window (0: full causal)
+  int32_t window_class = 0;         // index into cuda_executor::window_classes_ (its split plans)
 };
 
-// The model features the CUDA kernels implement: the LLaMA block (RMSNorm, SwiGLU, no biases) with one
-// RoPE table for every layer (any scaling whose divisors fold into it: linear, llama3, and others
-// without a cos/sin multiplier) and full causal attention. Anything else is refused by name rather than
-// computed as another model; the CPU executor runs all of model_config's features.
+// What the CUDA kernels still lack is refused at load by name rather than computed as another model.
+// Every model_config feature runs (docs/models.md); what is left is the attention kernels' head sizes.
 void refuse_unsupported_features(const model_config& c) {
-  const model_features& f = c.features;
-  std::vector<std::string> missing;
-  if (f.norm != norm_kind::rms) missing.push_back("(1+w) RMSNorm");
-  if (f.activation != ffn_activation::silu) missing.push_back("GeGLU (tanh GELU)");
-  if (f.qkv_bias) missing.push_back("QKV bias");
-  if (f.qk_norm) missing.push_back("q/k norm");
-  if (f.post_norms) missing.push_back("post-norms");
-  if (f.scale_embedding) missing.push_back("embedding scaling");
-  if (f.attn_softcap.on()) missing.push_back("attention logit soft-capping");
-  if (f.final_softcap.on()) missing.push_back("final logit soft-capping");
-  if (f.attention_scale > 0.0f && f.attention_scale != 1.0f / std::sqrt(static_cast<float>(c.head_dim))) {
-    missing.push_back("attention scale (query_pre_attn_scalar)");
+  if (!gpu::attention_supports_head_dim(c.head_dim)) {
+    throw load_error("cuda executor: " + std::string(to_string(c.architecture)) + " model needs head_dim " +
+                     std::to_string(c.head_dim) +
+                     ", which the CUDA executor does not implement yet (its attention kernels are compiled for "
+                     "head_dim 32, 64, 128, 256; use --device cpu)");
   }
-  if (c.has_sliding_window()) missing.push_back("sliding-window attention");
-  const rope_table first = rope_frequencies(c, 0);
-  if (first.attention_factor != 1.0f) {
-    missing.push_back(std::string(to_string(c.scaling.kind)) + " RoPE attention factor");
-  }
-  for (int32_t i = 1; i < c.num_layers; ++i) {
-    if (rope_frequencies(c, i).inv_freq != first.inv_freq) {
-      missing.push_back("per-layer RoPE bases");
-      break;
-    }
-  }
-  if (missing.empty()) return;
-  std::string list;
-  for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
-  throw load_error("cuda executor: " + std::string(to_string(c.architecture)) + " model needs " + list +
-                   ", which the CUDA executor does not implement yet (use --device cpu)");
 }
 
 template <class T>
@@ -169,15 +157,12 @@ class cuda_executor final : public executor {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
+    post_norms_ = config_.features.post_norms;
     if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
       throw invalid_request("cuda executor: bad kv_cache_spec");
     }
     if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
       throw invalid_request("cuda executor: --gpu-memory-utilization must be in (0, 1]");
-    }
-    if (!gpu::attention_supports_head_dim(config_.head_dim)) {
-      throw load_error("cuda executor: head_dim " + std::to_string(config_.head_dim) +
-                       " is not supported by the attention kernel (64, 128, 256)");
     }
     layout_ = {config_.num_layers, config_.num_kv_heads, spec_.block_size, config_.head_dim};
     prefill_tile_tokens_ = gpu::prefill_tile_tokens(config_.head_dim, config_.num_heads, config_.num_kv_heads);
@@ -192,11 +177,7 @@ class cuda_executor final : public executor {
     cublas_workspace_.reserve(size_t{32} << 20);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
     upload_weights();
-
-    // As the CPU executor, so both rotate by the same angles (every layer alike: checked above).
-    const std::vector<float> inv_freq = rope_frequencies(config_, 0).inv_freq;
-    inv_freq_.reserve(inv_freq.size() * sizeof(float));
-    CUDA_CHECK(cudaMemcpy(inv_freq_.as<float>(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+    plan_layers();
 
     reserve_tokens(std::max(1, options.max_num_batched_tokens));
     reserve_logit_rows(std::min(std::max(1, options.max_num_batched_tokens), 256));
@@ -263,8 +244,10 @@ class cuda_executor final : public executor {
       }
       CUDA_CHECK(cudaEventRecord(swap_done_, copy_stream_));
     }
-    if (T_ > 0 && !graph_step_) gpu::embedding_gather(x_.as<float>(), static_cast<const T*>(embedding_), meta_ptr(meta_ids_), T_,
-                                                     config_.hidden_size, config_.vocab_size, stream_);
+    if (T_ > 0 && !graph_step_) {
+      gpu::embedding_gather(x_.as<float>(), static_cast<const T*>(embedding_), meta_ptr(meta_ids_), T_,
+                            config_.hidden_size, config_.vocab_size, stream_, embed_scale());
+    }
     if (swaps) CUDA_CHECK(cudaStreamWaitEvent(stream_, swap_done_, 0));
     if (!batch.copies.empty()) {
       gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()), stream_);
@@ -340,9 +323,23 @@ class cuda_executor final : public executor {
     return p;
   }
 
-  const float* upload_vector(const weight_tensor& w) {
-    std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
-    for (int64_t r = 0; r < w.rows; ++r) dequantize_row(w.type, w.row(r), v.data() + r * w.cols, w.cols);
+  // Vectors (norm weights, biases) in fp32, one after the other.
+  const float* upload_vector(std::initializer_list<const weight_tensor*> parts, bool is_norm) {
+    std::vector<float> v;
+    for (const weight_tensor* w : parts) {
+      const size_t at = v.size();
+      v.resize(at + static_cast<size_t>(w->rows * w->cols));
+      for (int64_t r = 0; r < w->rows; ++r) dequantize_row(w->type, w->row(r), v.data() + at + r * w->cols, w->cols);
+    }
+    // Gemma's checkpoints store w for x * (1 + w) (transformers GemmaRMSNorm, 1 + w in fp32): the
+    // multiplier the kernels take, as the CPU executor's to_norm_multiplier.
+    if (is_norm && config_.features.norm == norm_kind::rms_one_plus) {
+      for (float& x : v) x = 1.0f + x;
+    }
+    return upload_floats(v);
+  }
+
+  const float* upload_floats(const std::vector<float>& v) {
     device_buffer buf;
     buf.reserve(v.size() * sizeof(float));
     CUDA_CHECK(cudaMemcpy(buf.as<float>(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -357,23 +354,64 @@ class cuda_executor final : public executor {
     const int64_t hidden = config_.hidden_size;
     const int64_t q_dim = static_cast<int64_t>(config_.num_heads) * config_.head_dim;
     const int64_t ffn = config_.intermediate_size;
+    const model_features& f = config_.features;
     embedding_ = upload({&w.token_embedding}, hidden);
     for (const layer_weights& lw : w.layers) {
       gpu_layer g;
-      g.attn_norm = upload_vector(lw.attn_norm);
-      g.ffn_norm = upload_vector(lw.ffn_norm);
+      g.attn_norm = upload_vector({&lw.attn_norm}, true);
+      g.ffn_norm = upload_vector({&lw.ffn_norm}, true);
+      if (f.post_norms) {
+        g.post_attn_norm = upload_vector({&lw.post_attn_norm}, true);
+        g.post_ffn_norm = upload_vector({&lw.post_ffn_norm}, true);
+      }
+      if (f.qk_norm) {
+        g.q_norm = upload_vector({&lw.q_norm}, true);
+        g.k_norm = upload_vector({&lw.k_norm}, true);
+      }
+      if (f.qkv_bias) g.qkv_bias = upload_vector({&lw.bq, &lw.bk, &lw.bv}, false);
+      // Phi-3's fused qkv_proj / gate_up_proj arrive as row views of one tensor: uploaded the same way.
       g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden);
       g.wo = upload({&lw.wo}, q_dim);
       g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden);
       g.down = upload({&lw.w_down}, ffn);
       layers_.push_back(g);
     }
-    output_norm_ = upload_vector(w.output_norm);
+    output_norm_ = upload_vector({&w.output_norm}, true);
     const weight_tensor& out = w.output.empty() ? w.token_embedding : w.output;
     if (out.data == w.token_embedding.data) {
       output_ = embedding_;  // tied: one copy on the GPU
     } else {
       output_ = upload({&out}, hidden);
+    }
+  }
+
+  // Each layer's RoPE table (as the CPU executor computes them, so both rotate by the same angles:
+  // per-layer bases and scaling, e.g. Gemma 3's local and global layers, and the llama3 / YaRN /
+  // LongRoPE divisors and attention factors of engine/model/rope.hpp) and its window class: the
+  // distinct sliding windows, each with its own split plans per step.
+  void plan_layers() {
+    std::vector<rope_table> tables;
+    std::vector<const float*> uploaded;
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      gpu_layer& g = layers_[static_cast<size_t>(l)];
+      rope_table table = rope_frequencies(config_, l);
+      auto same = [&](const rope_table& t) {
+        return t.inv_freq == table.inv_freq && t.attention_factor == table.attention_factor;
+      };
+      const auto it = std::find_if(tables.begin(), tables.end(), same);
+      if (it == tables.end()) {
+        uploaded.push_back(upload_floats(table.inv_freq));
+        tables.push_back(std::move(table));
+        g.inv_freq = uploaded.back();
+        g.attention_factor = tables.back().attention_factor;
+      } else {
+        g.inv_freq = uploaded[static_cast<size_t>(it - tables.begin())];
+        g.attention_factor = it->attention_factor;
+      }
+      g.window = config_.layer(l).sliding_window;
+      const auto c = std::find(window_classes_.begin(), window_classes_.end(), g.window);
+      g.window_class = static_cast<int32_t>(c - window_classes_.begin());
+      if (c == window_classes_.end()) window_classes_.push_back(g.window);
     }
   }
 
@@ -392,6 +430,7 @@ class cuda_executor final : public executor {
     attn_.reserve(T_ * q_dim * sizeof(T));
     gu_.reserve(T_ * 2 * ffn * sizeof(float));
     mlp_.reserve(T_ * ffn * sizeof(T));
+    if (post_norms_) tmp_.reserve(T_ * hidden * sizeof(float));
     cap_tokens_ = n;
   }
 
@@ -504,26 +543,38 @@ class cuda_executor final : public executor {
                            sizeof(float));
     }
     // A graph's kernels are fixed at capture: plan its split for the widest context its block tables
-    // allow (shorter contexts leave partitions empty, which the combine step skips).
+    // allow (shorter contexts leave partitions empty, which the combine step skips). One plan per
+    // window class: a sliding-window layer's queries walk at most `window` positions, so it splits less
+    // (or not at all) where the full-attention layers of the same step split.
     const int32_t widest_context = graph_step_ ? max_blocks_ * spec_.block_size : step_layout_.max_context;
-    split_ = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, widest_context, num_sms_);
-    if (split_.num_splits > 1) {
-      attn_workspace_.reserve(static_cast<size_t>(gpu::attention_workspace_floats(
-                                  num_tokens_, config_.num_heads, config_.head_dim, split_.num_splits)) *
-                              sizeof(float));
+    const size_t classes = window_classes_.size();
+    split_.assign(classes, gpu::split_plan{});
+    prefill_split_.assign(classes, gpu::split_plan{});
+    int64_t workspace = 0;
+    for (size_t c = 0; c < classes; ++c) {
+      const int32_t window = window_classes_[c];
+      const int32_t walk = window > 0 ? std::min(widest_context, window) : widest_context;
+      split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, walk, num_sms_);
+      if (split_[c].num_splits > 1) {
+        workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads, config_.head_dim,
+                                                                        split_[c].num_splits));
+      }
+      // The prefill kernel runs after paged_attention on the same stream: it reuses the workspace. A
+      // tile reads from its first row's window start (0 without a window) to its last row.
+      int32_t prefill_walk = 0;
+      for (const gpu::prefill_tile& t : prefill_tiles_) {
+        const int32_t begin = window > 0 ? std::max(0, t.first_position - window + 1) : 0;
+        prefill_walk = std::max(prefill_walk, t.first_position + t.num_tokens - begin);
+      }
+      prefill_split_[c] = gpu::plan_prefill_split(static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
+                                                  config_.num_heads, config_.num_kv_heads, prefill_walk, num_sms_);
+      if (prefill_split_[c].num_splits > 1) {
+        workspace = std::max(workspace, gpu::prefill_workspace_floats(static_cast<int32_t>(prefill_tiles_.size()),
+                                                                      prefill_tile_tokens_, config_.num_heads,
+                                                                      config_.head_dim, prefill_split_[c].num_splits));
+      }
     }
-    // The prefill kernel runs after paged_attention on the same stream: it reuses the workspace. Its
-    // tiles come longest first, so the first one reads the most positions.
-    const int32_t prefill_context =
-        prefill_tiles_.empty() ? 0 : prefill_tiles_.front().first_position + prefill_tiles_.front().num_tokens;
-    prefill_split_ = gpu::plan_prefill_split(static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
-                                             config_.num_heads, config_.num_kv_heads, prefill_context, num_sms_);
-    if (prefill_split_.num_splits > 1) {
-      attn_workspace_.reserve(static_cast<size_t>(gpu::prefill_workspace_floats(
-                                  static_cast<int32_t>(prefill_tiles_.size()), prefill_tile_tokens_, config_.num_heads,
-                                  config_.head_dim, prefill_split_.num_splits)) *
-                              sizeof(float));
-    }
+    if (workspace > 0) attn_workspace_.reserve(static_cast<size_t>(workspace) * sizeof(float));
   }
 
   // Sequences bringing at least kMinPrefillTokens new tokens (prompt chunks) take the tiled prefill
@@ -618,8 +669,9 @@ class cuda_executor final : public executor {
   };
 
   std::vector<const void*> graph_buffers() const {
-    return {x_.as<void>(), xn_.as<void>(), qkv_.as<void>(), attn_.as<void>(), gu_.as<void>(), mlp_.as<void>(),
-            lx_.as<void>(), logits_.as<void>(), attn_workspace_.as<void>(), meta_dev_.as<void>()};
+    return {x_.as<void>(),      xn_.as<void>(),     qkv_.as<void>(),    attn_.as<void>(),
+            gu_.as<void>(),     mlp_.as<void>(),    tmp_.as<void>(),    lx_.as<void>(),
+            logits_.as<void>(), attn_workspace_.as<void>(), meta_dev_.as<void>()};
   }
 
   // The graph for this step's (bucket, width), captured now if missing or if a buffer it uses moved.
@@ -636,7 +688,7 @@ class cuda_executor final : public executor {
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
       gpu::embedding_gather(x_.as<float>(), static_cast<const T*>(embedding_), meta_ptr(meta_ids_), num_tokens_,
-                            config_.hidden_size, config_.vocab_size, stream_);
+                            config_.hidden_size, config_.vocab_size, stream_, embed_scale());
       forward();
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
@@ -674,7 +726,13 @@ class cuda_executor final : public executor {
                               static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // Gemma multiplies the embedding by sqrt(hidden) (in fp32 here, as the CPU executor).
+  float embed_scale() const {
+    return config_.features.scale_embedding ? std::sqrt(static_cast<float>(config_.hidden_size)) : 1.0f;
+  }
+
   void forward() {
+    const model_features& f = config_.features;
     const int32_t T_ = num_tokens_;
     const int32_t hidden = config_.hidden_size;
     const int32_t hd = config_.head_dim;
@@ -688,6 +746,7 @@ class cuda_executor final : public executor {
     T* attn = attn_.as<T>();
     float* gu = gu_.as<float>();
     T* mlp = mlp_.as<T>();
+    float* tmp = tmp_.as<float>();  // post_norms: the O and down GEMMs' outputs before their norms
     T* kv = kv_.as<T>();
 
     gpu::rope_kv_args rope;
@@ -695,14 +754,15 @@ class cuda_executor final : public executor {
     rope.qkv_stride = qkv_cols;
     rope.positions = meta_ptr(meta_positions_);
     rope.slot_mapping = meta_ptr(meta_slots_);
-    rope.inv_freq = inv_freq_.as<float>();
+    rope.eps = eps;
     rope.num_tokens = T_;
     rope.num_heads = config_.num_heads;
     rope.rope_dims = config_.rope_dims;
     rope.interleaved_pairs = config_.rope == rope_style::interleaved;
     rope.layout = layout_;
 
-    // The two attention launches share the matrices and the cache; each has its own split plan.
+    // The two attention launches share the matrices and the cache; each has its own split plan per
+    // window class.
     gpu::paged_attention_common<T> common;
     common.out = attn;
     common.out_stride = q_dim;
@@ -713,57 +773,101 @@ class cuda_executor final : public executor {
     common.num_heads = config_.num_heads;
     common.block_tables = meta_ptr(meta_tables_);
     common.max_blocks_per_seq = max_blocks_;
-    common.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    auto with_split = [&](const gpu::split_plan& plan) {
+    // As the CPU executor: the model's scale (Gemma: query_pre_attn_scalar^-1/2), else 1/sqrt(head_dim).
+    common.scale = f.attention_scale > 0.0f ? f.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+    common.softcap = f.attn_softcap.cap;
+    auto with_split = [&](const gpu::split_plan& plan, int32_t window) {
       gpu::paged_attention_common<T> c = common;
+      c.window = window;
       c.num_splits = plan.num_splits;
       c.partition_size = plan.partition_size;
       c.workspace = plan.num_splits > 1 ? attn_workspace_.as<float>() : nullptr;
       return c;
     };
 
-    gpu::paged_attention_args<T> att{with_split(split_)};
+    gpu::paged_attention_args<T> att;
     att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
 
-    gpu::prefill_attention_args<T> pre{with_split(prefill_split_)};
+    gpu::prefill_attention_args<T> pre;
     pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
     pre.num_tiles = static_cast<int32_t>(prefill_tiles_.size());
     pre.tile_tokens = prefill_tile_tokens_;
 
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       const gpu_layer& L = layers_[static_cast<size_t>(l)];
-      gpu::add_rms_norm(xn, x, nullptr, L.attn_norm, T_, hidden, eps, stream_);
-      profiler_.mark(stream_, "rms_norm");
+      // Post-norm models: the previous layer's post_norm_add_rms_norm has computed this norm.
+      if (l == 0 || !post_norms_) {
+        gpu::add_rms_norm(xn, x, nullptr, L.attn_norm, T_, hidden, eps, stream_);
+        profiler_.mark(stream_, "rms_norm");
+      }
       gemm(L.qkv, qkv_cols, hidden, xn, T_, qkv, qkv_cols, false);
       profiler_.mark(stream_, "gemm qkv");
       rope.layer = l;
+      rope.inv_freq = L.inv_freq;
+      rope.attention_factor = L.attention_factor;
+      rope.bias = L.qkv_bias;
+      rope.q_norm = L.q_norm;
+      rope.k_norm = L.k_norm;
       gpu::rope_kv_write(rope, kv, stream_);
       profiler_.mark(stream_, "rope_kv_write");
+      const auto wc = static_cast<size_t>(L.window_class);
+      static_cast<gpu::paged_attention_common<T>&>(att) = with_split(split_[wc], L.window);
       att.layer = l;
       gpu::paged_attention(att, stream_);
       profiler_.mark(stream_, "attention decode");
+      static_cast<gpu::paged_attention_common<T>&>(pre) = with_split(prefill_split_[wc], L.window);
       pre.layer = l;
       gpu::prefill_attention(pre, stream_);
       profiler_.mark(stream_, "attention prefill");
-      gemm(L.wo, hidden, q_dim, attn, T_, x, hidden, true);
-      profiler_.mark(stream_, "gemm o");
-      gpu::add_rms_norm(xn, x, nullptr, L.ffn_norm, T_, hidden, eps, stream_);
-      profiler_.mark(stream_, "rms_norm");
+      if (post_norms_) {
+        gemm(L.wo, hidden, q_dim, attn, T_, tmp, hidden, false);
+        profiler_.mark(stream_, "gemm o");
+        gpu::post_norm_add_rms_norm(xn, x, tmp, L.post_attn_norm, L.ffn_norm, T_, hidden, eps, stream_);
+        profiler_.mark(stream_, "post_norm + rms_norm");
+      } else {
+        gemm(L.wo, hidden, q_dim, attn, T_, x, hidden, true);
+        profiler_.mark(stream_, "gemm o");
+        gpu::add_rms_norm(xn, x, nullptr, L.ffn_norm, T_, hidden, eps, stream_);
+        profiler_.mark(stream_, "rms_norm");
+      }
       gemm(L.gate_up, 2 * ffn, hidden, xn, T_, gu, 2 * ffn, false);
       profiler_.mark(stream_, "gemm gate_up");
-      gpu::silu_and_mul(mlp, gu, T_, static_cast<int32_t>(ffn), stream_);
-      profiler_.mark(stream_, "silu_and_mul");
-      gemm(L.down, hidden, ffn, mlp, T_, x, hidden, true);
-      profiler_.mark(stream_, "gemm down");
+      if (f.activation == ffn_activation::gelu_tanh) {
+        gpu::gelu_tanh_and_mul(mlp, gu, T_, static_cast<int32_t>(ffn), stream_);
+        profiler_.mark(stream_, "gelu_tanh_and_mul");
+      } else {
+        gpu::silu_and_mul(mlp, gu, T_, static_cast<int32_t>(ffn), stream_);
+        profiler_.mark(stream_, "silu_and_mul");
+      }
+      if (post_norms_) {
+        gemm(L.down, hidden, ffn, mlp, T_, tmp, hidden, false);
+        profiler_.mark(stream_, "gemm down");
+        // The last layer's post-norm is added by the final norm, for the logits rows only.
+        if (l + 1 < config_.num_layers) {
+          gpu::post_norm_add_rms_norm(xn, x, tmp, L.post_ffn_norm, layers_[static_cast<size_t>(l) + 1].attn_norm, T_,
+                                      hidden, eps, stream_);
+          profiler_.mark(stream_, "post_norm + rms_norm");
+        }
+      } else {
+        gemm(L.down, hidden, ffn, mlp, T_, x, hidden, true);
+        profiler_.mark(stream_, "gemm down");
+      }
     }
     if (num_logit_rows_ == 0) return;
     T* lx = lx_.as<T>();
-    gpu::rms_norm_rows(lx, x, meta_ptr(meta_logit_rows_), output_norm_, num_logit_rows_, hidden, eps, stream_);
+    const float* last_post_norm = post_norms_ ? layers_.back().post_ffn_norm : nullptr;
+    gpu::rms_norm_rows(lx, x, meta_ptr(meta_logit_rows_), output_norm_, num_logit_rows_, hidden, eps, stream_,
+                       post_norms_ ? tmp : nullptr, last_post_norm);
     profiler_.mark(stream_, "rms_norm");
     gemm(output_, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
     profiler_.mark(stream_, "gemm lm_head");
+    if (f.final_softcap.on()) {  // before the GPU sampler and the copy to the host
+      gpu::soft_cap(logits_.as<float>(), static_cast<int64_t>(num_logit_rows_) * config_.vocab_size,
+                    f.final_softcap.cap, stream_);
+      profiler_.mark(stream_, "soft_cap");
+    }
   }
 
   std::shared_ptr<const model_weights> weights_;
@@ -786,13 +890,14 @@ class cuda_executor final : public executor {
   const void* embedding_ = nullptr;
   const void* output_ = nullptr;
   const float* output_norm_ = nullptr;
-  device_buffer inv_freq_;
+  bool post_norms_ = false;
+  std::vector<int32_t> window_classes_;  // the layers' distinct sliding windows (0: full attention)
 
   device_buffer kv_;
   pinned_buffer host_pool_;
 
   int32_t cap_tokens_ = 0, cap_rows_ = 0;
-  device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, lx_, logits_, attn_workspace_;
+  device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, tmp_, lx_, logits_, attn_workspace_;
   pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;
@@ -810,8 +915,8 @@ class cuda_executor final : public executor {
   int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_blocks_ = 1;
   bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
-  gpu::split_plan split_;
-  gpu::split_plan prefill_split_;
+  std::vector<gpu::split_plan> split_;          // per window class: decode rows
+  std::vector<gpu::split_plan> prefill_split_;  // per window class: prefill tiles
   int32_t prefill_tile_tokens_ = 0;  // query tokens per prefill tile for this model's heads
   int32_t num_prefill_tokens_ = 0;   // the step's last rows, handled by prefill_attention
   std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;

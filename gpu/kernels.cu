@@ -15,42 +15,58 @@ namespace {
 using detail::block_sum;
 using detail::from_float;
 using detail::to_float;
+using detail::warp_sum;
 
 constexpr int kThreads = 256;
 
 template <class T>
 __global__ void embedding_gather_kernel(float* out, const T* table, const int32_t* ids, int32_t hidden,
-                                        int32_t vocab) {
+                                        int32_t vocab, float scale) {
   const int32_t row = blockIdx.x;
   const int32_t id = ids[row];
   float* dst = out + static_cast<int64_t>(row) * hidden;
   const bool valid = id >= 0 && id < vocab;
   const T* src = table + static_cast<int64_t>(valid ? id : 0) * hidden;
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = valid ? to_float(src[i]) : 0.0f;
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = valid ? to_float(src[i]) * scale : 0.0f;
 }
 
-// out[b] = rms_norm(source row) * weight, the source row being residual[b] (+= x[b] when x is given,
-// written back: add_rms_norm) or, with row_index, residual[row_index[b]] (read only: rms_norm_rows).
-// The sum of squares is accumulated in fp32 like the CPU reference; the row is read twice (the second
-// read hits L1/L2: hidden <= 16K floats per row).
+// out[b] = rms_norm(source row) * weight. The source row is residual[i], i = b or row_index[b], plus,
+// when x is given, x[i] (add_rms_norm) or rms_norm(x[i]) * post_weight (a post-norm, Gemma 2/3). The
+// sum is written back to residual only without row_index (rms_norm_rows reads its rows only); out may
+// be null (the residual update alone). The sums of squares are accumulated in fp32 like the CPU
+// executor's; the row is read twice (the second read hits L1/L2: hidden <= 16K floats per row).
 template <class T>
-__global__ void rms_norm_kernel(T* out, float* residual, const float* x, const int32_t* row_index, const float* weight,
-                                int32_t hidden, float eps) {
+__global__ void rms_norm_kernel(T* out, float* residual, const float* x, const float* post_weight,
+                                const int32_t* row_index, const float* weight, int32_t hidden, float eps) {
   const int64_t src_row = row_index ? row_index[blockIdx.x] : blockIdx.x;
   float* src = residual + src_row * hidden;
   const float* add = x ? x + src_row * hidden : nullptr;
+  float add_scale = 1.0f;
+  if (add && post_weight) {
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) ss += add[i] * add[i];
+    add_scale = rsqrtf(block_sum(ss) / static_cast<float>(hidden) + eps);
+  }
+  const bool write_back = add && !row_index;
+  // The row's value at i (CPU order: x + (y * scale) * w).
+  auto value = [&](int32_t i) {
+    float v = src[i];
+    if (add) v += post_weight ? add[i] * add_scale * post_weight[i] : add[i];
+    return v;
+  };
   float sum_sq = 0.0f;
   for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = src[i];
-    if (add) {
-      v += add[i];
-      src[i] = v;
-    }
+    const float v = value(i);
+    if (write_back) src[i] = v;
     sum_sq += v * v;
   }
+  if (!out) return;  // the same for every thread: no barrier is left half-reached
   const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(hidden) + eps);
   T* dst = out + static_cast<int64_t>(blockIdx.x) * hidden;
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = from_float<T>(src[i] * inv_rms * weight[i]);
+  // After write_back, each thread re-reads only the elements it wrote itself.
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    dst[i] = from_float<T>((write_back ? src[i] : value(i)) * inv_rms * weight[i]);
+  }
 }
 
 // The same norm with the row held in registers: every 16-byte load of the row is issued before
@@ -72,8 +88,8 @@ __device__ __forceinline__ void store4(bf16* p, float4 v) {
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_vec4_kernel(T* __restrict__ out, float* __restrict__ residual, const float* __restrict__ x,
-                         const int32_t* __restrict__ row_index, const float* __restrict__ weight, int32_t hidden,
-                         float eps) {
+                         const float* __restrict__ post_weight, const int32_t* __restrict__ row_index,
+                         const float* __restrict__ weight, int32_t hidden, float eps) {
   const int64_t src_row = row_index ? row_index[blockIdx.x] : blockIdx.x;
   float4* src = reinterpret_cast<float4*>(residual + src_row * hidden);
   const float4* add = x ? reinterpret_cast<const float4*>(x + src_row * hidden) : nullptr;
@@ -87,18 +103,36 @@ __global__ void __launch_bounds__(kThreads)
       a[c] = add ? add[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
+  if (add && post_weight) {  // a post-norm: a = rms_norm(x) * post_weight first (CPU order: (x * scale) * w)
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kNormChunks; ++c) {
+      const int32_t i = c * kThreads + static_cast<int32_t>(threadIdx.x);
+      if (i < n4) ss += a[c].x * a[c].x + a[c].y * a[c].y + a[c].z * a[c].z + a[c].w * a[c].w;
+    }
+    const float scale = rsqrtf(block_sum(ss) / static_cast<float>(hidden) + eps);
+    const float4* pw = reinterpret_cast<const float4*>(post_weight);
+#pragma unroll
+    for (int c = 0; c < kNormChunks; ++c) {
+      const int32_t i = c * kThreads + static_cast<int32_t>(threadIdx.x);
+      if (i < n4) {
+        const float4 w = pw[i];
+        a[c] = make_float4(a[c].x * scale * w.x, a[c].y * scale * w.y, a[c].z * scale * w.z, a[c].w * scale * w.w);
+      }
+    }
+  }
+  const bool write_back = add && !row_index;
   float sum_sq = 0.0f;
 #pragma unroll
   for (int c = 0; c < kNormChunks; ++c) {
     const int32_t i = c * kThreads + static_cast<int32_t>(threadIdx.x);
     if (i < n4) {
-      if (add) {
-        v[c] = make_float4(v[c].x + a[c].x, v[c].y + a[c].y, v[c].z + a[c].z, v[c].w + a[c].w);
-        src[i] = v[c];
-      }
+      if (add) v[c] = make_float4(v[c].x + a[c].x, v[c].y + a[c].y, v[c].z + a[c].z, v[c].w + a[c].w);
+      if (write_back) src[i] = v[c];
       sum_sq += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
     }
   }
+  if (!out) return;  // the same for every thread
   const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(hidden) + eps);
   const float4* w = reinterpret_cast<const float4*>(weight);
   T* dst = out + static_cast<int64_t>(blockIdx.x) * hidden;
@@ -116,13 +150,27 @@ __global__ void __launch_bounds__(kThreads)
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T>
-bool norm_fits_vec4(const T* out, const float* residual, const float* x, const float* weight, int32_t hidden) {
+bool norm_fits_vec4(const T* out, const float* residual, const float* x, const float* post_weight,
+                    const float* weight, int32_t hidden) {
   return hidden % 4 == 0 && hidden <= kNormMaxHidden && aligned16(residual) && aligned16(weight) &&
-         (x == nullptr || aligned16(x)) && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
+         aligned16(x) && aligned16(post_weight) && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
 }
 
-template <class T>
-__global__ void silu_and_mul_kernel(T* out, const float* gate_up, int32_t rows, int32_t inter) {
+enum class gated_act { silu, gelu_tanh };
+
+template <gated_act A>
+__device__ __forceinline__ float activate(float g) {
+  if constexpr (A == gated_act::silu) {
+    return g / (1.0f + expf(-g));
+  } else {
+    // The CPU executor's expression, term for term (cpu/cpu_executor.cpp gelu_tanh_mul).
+    constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+  }
+}
+
+template <gated_act A, class T>
+__global__ void gated_and_mul_kernel(T* out, const float* gate_up, int32_t rows, int32_t inter) {
   // Flat over rows * inter, so a single decode row (14336 elements for Llama-3-8B) still spreads over
   // many multiprocessors (one CTA per row took 40 us on an H200 at batch 1).
   const int64_t total = static_cast<int64_t>(rows) * inter;
@@ -130,7 +178,16 @@ __global__ void silu_and_mul_kernel(T* out, const float* gate_up, int32_t rows, 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / inter, col = i % inter;
     const float g = gate_up[row * 2 * inter + col];
-    out[i] = from_float<T>(g / (1.0f + expf(-g)) * gate_up[row * 2 * inter + inter + col]);
+    out[i] = from_float<T>(activate<A>(g) * gate_up[row * 2 * inter + inter + col]);
+  }
+}
+
+// cap * tanh(x / cap), with the CPU executor's 1/cap multiply (cpu/cpu_executor.cpp soft_cap).
+__global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = cap * tanhf(x[i] * inv);
   }
 }
 
@@ -163,9 +220,9 @@ __global__ void rope_kv_write_kernel(rope_kv_args a, T* kv) {
     if (is_k) i -= q_pairs;
     const int32_t h = i / half, p = i % half;
     float* x = (is_k ? k : row) + static_cast<int64_t>(h) * hd;
-    double s, c;  // in double, as the CPU executor does
+    double s, c;  // in double, as the CPU executor does; then x the attention factor in fp32, as it does
     sincos(static_cast<double>(static_cast<float>(a.positions[t]) * a.inv_freq[p]), &s, &c);
-    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const float cf = static_cast<float>(c) * a.attention_factor, sf = static_cast<float>(s) * a.attention_factor;
     const int32_t ia = a.interleaved_pairs ? 2 * p : p;
     const int32_t ib = a.interleaved_pairs ? 2 * p + 1 : p + half;
     const float x0 = x[ia], x1 = x[ib];
@@ -189,6 +246,72 @@ __global__ void rope_kv_write_kernel(rope_kv_args a, T* kv) {
   cache(1, i / hd)[i % hd] = from_float<T>(v[i]);
 }
 
+// The same with Q/K/V biases and per-head q/k norms, which need a whole head (the norm is a sum over
+// it): one warp per head of a token's row, Q heads, then K heads, then V heads. A warp stages its head
+// in shared memory (+ bias, then the norm for Q and K), then rotates the pairs from there and writes
+// the row back (and K, V to the cache). grid: (num_tokens, ceil(heads / kRopeWarps)),
+// block kRopeWarps * 32, head_dim <= kRopeMaxHeadDim.
+constexpr int kRopeWarps = 4;
+constexpr int32_t kRopeMaxHeadDim = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kRopeWarps * 32) rope_head_kv_write_kernel(rope_kv_args a, T* kv) {
+  __shared__ float head_s[kRopeWarps][kRopeMaxHeadDim];
+  const int32_t t = blockIdx.x;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int32_t hd = a.layout.head_dim, nkv = a.layout.num_kv_heads, nh = a.num_heads;
+  const int32_t hh = static_cast<int32_t>(blockIdx.y) * kRopeWarps + warp;
+  if (hh >= nh + 2 * nkv) return;  // a whole warp: no lane of a warp that goes on leaves
+  const bool is_q = hh < nh, is_v = hh >= nh + nkv;
+  float* x = a.qkv + static_cast<int64_t>(t) * a.qkv_stride + static_cast<int64_t>(hh) * hd;
+  const float* b = a.bias ? a.bias + static_cast<int64_t>(hh) * hd : nullptr;
+  float* s = head_s[warp];
+  float ss = 0.0f;
+  for (int32_t d = lane; d < hd; d += 32) {
+    const float v = b ? x[d] + b[d] : x[d];
+    s[d] = v;
+    ss += v * v;
+  }
+  if (!is_v && a.q_norm) {  // the CPU executor's rms_norm: x * (1 / sqrt(mean(x^2) + eps)) * w
+    const float* w = is_q ? a.q_norm : a.k_norm;
+    const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(hd) + a.eps);
+    for (int32_t d = lane; d < hd; d += 32) s[d] = s[d] * inv * w[d];
+  }
+  __syncwarp();  // the pairs below read other lanes' elements
+  const int32_t slot = a.slot_mapping[t];
+  const int32_t block = slot / a.layout.block_size, offset = slot % a.layout.block_size;
+  if (is_v) {
+    T* dst = kv + a.layout.offset(block, a.layer, 1, hh - nh - nkv, offset);
+    for (int32_t d = lane; d < hd; d += 32) {
+      x[d] = s[d];
+      dst[d] = from_float<T>(s[d]);
+    }
+    return;
+  }
+  T* kdst = is_q ? nullptr : kv + a.layout.offset(block, a.layer, 0, hh - nh, offset);
+  const float pos = static_cast<float>(a.positions[t]);
+  const int32_t half = a.rope_dims / 2;
+  for (int32_t p = lane; p < half; p += 32) {
+    double sn, cs;  // as rope_kv_write_kernel
+    sincos(static_cast<double>(pos * a.inv_freq[p]), &sn, &cs);
+    const float cf = static_cast<float>(cs) * a.attention_factor, sf = static_cast<float>(sn) * a.attention_factor;
+    const int32_t ia = a.interleaved_pairs ? 2 * p : p;
+    const int32_t ib = a.interleaved_pairs ? 2 * p + 1 : p + half;
+    const float x0 = s[ia], x1 = s[ib];
+    const float r0 = x0 * cf - x1 * sf, r1 = x0 * sf + x1 * cf;
+    x[ia] = r0;
+    x[ib] = r1;
+    if (kdst) {
+      kdst[ia] = from_float<T>(r0);
+      kdst[ib] = from_float<T>(r1);
+    }
+  }
+  for (int32_t d = a.rope_dims + lane; d < hd; d += 32) {  // partial rotary: the rest as it is
+    x[d] = s[d];
+    if (kdst) kdst[d] = from_float<T>(s[d]);
+  }
+}
+
 __global__ void block_copy_kernel(uint4* kv, const int32_t* pairs, int64_t words_per_block) {
   const int64_t src = pairs[2 * blockIdx.y], dst = pairs[2 * blockIdx.y + 1];
   if (src == dst) return;
@@ -202,32 +325,34 @@ __global__ void block_copy_kernel(uint4* kv, const int32_t* pairs, int64_t words
 
 template <class T>
 void launch_embedding(float* out, const T* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, float scale) {
   if (rows == 0) return;
-  TESSERA_LAUNCH(rows, kThreads, 0, stream, embedding_gather_kernel)(out, table, ids, hidden, vocab);
+  TESSERA_LAUNCH(rows, kThreads, 0, stream, embedding_gather_kernel)(out, table, ids, hidden, vocab, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 
-// residual: the source rows (written when x is given); row_index: the rows to normalise (null: every
-// row). The register-held kernel when the row fits it, else the general one.
+// residual: the source rows (written when x is given and row_index is not); row_index: the rows to
+// normalise (null: every row). The register-held kernel when the row fits it, else the general one.
 template <class T>
-void launch_rms_norm(T* out, float* residual, const float* x, const int32_t* row_index, const float* weight,
-                     int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+void launch_rms_norm(T* out, float* residual, const float* x, const float* post_weight, const int32_t* row_index,
+                     const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  if (norm_fits_vec4(out, residual, x, weight, hidden)) {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, residual, x, row_index, weight, hidden, eps);
+  if (norm_fits_vec4(out, residual, x, post_weight, weight, hidden)) {
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, residual, x, post_weight, row_index, weight,
+                                                                       hidden, eps);
   } else {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)(out, residual, x, row_index, weight, hidden, eps);
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)(out, residual, x, post_weight, row_index, weight,
+                                                                  hidden, eps);
   }
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <class T>
-void launch_silu_and_mul(T* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
+template <gated_act A, class T>
+void launch_gated_and_mul(T* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
   if (rows == 0) return;
   const int64_t total = static_cast<int64_t>(rows) * inter;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 4096));
-  TESSERA_LAUNCH(blocks, kThreads, 0, stream, silu_and_mul_kernel)(out, gate_up, rows, inter);
+  TESSERA_LAUNCH(blocks, kThreads, 0, stream, gated_and_mul_kernel<A, T>)(out, gate_up, rows, inter);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -238,6 +363,17 @@ void launch_rope_kv_write(const rope_kv_args& a, T* kv, cudaStream_t stream) {
     throw std::invalid_argument("rope_kv_write: rope_dims must be even and in [2, head_dim]");
   }
   const int32_t nkv = a.layout.num_kv_heads, hd = a.layout.head_dim;
+  if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) {
+    throw std::invalid_argument("rope_kv_write: q_norm and k_norm come together");
+  }
+  if (a.bias || a.q_norm) {
+    if (hd > kRopeMaxHeadDim) throw std::invalid_argument("rope_kv_write: bias / q/k norm need head_dim <= 256");
+    const int32_t heads = a.num_heads + 2 * nkv;
+    const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>((heads + kRopeWarps - 1) / kRopeWarps));
+    TESSERA_LAUNCH(grid, kRopeWarps * 32, 0, stream, rope_head_kv_write_kernel)(a, kv);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int64_t items = int64_t{a.num_heads + nkv} * (a.rope_dims / 2) + int64_t{nkv} * (hd - a.rope_dims) +
                         int64_t{nkv} * hd;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>((items + 127) / 128));
@@ -257,39 +393,62 @@ int device_count() noexcept {
 }
 
 void embedding_gather(float* out, const float* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
-                      cudaStream_t stream) {
-  launch_embedding(out, table, ids, rows, hidden, vocab, stream);
+                      cudaStream_t stream, float scale) {
+  launch_embedding(out, table, ids, rows, hidden, vocab, stream, scale);
 }
 void embedding_gather(float* out, const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
-                      cudaStream_t stream) {
-  launch_embedding(out, table, ids, rows, hidden, vocab, stream);
+                      cudaStream_t stream, float scale) {
+  launch_embedding(out, table, ids, rows, hidden, vocab, stream, scale);
 }
 
 void add_rms_norm(float* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                   float eps, cudaStream_t stream) {
-  launch_rms_norm(out, residual, x, nullptr, weight, rows, hidden, eps, stream);
+  launch_rms_norm(out, residual, x, nullptr, nullptr, weight, rows, hidden, eps, stream);
 }
 void add_rms_norm(bf16* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                   float eps, cudaStream_t stream) {
-  launch_rms_norm(out, residual, x, nullptr, weight, rows, hidden, eps, stream);
+  launch_rms_norm(out, residual, x, nullptr, nullptr, weight, rows, hidden, eps, stream);
+}
+
+void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight,
+                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+  launch_rms_norm(out, residual, y, post_weight, nullptr, weight, rows, hidden, eps, stream);
+}
+void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight,
+                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+  launch_rms_norm(out, residual, y, post_weight, nullptr, weight, rows, hidden, eps, stream);
 }
 
 void rms_norm_rows(float* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
-                   int32_t hidden, float eps, cudaStream_t stream) {
-  // Read only: with no x the kernels never write their source.
-  launch_rms_norm(out, const_cast<float*>(x), nullptr, row_index, weight, rows, hidden, eps, stream);
+                   int32_t hidden, float eps, cudaStream_t stream, const float* y, const float* post_weight) {
+  // Read only: with row_index the kernels never write their source.
+  launch_rms_norm(out, const_cast<float*>(x), y, post_weight, row_index, weight, rows, hidden, eps, stream);
 }
 void rms_norm_rows(bf16* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
-                   int32_t hidden, float eps, cudaStream_t stream) {
-  // Read only: with no x the kernels never write their source.
-  launch_rms_norm(out, const_cast<float*>(x), nullptr, row_index, weight, rows, hidden, eps, stream);
+                   int32_t hidden, float eps, cudaStream_t stream, const float* y, const float* post_weight) {
+  // Read only: with row_index the kernels never write their source.
+  launch_rms_norm(out, const_cast<float*>(x), y, post_weight, row_index, weight, rows, hidden, eps, stream);
 }
 
 void silu_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
-  launch_silu_and_mul(out, gate_up, rows, inter, stream);
+  launch_gated_and_mul<gated_act::silu>(out, gate_up, rows, inter, stream);
 }
 void silu_and_mul(bf16* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
-  launch_silu_and_mul(out, gate_up, rows, inter, stream);
+  launch_gated_and_mul<gated_act::silu>(out, gate_up, rows, inter, stream);
+}
+void gelu_tanh_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
+  launch_gated_and_mul<gated_act::gelu_tanh>(out, gate_up, rows, inter, stream);
+}
+void gelu_tanh_and_mul(bf16* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
+  launch_gated_and_mul<gated_act::gelu_tanh>(out, gate_up, rows, inter, stream);
+}
+
+void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!(cap > 0.0f)) throw std::invalid_argument("soft_cap: cap must be > 0");
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  TESSERA_LAUNCH(blocks, kThreads, 0, stream, soft_cap_kernel)(x, n, cap);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream) { launch_rope_kv_write(a, kv_cache, stream); }

@@ -24,12 +24,14 @@ using bf16 = __nv_bfloat16;
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
 int device_count() noexcept;
 
-// out[r, :] = table[ids[r], :]   table [vocab, hidden], ids [rows], out [rows, hidden] f32.
+// out[r, :] = table[ids[r], :] * scale   table [vocab, hidden], ids [rows], out [rows, hidden] f32.
 // Ids outside [0, vocab) produce a zero row (ids are validated by the executor before this point).
+// scale: Gemma's sqrt(hidden) embedding multiplier (1 for the others), applied in fp32 as the CPU
+// executor does.
 void embedding_gather(float* out, const float* table, const int32_t* ids, int32_t rows, int32_t hidden,
-                      int32_t vocab, cudaStream_t stream);
+                      int32_t vocab, cudaStream_t stream, float scale = 1.0f);
 void embedding_gather(float* out, const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden,
-                      int32_t vocab, cudaStream_t stream);
+                      int32_t vocab, cudaStream_t stream, float scale = 1.0f);
 
 // Fused residual add + RMSNorm: residual[r] += x[r]; out[r] = residual[r] / rms(residual[r]) * weight.
 // x may be null (plain RMSNorm of residual). Shapes [rows, hidden]; one block per row.
@@ -38,16 +40,38 @@ void add_rms_norm(float* out, float* residual, const float* x, const float* weig
 void add_rms_norm(bf16* out, float* residual, const float* x, const float* weight, int32_t rows, int32_t hidden,
                   float eps, cudaStream_t stream);
 
+// A post-norm on a sub-layer's output y before the residual add (Gemma 2/3: post_attention_layernorm,
+// post_feedforward_layernorm), fused with the next pre-norm:
+//   residual[r] += rms_norm(y[r]) * post_weight;  out[r] = rms_norm(residual[r]) * weight.
+// out may be null (only the residual update). One launch instead of two, and y is read once.
+void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight,
+                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
+void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight,
+                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
+
 // out[r] = rms_norm(x[row_index[r]]) * weight for r < rows: the final norm of only the rows whose
-// logits were asked for.
+// logits were asked for. With y and post_weight (post-norm models, after the last layer), the row is
+// x[i] + rms_norm(y[i]) * post_weight, i = row_index[r] (x is not written: only these rows matter).
 void rms_norm_rows(float* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
-                   int32_t hidden, float eps, cudaStream_t stream);
+                   int32_t hidden, float eps, cudaStream_t stream, const float* y = nullptr,
+                   const float* post_weight = nullptr);
 void rms_norm_rows(bf16* out, const float* x, const int32_t* row_index, const float* weight, int32_t rows,
-                   int32_t hidden, float eps, cudaStream_t stream);
+                   int32_t hidden, float eps, cudaStream_t stream, const float* y = nullptr,
+                   const float* post_weight = nullptr);
 
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]   gate_up [rows, 2*inter] f32, out [rows, inter].
 void silu_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream);
 void silu_and_mul(bf16* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream);
+
+// GeGLU: out[r, i] = gelu_tanh(gate_up[r, i]) * gate_up[r, inter + i], GELU's tanh approximation
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; transformers'
+// gelu_pytorch_tanh, Gemma's hidden_activation). Same shapes as silu_and_mul.
+void gelu_tanh_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream);
+void gelu_tanh_and_mul(bf16* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream);
+
+// Logit soft-capping in place: x[i] = cap * tanh(x[i] / cap) for i < n (Gemma 2 report, sec. 2; the
+// final logits, before sampling). cap > 0.
+void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
 
 // ---- the paged KV cache ----------------------------------------------------------------------
 // One block holds every layer's K and V for `block_size` consecutive positions, contiguous (as the
@@ -84,29 +108,50 @@ struct paged_attention_common {
   int32_t num_heads = 0;
   const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
-  float scale = 1.0f;                     // 1/sqrt(head_dim)
+  float scale = 1.0f;                     // 1/sqrt(head_dim), or the model's (Gemma: query_pre_attn_scalar^-1/2)
+  // Scores soft-capping: s = softcap * tanh(s / softcap) after the scale (Gemma 2's
+  // attn_logit_softcapping); 0 is off.
+  float softcap = 0.0f;
+  // Sliding window: a query at position p sees keys (p - window, p] (0: all of [0, p]). Keys before
+  // the window are never read: the walk starts at p - window + 1, skipping whole blocks, and a split
+  // cuts the window's positions, not the context's.
+  int32_t window = 0;
   int32_t num_splits = 1;
   int32_t partition_size = 0;
   float* workspace = nullptr;
 };
 
-// How an attention launch splits over positions: num_splits == 1 is no split.
+// How an attention launch splits over positions: num_splits == 1 is no split. With a window, split s
+// covers [first + s * partition_size, first + (s + 1) * partition_size) of a query's window, first
+// being where its window begins.
 struct split_plan {
   int32_t num_splits = 1;
   int32_t partition_size = 0;
 };
 
 // RoPE fused with the KV write, for one layer. qkv [tokens, qkv_stride] f32 holds each token's
-// Q (num_heads * head_dim) | K | V (num_kv_heads * head_dim each). Q and K are rotated in place
-// (angle = position * inv_freq[i], cos/sin evaluated in double as the CPU executor does), then K and
-// V are stored at slot_mapping[t] = block * block_size + offset of the cache.
+// Q (num_heads * head_dim) | K | V (num_kv_heads * head_dim each). In this order, in place:
+//   1. + bias (Q|K|V biases side by side, as qkv's columns: Qwen2), when bias is given;
+//   2. per-head RMSNorm of every Q and K head, x / rms(x) * q_norm (k_norm) (Qwen3, Gemma 3), when
+//      q_norm and k_norm are given;
+//   3. RoPE on Q and K: angle = position * inv_freq[i], cos/sin evaluated in double as the CPU
+//      executor does, times attention_factor (YaRN's / LongRoPE's cos/sin multiplier);
+// then K and V are stored at slot_mapping[t] = block * block_size + offset of the cache. So a bias
+// and a q/k norm cost no launch of their own. The rows are left holding the processed Q|K|V.
 // interleaved_pairs: pairs (2i, 2i+1) (GGUF llama) instead of (i, i + rope_dims/2) (HF rotate_half).
+// Without q/k norms, one thread per independent piece of the row; with them, one warp per head
+// (the norm is a reduction over the head): head_dim 32, 64, 128 or 256 then.
 struct rope_kv_args {
   float* qkv = nullptr;
   int64_t qkv_stride = 0;
   const int32_t* positions = nullptr;
   const int32_t* slot_mapping = nullptr;
   const float* inv_freq = nullptr;  // [rope_dims / 2]
+  float attention_factor = 1.0f;
+  const float* bias = nullptr;      // [(num_heads + 2 num_kv_heads) * head_dim] or null
+  const float* q_norm = nullptr;    // [head_dim] multipliers, or null (then k_norm is null too)
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;                // of the q/k norms
   int32_t num_tokens = 0;
   int32_t num_heads = 0;
   int32_t rope_dims = 0;

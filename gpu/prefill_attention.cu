@@ -23,27 +23,32 @@ using detail::merge_splits;
 // positions, with `threads` threads. Sized so that the three shared arrays stay within the 48 KiB of
 // static shared memory in fp32 (Q rows, one K-or-V tile, the probabilities): 45.5 KiB for head_dim 128.
 // head_dim 256 gets 24 rows only (42 KiB); dynamic shared memory would allow more.
+// key_lanes: threads side by side over a tile's keys (scores) and over the output's float4 columns
+// (P.V), so a row's reductions are xor-shuffles within key_lanes lanes: 16 (a half-warp), and 8 for
+// head_dim 32, whose 8 float4 columns would leave half of 16 lanes without one (Qwen3-style small
+// heads; 21 KiB).
 template <int D>
 struct tile_shape;
 template <>
+struct tile_shape<32> {
+  static constexpr int rows = 64, keys = 32, threads = 128, key_lanes = 8;
+};
+template <>
 struct tile_shape<64> {
-  static constexpr int rows = 64, keys = 32, threads = 128;
+  static constexpr int rows = 64, keys = 32, threads = 128, key_lanes = 16;
 };
 template <>
 struct tile_shape<128> {
-  static constexpr int rows = 64, keys = 16, threads = 128;
+  static constexpr int rows = 64, keys = 16, threads = 128, key_lanes = 16;
 };
 template <>
 struct tile_shape<256> {
-  static constexpr int rows = 24, keys = 16, threads = 128;
+  static constexpr int rows = 24, keys = 16, threads = 128, key_lanes = 16;
 };
-
-// Threads side by side over a tile's keys (scores) and over the output's columns (P.V): 16, so a
-// row's reductions are xor-shuffles within a half-warp.
-constexpr int kKeyLanes = 16;
 
 int32_t tile_rows(int32_t head_dim) {
   switch (head_dim) {
+    case 32: return tile_shape<32>::rows;
     case 64: return tile_shape<64>::rows;
     case 128: return tile_shape<128>::rows;
     case 256: return tile_shape<256>::rows;
@@ -51,34 +56,42 @@ int32_t tile_rows(int32_t head_dim) {
   }
 }
 
-__device__ __forceinline__ float half_warp_max(float v) {
+// Max / sum over aligned groups of L lanes (xor offsets below L stay inside the group).
+template <int L>
+__device__ __forceinline__ float lanes_max(float v) {
 #pragma unroll
-  for (int off = kKeyLanes / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  for (int off = L / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
-__device__ __forceinline__ float half_warp_sum(float v) {
+template <int L>
+__device__ __forceinline__ float lanes_sum(float v) {
 #pragma unroll
-  for (int off = kKeyLanes / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  for (int off = L / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 
 // grid: (num_kv_heads * group_chunks, num_tiles, num_splits), block: tile_shape<D>::threads.
 //
 // Row r of the CTA is token r / heads_per_cta of the tile and query head head0 + r % heads_per_cta.
-// Thread (tr, tc) = (threadIdx.x / 16, threadIdx.x % 16) owns rows [tr * RPT, tr * RPT + RPT):
-//   scores: keys tc, tc + 16, ... of the K tile;   output: float4 columns tc, tc + 16, ... of each row.
-// So the 16 threads of a half-warp share the same rows: the row max and sum of a tile are half-warp
-// shuffles, and each thread keeps its rows' running max m, sum l (replicated across the 16) and its
-// columns of the unnormalised output acc, all fp32.
+// With KL = key_lanes (16, or 8 for head_dim 32), thread (tr, tc) = (threadIdx.x / KL, threadIdx.x % KL)
+// owns rows [tr * RPT, tr * RPT + RPT):
+//   scores: keys tc, tc + KL, ... of the K tile;   output: float4 columns tc, tc + KL, ... of each row.
+// So the KL threads of a lane group share the same rows: the row max and sum of a tile are shuffles
+// within the group, and each thread keeps its rows' running max m, sum l (replicated across the KL)
+// and its columns of the unnormalised output acc, all fp32.
+// Soft-capping (a.softcap) applies to the scaled scores before the masks; a sliding window (a.window)
+// masks keys before p - window + 1 for the row at p, and the walk starts at the tile's first row's
+// window, so K/V tiles (and blocks) wholly before every row's window are never loaded.
 template <int D, class T>
 __global__ void __launch_bounds__(tile_shape<D>::threads)
     prefill_attention_kernel(prefill_attention_args<T> a, int32_t heads_per_cta, int32_t group_chunks) {
   using shape = tile_shape<D>;
-  constexpr int R = shape::rows, K = shape::keys, NT = shape::threads, D4 = D / 4;
-  constexpr int RPT = R / (NT / kKeyLanes);  // rows per thread
-  constexpr int KPT = K / kKeyLanes;         // keys per thread (scores)
-  constexpr int CPT = D4 / kKeyLanes;        // float4 output columns per thread
-  static_assert(RPT >= 1 && KPT >= 1 && CPT >= 1 && R % (NT / kKeyLanes) == 0, "tile shape");
+  constexpr int R = shape::rows, K = shape::keys, NT = shape::threads, D4 = D / 4, KL = shape::key_lanes;
+  constexpr int RPT = R / (NT / KL);  // rows per thread
+  constexpr int KPT = K / KL;         // keys per thread (scores)
+  constexpr int CPT = D4 / KL;        // float4 output columns per thread
+  static_assert(RPT >= 1 && KPT >= 1 && CPT >= 1 && R % (NT / KL) == 0 && K % KL == 0 && D4 % KL == 0,
+                "tile shape");
   __shared__ float4 q_s[R][D4];        // scaled Q rows: read as broadcasts (one row per half-warp)
   __shared__ float4 kv_s[K][D4 + 1];   // the K tile, then the V tile; +1: keys start in different banks
   __shared__ float p_s[R][K + 1];      // this tile's probabilities exp(s - m)
@@ -90,7 +103,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
   const int32_t group = a.num_heads / nkv;
   const int32_t head0 = kvh * group + chunk * heads_per_cta;
   const int32_t num_heads_here = min(heads_per_cta, group - chunk * heads_per_cta);
-  const int tr = static_cast<int>(threadIdx.x) / kKeyLanes, tc = static_cast<int>(threadIdx.x) % kKeyLanes;
+  const int tr = static_cast<int>(threadIdx.x) / KL, tc = static_cast<int>(threadIdx.x) % KL;
 
   for (int idx = static_cast<int>(threadIdx.x); idx < R * D4; idx += NT) {
     const int r = idx / D4, c4 = idx % D4;
@@ -104,21 +117,27 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     q_s[r][c4] = v;
   }
   // Each row's position; -1 for the CTA's unused rows (past the tile's tokens or the group's heads),
-  // which then see no position and are never written.
-  int32_t row_pos[RPT];
+  // which then see no position and are never written. row_first: the row's first visible position
+  // (its window's start; 0 without one).
+  int32_t row_pos[RPT], row_first[RPT];
 #pragma unroll
   for (int rr = 0; rr < RPT; ++rr) {
     const int r = tr * RPT + rr;
     const int i = r / heads_per_cta, g = r % heads_per_cta;
     row_pos[rr] = (i < tile.num_tokens && g < num_heads_here) ? tile.first_position + i : -1;
+    row_first[rr] = a.window > 0 ? row_pos[rr] - a.window + 1 : 0;
   }
 
-  // Causal: the tile's last query sees positions [0, kv_end); tiles beyond are never loaded. A split
-  // walks its partition [start, end) of that range only (empty for partitions past kv_end).
+  // Causal: the tile's last query sees positions [0, kv_end); tiles beyond are never loaded. With a
+  // window, nothing before kv_begin (the first row's window start) is loaded either. A split walks
+  // its partition [start, end) of [kv_begin, kv_end) only (empty for partitions past kv_end).
   const int32_t kv_end = tile.first_position + tile.num_tokens;
+  const int32_t kv_begin = a.window > 0 ? max(0, tile.first_position - a.window + 1) : 0;
   const int32_t split = static_cast<int32_t>(blockIdx.z);
-  const int32_t start = a.num_splits == 1 ? 0 : split * a.partition_size;
+  const int32_t start = kv_begin + (a.num_splits == 1 ? 0 : split * a.partition_size);
   const int32_t end = a.num_splits == 1 ? kv_end : min(kv_end, start + a.partition_size);
+  const bool capped = a.softcap > 0.0f;
+  const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
   const int32_t* table = a.block_tables + static_cast<int64_t>(tile.table_row) * a.max_blocks_per_seq;
   const int32_t bs = a.layout.block_size;
   const int64_t block_elems = a.layout.block_elems();
@@ -166,7 +185,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     for (int d4 = 0; d4 < D4; ++d4) {
       float4 kf[KPT];
 #pragma unroll
-      for (int kk = 0; kk < KPT; ++kk) kf[kk] = kv_s[tc + kKeyLanes * kk][d4];
+      for (int kk = 0; kk < KPT; ++kk) kf[kk] = kv_s[tc + KL * kk][d4];
 #pragma unroll
       for (int rr = 0; rr < RPT; ++rr) {
         const float4 qf = q_s[tr * RPT + rr][d4];
@@ -180,17 +199,19 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       }
     }
 
-    // Causal mask, then the online-softmax update of each row (rescale by exp(m_old - m_new)).
+    // Soft-cap, causal and window masks, then the online-softmax update of each row (rescale by
+    // exp(m_old - m_new)).
 #pragma unroll
     for (int rr = 0; rr < RPT; ++rr) {
       float mx = -INFINITY;
 #pragma unroll
       for (int kk = 0; kk < KPT; ++kk) {
-        const int32_t j = k0 + tc + kKeyLanes * kk;
-        if (j > row_pos[rr] || j >= end) s[rr][kk] = -INFINITY;
+        const int32_t j = k0 + tc + KL * kk;
+        if (capped) s[rr][kk] = a.softcap * tanhf(s[rr][kk] * inv_cap);  // the CPU executor's 1/cap multiply
+        if (j > row_pos[rr] || j < row_first[rr] || j >= end) s[rr][kk] = -INFINITY;
         mx = fmaxf(mx, s[rr][kk]);
       }
-      mx = half_warp_max(mx);
+      mx = lanes_max<KL>(mx);
       const float m_new = fmaxf(m[rr], mx);
       // m_new = -inf: the row has seen no visible position yet (an unused row, or a row whose position
       // precedes this split's partition).
@@ -200,10 +221,10 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 #pragma unroll
       for (int kk = 0; kk < KPT; ++kk) {
         const float p = none ? 0.0f : expf(s[rr][kk] - m_new);
-        p_s[tr * RPT + rr][tc + kKeyLanes * kk] = p;
+        p_s[tr * RPT + rr][tc + KL * kk] = p;
         sum += p;
       }
-      sum = half_warp_sum(sum);
+      sum = lanes_sum<KL>(sum);
       l[rr] = l[rr] * correction + sum;
       m[rr] = m_new;
 #pragma unroll
@@ -226,7 +247,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       for (int rr = 0; rr < RPT; ++rr) p[rr] = p_s[tr * RPT + rr][k];
 #pragma unroll
       for (int c = 0; c < CPT; ++c) {
-        const float4 v = kv_s[k][tc + kKeyLanes * c];
+        const float4 v = kv_s[k][tc + KL * c];
 #pragma unroll
         for (int rr = 0; rr < RPT; ++rr) {
           acc[rr][c].x = fmaf(p[rr], v.x, acc[rr][c].x);
@@ -250,7 +271,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
       float* o = a.workspace + part * D;
 #pragma unroll
-      for (int c = 0; c < CPT; ++c) reinterpret_cast<float4*>(o)[tc + kKeyLanes * c] = acc[rr][c];
+      for (int c = 0; c < CPT; ++c) reinterpret_cast<float4*>(o)[tc + KL * c] = acc[rr][c];
       if (tc == 0) {
         a.workspace[num_parts * D + 2 * part] = m[rr];
         a.workspace[num_parts * D + 2 * part + 1] = l[rr];
@@ -262,7 +283,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     T* dst = a.out + static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head0 + g) * D;
 #pragma unroll
     for (int c = 0; c < CPT; ++c) {
-      const int col = 4 * (tc + kKeyLanes * c);
+      const int col = 4 * (tc + KL * c);
       dst[col + 0] = from_float<T>(acc[rr][c].x * inv);
       dst[col + 1] = from_float<T>(acc[rr][c].y * inv);
       dst[col + 2] = from_float<T>(acc[rr][c].z * inv);
@@ -320,7 +341,7 @@ void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
   }
   if (tile_rows(a.layout.head_dim) == 0) {
     throw std::invalid_argument("prefill_attention: head_dim " + std::to_string(a.layout.head_dim) +
-                                " is not compiled (64, 128, 256)");
+                                " is not compiled (32, 64, 128, 256)");
   }
   // The kernel gives each tile token heads_per_cta rows: tiles cut for another shape would overflow.
   if (a.tile_tokens != prefill_tile_tokens(a.layout.head_dim, a.num_heads, a.layout.num_kv_heads)) {
@@ -329,7 +350,9 @@ void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
   if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
     throw std::invalid_argument("prefill_attention: bad split (num_splits, partition_size, workspace)");
   }
+  if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("prefill_attention: negative window or soft-cap");
   switch (a.layout.head_dim) {
+    case 32: return launch_for_dim<32>(a, stream);
     case 64: return launch_for_dim<64>(a, stream);
     case 128: return launch_for_dim<128>(a, stream);
     default: return launch_for_dim<256>(a, stream);

@@ -8,6 +8,9 @@
 // gpu/kernels.hpp's kv_layout, masking causally per row (a query at position p sees [0, p]); tiles
 // past the tile's last query are never loaded. A chunk of a prompt that starts at num_computed > 0
 // (chunked prefill, prefix-cache hit) is the same case: the earlier positions are already in the cache.
+// On a sliding-window layer (paged_attention_common::window) a row at p sees (p - window, p], and the
+// walk starts at the tile's first row's window: earlier tiles and blocks are never loaded. Scores may
+// be soft-capped (paged_attention_common::softcap).
 //
 // The host describes the work as tiles (plan_prefill_tiles): each is 4 int32 (prefill_tile), packed by
 // the executor into its per-step metadata buffer. When there are too few tiles to fill the GPU and the
@@ -47,7 +50,7 @@ struct prefill_attention_args : paged_attention_common<T> {
   int32_t tile_tokens = 0;              // prefill_tile_tokens(...) the tiles were cut with
 };
 
-// Query tokens per tile for this shape: the CTA's rows (64 for head_dim 64/128, 24 for 256) divided
+// Query tokens per tile for this shape: the CTA's rows (64 for head_dim 32/64/128, 24 for 256) divided
 // by the query heads it serves (the GQA group, at most the row count). 0 for an unsupported head_dim.
 int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_heads);
 
@@ -57,7 +60,8 @@ int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_
 std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& chunks, int32_t tile_tokens);
 
 // How to split: (num_splits, partition_size) for `num_tiles` tiles reading at most `max_context`
-// positions on a GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
+// positions each (on a sliding-window layer: from the first row's window start to the last row) on a
+// GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
 // the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
 // prefix: few tiles, long walks, so split).
 split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,

@@ -5,7 +5,10 @@
 #   2. compute-sanitizer memcheck on the kernel tests and on the executor tests' synthetic part
 #   3. the CUDA executor against the CPU executor (tests/gpu/cuda_executor_test.cpp): logits through
 #      paging / prefix hits / copy-on-write / swap / split-KV, and the real default model's greedy
-#      output token for token (the CPU's exact fp32 path vs CUDA fp32; bf16's agreement reported)
+#      output token for token (the CPU's exact fp32 path vs CUDA fp32; bf16's agreement reported);
+#      every architecture's tiny fixture (tests/data/models: llama, qwen2, qwen3, mistral, gemma2,
+#      gemma3, phi3) in f32 and bf16 through the same steps, greedy through the engine with and
+#      without CUDA graphs, each model feature alone, and the fixtures' GGUF files
 #   4. `tessera bench latency` (with and without --cuda-graphs) and `throughput` with --load-format
 #      dummy on the Llama-3-8B shape, bf16
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
@@ -80,6 +83,9 @@ else
   model=${TESSERA_GPU_CHECK_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 fi
 [ -n "${model:-}" ] && export TESSERA_GPU_CHECK_MODEL=$model
+# The tiny per-architecture fixtures travel with the working tree; the test binaries may have been
+# built elsewhere (build-gpu-pack), so tell them where the tree's copy is.
+export TESSERA_GPU_CHECK_DATA=$root/tests/data
 rm -f "$out/.table"
 
 say "gpu-check: $(date -u +%FT%TZ) on $(hostname)"
@@ -96,7 +102,10 @@ run "kernel tests" 60 "$tests/gpu_kernels_test"
 run "prefill attention kernel tests" 60 "$tests/gpu_prefill_attention_test"
 run "sampling kernels vs the host sampler" 60 "$tests/gpu_sampling_test"
 run "small-batch GEMM kernel vs reference, executor with it vs CPU" 60 "$tests/gpu_gemv_test"
-run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test"
+arch_tests='CudaExecutorFeatures.*:Fixtures/*:CudaTinyModels.*'
+run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test" --gtest_filter="-$arch_tests"
+run "every architecture's fixture (f32, bf16; engine greedy with/without graphs) and each feature vs CPU executor" 120 \
+  "$tests/gpu_cuda_executor_test" --gtest_filter="$arch_tests"
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
 if [ -x "$bin/gpu_attention_bench" ]; then
@@ -154,12 +163,19 @@ if command -v compute-sanitizer >/dev/null; then
     "$tests/gpu_prefill_attention_test"
   # Shared-memory races: the CPU emulation only interleaves threads at barriers and warp collectives,
   # so a missing __syncthreads between two of them goes unseen there.
+  # (12: a sliding window through blocks; 14: a window with a split; 19: head_dim 32, window, soft-cap.)
   run "racecheck: prefill attention tests" 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$tests/gpu_prefill_attention_test" --gtest_filter='Shapes/*/0:Shapes/*/2:Shapes/*/7:Shapes/*/9'
+    "$tests/gpu_prefill_attention_test" --gtest_filter='Shapes/*/0:Shapes/*/2:Shapes/*/7:Shapes/*/9:Shapes/*/12:Shapes/*/14:Shapes/*/19'
   run "racecheck: decode attention tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.*'
+  # The warp-per-head RoPE kernel (biases, q/k norms) stages each head in shared memory (__syncwarp).
+  run "racecheck: RoPE + KV write tests" 30 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_kernels_test" --gtest_filter='Layouts/GpuRopeKv.*'
   run "memcheck: executor steps" 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_cuda_executor_test" --gtest_filter='Variants/*half_bf16*:Variants/*graphs*:CudaExecutorSizing.*'
+  run "memcheck: architectures (gemma2/3, qwen2/3 fixtures, each feature)" 90 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$tests/gpu_cuda_executor_test" \
+    --gtest_filter='CudaExecutorFeatures.*:Fixtures/*StepsEqual*gemma2_bf16:Fixtures/*StepsEqual*gemma3_f32:Fixtures/*StepsEqual*qwen2_bf16:Fixtures/*StepsEqual*qwen3_f32'
 else
   say "gpu-check: compute-sanitizer not found: memcheck skipped"
 fi
@@ -183,6 +199,10 @@ fi
   echo "Real-model parity lines:"
   echo '```'
   grep -E "model .*layers|agrees for|bf16 vs exact" "$log" || true
+  echo '```'
+  echo "Architectures (tiny fixtures, max |cpu - cuda| over the step sequence / after the prompt):"
+  echo '```'
+  grep -E "of the logit scale over the sequence|gguf: cuda f32 vs cpu exact" "$log" || true
   echo '```'
   echo "Executor comparisons (max |cpu - cuda| per step):"
   echo '```'

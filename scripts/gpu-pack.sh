@@ -7,9 +7,11 @@
 #            `tessera`, stripped
 #     lib/   the shared libraries they load that are not glibc, libstdc++/libgcc or CUDA (from ldd);
 #            gpu-check.sh puts this folder on LD_LIBRARY_PATH
-#   models/  the default model cut to its first $TESSERA_PACK_LAYERS (default 4) layers: real weights
-#            and tokenizer, fewer layers (the whole file is 94 MiB)
-# bench/models and bench/workloads travel with the working tree, so they are not copied.
+#   models/  the default model cut to its first $TESSERA_PACK_LAYERS (default 4) layers, or fewer when
+#            the carry would not fit: real weights and tokenizer, fewer layers (the whole file is
+#            94 MiB; its embedding alone ~30 MiB)
+# bench/models, bench/workloads and tests/data (the tiny per-architecture fixtures, ~21 MiB) travel with
+# the working tree, so they are not copied; the tree counts against the 64 MiB too.
 # The folder matches .gitignore's /build*/: name it in the device call's `carry`.
 #
 # Usage: scripts/gpu-pack.sh [BUILD_DIR]   (default build-gpu, configured with -DTESSERA_CUDA=on)
@@ -49,13 +51,39 @@ done | sort -u | while read -r lib; do
 done
 strip --strip-unneeded "$pack"/lib/*.so* 2>/dev/null || true
 
-# The real model, first $layers layers (llama.block_count rewritten), through gguf-py.
-python3 - "$model" "$pack/models/default-${layers}layers.gguf" "$layers" <<'PY'
+# Executables and libraries compress about 3x (the model, quantized, does not): one archive, which
+# gpu-check.sh unpacks on the device machine.
+tar -C "$pack" -cJf "$pack/tools.tar.xz" bin lib
+rm -rf "$pack/bin" "$pack/lib"
+
+# What the model may take: 64 MiB less the working tree (tracked and untracked files git does not
+# ignore: what the device call copies), the archive and a 1 MiB margin.
+tree_bytes=$(cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+budget=$((64 * 1024 * 1024 - tree_bytes - $(stat -c %s "$pack/tools.tar.xz") - 1024 * 1024))
+echo "gpu-pack: working tree $((tree_bytes / 1024 / 1024)) MiB; $((budget / 1024 / 1024)) MiB left for the model"
+
+# The real model, its first layers (at most $layers, as many as the budget allows; llama.block_count
+# rewritten), through gguf-py.
+python3 - "$model" "$pack/models" "$layers" "$budget" <<'PY'
 import sys
 import gguf
-src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+src, out_dir, most, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 r = gguf.GGUFReader(src)
 arch = r.fields["general.architecture"].contents()
+def kept(name, keep):
+    return not name.startswith("blk.") or int(name.split(".")[1]) < keep
+import os
+def size(keep):  # tensor bytes
+    return sum(int(t.data.nbytes) for t in r.tensors if kept(t.name, keep))
+# The metadata (mostly the tokenizer) and alignment on top, at most the source file's.
+meta = os.path.getsize(src) - size(1 << 30)
+keep = most
+while keep > 1 and size(keep) + meta > budget:
+    keep -= 1
+if size(keep) + meta > budget:
+    print(f"gpu-pack: WARNING: even 1 layer ({(size(1) + meta) >> 20} MiB) does not fit the budget", file=sys.stderr)
+print(f"gpu-pack: model cut to {keep} layers (~{(size(keep) + meta) >> 20} MiB)")
+dst = f"{out_dir}/default-{keep}layers.gguf"
 w = gguf.GGUFWriter(dst, arch)
 for f in r.fields.values():
     if f.name.startswith("GGUF.") or f.name == "general.architecture":
@@ -64,9 +92,7 @@ for f in r.fields.values():
     value = keep if f.name == f"{arch}.block_count" else f.contents()
     sub = f.types[-1] if t == gguf.GGUFValueType.ARRAY else None
     w.add_key_value(f.name, value, t, sub_type=sub)
-def kept(name):
-    return not name.startswith("blk.") or int(name.split(".")[1]) < keep
-tensors = [t for t in r.tensors if kept(t.name)]
+tensors = [t for t in r.tensors if kept(t.name, keep)]
 for t in tensors:
     w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
 w.write_header_to_file()
@@ -77,11 +103,7 @@ for t in tensors:
 w.close()
 PY
 
-# Executables and libraries compress about 3x (the model, quantized, does not): one archive, which
-# gpu-check.sh unpacks on the device machine.
-tar -C "$pack" -cJf "$pack/tools.tar.xz" bin lib
-rm -rf "$pack/bin" "$pack/lib"
 du -sh "$pack"/* | sed 's/^/gpu-pack: /'
 total=$(du -sm "$pack" | cut -f1)
-echo "gpu-pack: $pack is ${total} MiB (the device call carries at most 64 MiB with the working tree)"
-[ "$total" -lt 60 ] || echo "gpu-pack: WARNING: too large to carry; lower TESSERA_PACK_LAYERS" >&2
+echo "gpu-pack: $pack is ${total} MiB, the working tree $((tree_bytes / 1024 / 1024)) MiB (a device call carries at most 64 MiB in all)"
+[ $((total + tree_bytes / 1024 / 1024)) -lt 64 ] || echo "gpu-pack: WARNING: too large to carry" >&2

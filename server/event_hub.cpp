@@ -185,7 +185,11 @@ std::string event_hub::to_json(const actors::event_batch& b, const std::string* 
     out["kv_waste"] = r.kv_waste;
     json::array running;
     for (const auto& s : r.running) {
-      running.push_back(json::object{{"seq", s.seq.value()}, {"request", s.request.value()}, {"num_blocks", s.num_blocks}, {"num_tokens", s.num_tokens}});
+      running.push_back(json::object{{"seq", s.seq.value()},
+                                     {"request", s.request.value()},
+                                     {"num_blocks", s.num_blocks},
+                                     {"num_tokens", s.num_tokens},
+                                     {"num_window_freed", s.num_window_freed}});
     }
     out["running"] = std::move(running);
   }

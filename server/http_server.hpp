@@ -30,19 +30,25 @@ struct server_options {
   std::vector<std::string> allowed_origins;  // WebSocket Origins accepted besides same origin; "*": any
   std::chrono::seconds read_timeout{30};     // whole request (headers + body)
   std::chrono::seconds idle_timeout{15};     // keep-alive wait for the next request
+  // A connection whose client takes no bytes for this long while a write is pending is closed and its
+  // generations aborted (a client that never reads would otherwise hold its KV and output forever).
+  std::chrono::seconds write_timeout{30};
   std::chrono::seconds ws_idle_timeout{300};
+  // An unauthenticated WebSocket (a key is required and the upgrade carried none) that sends no
+  // valid "auth" message this soon is closed (1008).
+  std::chrono::milliseconds ws_auth_timeout{5000};
   size_t ws_max_message_bytes = 64 * 1024;
   size_t ws_max_queued_messages = 4096;      // per socket; a reader slower than this is disconnected
   request_limits limits;
-  // Conversation -> token ids as the runtime would encode it (chat template + special tokens), for
-  // POST /tokenize with "messages"; unset: /tokenize accepts "prompt" only.
-  std::function<std::vector<token_id>(const std::vector<chat_message>&)> encode_chat;
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
   // empty: none (see find_webui_dir in server/static_files.hpp).
   std::string webui_dir;
   // How chat outputs are split into reasoning_content / content / tool_calls (server/chat_output.hpp):
   // chosen by --tool-call-parser / --reasoning-parser or detected from the model's chat template.
   output_parsers parsers;
+  // Tests only (fault injection): called on the I/O thread with every request's target before it is
+  // routed; whatever it throws must close that one connection and nothing else.
+  std::function<void(std::string_view target)> before_route;
 };
 
 class http_server {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "server/http_checks.hpp"
 #include "server/logging.hpp"
 #include "server/ws_session.hpp"
 
@@ -21,6 +22,13 @@ using actors::stream_delta;
 using actors::stream_final;
 
 namespace {
+
+// While this much output waits for a client, its stream is not drained further (see the header).
+constexpr size_t k_max_pending_bytes = 256 * 1024;
+// After a response that ends the connection, what the client still sends is read and dropped for at
+// most this long and this much (linger_close).
+constexpr auto k_linger_time = std::chrono::seconds(2);
+constexpr size_t k_linger_max_bytes = 1 << 20;
 
 // "decode_tokens_per_second" -> "X-Tessera-Decode-Tokens-Per-Second".
 std::string timing_header(std::string_view key) {
@@ -42,17 +50,51 @@ int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+bool is_disconnect(beast::error_code ec) {
+  return ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
+         ec == net::error::operation_aborted || ec == net::error::bad_descriptor;
+}
+
 }  // namespace
 
 http_session::http_session(server_state& state, tcp::socket socket)
-    : state_(state), stream_(std::move(socket)), idle_timer_(stream_.get_executor()) {
+    : state_(state),
+      gauge_(state.metrics, connection_kind::http),
+      stream_(std::move(socket)),
+      buffer_(read_buffer_limit(state.opt.max_header_bytes)),
+      write_timer_(stream_.get_executor()) {
   beast::error_code ec;
   const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
   if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
 }
 
 void http_session::run() {
-  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
+  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->run_guarded([&] { self->do_read(); }); });
+}
+
+template <class Fn>
+void http_session::run_guarded(Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("an exception that is not a std::exception");
+  }
+}
+
+// Whatever a handler threw: this connection ends (its request aborted), the I/O thread goes on.
+void http_session::fail(const char* what) noexcept {
+  try {
+    spdlog::error("connection {} ({} {}): internal error: {}; closing it", peer_, log_method_, log_path_, what);
+    state_.metrics.record_exception();
+    if (!closed_) state_.metrics.record_closed(close_reason::internal_error);
+    do_close();
+  } catch (...) {
+    closed_ = true;
+    beast::error_code ec;
+    stream_.socket().close(ec);
+  }
 }
 
 // ---- reading and routing ----------------------------------------------------------------------
@@ -62,30 +104,75 @@ void http_session::do_read() {
   parser_.emplace();
   parser_->body_limit(state_.opt.max_body_bytes);
   parser_->header_limit(state_.opt.max_header_bytes);
+  // One deadline for the header and the body together (a slow loris is dropped).
   stream_.expires_after(num_requests_ == 0 ? state_.opt.read_timeout : state_.opt.idle_timeout);
-  http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&http_session::on_read, shared_from_this()));
+  http::async_read_header(stream_, buffer_, *parser_, guarded(&http_session::on_header));
 }
 
-void http_session::on_read(beast::error_code ec, size_t) {
-  if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
-      ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-    return do_close();
+// Errors while reading a request: true when the connection is done with (closed or answered).
+bool http_session::read_failed(beast::error_code ec) {
+  if (!ec) return false;
+  if (is_disconnect(ec)) {
+    do_close();
+    return true;
+  }
+  if (ec == beast::error::timeout) {
+    // A request begun and not finished in time is a slow client; an idle keep-alive connection is not.
+    if (parser_ && parser_->got_some()) state_.metrics.record_closed(close_reason::read_timeout);
+    do_close();
+    return true;
   }
   note_request();
   if (ec == http::error::body_limit) {
-    return send_error(api_error(413, "request body exceeds " + std::to_string(state_.opt.max_body_bytes) + " bytes", "",
-                                "body_too_large"),
+    send_error(api_error(413, "request body exceeds " + std::to_string(state_.opt.max_body_bytes) + " bytes", "",
+                         "body_too_large"),
+               false);
+  } else if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+    // buffer_overflow: a header section, chunk line or trailer section larger than the read buffer.
+    send_error(api_error(431, "request header or trailer section too large", "", "header_too_large"), false);
+  } else {
+    send_error(api_error(400, "malformed HTTP request: " + ec.message(), "", "bad_http"), false);
+  }
+  return true;
+}
+
+void http_session::on_header(beast::error_code ec, size_t n) {
+  if (read_failed(ec)) return;
+  note_request();
+  header_bytes_ = n;
+  num_header_fields_ = count_fields(parser_->get());
+  // Framing and expectations are decided on the header, before any body byte is trusted; a request
+  // refused here is answered and the connection closed (its body, if any, is never read).
+  bool send_continue = false;
+  try {
+    check_framing(parser_->get());
+    send_continue = parse_expect(parser_->get()) == expectation::continue_100 && !parser_->is_done();
+    // RFC 9110 §10.1.1: a request that will be refused anyway gets its final status instead of 100.
+    if (send_continue) route_request(parser_->get(), state_);
+  } catch (const api_error& e) {
+    return send_error(e, false);
+  }
+  if (send_continue) queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+  if (parser_->is_done()) return on_read({}, 0);
+  http::async_read(stream_, buffer_, *parser_, guarded(&http_session::on_read));
+}
+
+void http_session::on_read(beast::error_code ec, size_t) {
+  if (read_failed(ec)) return;
+  // The trailer section counts against the same limit as the header section, and is dropped.
+  const size_t trailer_bytes = take_trailer_section(parser_->get(), num_header_fields_);
+  if (header_bytes_ + trailer_bytes > state_.opt.max_header_bytes) {
+    return send_error(api_error(431, "request header and trailer sections exceed " +
+                                         std::to_string(state_.opt.max_header_bytes) + " bytes",
+                                "", "header_too_large"),
                       false);
   }
-  if (ec == http::error::header_limit) {
-    return send_error(api_error(431, "request header block too large", "", "header_too_large"), false);
-  }
-  if (ec) return send_error(api_error(400, "malformed HTTP request: " + ec.message(), "", "bad_http"), false);
   ++num_requests_;
   // The read timer also covers the time a handler takes; keep the connection open while we answer.
   stream_.expires_never();
   request_ = parser_->release();
   try {
+    if (state_.opt.before_route) state_.opt.before_route(std::string_view(request_.target().data(), request_.target().size()));
     handle();
   } catch (const api_error& e) {
     send_error(e, request_.keep_alive());
@@ -102,15 +189,67 @@ void http_session::handle() {
     case route::ui_file: return send_message(std::move(*r.file), keep_alive);
     case route::completions: return start_generation(api_kind::completion, keep_alive);
     case route::chat_completions: return start_generation(api_kind::chat, keep_alive);
+    case route::tokenize: return start_tokenize(keep_alive);
     case route::ws_generate:
-    case route::ws_events:
-      if (watch_pending_) throw api_error(400, "upgrade not possible now");
-      start_ws_session(state_, r.to == route::ws_generate ? ws_kind::generate : ws_kind::events, stream_.release_socket(),
-                       std::move(request_), r.authed);
+    case route::ws_events: {
+      if (watch_pending_ || write_in_flight_) throw api_error(400, "upgrade not possible now");
+      // Bytes after the upgrade request are the client's first frames: they go with the socket.
+      std::string early = beast::buffers_to_string(buffer_.data());
+      buffer_.consume(buffer_.size());
       closed_ = true;
+      write_timer_.cancel();
+      start_ws_session(state_, r.to == route::ws_generate ? ws_kind::generate : ws_kind::events, stream_.release_socket(),
+                       std::move(request_), r.authed, std::move(early));
       return;
+    }
     default: return send_message(answer(r.to, request_, state_), keep_alive);
   }
+}
+
+// ---- /tokenize ----------------------------------------------------------------------------------
+
+// Encoding megabytes of text (or rendering a chat template) takes the tokenizer long enough to stall
+// every stream of this I/O thread: it runs on a tokenizer actor, which also builds the body, and the
+// answer is posted back to this strand. Meanwhile the watch read notices a client that leaves.
+void http_session::start_tokenize(bool keep_alive) {
+  const tokenize_request t = parse_tokenize_request(request_.body());
+  if (!state_.engine.tok()) throw api_error(400, "this model has no tokenizer");
+  actors::prompt_input prompt =
+      t.is_chat ? actors::prompt_input::from_chat(t.messages) : actors::prompt_input::from_text(t.prompt);
+  prompt.add_special = t.add_special_tokens;
+  tokenizing_ = true;
+  tokenize_serial_ = num_requests_;
+  tokenize_keep_alive_ = keep_alive;
+  start_watch();
+  std::weak_ptr<http_session> weak = shared_from_this();
+  const bool chat = t.is_chat;
+  const int32_t max_model_len = state_.engine.max_model_len();
+  state_.engine.tokenize_async(
+      std::move(prompt), [poster = state_.poster, weak, serial = tokenize_serial_, chat, max_model_len](
+                             actors::tokenize_result r) {
+        int status = 200;
+        std::string body;
+        if (r.error.empty()) {
+          body = tokenize_body(r.ids, max_model_len);
+        } else {
+          status = r.refused ? 503 : 400;
+          body = r.error;
+          if (chat && !r.refused) body = "cannot render the conversation: " + body;
+        }
+        poster->post(weak, [serial, status, chat, body = std::move(body)](http_session& s) mutable {
+          s.run_guarded([&] { s.on_tokenized(serial, status, chat ? "messages" : "prompt", std::move(body)); });
+        });
+      });
+}
+
+void http_session::on_tokenized(uint64_t serial, int status, const char* param, std::string body) {
+  if (closed_ || !tokenizing_ || serial != tokenize_serial_) return;
+  tokenizing_ = false;
+  if (status != 200) {
+    return send_error(api_error(status, body, status == 400 ? param : "", status == 503 ? "unavailable" : ""),
+                      tokenize_keep_alive_);
+  }
+  send_message(json_response(std::move(body)), tokenize_keep_alive_);
 }
 
 // ---- generations ------------------------------------------------------------------------------
@@ -144,7 +283,7 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   start_watch();
   std::weak_ptr<http_session> weak = shared_from_this();
   gen_->stream.on_ready([poster = state_.poster, weak, serial = gen_->serial] {
-    poster->post(weak, [serial](http_session& s) { s.on_stream_ready(serial); });
+    poster->post(weak, [serial](http_session& s) { s.run_guarded([&] { s.on_stream_ready(serial); }); });
   });
 }
 
@@ -152,6 +291,12 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
 // the session down: writing only queues bytes, and errors come back as completions of their own.
 void http_session::on_stream_ready(uint64_t serial) {
   if (!gen_ || closed_ || gen_->serial != serial) return;
+  if (write_in_flight_ && pending_.size() >= k_max_pending_bytes) {
+    // The client lags: leave the items in the stream's buffer (which merges deltas) until it reads.
+    drain_deferred_ = true;
+    return;
+  }
+  drain_deferred_ = false;
   std::string out;
   for (actors::stream_item& item : gen_->stream.take_all()) {
     if (auto* d = std::get_if<stream_delta>(&item)) {
@@ -267,6 +412,7 @@ void http_session::on_final(const stream_final& f) {
 }
 
 void http_session::abort_generation() {
+  tokenizing_ = false;  // its answer, when it comes, finds no request waiting for it
   if (!gen_) return;
   // The client went away: 499 (nginx's "client closed request") when nothing was sent yet.
   access_.request_id = gen_->meta.id;
@@ -281,31 +427,49 @@ void http_session::abort_generation() {
 
 // ---- watching for a disconnect while the engine works ------------------------------------------
 
+// Bytes that arrive meanwhile are pipelined requests: kept for the next read while they fit the read
+// buffer. Beyond that the client floods: the watch goes on (a disconnect must still abort the
+// request) but discards what it reads, and the connection closes after the current response.
 void http_session::start_watch() {
   if (watch_pending_ || closed_) return;
   watch_pending_ = true;
-  stream_.async_read_some(buffer_.prepare(4096), beast::bind_front_handler(&http_session::on_watch, shared_from_this()));
+  const size_t room = buffer_.max_size() - buffer_.size();
+  if (room == 0 && !flooded_) {
+    flooded_ = true;
+    state_.metrics.record_closed(close_reason::pipeline_flood);
+    spdlog::warn("connection {}: more than {} bytes pipelined behind a running request; closing after its response",
+                 peer_, buffer_.max_size());
+  }
+  watch_discards_ = flooded_;
+  if (watch_discards_) {
+    if (!discard_) discard_ = std::make_unique<std::array<char, 4096>>();
+    stream_.async_read_some(net::buffer(*discard_), guarded(&http_session::on_watch));
+    return;
+  }
+  stream_.async_read_some(buffer_.prepare(std::min<size_t>(4096, room)), guarded(&http_session::on_watch));
 }
 
 void http_session::on_watch(beast::error_code ec, size_t n) {
   watch_pending_ = false;
-  if (!ec) buffer_.commit(n);
+  if (lingering_) return on_linger_read(ec, n);
+  if (!ec && !watch_discards_) buffer_.commit(n);
   if (closed_) return;
-  if (ec && (gen_ || want_read_)) {
+  if (want_read_) {
+    // The response is out and the watch was cancelled (or completed just before): read the next
+    // request, starting with whatever was pipelined (issue #14: it used to wait on the socket).
+    want_read_ = false;
+    if (ec && ec != net::error::operation_aborted) return do_close();
+    if (flooded_) return do_close();
+    return do_read();
+  }
+  if (ec == net::error::operation_aborted) return;
+  if (!request_running()) return;  // the response is being written; on_write_done() goes on
+  if (ec) {
     // The client went away (or reset): abort the request, free its KV blocks, drop the connection.
     abort_generation();
     return do_close();
   }
-  if (gen_) {
-    if (buffer_.size() < 64 * 1024) start_watch();  // pipelined bytes: keep them for the next read
-    return;
-  }
-  if (want_read_) {
-    want_read_ = false;
-    idle_timer_.cancel();
-    if (ec) return do_close();
-    do_read();
-  }
+  start_watch();
 }
 
 // ---- writing ----------------------------------------------------------------------------------
@@ -316,11 +480,14 @@ void http_session::send_error(const api_error& e, bool keep_alive) {
   if (e.status == 405) res.set(http::field::allow, "GET, POST");
   if (e.status == 401) res.set(http::field::www_authenticate, "Bearer");
   res.body() = error_body(e);
-  if (e.status == 413 || e.status == 431 || (e.status == 400 && e.code == "bad_http")) keep_alive = false;
+  if (e.status == 413 || e.status == 431 || (e.status == 400 && (e.code == "bad_http" || e.code == "bad_websocket_key"))) {
+    keep_alive = false;
+  }
   send_message(std::move(res), keep_alive);
 }
 
 void http_session::send_message(http_response res, bool keep_alive) {
+  keep_alive = keep_alive && !flooded_;
   res.set(http::field::server, "tessera");
   res.keep_alive(keep_alive);
   if (request_.method() == http::verb::head) {
@@ -347,43 +514,134 @@ void http_session::queue_write(std::string bytes) {
 void http_session::start_write() {
   writing_.swap(pending_);
   pending_.clear();
+  write_offset_ = 0;
   write_in_flight_ = true;
-  net::async_write(stream_, net::buffer(writing_), beast::bind_front_handler(&http_session::on_write, shared_from_this()));
+  arm_write_timer();
+  write_some();
 }
 
-void http_session::on_write(beast::error_code ec, size_t) {
-  write_in_flight_ = false;
-  writing_.clear();
+// Written piece by piece, so that every piece the client takes counts as progress for the deadline.
+void http_session::write_some() {
+  stream_.async_write_some(net::buffer(writing_.data() + write_offset_, writing_.size() - write_offset_),
+                           guarded(&http_session::on_write_some));
+}
+
+void http_session::on_write_some(beast::error_code ec, size_t n) {
+  if (closed_) {
+    write_in_flight_ = false;
+    return;
+  }
   if (ec) {
+    write_in_flight_ = false;
     abort_generation();
     return do_close();
   }
+  write_offset_ += n;
+  if (write_offset_ < writing_.size()) {
+    arm_write_timer();
+    return write_some();
+  }
+  write_in_flight_ = false;
+  writing_.clear();
+  ++write_timer_serial_;
+  write_timer_.cancel();
+  on_write_done();
+}
+
+// Deadline for the next write progress: a client that takes no byte for --write-timeout is closed and
+// its generation aborted (its KV freed), instead of holding both for as long as it likes.
+void http_session::arm_write_timer() {
+  const uint64_t serial = ++write_timer_serial_;
+  write_timer_.expires_after(state_.opt.write_timeout);
+  write_timer_.async_wait([self = shared_from_this(), serial](beast::error_code ec) {
+    self->run_guarded([&] {
+      if (ec || self->closed_ || serial != self->write_timer_serial_ || !self->write_in_flight_) return;
+      spdlog::warn("connection {}: no write progress for {} s; closing it", self->peer_, self->state_.opt.write_timeout.count());
+      self->state_.metrics.record_closed(close_reason::write_timeout);
+      self->abort_generation();
+      self->do_close();
+    });
+  });
+}
+
+void http_session::on_write_done() {
   if (!pending_.empty()) return start_write();
-  if (!response_done_ || gen_) return;
+  if (drain_deferred_ && gen_) {
+    on_stream_ready(gen_->serial);
+    if (write_in_flight_ || !pending_.empty()) return;
+  }
+  if (!response_done_ || request_running()) return;
   response_done_ = false;
   busy_.reset();
-  if (close_after_write_) return do_close();
+  if (close_after_write_ || flooded_) return linger_close();
   if (watch_pending_) {
-    // The watch read is still pending (cancelling it would also cancel writes): it becomes the first
-    // read of the next request, under our own keep-alive timer.
+    // The watch read would wait on the socket while the next request may already sit in the buffer:
+    // cancel it (no write is in flight now) and read from the buffer first (RFC 9112 §9.3.2).
     want_read_ = true;
-    idle_timer_.expires_after(state_.opt.idle_timeout);
-    idle_timer_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
-      if (!wait_ec && self->want_read_) self->do_close();
-    });
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
     return;
   }
   do_read();
 }
 
 void http_session::do_close() {
+  if (closed_) {
+    if (lingering_) end_linger();
+    return;
+  }
+  closed_ = true;
+  abort_generation();
+  busy_.reset();
+  ++write_timer_serial_;
+  write_timer_.cancel();
+  beast::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream_.socket().close(ec);
+}
+
+// The connection ends after this response: half-close and drop what the client still sends (a body
+// that was refused, pipelined requests) before closing. Closing with unread bytes would reset the
+// connection, and a reset can destroy the response before the client has read it (RFC 9112 §9.6).
+void http_session::linger_close() {
   if (closed_) return;
   closed_ = true;
   abort_generation();
   busy_.reset();
-  idle_timer_.cancel();
+  ++write_timer_serial_;
   beast::error_code ec;
   stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) {
+    stream_.socket().close(ec);
+    return;
+  }
+  lingering_ = true;
+  write_timer_.expires_after(k_linger_time);
+  write_timer_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
+    if (!wait_ec) self->run_guarded([&] { self->end_linger(); });
+  });
+  if (!watch_pending_) linger_read();  // else the pending watch read goes on as the first linger read
+}
+
+void http_session::linger_read() {
+  if (!discard_) discard_ = std::make_unique<std::array<char, 4096>>();
+  watch_pending_ = true;
+  stream_.async_read_some(net::buffer(*discard_), guarded(&http_session::on_linger_read));
+}
+
+void http_session::on_linger_read(beast::error_code ec, size_t n) {
+  watch_pending_ = false;
+  if (!lingering_) return;
+  linger_bytes_ += n;
+  if (ec || linger_bytes_ > k_linger_max_bytes) return end_linger();
+  linger_read();
+}
+
+void http_session::end_linger() {
+  if (!lingering_) return;
+  lingering_ = false;
+  write_timer_.cancel();
+  beast::error_code ec;
   stream_.socket().close(ec);
 }
 

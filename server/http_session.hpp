@@ -1,18 +1,26 @@
-// One HTTP/1.1 connection, on its own strand: reads requests (keep-alive, with read deadlines), routes
-// them (server/router.hpp), answers the plain routes, runs generations (an SSE stream through an
-// sse_writer, or one JSON body), keeps a read pending while the engine works so that a client that
-// goes away aborts its request, writes one response after the other, and hands WebSocket upgrades
-// over to a ws_session. One access-log line per request.
+// One HTTP/1.1 connection, on its own strand: reads requests (keep-alive, pipelining, read deadlines),
+// checks their framing on the header alone (server/http_checks.hpp) and answers Expect: 100-continue
+// before the body, routes them (server/router.hpp), answers the plain routes, tokenizes /tokenize
+// prompts on the tokenizer actors, runs generations (an SSE stream through an sse_writer, or one JSON
+// body), keeps a read pending while the engine works so that a client that goes away aborts its
+// request, writes one response after the other under a write-progress deadline, and hands WebSocket
+// upgrades over to a ws_session. One access-log line per request.
 //
 // A generation's stream is pushed, not polled: its ready hook (called on the runtime's thread) posts
 // on_stream_ready() to this strand through the server's session_poster, holding the session only
 // weakly; the posted handler holds it strongly until it has run, and finds the generation gone (or
-// replaced, by serial) if the connection ended or moved on meanwhile.
+// replaced, by serial) if the connection ended or moved on meanwhile. A client that reads slower than
+// the engine writes is not drained further while 256 KiB wait for it: the stream buffer then merges
+// deltas (bounded), and the drain resumes when the socket takes bytes again.
+//
+// Every completion handler runs through guarded(): an exception closes this connection (logged and
+// counted), never the I/O thread.
 #pragma once
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -23,6 +31,7 @@
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
 #include "server/chat_output.hpp"
+#include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
@@ -60,10 +69,24 @@ class http_session : public std::enable_shared_from_this<http_session> {
     int64_t completion_tokens = -1;
   };
 
+  // A completion handler that runs `fn` on this session inside run_guarded().
+  template <class... Args>
+  auto guarded(void (http_session::*fn)(Args...)) {
+    return [self = shared_from_this(), fn](Args... args) { self->run_guarded([&] { ((*self).*fn)(args...); }); };
+  }
+  template <class Fn>
+  void run_guarded(Fn&& fn) noexcept;
+  void fail(const char* what) noexcept;
+
   // reading and routing
   void do_read();
+  void on_header(boost::beast::error_code ec, size_t n);
   void on_read(boost::beast::error_code ec, size_t);
+  bool read_failed(boost::beast::error_code ec);
   void handle();
+  // /tokenize, off the I/O thread
+  void start_tokenize(bool keep_alive);
+  void on_tokenized(uint64_t serial, int status, const char* param, std::string body);
   // generations
   void start_generation(api_kind kind, bool keep_alive);
   void on_stream_ready(uint64_t serial);
@@ -75,33 +98,57 @@ class http_session : public std::enable_shared_from_this<http_session> {
   // watching for a client that goes away while the engine works
   void start_watch();
   void on_watch(boost::beast::error_code ec, size_t n);
+  bool request_running() const { return gen_.has_value() || tokenizing_; }
   // writing
   void send_error(const api_error& e, bool keep_alive);
   void send_message(http_response res, bool keep_alive);
   void queue_write(std::string bytes);
   void start_write();
-  void on_write(boost::beast::error_code ec, size_t);
+  void write_some();
+  void on_write_some(boost::beast::error_code ec, size_t n);
+  void on_write_done();
+  void arm_write_timer();
   void do_close();
+  void linger_close();
+  void linger_read();
+  void on_linger_read(boost::beast::error_code ec, size_t n);
+  void end_linger();
   // access log
   void note_request();
   void note_final(const actors::stream_final& f);
   void log_response(int status);
 
   server_state& state_;
+  connection_gauge gauge_;
   boost::beast::tcp_stream stream_;
-  boost::beast::flat_buffer buffer_;
+  boost::beast::flat_buffer buffer_;  // bounded: read_buffer_limit() (http_checks.hpp)
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
+  size_t header_bytes_ = 0;       // the current request's header section, as the parser consumed it
+  size_t num_header_fields_ = 0;  // fields beyond these, after the body, are its trailer section
   http_request request_;
-  boost::asio::steady_timer idle_timer_;  // keep-alive wait while the watch read stands in for the next read
   std::optional<generation> gen_;
   std::optional<busy_token> busy_;
+  // writing: `writing_` is on the wire from write_offset_ on; what comes meanwhile waits in `pending_`
   std::string writing_, pending_;
+  size_t write_offset_ = 0;
   bool write_in_flight_ = false;
+  boost::asio::steady_timer write_timer_;
+  uint64_t write_timer_serial_ = 0;  // a wait that completes after it was re-armed is stale
+  bool drain_deferred_ = false;      // a drain was skipped while the client lagged; resume after a write
+  // /tokenize: the request whose answer is being computed on a tokenizer actor
+  bool tokenizing_ = false;
+  uint64_t tokenize_serial_ = 0;
+  bool tokenize_keep_alive_ = true;
   bool response_done_ = false;
   bool close_after_write_ = false;
   bool watch_pending_ = false;
-  bool want_read_ = false;
+  bool watch_discards_ = false;  // the pending watch reads into discard_, not into buffer_
+  bool flooded_ = false;         // pipelined bytes beyond the buffer arrived: no more requests here
+  std::unique_ptr<std::array<char, 4096>> discard_;
+  bool want_read_ = false;  // the response is out: the pending watch read is being cancelled for do_read
   bool closed_ = false;
+  bool lingering_ = false;  // half-closed after the last response, dropping what the client still sends
+  size_t linger_bytes_ = 0;
   uint64_t num_requests_ = 0;
   std::string peer_;  // "address:port" of the client
   std::string log_method_ = "-", log_path_ = "-";

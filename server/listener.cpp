@@ -26,14 +26,38 @@ listener::~listener() { stop(); }
 void listener::start(int num_threads) {
   do_accept();
   const int n = std::max(1, num_threads);
-  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { ioc_.run(); });
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { run_thread(); });
+}
+
+// An exception out of run() has unwound one handler (and with it, the last reference to a session
+// usually, which closes its socket); Asio's io_context stays usable and run() may simply be called
+// again (issue #14: a chunked trailer of 64 KiB made Beast throw std::length_error out of run(),
+// and std::terminate took the whole process down, before authentication).
+void listener::run_thread() {
+  for (;;) {
+    try {
+      ioc_.run();
+      return;  // stopped, or out of work
+    } catch (const std::exception& e) {
+      state_.metrics.record_exception();
+      spdlog::error("I/O thread: uncaught exception from a connection's handler: {}; the thread goes on", e.what());
+    } catch (...) {
+      state_.metrics.record_exception();
+      spdlog::error("I/O thread: uncaught exception (not a std::exception) from a connection's handler; the thread goes on");
+    }
+  }
 }
 
 void listener::do_accept() {
   acceptor_.async_accept(net::make_strand(ioc_), [this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
-      std::make_shared<http_session>(state_, std::move(socket))->run();
+      try {
+        std::make_shared<http_session>(state_, std::move(socket))->run();
+      } catch (const std::exception& e) {  // out of memory, say: that connection is dropped, not the acceptor
+        state_.metrics.record_exception();
+        spdlog::error("cannot start a session: {}", e.what());
+      }
       return do_accept();
     }
     // Out of file descriptors and the like: back off instead of spinning on the error.

@@ -1,6 +1,8 @@
 // The listening socket and the I/O threads: one io_context run by opt.num_threads threads; each
 // accepted connection gets a strand of its own and an http_session (which may hand the socket over to
-// a ws_session). No I/O thread ever blocks on the engine.
+// a ws_session). No I/O thread ever blocks on the engine, and none dies of an exception: the sessions
+// catch what their handlers throw, and what still escapes (from inside Beast) is logged here and
+// the thread runs on.
 #pragma once
 #include <boost/asio.hpp>
 
@@ -25,9 +27,11 @@ class listener {
   void start(int num_threads);  // starts accepting and the I/O threads; returns at once
   void stop_accepting();        // closes the listening socket (any thread); connections keep being served
   void stop();                  // stops the io_context and joins the I/O threads (idempotent)
+  boost::asio::io_context& context() { return ioc_; }
 
  private:
   void do_accept();
+  void run_thread();  // one I/O thread: runs the io_context until stop(), surviving any exception
 
   server_state& state_;
   // Destroyed before the state (the listener is declared after it): with the io_context go the

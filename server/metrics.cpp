@@ -45,6 +45,23 @@ server_metrics::server_metrics()
       itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}),
       e2e_({0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240}) {}
 
+std::string_view to_string(close_reason r) {
+  switch (r) {
+    case close_reason::write_timeout: return "write_timeout";
+    case close_reason::read_timeout: return "read_timeout";
+    case close_reason::pipeline_flood: return "pipeline_flood";
+    case close_reason::ws_auth_timeout: return "ws_auth_timeout";
+    case close_reason::ws_slow_reader: return "ws_slow_reader";
+    case close_reason::internal_error: return "internal_error";
+  }
+  return "unknown";
+}
+
+void server_metrics::record_closed(close_reason reason) {
+  const auto i = static_cast<size_t>(reason);
+  if (i < closed_.size()) closed_[i].fetch_add(1, std::memory_order_relaxed);
+}
+
 void server_metrics::record_finish(finish_reason reason) {
   const auto i = static_cast<size_t>(reason);
   if (i < finished_.size()) finished_[i].fetch_add(1, std::memory_order_relaxed);
@@ -81,6 +98,19 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
              static_cast<unsigned long long>(http_by_class_[static_cast<size_t>(c)].load()));
   }
 
+  metric(out, "tessera_connections_open", "gauge", "Open client connections by protocol");
+  append_f(out, "tessera_connections_open{protocol=\"http\"} %lld\n",
+           static_cast<long long>(open_[static_cast<size_t>(connection_kind::http)].load()));
+  append_f(out, "tessera_connections_open{protocol=\"websocket\"} %lld\n",
+           static_cast<long long>(open_[static_cast<size_t>(connection_kind::websocket)].load()));
+  metric(out, "tessera_connections_closed_total", "counter", "Connections the server closed itself, by reason");
+  for (size_t i = 0; i < num_close_reasons; ++i) {
+    append_f(out, "tessera_connections_closed_total{reason=\"%s\"} %llu\n",
+             std::string(to_string(static_cast<close_reason>(i))).c_str(), static_cast<unsigned long long>(closed_[i].load()));
+  }
+  metric(out, "tessera_server_exceptions_total", "counter", "Exceptions caught from I/O handlers (each closed its connection)");
+  append_f(out, "tessera_server_exceptions_total %llu\n", static_cast<unsigned long long>(exceptions_.load()));
+
   metric(out, "tessera_num_requests_running", "gauge", "Sequences running in the engine");
   append_f(out, "tessera_num_requests_running %d\n", s.num_running);
   metric(out, "tessera_num_requests_waiting", "gauge", "Sequences waiting in the engine");
@@ -116,6 +146,9 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   append_f(out, "tessera_kv_blocks_swapped_total{direction=\"in\"} %llu\n", static_cast<unsigned long long>(e.num_blocks_swapped_in));
   append_f(out, "tessera_kv_blocks_swapped_total{direction=\"out\"} %llu\n",
            static_cast<unsigned long long>(e.num_blocks_swapped_out));
+  metric(out, "tessera_kv_blocks_window_freed_total", "counter",
+         "KV blocks freed early because no layer's sliding window reached them any more");
+  append_f(out, "tessera_kv_blocks_window_freed_total %llu\n", static_cast<unsigned long long>(e.num_window_freed_blocks));
   metric(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens computed (prefill and recompute)");
   append_f(out, "tessera_prompt_tokens_total %llu\n", static_cast<unsigned long long>(e.num_prefill_tokens));
   metric(out, "tessera_cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/engine_facade.hpp"
@@ -27,9 +28,29 @@ class histogram {
   uint64_t count_ = 0;
 };
 
+// Why the server closed a connection itself (besides answering and the client leaving).
+enum class close_reason : uint8_t {
+  write_timeout,    // no write progress for --write-timeout: a client that does not read
+  read_timeout,     // a request not complete within --request-timeout (slow loris)
+  pipeline_flood,   // pipelined bytes beyond the read buffer while a request ran
+  ws_auth_timeout,  // a WebSocket that did not authenticate in time
+  ws_slow_reader,   // a WebSocket whose send queue reached ws_max_queued_messages
+  internal_error,   // an exception from a handler (logged)
+};
+constexpr size_t num_close_reasons = 6;
+std::string_view to_string(close_reason r);
+
+enum class connection_kind : uint8_t { http, websocket };
+
 class server_metrics {
  public:
   server_metrics();
+  void record_closed(close_reason reason);
+  void record_exception() { exceptions_.fetch_add(1, std::memory_order_relaxed); }
+  void connection_opened(connection_kind k) { open_[static_cast<size_t>(k)].fetch_add(1, std::memory_order_relaxed); }
+  void connection_closed(connection_kind k) { open_[static_cast<size_t>(k)].fetch_sub(1, std::memory_order_relaxed); }
+  int64_t connections_open(connection_kind k) const { return open_[static_cast<size_t>(k)].load(); }
+  uint64_t closed(close_reason r) const { return closed_[static_cast<size_t>(r)].load(); }
   void record_finish(finish_reason reason);
   void record_rejected(int status);
   void record_http(int status);
@@ -43,7 +64,23 @@ class server_metrics {
   std::array<std::atomic<uint64_t>, 5> finished_{};  // by finish_reason
   std::atomic<uint64_t> rejected_429_{0}, rejected_503_{0};
   std::array<std::atomic<uint64_t>, 6> http_by_class_{};  // 1xx..5xx, index = status / 100
+  std::array<std::atomic<uint64_t>, num_close_reasons> closed_{};
+  std::array<std::atomic<int64_t>, 2> open_{};  // by connection_kind
+  std::atomic<uint64_t> exceptions_{0};
   histogram ttft_, itl_, e2e_;
+};
+
+// Counts one open connection of its kind in the metrics for as long as it lives (a session member).
+class connection_gauge {
+ public:
+  connection_gauge(server_metrics& m, connection_kind k) : metrics_(&m), kind_(k) { m.connection_opened(k); }
+  ~connection_gauge() { metrics_->connection_closed(kind_); }
+  connection_gauge(const connection_gauge&) = delete;
+  connection_gauge& operator=(const connection_gauge&) = delete;
+
+ private:
+  server_metrics* metrics_;
+  connection_kind kind_;
 };
 
 }  // namespace tessera::server

@@ -3,7 +3,7 @@
 #include <boost/json.hpp>
 #include <simdjson.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,6 +173,9 @@ std::vector<chat_message> get_messages(element v, const request_limits& limits) 
         msg.role != "tool") {
       bad("messages.role", "must be system, developer, user, assistant or tool (got '" + msg.role + "')");
     }
+    // The deprecated function-calling API: its turns cannot be rendered faithfully, so refused.
+    element ignored;
+    if (!m["function_call"].get(ignored)) bad("messages.function_call", "is not supported: use 'tool_calls'");
     const size_t index = messages.size();
     element calls, field;
     if (!m["tool_calls"].get(calls) && !calls.is_null()) {
@@ -311,12 +314,16 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
         if (static_cast<int32_t>(p.logit_bias.size()) >= limits.sampling.max_logit_bias_entries) {
           bad(key, "holds more than " + std::to_string(limits.sampling.max_logit_bias_entries) + " entries");
         }
-        const std::string text(tok);
-        char* end = nullptr;
-        errno = 0;
-        const long long id = text.empty() ? -1 : std::strtoll(text.c_str(), &end, 10);
-        if (text.empty() || *end != '\0' || errno != 0 || id < 0 || id >= vocab_size) {
-          bad(key, "keys must be token ids in [0, " + std::to_string(vocab_size) + ") (got '" + text + "')");
+        // A key is a token id written canonically: "0" or digits without a leading zero; "01", "+1",
+        // " 1" and "1.0" (which strtoll or JSON number rules would accept) are refused, so that two
+        // different keys can never name the same token.
+        const std::string_view text(tok);
+        const bool canonical = !text.empty() && text.size() <= 10 && (text == "0" || text.front() != '0') &&
+                               std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const long long id = canonical ? std::stoll(std::string(text)) : -1;
+        if (!canonical || id >= vocab_size) {
+          bad(key, "keys must be token ids in [0, " + std::to_string(vocab_size) + ") written as plain integers (got '" +
+                       std::string(text) + "')");
         }
         const double lim = limits.sampling.max_abs_logit_bias;
         p.logit_bias.emplace_back(static_cast<token_id>(id), get_float(bias, key, -lim, lim));
@@ -424,7 +431,23 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     }
     throw api_error(400, e.what(), param);
   }
+  const int64_t response_bytes = estimated_response_bytes(req, limits);
+  if (response_bytes > limits.max_response_bytes) {
+    throw api_error(400,
+                    "the response could take " + std::to_string(response_bytes) + " bytes (n x max_tokens x logprobs), "
+                        "more than this server's limit of " + std::to_string(limits.max_response_bytes) +
+                        " (--max-response-bytes): lower n, max_tokens or the number of logprobs",
+                    "max_tokens", "response_too_large");
+  }
   return req;
+}
+
+int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits) {
+  int64_t tokens = req.params.max_tokens;
+  if (limits.max_model_len > 0) tokens = std::min<int64_t>(tokens, limits.max_model_len);
+  const int64_t per_token =
+      k_response_bytes_per_token + (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
+  return int64_t{req.params.n} * tokens * per_token;
 }
 
 tokenize_request parse_tokenize_request(std::string_view body) {

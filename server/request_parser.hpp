@@ -26,7 +26,18 @@ struct request_limits {
   int32_t max_messages = 4096;
   int32_t max_completion_logprobs = 5;       // /v1/completions "logprobs" (OpenAI's bound)
   int32_t max_priority = 1 << 20;            // |priority|
+  // One response's estimated size at most (estimated_response_bytes); larger: 400. It bounds what
+  // n x max_tokens x logprobs can make the server build and send for one request.
+  int64_t max_response_bytes = int64_t{64} << 20;
+  // The engine's max_model_len: no choice generates more tokens than this (0: unknown).
+  int32_t max_model_len = 0;
 };
+
+// Bytes one response may need at most, as the server bounds it: per choice, per token it could
+// generate (max_tokens, capped by max_model_len), 32 bytes of text and JSON, plus 96 bytes for each
+// logprob entry (the chosen token and its top_logprobs alternatives: token text, logprob, bytes).
+constexpr int64_t k_response_bytes_per_token = 32;
+constexpr int64_t k_response_bytes_per_logprob = 96;
 
 struct generation_request {
   api_kind kind = api_kind::completion;
@@ -41,6 +52,8 @@ struct generation_request {
   std::string user;
   tool_request tools;  // chat: tools / tool_choice / parallel_tool_calls (server/tool_request.hpp)
 };
+
+int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits);
 
 // Parses a /v1/completions or /v1/chat/completions body. vocab_size bounds every token id.
 generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,

@@ -4,9 +4,11 @@
 #include <boost/json.hpp>
 
 #include <cctype>
+#include <charconv>
 #include <string>
 
 #include "server/api_error.hpp"
+#include "server/http_checks.hpp"
 #include "server/request_parser.hpp"
 #include "server/static_files.hpp"
 
@@ -48,6 +50,29 @@ bool host_allowed(std::string_view header, const server_options& o, uint16_t bou
   return false;
 }
 
+http_response json_response(std::string body) {
+  http_response res{http::status::ok, 11};
+  res.set(http::field::content_type, "application/json");
+  res.body() = std::move(body);
+  return res;
+}
+
+std::string tokenize_body(const std::vector<token_id>& ids, int32_t max_model_len) {
+  // By hand rather than through json::array: this runs for up to millions of ids (on a tokenizer
+  // actor's thread, see http_session::start_tokenize), and the text is plain integers.
+  std::string out = "{\"count\":" + std::to_string(ids.size()) + ",\"max_model_len\":" + std::to_string(max_model_len) +
+                    ",\"tokens\":[";
+  out.reserve(out.size() + ids.size() * 7 + 2);
+  char digits[16];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ',';
+    const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, ids[i]);
+    out.append(digits, end);
+  }
+  out += "]}";
+  return out;
+}
+
 namespace {
 
 std::string_view header_value(const http_request& req, http::field f) {
@@ -80,37 +105,6 @@ constexpr route_entry routes[] = {
     {"/v1/ws", http::verb::get, route::ws_generate},
     {"/v1/events", http::verb::get, route::ws_events},
 };
-
-http_response json_response(std::string body) {
-  http_response res{http::status::ok, 11};
-  res.set(http::field::content_type, "application/json");
-  res.body() = std::move(body);
-  return res;
-}
-
-http_response tokenize(const http_request& req, server_state& s) {
-  const tokenize_request t = parse_tokenize_request(req.body());
-  const auto& tok = s.engine.tok();
-  if (!tok) throw api_error(400, "this model has no tokenizer");
-  std::vector<token_id> ids;
-  if (t.is_chat) {
-    if (!s.opt.encode_chat) throw api_error(400, "'messages' is not supported by this server's /tokenize", "messages");
-    try {
-      ids = s.opt.encode_chat(t.messages);
-    } catch (const std::exception& e) {
-      throw api_error(400, std::string("cannot render the conversation: ") + e.what(), "messages");
-    }
-  } else {
-    encode_options eo;
-    eo.add_special = t.add_special_tokens && tok->add_bos();
-    ids = tok->encode(t.prompt, eo);
-  }
-  json::array arr;
-  for (token_id id : ids) arr.push_back(id);
-  json::object body{{"count", ids.size()}, {"max_model_len", s.engine.config().context_length},
-                    {"tokens", std::move(arr)}};
-  return json_response(json::serialize(body));
-}
 
 http_response detokenize(const http_request& req, server_state& s) {
   const auto& tok = s.engine.tok();
@@ -150,16 +144,24 @@ routing route_request(const http_request& req, const server_state& s) {
   const bool upgrade = found->to == route::ws_generate || found->to == route::ws_events;
   bool authed = o.api_key.empty() || found->to == route::health;
   if (!authed) {
-    const std::string_view auth = header_value(req, http::field::authorization);
-    if (auth.size() > 7 && (auth.substr(0, 7) == "Bearer " || auth.substr(0, 7) == "bearer ")) {
-      authed = keys_equal(auth.substr(7), o.api_key);
-    }
+    // RFC 9110 §11.1: the scheme is case-insensitive ("bearer", "BEARER").
+    const std::string_view key = bearer_token(header_value(req, http::field::authorization));
+    authed = !key.empty() && keys_equal(key, o.api_key);
   }
   if (!authed && !upgrade) {
     throw api_error(401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key");
   }
   if (upgrade && !boost::beast::websocket::is_upgrade(req)) {
     throw api_error(400, "this route needs a WebSocket upgrade", "", "upgrade_required");
+  }
+  if (upgrade) {
+    // RFC 6455 §4.2.1: exactly one Sec-WebSocket-Key, the base64 of 16 bytes (Beast checks only its length).
+    const auto keys = req.equal_range(http::field::sec_websocket_key);
+    if (std::distance(keys.first, keys.second) != 1 ||
+        !valid_websocket_key(std::string_view(keys.first->value().data(), keys.first->value().size()))) {
+      throw api_error(400, "Sec-WebSocket-Key must be the base64 encoding of 16 bytes (RFC 6455 §4.2.1)", "",
+                      "bad_websocket_key");
+    }
   }
   return {found->to, authed, std::nullopt};
 }
@@ -173,7 +175,7 @@ http_response answer(route to, const http_request& req, server_state& s) {
     }
     case route::models: {
       json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
-                         {"max_model_len", s.engine.config().context_length}};
+                         {"max_model_len", s.engine.max_model_len()}};
       json::object body{{"object", "list"}, {"data", json::array{std::move(model)}}};
       return json_response(json::serialize(body));
     }
@@ -183,7 +185,6 @@ http_response answer(route to, const http_request& req, server_state& s) {
       res.body() = s.metrics.render(s.engine);
       return res;
     }
-    case route::tokenize: return tokenize(req, s);
     case route::detokenize: return detokenize(req, s);
     default: break;
   }

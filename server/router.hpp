@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "server/server_state.hpp"
 
@@ -39,8 +41,14 @@ struct routing {
 // which authenticate later when the upgrade carried no key).
 routing route_request(const http_request& req, const server_state& state);
 
-// The answer of health, models, metrics, tokenize or detokenize (status, content type, body; the
+// The answer of health, models, metrics or detokenize (status, content type, body; the
 // session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
 http_response answer(route to, const http_request& req, server_state& state);
+
+// A 200 application/json response with `body`.
+http_response json_response(std::string body);
+
+// POST /tokenize's body: {"count", "max_model_len", "tokens"}.
+std::string tokenize_body(const std::vector<token_id>& ids, int32_t max_model_len);
 
 }  // namespace tessera::server

@@ -14,12 +14,19 @@ using tcp = net::ip::tcp;
 using actors::stream_delta;
 using actors::stream_final;
 
-void start_ws_session(server_state& state, ws_kind kind, tcp::socket socket, http_request req, bool authed) {
-  std::make_shared<ws_session>(state, kind, std::move(socket), authed)->run(std::move(req));
+void start_ws_session(server_state& state, ws_kind kind, tcp::socket socket, http_request req, bool authed,
+                      std::string early) {
+  std::make_shared<ws_session>(state, kind, std::move(socket), authed, std::move(early))->run(std::move(req));
 }
 
-ws_session::ws_session(server_state& state, ws_kind kind, tcp::socket socket, bool authed)
-    : state_(state), kind_(kind), ws_(std::move(socket)), authed_(authed) {
+ws_session::ws_session(server_state& state, ws_kind kind, tcp::socket socket, bool authed, std::string early)
+    : state_(state),
+      gauge_(state.metrics, connection_kind::websocket),
+      kind_(kind),
+      ws_(beast::tcp_stream(std::move(socket)), std::move(early)),
+      write_timer_(ws_.get_executor()),
+      auth_timer_(ws_.get_executor()),
+      authed_(authed) {
   beast::error_code ec;
   const tcp::endpoint peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
   if (!ec) peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
@@ -27,6 +34,30 @@ ws_session::ws_session(server_state& state, ws_kind kind, tcp::socket socket, bo
 
 ws_session::~ws_session() {
   if (hub_id_) state_.hub->remove(hub_id_);
+}
+
+template <class Fn>
+void ws_session::run_guarded(Fn&& fn) noexcept {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    fail(e.what());
+  } catch (...) {
+    fail("an exception that is not a std::exception");
+  }
+}
+
+// Whatever a handler threw: this socket closes (its generations aborted), the I/O thread goes on.
+void ws_session::fail(const char* what) noexcept {
+  try {
+    spdlog::error("websocket from {}: internal error: {}; closing it", peer_, what);
+    state_.metrics.record_exception();
+    if (!closing_) state_.metrics.record_closed(close_reason::internal_error);
+    beast::error_code ec;
+    beast::get_lowest_layer(ws_).socket().close(ec);
+    begin_close();
+  } catch (...) {
+  }
 }
 
 void ws_session::run(http_request req) {
@@ -39,7 +70,7 @@ void ws_session::run(http_request req) {
   ws_.read_message_max(state_.opt.ws_max_message_bytes);
   ws_.set_option(
       websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "tessera"); }));
-  ws_.async_accept(req_, beast::bind_front_handler(&ws_session::on_accept, shared_from_this()));
+  ws_.async_accept(req_, guarded(&ws_session::on_accept));
 }
 
 void ws_session::log_generation(int status, const std::string& request_id, double seconds, std::string_view outcome,
@@ -63,7 +94,24 @@ void ws_session::on_accept(beast::error_code ec) {
     return;
   }
   spdlog::debug("websocket {} open from {}", std::string(req_.target()), peer_);
-  if (authed_) on_authed();
+  if (authed_) {
+    on_authed();
+  } else {
+    // A socket that never authenticates would otherwise hold its connection (and a hub slot for
+    // /v1/events once it did) for as long as it keeps answering pings.
+    auth_timer_.expires_after(state_.opt.ws_auth_timeout);
+    auth_timer_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
+      self->run_guarded([&] {
+        if (wait_ec || self->authed_ || self->closing_) return;
+        self->state_.metrics.record_closed(close_reason::ws_auth_timeout);
+        self->send_error(api_error(401, "no valid {\"type\": \"auth\"} message within " +
+                                            std::to_string(self->state_.opt.ws_auth_timeout.count()) + " ms",
+                                   "", "invalid_api_key"),
+                         "");
+        self->close(websocket::close_code::policy_error);
+      });
+    });
+  }
   do_read();
 }
 
@@ -79,7 +127,7 @@ void ws_session::on_authed() {
 }
 
 void ws_session::do_read() {
-  ws_.async_read(buffer_, beast::bind_front_handler(&ws_session::on_read, shared_from_this()));
+  ws_.async_read(buffer_, guarded(&ws_session::on_read));
 }
 
 void ws_session::on_read(beast::error_code ec, size_t) {
@@ -115,6 +163,7 @@ void ws_session::handle(const std::string& text) {
         }
       }
       authed_ = true;
+      auth_timer_.cancel();
       on_authed();
       return send(R"({"type":"auth_ok"})");
     }
@@ -249,6 +298,7 @@ void ws_session::push(event_hub::message m) {
   if (closing_) return;
   if (queue_.size() >= state_.opt.ws_max_queued_messages) {
     spdlog::warn("websocket from {}: {} messages queued, closing a reader that does not keep up", peer_, queue_.size());
+    state_.metrics.record_closed(close_reason::ws_slow_reader);
     return close(websocket::close_code::policy_error);
   }
   queue_.push_back(std::move(m));
@@ -257,7 +307,8 @@ void ws_session::push(event_hub::message m) {
 
 void ws_session::do_write() {
   ws_.text(true);
-  ws_.async_write(net::buffer(*queue_.front()), beast::bind_front_handler(&ws_session::on_write, shared_from_this()));
+  arm_write_timer();
+  ws_.async_write(net::buffer(*queue_.front()), guarded(&ws_session::on_write));
 }
 
 void ws_session::on_write(beast::error_code ec, size_t) {
@@ -268,7 +319,30 @@ void ws_session::on_write(beast::error_code ec, size_t) {
   } else if (!queue_.empty()) {
     do_write();
   }
+  if (queue_.empty() && !closing_write_) {
+    ++write_timer_serial_;
+    write_timer_.cancel();
+  }
   update_busy();
+}
+
+// Deadline for the message (or close frame) being written: a peer that takes none of it for
+// --write-timeout is disconnected outright (a close handshake would wait behind the stuck write).
+void ws_session::arm_write_timer() {
+  const uint64_t serial = ++write_timer_serial_;
+  write_timer_.expires_after(state_.opt.write_timeout);
+  write_timer_.async_wait([self = shared_from_this(), serial](beast::error_code ec) {
+    self->run_guarded([&] {
+      if (ec || serial != self->write_timer_serial_ || (self->queue_.empty() && !self->closing_write_)) return;
+      spdlog::warn("websocket from {}: no write progress for {} s; closing it", self->peer_,
+                   self->state_.opt.write_timeout.count());
+      self->state_.metrics.record_closed(close_reason::write_timeout);
+      self->closing_write_ = false;
+      beast::error_code ignored;
+      beast::get_lowest_layer(self->ws_).socket().close(ignored);  // fails the stuck write and the read
+      self->begin_close();
+    });
+  });
 }
 
 // Busy while a generation runs or its messages are still queued for the wire.
@@ -283,7 +357,13 @@ void ws_session::update_busy() {
 void ws_session::close(websocket::close_code code) {
   if (closing_) return;
   begin_close();
-  ws_.async_close(code, [self = shared_from_this()](beast::error_code) {});
+  closing_write_ = true;
+  arm_write_timer();
+  ws_.async_close(code, [self = shared_from_this()](beast::error_code) {
+    self->closing_write_ = false;
+    ++self->write_timer_serial_;
+    self->write_timer_.cancel();
+  });
 }
 
 void ws_session::begin_close() {
@@ -295,6 +375,7 @@ void ws_session::begin_close() {
 
 // Runs as a handler of its own, never inside a drain, a read or a send.
 void ws_session::teardown() {
+  auth_timer_.cancel();
   for (auto& [id, g] : gens_) {
     g.stream.on_ready({});
     g.stream.abort();  // a socket that goes away frees its requests' KV

@@ -7,6 +7,11 @@
 // Streams are pushed: each generation's ready hook posts on_stream_ready(id, serial) to this strand
 // (through the server's session_poster, holding the session weakly), which drains that generation.
 //
+// Deadlines: a message (or the close frame) that makes no progress for --write-timeout closes the
+// socket (a peer that never reads would otherwise keep its generations and queue forever), and with
+// an API key required, a socket that has not authenticated within ws_auth_timeout is closed (1008).
+// Frames that arrived in the same read as the upgrade request are read first (prefixed_stream).
+//
 // Teardown cannot meet a loop over the generations (issue #14: closing from inside the loop that sent
 // the deltas cleared the map under it). Closing, whatever starts it (a send over the queue limit, a
 // failed read or write, a bad auth), only marks the session closing and posts teardown(); teardown()
@@ -32,6 +37,8 @@
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
 #include "server/event_hub.hpp"
+#include "server/metrics.hpp"
+#include "server/prefixed_stream.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
 #include "server/chat_output.hpp"
@@ -41,13 +48,14 @@ namespace tessera::server {
 
 enum class ws_kind : uint8_t { generate, events };
 
-// Takes over the upgraded connection (`req` is the upgrade request, already routed and checked).
+// Takes over the upgraded connection (`req` is the upgrade request, already routed and checked;
+// `early` the bytes read after it, the client's first frames).
 void start_ws_session(server_state& state, ws_kind kind, boost::asio::ip::tcp::socket socket, http_request req,
-                      bool authed);
+                      bool authed, std::string early = {});
 
 class ws_session : public std::enable_shared_from_this<ws_session> {
  public:
-  ws_session(server_state& state, ws_kind kind, boost::asio::ip::tcp::socket socket, bool authed);
+  ws_session(server_state& state, ws_kind kind, boost::asio::ip::tcp::socket socket, bool authed, std::string early);
   ~ws_session();
   void run(http_request req);
   boost::asio::any_io_executor get_executor() { return ws_.get_executor(); }
@@ -65,6 +73,15 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
   };
 
+  // A completion handler that runs `fn` on this session, an exception closing the socket (logged).
+  template <class... Args>
+  auto guarded(void (ws_session::*fn)(Args...)) {
+    return [self = shared_from_this(), fn](Args... args) { self->run_guarded([&] { ((*self).*fn)(args...); }); };
+  }
+  template <class Fn>
+  void run_guarded(Fn&& fn) noexcept;
+  void fail(const char* what) noexcept;
+  void arm_write_timer();
   void on_accept(boost::beast::error_code ec);
   void on_authed();
   void do_read();
@@ -87,8 +104,13 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
                       int64_t prompt_tokens, int64_t completion_tokens);
 
   server_state& state_;
+  connection_gauge gauge_;
   ws_kind kind_;
-  boost::beast::websocket::stream<boost::beast::tcp_stream> ws_;
+  boost::beast::websocket::stream<prefixed_stream<boost::beast::tcp_stream>> ws_;
+  boost::asio::steady_timer write_timer_;  // armed while a message or the close frame is being written
+  uint64_t write_timer_serial_ = 0;
+  bool closing_write_ = false;             // the close frame is being written
+  boost::asio::steady_timer auth_timer_;
   boost::beast::flat_buffer buffer_;
   http_request req_;
   std::map<std::string, ws_generation> gens_;

@@ -347,7 +347,9 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
   // A window as long as the context never masks anything (some Qwen2 configs): no window.
   const bool any_sliding = window && *window > 0 && *window < c.context_length &&
                            std::find(sliding.begin(), sliding.end(), true) != sliding.end();
-  const double local_theta = local.theta.value_or(float_field(*f, cfg, "rope_local_base_freq").value_or(theta));
+  // transformers' Gemma3TextConfig defaults rope_local_base_freq to 10000 (the global base is 1e6).
+  const double local_theta = local.theta.value_or(
+      float_field(*f, cfg, "rope_local_base_freq").value_or(c.architecture == model_arch::gemma3 ? 10000.0 : theta));
   if (any_sliding || local_theta != theta) {
     c.layers.resize(static_cast<size_t>(c.num_layers));
     for (int32_t i = 0; i < c.num_layers; ++i) {

@@ -1,5 +1,6 @@
 // model_config::validate: the numbers every later stage (weights binding, KV sizing, kernels)
 // relies on, checked once at load time so that nothing downstream divides by zero or overflows.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -115,6 +116,17 @@ bool model_config::has_sliding_window() const {
     if (l.sliding_window > 0) return true;
   }
   return false;
+}
+
+int32_t model_config::kv_window() const {
+  if (layers.empty() || num_layers <= 0) return 0;
+  int32_t widest = 0;
+  for (int32_t i = 0; i < num_layers; ++i) {
+    const int32_t w = layer(i).sliding_window;
+    if (w <= 0) return 0;  // a full-attention layer reads every past position
+    widest = std::max(widest, w);
+  }
+  return widest;
 }
 
 std::string_view to_string(model_arch a) {

@@ -107,6 +107,12 @@ struct model_config {
   // Layer i's attention, with rope_theta filled in.
   layer_attention layer(int32_t i) const;
   bool has_sliding_window() const;
+  // How far back any layer still looks: the widest sliding window when EVERY layer has one (Mistral
+  // v0.1, Gemma 3 GGUFs whose pattern makes all layers local), else 0. A query at p then reads no key
+  // before p - kv_window() + 1 in any layer, so K/V older than that is dead and its KV blocks can be
+  // freed (block_manager_options::attention_window). One full-attention layer (Gemma 2/3's global
+  // layers) keeps every position alive: 0.
+  int32_t kv_window() const;
 
   // Throws load_error when the numbers are inconsistent or out of sane bounds.
   void validate() const;

@@ -259,7 +259,12 @@ model_config read_gguf_config(const gguf_file& f) {
       const int64_t pattern =
           per_layer ? 0 : f.get_int(pattern_key).value_or(c.architecture == model_arch::gemma2 ? 2 : 6);
       if (pattern < 0) throw load_error("GGUF " + a + ": " + pattern_key + " is negative");
-      const float local_theta = optional_float(f, a + ".rope.freq_base_swa", c.rope_theta);
+      // Without rope.freq_base_swa (older converters, e.g. the PyPI Gemma 3 270M file), llama.cpp's
+      // local layers use llama_hparams' default 10000 for Gemma 3 (models/gemma3.cpp reads the key only
+      // when present) but the global base for Gemma 2 (models/gemma2.cpp copies it). Falling back to the
+      // global 1e6 on Gemma 3 ran its local layers with the wrong rotary frequencies.
+      const float local_theta = optional_float(f, a + ".rope.freq_base_swa",
+                                               c.architecture == model_arch::gemma3 ? 10000.0f : c.rope_theta);
       c.layers.resize(static_cast<size_t>(c.num_layers));
       for (int32_t i = 0; i < c.num_layers; ++i) {
         // A pattern of 0 makes every layer local (llama_hparams::set_swa_pattern).

@@ -289,7 +289,9 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   add_eos_ = data.add_eos.value_or(false);
 
   // End-of-generation and FIM tokens recognised by text, as llama.cpp does (GGUF files rarely list
-  // them); llama.cpp also forces such tokens to the control type.
+  // them); llama.cpp also forces such tokens to the control type. The lists are the pinned llama.cpp's
+  // (0.3.36, llama_vocab::impl::load): e.g. Gemma 3's vocabulary has "</s>" as a user-defined token,
+  // which llama.cpp makes a control (so not matched in plain text) end-of-generation token.
   auto find_first = [&](std::initializer_list<std::string_view> names) -> std::optional<token_id> {
     for (std::string_view name : names) {
       if (auto it = text_to_id_.find(name); it != text_to_id_.end()) return it->second;
@@ -301,20 +303,20 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   };
   if (!eot_) {
     eot_ = find_first({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-                       "<EOT>", "_<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                       "<EOT>", "_<EOT>", "[EOT]", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                        "<end_of_utterance>"});
     if (eot_) make_control(*eot_);
   }
   const std::optional<token_id> eom = find_first({"<|eom_id|>"});
   std::vector<std::optional<token_id>> fim = {
       find_first({"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-                  "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>"}),
+                  "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"}),
       find_first({"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-                  "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>"}),
+                  "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"}),
       find_first({"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
-                  "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>"}),
+                  "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"}),
   };
-  const std::optional<token_id> fim_pad = find_first({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"});
+  const std::optional<token_id> fim_pad = find_first({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
   const std::optional<token_id> fim_rep =
       find_first({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
   const std::optional<token_id> fim_sep = find_first({"<|file_sep|>"});
@@ -327,9 +329,11 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   add_eog(fim_pad);
   add_eog(fim_rep);
   add_eog(fim_sep);
-  for (std::string_view name : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                                "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
-                                "<end_of_utterance>"}) {
+  for (std::string_view name :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+        "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+        "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["}) {
     if (auto it = text_to_id_.find(name); it != text_to_id_.end()) {
       add_eog(it->second);
       make_control(it->second);
@@ -338,12 +342,22 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   add_eog(eos_);
   add_eog(eot_);
   add_eog(eom);
-  // gpt-oss ("o200k_harmony"): <|end|> ends a message, not the generation.
-  if (find_first({"<|return|>"}) && find_first({"<|call|>"})) {
+  // gpt-oss ("o200k_harmony") and solar-open: <|end|> ends a message, not the generation.
+  if ((find_first({"<|return|>"}) || find_first({"<|flush|>"})) && find_first({"<|call|>", "<|calls|>"})) {
     if (auto end = find_first({"<|end|>"})) {
       eog_.erase(std::remove(eog_.begin(), eog_.end(), *end), eog_.end());
       types_[*end] = token_type::user_defined;
     }
+  }
+  // Gemma 4 and PLaMo: "</s>" is a normal token there (llama.cpp: unlike PaddleOCR's).
+  auto is_eog_text = [&](std::string_view name) {
+    auto it = text_to_id_.find(name);
+    return it != text_to_id_.end() && std::find(eog_.begin(), eog_.end(), it->second) != eog_.end();
+  };
+  if ((is_eog_text("<|tool_response>") || is_eog_text("<|plamo:eos|>")) && is_eog_text("</s>")) {
+    const token_id s_id = text_to_id_.find("</s>")->second;
+    eog_.erase(std::remove(eog_.begin(), eog_.end(), s_id), eog_.end());
+    types_[s_id] = token_type::normal;
   }
   for (std::string_view name : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
     if (auto it = text_to_id_.find(name); it != text_to_id_.end()) types_[it->second] = token_type::user_defined;

@@ -248,8 +248,11 @@ def metrics_exposes_the_engine():
                  'tessera_kv_cache_usage_perc{pool="device"}', 'tessera_kv_cache_usage_perc{pool="host"}',
                  'tessera_num_preemptions_total{mode="recompute"}', 'tessera_kv_blocks_swapped_total{direction="in"}',
                  'tessera_kv_blocks_swapped_total{direction="out"}', "tessera_prompt_tokens_total",
-                 "tessera_inter_token_latency_seconds_count", 'tessera_requests_rejected_total{status="429"}']:
+                 "tessera_inter_token_latency_seconds_count", 'tessera_requests_rejected_total{status="429"}',
+                 "tessera_kv_blocks_window_freed_total"]:
         assert name in m, name
+    # SmolLM2 has no sliding window: nothing is freed early.
+    assert m["tessera_kv_blocks_window_freed_total"] == 0
     assert m["tessera_generation_tokens_total"] > 0 and m["tessera_time_to_first_token_seconds_count"] > 0
     assert m["tessera_inter_token_latency_seconds_count"] > 0 and m["tessera_prompt_tokens_total"] > 0
     assert m['tessera_kv_blocks_total{pool="host"}'] > 0  # --swap-space 0.05 gives a small host pool

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -299,12 +301,205 @@ TEST(block_manager, host_snapshot_shows_swapped_blocks_and_their_owner) {
   for (const auto& b : bm.host_snapshot()) EXPECT_EQ(b.ref_count, 0);
 }
 
+// ---- sliding-window attention: blocks no layer's window reaches are freed -----------------------
+
+block_manager make_windowed(int32_t block_size, int32_t device, int32_t window, int32_t host = 0, bool caching = true) {
+  block_manager_options o{block_size, device, host, caching};
+  o.attention_window = window;
+  return block_manager(o);
+}
+
+TEST(block_manager, window_frees_a_block_exactly_when_it_leaves_the_window) {
+  // Window 6: the query at p reads keys p-5..p. Block 0 (positions 0..3) is dead once the next query
+  // is at 9 (it reads 4..9), i.e. after 9 computed tokens; at 8 computed the query at 8 still reads 3.
+  auto bm = make_windowed(4, 16, 6);
+  EXPECT_EQ(bm.attention_window(), 6);
+  std::vector<block_copy> copies;
+  const auto t = iota_tokens(40);
+  const int32_t free_before = bm.num_free_blocks();
+  for (int32_t n = 0; n < 40; ++n) {
+    ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, n, 1, 0, copies));
+    bm.commit_computed(seq_id{1}, t, n + 1);
+    const int32_t computed = n + 1;
+    const int32_t dead = std::max(0, computed - 5) / 4;  // blocks wholly before computed - 6 + 1
+    ASSERT_EQ(bm.num_freed_blocks(seq_id{1}), dead) << computed;
+    ASSERT_EQ(bm.blocks_outside_window(computed), dead);
+    const auto& table = bm.block_table(seq_id{1});
+    ASSERT_EQ(static_cast<int32_t>(table.size()), bm.blocks_for(computed)) << "the table keeps its logical length";
+    ASSERT_EQ(bm.num_logical_blocks(seq_id{1}), bm.blocks_for(computed));
+    for (int32_t i = 0; i < static_cast<int32_t>(table.size()); ++i) {
+      // An entry is freed exactly when its whole block is before the next query's first key.
+      ASSERT_EQ(table[static_cast<size_t>(i)] == no_block, (i + 1) * 4 <= computed - 5) << computed << " " << i;
+    }
+    ASSERT_EQ(bm.num_blocks(seq_id{1}), bm.blocks_for(computed) - dead);
+    ASSERT_LE(bm.num_blocks(seq_id{1}), (6 - 1 + 3) / 4 + 1) << "ceil((w - 1) / block_size) + 1 between steps";
+    ASSERT_EQ(bm.num_free_blocks(), free_before - bm.num_blocks(seq_id{1}));
+    ASSERT_EQ(bm.check_invariants(), "") << computed;
+  }
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{1}), 35 / 4);
+  EXPECT_EQ(bm.num_window_freed_blocks(), 35 / 4);
+  EXPECT_TRUE(copies.empty());
+  bm.free(seq_id{1});
+  EXPECT_EQ(bm.num_free_blocks(), 16);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, window_of_a_prefill_chunk_frees_after_the_commit) {
+  // A 20-token prefill holds all 5 blocks during its step; its commit indexes the full blocks and
+  // then frees the three the next query (at 20, keys 15..20) no longer reads: cached-free, revivable.
+  auto bm = make_windowed(4, 8, 6);
+  std::vector<block_copy> copies;
+  const auto t = iota_tokens(24);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 20, 0, copies));
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 5);
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{1}), 0);
+  bm.commit_computed(seq_id{1}, t, 20);
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{1}), 3);
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 2);
+  EXPECT_EQ(bm.num_cached_free_blocks(), 3);
+  EXPECT_EQ(bm.num_free_blocks(), 6);
+  const auto snap = bm.snapshot();
+  int32_t cached_free = 0;
+  for (const block_info& b : snap) cached_free += b.cached && b.ref_count == 0 && b.num_filled == 4;
+  EXPECT_EQ(cached_free, 3) << "the dashboard shows them as cached-free blocks";
+  const auto usage = bm.slots();
+  EXPECT_EQ(usage.num_allocated, 8) << "only held blocks count as allocated";
+  EXPECT_EQ(usage.num_filled, 8);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, window_prefix_hit_takes_only_the_blocks_its_window_reads) {
+  auto bm = make_windowed(4, 8, 6);
+  std::vector<block_copy> copies;
+  const auto a = iota_tokens(20);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 20, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 20);  // blocks 0..4 indexed, 0..2 freed (cached-free)
+  const std::vector<block_id> table_a = bm.block_table(seq_id{1});
+
+  auto b = iota_tokens(24);  // a's 20 tokens, then 4 more
+  EXPECT_EQ(bm.cached_prefix_tokens(b), 20);
+  // Admitted at 20 computed: the query at 20 reads 15..20, blocks 3..4 (a's, held) and the new 5.
+  EXPECT_EQ(bm.blocks_needed(seq_id{2}, b, 20, 4), 1) << "nothing revived, one new block";
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, b, 20, 4, 0, copies));
+  const auto& table_b = bm.block_table(seq_id{2});
+  ASSERT_EQ(table_b.size(), 6u);
+  EXPECT_EQ(table_b[0], no_block);
+  EXPECT_EQ(table_b[1], no_block);
+  EXPECT_EQ(table_b[2], no_block);
+  EXPECT_EQ(table_b[3], table_a[3]);
+  EXPECT_EQ(table_b[4], table_a[4]);
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{2}), 3);
+  EXPECT_EQ(bm.num_cached_free_blocks(), 3) << "the freed prefix blocks are not revived";
+  EXPECT_TRUE(copies.empty());
+  EXPECT_INVARIANTS(bm);
+
+  // Evict every cached-free block: hits whose window still is cached (blocks 3..4) survive, because the
+  // chain hash of block 4 vouches for the whole 20-token prefix; shorter hits, which would read the
+  // evicted blocks, are gone.
+  bm.commit_computed(seq_id{2}, b, 24);
+  const auto c = iota_tokens(17, 900);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, c, 0, 17, 0, copies));  // 5 blocks: 2 plain free, then 3 evicted
+  EXPECT_EQ(bm.num_cached_free_blocks(), 0);
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_EQ(bm.cached_prefix_tokens(iota_tokens(21)), 20);
+  EXPECT_EQ(bm.cached_prefix_tokens(iota_tokens(13)), 0) << "a hit at 12 would read the evicted block 2";
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, without_a_window_a_hit_needs_every_prefix_block) {
+  auto bm = make(4, 8);
+  std::vector<block_copy> copies;
+  const auto a = iota_tokens(20);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 20, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 20);
+  bm.free(seq_id{1});  // all 5 cached-free; block 4 (the tail) is evicted first
+  const auto c = iota_tokens(13, 900);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, c, 0, 13, 0, copies));  // 3 plain free + 1 evicted
+  EXPECT_EQ(bm.cached_prefix_tokens(iota_tokens(21)), 16);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, window_fork_shares_held_blocks_and_each_child_frees_its_own_references) {
+  auto bm = make_windowed(4, 12, 5, 0, false);
+  std::vector<block_copy> copies;
+  auto t = iota_tokens(14);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 14, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 14);  // the query at 14 reads 10..14: blocks 0, 1 freed
+  ASSERT_EQ(bm.num_freed_blocks(seq_id{1}), 2);
+  bm.fork(seq_id{1}, seq_id{2});
+  EXPECT_EQ(bm.block_table(seq_id{2}), bm.block_table(seq_id{1}));
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{2}), 2);
+  const auto table = bm.block_table(seq_id{1});
+  EXPECT_EQ(bm.snapshot()[static_cast<size_t>(table[2])].ref_count, 2);
+  EXPECT_EQ(bm.snapshot()[static_cast<size_t>(table[3])].ref_count, 2);
+  EXPECT_INVARIANTS(bm);
+  // Both write position 14 inside the shared partial block 3: the child copies it first.
+  auto t2 = t;
+  t2.push_back(7);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t2, 14, 1, 0, copies));
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].src, table[3]);
+  bm.commit_computed(seq_id{2}, t2, 15);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t2, 14, 1, 0, copies));
+  EXPECT_EQ(copies.size(), 1u) << "the parent is now the last holder and writes in place";
+  bm.commit_computed(seq_id{1}, t2, 15);
+  EXPECT_INVARIANTS(bm);
+  // Both decode on to 19: block 2 (8..11) leaves the window at 16 computed (keys 12..16), in each.
+  for (int32_t n = 15; n < 19; ++n) {
+    t2.push_back(8);
+    for (const uint64_t s : {1, 2}) {
+      ASSERT_TRUE(bm.allocate_slots(seq_id{s}, t2, n, 1, 0, copies));
+      bm.commit_computed(seq_id{s}, t2, n + 1);
+    }
+    ASSERT_EQ(bm.check_invariants(), "") << n;
+    // Right after both committed 16 (the block is reused by later allocations of the free list).
+    if (n == 15) { EXPECT_EQ(bm.snapshot()[static_cast<size_t>(table[2])].ref_count, 0) << "freed by both"; }
+  }
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{1}), 3);
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{2}), 3);
+  for (const uint64_t s : {1, 2}) bm.free(seq_id{s});
+  EXPECT_EQ(bm.num_free_blocks(), 12);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, window_swap_moves_only_the_held_blocks) {
+  auto bm = make_windowed(4, 8, 6, 4, false);
+  std::vector<block_copy> out, in, copies;
+  auto t = iota_tokens(22);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 22, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 22);  // the query at 22 reads 17..22: blocks 0..3 freed, 4..5 held
+  ASSERT_EQ(bm.num_freed_blocks(seq_id{1}), 4);
+  const auto table = bm.block_table(seq_id{1});
+  ASSERT_TRUE(bm.swap_out(seq_id{1}, out));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].src, table[4]);
+  EXPECT_EQ(out[1].src, table[5]);
+  EXPECT_EQ(bm.num_host_blocks_of(seq_id{1}), 2);
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 0);
+  EXPECT_EQ(bm.num_logical_blocks(seq_id{1}), 6);
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{1}), 4);
+  std::vector<int32_t> filled;
+  for (const block_copy& c : out) filled.push_back(bm.host_snapshot()[static_cast<size_t>(c.dst)].num_filled);
+  EXPECT_EQ(filled, (std::vector<int32_t>{4, 2})) << "host block i holds table entry num_freed + i";
+  EXPECT_INVARIANTS(bm);
+  ASSERT_TRUE(bm.swap_in(seq_id{1}, 0, in));
+  ASSERT_EQ(in.size(), 2u);
+  const auto& back = bm.block_table(seq_id{1});
+  ASSERT_EQ(back.size(), 6u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(back[i], no_block);
+  EXPECT_EQ(back[4], in[0].dst);
+  EXPECT_EQ(back[5], in[1].dst);
+  EXPECT_INVARIANTS(bm);
+}
+
 // Randomized: a reference model of reference counts checked against the manager after every op.
-TEST(block_manager, random_operations_keep_invariants) {
-  for (uint32_t seed = 0; seed < 200; ++seed) {
+void random_operations(uint32_t seed, int32_t window) {
+  {
     std::mt19937 rng(seed);
     const int32_t bs = 1 + static_cast<int32_t>(rng() % 5);
-    auto bm = make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0);
+    auto bm = window == 0 ? make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0)
+                          : make_windowed(bs, 4 + static_cast<int32_t>(rng() % 12), window,
+                                          static_cast<int32_t>(rng() % 8), rng() % 2 == 0);
     struct live { std::vector<token_id> tokens; int32_t computed = 0; };
     std::map<seq_id, live> seqs;
     seq_id next = seq_id{1};
@@ -349,12 +544,32 @@ TEST(block_manager, random_operations_keep_invariants) {
           bm.swap_in(s, 0, swaps);
         }
       }
-      ASSERT_EQ(bm.check_invariants(), "") << "seed " << seed << " op " << op;
+      ASSERT_EQ(bm.check_invariants(), "") << "seed " << seed << " window " << window << " op " << op;
+      if (window > 0) {
+        for (const auto& [id, l] : seqs) {
+          if (bm.is_swapped(id)) continue;
+          ASSERT_LE(bm.num_blocks(id), (window - 1 + bs - 1) / bs + 1) << "seed " << seed << " op " << op;
+        }
+      }
     }
     for (auto& [s, l] : seqs) bm.free(s);
     ASSERT_EQ(bm.num_free_blocks(), bm.num_device_blocks()) << "seed " << seed;
     ASSERT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks()) << "seed " << seed;
     ASSERT_EQ(bm.check_invariants(), "");
+  }
+}
+
+TEST(block_manager, random_operations_keep_invariants) {
+  for (uint32_t seed = 0; seed < 200; ++seed) {
+    random_operations(seed, 0);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(block_manager, random_operations_with_a_window_keep_invariants) {
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    random_operations(seed, 1 + static_cast<int32_t>(seed % 9));
+    if (HasFatalFailure()) return;
   }
 }
 

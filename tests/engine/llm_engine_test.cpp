@@ -121,6 +121,84 @@ TEST(llm_engine, greedy_generation_matches_the_oracle) {
   EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
 }
 
+// Sliding window (every layer windowed, here the sim's one layer of 6): the engine frees what no
+// window reaches only with free_window_blocks and an executor that reads_only_window; the outputs are
+// the same either way (those of the windowed oracle), only the blocks held differ.
+TEST(llm_engine, sliding_window_frees_blocks_and_changes_no_output) {
+  struct full_reader : sim_executor {
+    using sim_executor::sim_executor;
+    bool reads_only_window() const override { return false; }  // as an executor that reads whole tables
+  };
+  std::mt19937 rng(3);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(random_prompt(rng, 10 + i * 9));
+  struct result {
+    std::vector<std::vector<token_id>> tokens;
+    uint64_t freed = 0;
+    int32_t peak_used = 0;
+  };
+  auto run = [&](bool free_blocks, bool window_reader) {
+    std::unique_ptr<sim_executor> exec =
+        window_reader ? std::make_unique<sim_executor>(4, 64, 0, vocab) : std::make_unique<full_reader>(4, 64, 0, vocab);
+    exec->set_window(6);
+    engine_options o = opts(64);
+    o.free_window_blocks = free_blocks;
+    llm_engine engine(*exec, char_tokenizer(), o);
+    std::vector<request_id> ids;
+    sampling_params two = greedy(20);
+    two.n = 2;
+    two.temperature = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(engine.add_request(prompts[i], i == 2 ? two : greedy(20)));
+    result r;
+    std::map<request_id, collected> all;
+    while (engine.has_unfinished()) {
+      for (const request_output& out : engine.step()) {
+        auto& t = all[out.id].tokens[out.index];
+        t.insert(t.end(), out.token_ids.begin(), out.token_ids.end());
+      }
+      r.peak_used = std::max(r.peak_used, engine.last_record().device.num_used);
+      EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+      for (const sequence_blocks& b : engine.last_record().running) {
+        // Between steps: the blocks of the last 5 positions, at most ceil(5 / 4) + 1.
+        if (free_blocks && window_reader) { EXPECT_LE(b.num_blocks, (6 - 1 + 3) / 4 + 1); }
+        if (!free_blocks || !window_reader) { EXPECT_EQ(b.num_window_freed, 0); }
+      }
+    }
+    EXPECT_TRUE(exec->errors().empty()) << exec->errors().front();
+    for (request_id id : ids)
+      for (auto& [index, t] : all[id].tokens) r.tokens.push_back(t);
+    r.freed = engine.stats().num_window_freed_blocks;
+    const auto& bm = engine.get_scheduler().blocks();
+    EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+    return r;
+  };
+  const result on = run(true, true);
+  const result off = run(false, true);
+  const result not_window_reader = run(true, false);
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_EQ(on.tokens, not_window_reader.tokens);
+  EXPECT_GT(on.freed, 20u);
+  EXPECT_EQ(off.freed, 0u);
+  EXPECT_EQ(not_window_reader.freed, 0u);
+  EXPECT_LT(on.peak_used, off.peak_used);
+  // The windowed fake model's own greedy continuation, request by request (greedy choices of the
+  // n = 2 request both follow it; EOS ends an output and is part of its tokens).
+  for (size_t i = 0, k = 0; i < prompts.size(); ++i) {
+    std::vector<token_id> history = prompts[i];
+    for (int32_t choice = 0; choice < (i == 2 ? 2 : 1); ++choice, ++k) {
+      std::vector<token_id> h = history, want;
+      while (want.size() < 20) {
+        const token_id t = ranked_token(testing::visible_history(h, 6), vocab, 0);
+        want.push_back(t);
+        if (t == eos_id) break;
+        h.push_back(t);
+      }
+      ASSERT_LT(k, on.tokens.size());
+      EXPECT_EQ(on.tokens[k], want) << "prompt " << i << " choice " << choice;
+    }
+  }
+}
+
 TEST(llm_engine, add_request_validates) {
   sim_executor exec(4, 8, 0, vocab);
   engine_options o = opts(8);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <sstream>
@@ -16,6 +17,7 @@ namespace {
 
 using testing::ranked_token;
 using testing::sim_executor;
+using testing::visible_history;
 
 constexpr int32_t vocab = 64;
 constexpr token_id eos = 0;
@@ -43,8 +45,17 @@ struct driver {
   uint64_t arrival = 0;
   std::vector<std::string> problems;
 
-  explicit driver(const scheduler_options& o)
-      : sched(o), exec(o.blocks.block_size, o.blocks.num_device_blocks, o.blocks.num_host_blocks, vocab) {}
+  // model_window: the fake model's sliding window (-1: the block manager's attention_window; a window
+  // with attention_window 0 is the same model with block freeing off).
+  explicit driver(const scheduler_options& o, int32_t model_window = -1)
+      : sched(o), exec(o.blocks.block_size, o.blocks.num_device_blocks, o.blocks.num_host_blocks, vocab) {
+    exec.set_window(model_window < 0 ? o.blocks.attention_window : model_window);  // the sim reads only the window
+  }
+
+  // The fake model's token of rank `rank` after `history` (what its window shows of it).
+  token_id next_token(std::span<const token_id> history, int32_t rank) const {
+    return ranked_token(visible_history(history, exec.window()), vocab, rank);
+  }
 
   void add(request_id id, std::vector<token_id> prompt, int32_t max_tokens, int32_t n = 1, int32_t priority = 0,
            bool stop_at_eos = true) {
@@ -108,10 +119,10 @@ struct driver {
           sched.fork(seq->id, child, c);
           seq_request[child] = seq->request;
           ++r.num_live;
-          append(child, ranked_token(seq->tokens, vocab, c));
+          append(child, next_token(seq->tokens, c));
         }
       }
-      append(seq->id, ranked_token(seq->tokens, vocab, 0));
+      append(seq->id, next_token(seq->tokens, 0));
     }
     std::string inv = sched.check_invariants();
     if (!inv.empty()) problems.push_back("step " + std::to_string(plan.step) + ": " + inv);
@@ -130,7 +141,7 @@ struct driver {
   std::vector<token_id> oracle(const request& r, int32_t choice) const {
     std::vector<token_id> history = r.prompt, out;
     while (true) {
-      const token_id t = ranked_token(history, vocab, out.empty() ? choice : 0);
+      const token_id t = next_token(history, out.empty() ? choice : 0);
       history.push_back(t);
       out.push_back(t);
       if ((r.stop_at_eos && t == eos) || static_cast<int32_t>(out.size()) >= r.max_tokens ||
@@ -265,6 +276,182 @@ TEST(scheduler, rejects_requests_that_can_never_run) {
   EXPECT_TRUE(d2.exec.errors().empty());
 }
 
+// ---- sliding-window attention ------------------------------------------------------------------
+
+scheduler_options window_options(int32_t block_size, int32_t num_blocks, int32_t num_host, int32_t max_tokens,
+                                 int32_t window, preemption_mode mode = preemption_mode::recompute) {
+  scheduler_options o = small_options(block_size, num_blocks, num_host, 8, max_tokens, mode);
+  o.blocks.attention_window = window;
+  return o;
+}
+
+std::vector<token_id> run_alone(driver& d, request_id id, const std::vector<token_id>& p, int32_t max_tokens,
+                                std::vector<int32_t>* held = nullptr) {
+  d.add(id, p, max_tokens, 1, 0, false);
+  while (d.sched.has_unfinished()) {
+    d.step();
+    for (const sequence* s : d.sched.running())
+      if (held) held->push_back(d.sched.blocks().num_blocks(s->id));
+  }
+  return d.requests[id].outputs[0];
+}
+
+TEST(scheduler, window_frees_blocks_and_changes_no_output) {
+  // Block size 4, window 6, prefill chunks of 8: between steps a sequence holds the blocks of its last
+  // 5 positions, at most ceil(5 / 4) + 1 = 3; without freeing it holds its whole length.
+  for (const int32_t chunk : {8, 64}) {
+    driver on(window_options(4, 64, 0, chunk, 6));
+    driver off(window_options(4, 64, 0, chunk, 0), /*model_window=*/6);
+    std::vector<int32_t> held_on, held_off;
+    const auto p = prompt(50, 3);
+    const auto got_on = run_alone(on, request_id{1}, p, 30, &held_on);
+    const auto got_off = run_alone(off, request_id{1}, p, 30, &held_off);
+    EXPECT_EQ(got_on, on.oracle(on.requests[request_id{1}], 0));
+    EXPECT_EQ(got_on, got_off) << "freeing blocks the window no longer reads changes nothing";
+    ASSERT_FALSE(held_on.empty());
+    EXPECT_LE(*std::max_element(held_on.begin(), held_on.end()), 3) << "chunk " << chunk;
+    EXPECT_EQ(*std::max_element(held_off.begin(), held_off.end()), on.sched.blocks().blocks_for(79));
+    EXPECT_EQ(on.sched.blocks().num_window_freed_blocks(), (79 - 5) / 4) << "every dead block, once";
+    EXPECT_EQ(off.sched.blocks().num_window_freed_blocks(), 0);
+    for (driver* d : {&on, &off}) {
+      EXPECT_TRUE(d->problems.empty()) << d->problems.front();
+      EXPECT_TRUE(d->exec.errors().empty()) << d->exec.errors().front();
+      EXPECT_EQ(d->sched.blocks().num_free_blocks(), 64);
+    }
+  }
+}
+
+TEST(scheduler, window_record_reports_held_and_freed_blocks) {
+  driver d(window_options(4, 64, 0, 64, 6));
+  d.add(request_id{1}, prompt(30, 1), 4, 1, 0, false);
+  step_record r;
+  d.sched.fill_record(d.step(), r);
+  ASSERT_EQ(r.running.size(), 1u);
+  EXPECT_EQ(r.running[0].num_window_freed, (30 - 5) / 4);
+  EXPECT_EQ(r.running[0].num_blocks, 8 - (30 - 5) / 4);
+  EXPECT_EQ(r.device.num_used, r.running[0].num_blocks);
+  EXPECT_EQ(r.device.num_cached, (30 - 5) / 4) << "freed full blocks stay in the prefix cache";
+}
+
+TEST(scheduler, window_lets_a_sequence_outgrow_the_cache) {
+  // 6 blocks of 4 = 24 slots. With window 6 and chunks of at most 8, a lone sequence holds at most
+  // ceil((6 + 8 - 2) / 4) + 1 = 4 blocks during a step: it runs to max_model_len, past the cache size.
+  scheduler_options o = window_options(4, 6, 0, 8, 6);
+  o.max_model_len = 200;
+  driver d(o);
+  EXPECT_EQ(d.sched.max_seq_len(), 200);
+  const auto p = prompt(60, 5);
+  const auto got = run_alone(d, request_id{1}, p, 40);
+  EXPECT_EQ(got.size(), 40u);
+  EXPECT_EQ(got, d.oracle(d.requests[request_id{1}], 0));
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+  EXPECT_TRUE(d.exec.errors().empty()) << d.exec.errors().front();
+  // Without a window, or with chunks too large for the worst step to fit, the cache bounds the length.
+  for (const auto& [window, chunk] : {std::pair{0, 8}, std::pair{6, 64}}) {
+    scheduler_options small = window_options(4, 6, 0, chunk, window);
+    small.max_model_len = 200;
+    driver bounded(small);
+    EXPECT_EQ(bounded.sched.max_seq_len(), 24);
+    EXPECT_THROW(bounded.add(request_id{2}, p, 4), invalid_request);
+  }
+}
+
+TEST(scheduler, window_preemption_swaps_only_held_blocks_and_readmits) {
+  for (const preemption_mode mode : {preemption_mode::swap, preemption_mode::recompute}) {
+    // Window 17 (at most 5 blocks of 4 held between steps), 8 blocks, chunks of 8 (so sequences may
+    // outgrow the cache: max_model_len). A (priority 1) runs alone until its leading blocks are freed;
+    // then B and C, more important, arrive and preempt it (priority); meanwhile they outgrow the cache
+    // together until the window caps them (kv_full). A comes back by swap-in (its freed entries stay
+    // freed) or is recomputed from position 0 in chunks, freeing as it goes.
+    scheduler_options o = window_options(4, 8, 32, 8, 17, mode);
+    o.max_model_len = 100;
+    driver d(o);
+    ASSERT_EQ(d.sched.max_seq_len(), 100);
+    d.add(request_id{1}, prompt(8, 10), 40, 1, /*priority=*/1, false);
+    while (d.sched.find(seq_id{1})->num_computed < 28) d.step();
+    ASSERT_GT(d.sched.blocks().num_freed_blocks(seq_id{1}), 0);
+    d.add(request_id{2}, prompt(16, 20), 24, 1, 0, false);
+    d.add(request_id{3}, prompt(16, 30), 24, 1, 0, false);
+    int64_t preemptions = 0, of_a = 0;
+    while (d.sched.has_unfinished()) {
+      const scheduler_output plan = d.step();
+      for (const engine_event& e : plan.events) {
+        const block_manager& bm = d.sched.blocks();
+        if (e.kind == event_kind::preempted_swap) {
+          ++preemptions;
+          EXPECT_EQ(e.num_blocks, bm.num_host_blocks_of(e.seq)) << "a swap moves the held blocks";
+          EXPECT_EQ(e.num_blocks + bm.num_freed_blocks(e.seq), bm.num_logical_blocks(e.seq)) << "and only those";
+          EXPECT_LE(e.num_blocks, 5);
+          EXPECT_EQ(e.swap_bytes, int64_t{e.num_blocks} * 1024);
+          of_a += e.seq == seq_id{1} && bm.num_freed_blocks(e.seq) > 0;
+        }
+        if (e.kind == event_kind::preempted_recompute) {
+          ++preemptions;
+          EXPECT_LE(e.num_blocks, 5) << "the blocks it held";
+          of_a += e.seq == seq_id{1} && bm.blocks_outside_window(e.recompute_tokens) > 0;
+        }
+      }
+      ASSERT_LT(plan.step, 2000u);
+    }
+    EXPECT_GT(preemptions, 1) << to_string(mode);
+    EXPECT_GT(of_a, 0) << to_string(mode) << ": A was preempted with freed leading blocks";
+    for (uint64_t r = 1; r <= 3; ++r)
+      EXPECT_EQ(d.requests[request_id{r}].outputs[0], d.oracle(d.requests[request_id{r}], 0)) << to_string(mode) << " " << r;
+    EXPECT_EQ(d.requests[request_id{1}].outputs[0].size(), 40u);
+    EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+    EXPECT_TRUE(d.exec.errors().empty()) << d.exec.errors().front();
+    EXPECT_EQ(d.sched.blocks().num_free_blocks(), 8);
+    EXPECT_EQ(d.sched.blocks().num_free_host_blocks(), 32);
+  }
+}
+
+TEST(scheduler, window_forks_share_the_window_blocks) {
+  driver d(window_options(4, 64, 0, 64, 6));
+  const auto p = prompt(30, 2);
+  d.add(request_id{1}, p, 10, 3, 0, false);
+  d.step();  // the prompt, then the fork into 3 choices
+  ASSERT_EQ(d.sched.num_running(), 3);
+  const auto& first = d.sched.blocks().block_table(d.sched.running()[0]->id);
+  for (const sequence* s : d.sched.running()) {
+    EXPECT_EQ(d.sched.blocks().num_freed_blocks(s->id), (30 - 5) / 4);
+    EXPECT_EQ(d.sched.blocks().block_table(s->id), first) << "shared, freed entries included";
+  }
+  while (d.sched.has_unfinished()) d.step();
+  const auto& r = d.requests[request_id{1}];
+  for (int32_t c = 0; c < 3; ++c) EXPECT_EQ(r.outputs.at(c), d.oracle(r, c)) << "choice " << c;
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+  EXPECT_TRUE(d.exec.errors().empty()) << d.exec.errors().front();
+  EXPECT_EQ(d.sched.blocks().num_free_blocks(), 64);
+}
+
+TEST(scheduler, window_prefix_hit_after_the_leading_blocks_were_evicted) {
+  // A 40-token prompt finishes; its blocks are cached-free, the leading ones (freed first, for the
+  // window) at the front of the LRU list. A filler request evicts some of them. The same prompt again
+  // still hits 9 blocks (36 tokens): it needs only the blocks its window reads (positions 31..35).
+  driver d(window_options(4, 14, 0, 64, 6));
+  const auto p = prompt(40, 4);
+  run_alone(d, request_id{1}, p, 2);
+  EXPECT_EQ(d.sched.blocks().num_cached_free_blocks(), 10);
+  run_alone(d, request_id{2}, prompt(24, 30), 1);  // 6 blocks: the 4 plain free ones, then the 2 oldest cached
+  const std::vector<token_id> head(p.begin(), p.begin() + 9);
+  EXPECT_EQ(d.sched.blocks().cached_prefix_tokens(head), 0) << "blocks 0 and 1 were evicted";
+  d.add(request_id{3}, p, 6, 1, 0, false);
+  const scheduler_output plan = d.step();
+  bool hit = false;
+  for (const engine_event& e : plan.events) {
+    if (e.kind != event_kind::prefix_cache_hit) continue;
+    hit = true;
+    EXPECT_EQ(e.num_blocks, 9);
+  }
+  EXPECT_TRUE(hit);
+  // Admitted at 36 computed with blocks 7..8 taken (0..6 are outside its window), then 40 committed.
+  EXPECT_EQ(d.sched.blocks().num_freed_blocks(seq_id{3}), (40 - 5) / 4);
+  while (d.sched.has_unfinished()) d.step();
+  EXPECT_EQ(d.requests[request_id{3}].outputs[0], d.oracle(d.requests[request_id{3}], 0));
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+  EXPECT_TRUE(d.exec.errors().empty()) << d.exec.errors().front();
+}
+
 TEST(scheduler, waiting_reasons_and_watermark) {
   scheduler_options o = small_options(4, 100, 0, 8, 512, preemption_mode::recompute);
   o.watermark = 0.10;  // 10 blocks
@@ -353,9 +540,14 @@ struct workload_result {
   int64_t swaps = 0;
   int64_t cache_hits = 0;
   int64_t copies = 0;
+  int64_t window_freed = 0;
+  int64_t swaps_of_windowed = 0;  // swap-outs of sequences with freed window entries
+  int64_t forks_of_windowed = 0;  // forks of sequences with freed window entries
 };
 
-void run_random_workload(uint32_t seed, workload_result& total) {
+// window > 0: a one-layer sliding-window model (the sim reads only the window, the oracle sees only
+// it), and the block manager frees what falls out of it.
+void run_random_workload(uint32_t seed, workload_result& total, int32_t window = 0) {
   std::mt19937 rng(seed);
   auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % static_cast<uint32_t>(hi - lo + 1)); };
   const int32_t bs = std::array{1, 2, 4, 16}[rng() % 4];
@@ -372,6 +564,7 @@ void run_random_workload(uint32_t seed, workload_result& total) {
   o.watermark = rng() % 2 ? 0.0 : 0.05;
   o.kv_block_bytes = 1 << 16;
   o.swap_bytes_per_second = rng() % 2 ? 1e12 : 1e3;
+  o.blocks.attention_window = window;
   driver d(o);
 
   // Shared "system prompts" so prefixes repeat across requests.
@@ -399,6 +592,8 @@ void run_random_workload(uint32_t seed, workload_result& total) {
         if (r.num_live > 0) live.push_back(id);
       if (!live.empty()) d.abort(live[rng() % live.size()]);
     }
+    std::map<seq_id, int32_t> freed_before;
+    for (const sequence* s : d.sched.running()) freed_before[s->id] = d.sched.blocks().num_freed_blocks(s->id);
     const scheduler_output plan = d.step();
     ++total.steps;
     total.copies += static_cast<int64_t>(plan.copies.size());
@@ -406,6 +601,16 @@ void run_random_workload(uint32_t seed, workload_result& total) {
       total.preemptions += e.kind == event_kind::preempted_recompute || e.kind == event_kind::preempted_swap;
       total.swaps += e.kind == event_kind::preempted_swap;
       total.cache_hits += e.kind == event_kind::prefix_cache_hit;
+      if (e.kind == event_kind::preempted_swap && d.sched.blocks().num_freed_blocks(e.seq) > 0) ++total.swaps_of_windowed;
+    }
+    if (window > 0) {
+      // Between steps a sequence holds the blocks of positions [n - w + 1, n) at most.
+      for (const sequence* s : d.sched.running()) {
+        ASSERT_LE(d.sched.blocks().num_blocks(s->id), (window - 1 + bs - 1) / bs + 1)
+            << "seed " << seed << " step " << step << " seq " << s->id;
+        if (s->choice_index > 0 && freed_before.count(s->id) == 0 && d.sched.blocks().num_freed_blocks(s->id) > 0)
+          ++total.forks_of_windowed;
+      }
     }
     // Block accounting: allocated slots beyond the computed ones are only the tails of last blocks.
     const auto slots = d.sched.blocks().slots();
@@ -431,6 +636,8 @@ void run_random_workload(uint32_t seed, workload_result& total) {
     }
   }
   const block_manager& bm = d.sched.blocks();
+  total.window_freed += bm.num_window_freed_blocks();
+  if (window == 0) { ASSERT_EQ(bm.num_window_freed_blocks(), 0); }
   ASSERT_EQ(bm.num_free_blocks(), bm.num_device_blocks()) << "seed " << seed << ": leaked blocks";
   ASSERT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks()) << "seed " << seed << ": leaked host blocks";
   ASSERT_EQ(bm.check_invariants(), "") << "seed " << seed;
@@ -446,6 +653,24 @@ TEST(scheduler, random_workloads_match_the_oracle_and_leak_nothing) {
   EXPECT_GT(total.preemptions, 100);
   EXPECT_GT(total.swaps, 20);
   EXPECT_GT(total.cache_hits, 100);
+  EXPECT_GT(total.copies, 20);
+}
+
+// The same workloads on a sliding-window model: the outputs are the windowed oracle's, nothing leaks,
+// every step passes check_invariants (exactly the dead leading blocks freed), and the interesting paths
+// (swap-out and fork of a sequence whose leading blocks are gone, prefix hits, copy-on-write) are hit.
+TEST(scheduler, random_workloads_with_a_window_match_the_oracle_and_leak_nothing) {
+  workload_result total;
+  for (uint32_t seed = 0; seed < 1500; ++seed) {
+    run_random_workload(seed, total, 1 + static_cast<int32_t>(seed % 13));
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(total.window_freed, 1000);
+  EXPECT_GT(total.preemptions, 100);
+  EXPECT_GT(total.swaps, 20);
+  EXPECT_GT(total.swaps_of_windowed, 5);
+  EXPECT_GT(total.forks_of_windowed, 5);
+  EXPECT_GT(total.cache_hits, 50);
   EXPECT_GT(total.copies, 20);
 }
 

@@ -11,6 +11,12 @@
 // So any paging bug (sharing without CoW, a bad swap/copy, a block reused while still owned, a
 // stale prefix-cache hit) either trips a check here or changes the logits, and thus the tokens the
 // engine generates, which tests compare with an oracle computed from the true token history.
+//
+// With set_window(w) it models a one-layer sliding-window model: a query sees only the last w
+// positions (its own included), so step 1 reads back only [num_computed - w + 1, num_computed) and
+// the logits are a function of the visible window and its position (visible_history). Reading any
+// other slot, or a no_block entry inside the window, is an error; the freed entries before it are
+// never touched (reads_only_window), which is what lets the engine free those blocks.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -52,6 +58,16 @@ inline std::vector<float> fake_logits(std::span<const token_id> history, int32_t
   return out;
 }
 
+// What a one-layer model with a sliding window of w sees when it predicts the token after `history`:
+// its last w tokens and where they stand (w == 0: the whole history).
+inline std::vector<token_id> visible_history(std::span<const token_id> history, int32_t window) {
+  if (window <= 0) return {history.begin(), history.end()};
+  const size_t n = std::min(history.size(), static_cast<size_t>(window));
+  std::vector<token_id> v(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
+  v.push_back(static_cast<token_id>(history.size()));  // the position: equal windows elsewhere differ
+  return v;
+}
+
 // Token of rank `rank` (0 = argmax) in fake_logits(history); ties broken by the lower id.
 inline token_id ranked_token(std::span<const token_id> history, int32_t vocab_size, int32_t rank = 0) {
   std::vector<float> l = fake_logits(history, vocab_size);
@@ -81,6 +97,14 @@ class sim_executor : public executor {
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "sim"; }
+  bool reads_only_window() const override { return true; }
+
+  // One sliding-window layer of w positions (0: full attention): config().kv_window() becomes w.
+  void set_window(int32_t w) {
+    window_ = w;
+    config_.layers.assign(1, layer_attention{w});
+  }
+  int32_t window() const { return window_; }
 
   // Every contract violation seen so far (tests assert this stays empty).
   const std::vector<std::string>& errors() const { return errors_; }
@@ -119,7 +143,7 @@ class sim_executor : public executor {
       copy_block(device_, c.src, device_, c.dst);
     }
 
-    // Blocks each slice reads (positions < num_computed) and writes (its new tokens).
+    // Blocks each slice reads (positions in [first_read, num_computed)) and writes (its new tokens).
     std::map<block_id, std::set<seq_id>> readers, writers;
     for (const sequence_slice& s : batch.seqs) {
       const int32_t end = s.num_computed + static_cast<int32_t>(s.tokens.size());
@@ -127,8 +151,12 @@ class sim_executor : public executor {
         error("seq " + std::to_string(s.seq.value()) + ": block table too short");
         continue;
       }
-      for (int32_t p = 0; p < end; ++p) {
+      for (int32_t p = first_read(s); p < end; ++p) {
         const block_id b = s.block_table[static_cast<size_t>(p / bs)];
+        if (b == no_block) {
+          error("seq " + std::to_string(s.seq.value()) + ": position " + std::to_string(p) + " is in a freed block");
+          continue;
+        }
         (p < s.num_computed ? readers : writers)[b].insert(s.seq);
       }
     }
@@ -149,9 +177,14 @@ class sim_executor : public executor {
       const sequence_slice& s = batch.seqs[i];
       const int32_t end = s.num_computed + static_cast<int32_t>(s.tokens.size());
       if (static_cast<int32_t>(s.block_table.size()) * bs < end) continue;
-      std::vector<token_id> history;
+      const int32_t first = first_read(s);
+      bool freed = false;
+      for (int32_t p = first; p < end; ++p) freed = freed || s.block_table[static_cast<size_t>(p / bs)] == no_block;
+      if (freed) continue;  // reported above
+      // Positions before `first` are outside every query's window: unknown here, never used.
+      std::vector<token_id> history(static_cast<size_t>(first), token_id{-1});
       history.reserve(static_cast<size_t>(end));
-      for (int32_t p = 0; p < s.num_computed; ++p) {
+      for (int32_t p = first; p < s.num_computed; ++p) {
         const slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
         if (sl.pos != p) {
           error("seq " + std::to_string(s.seq.value()) + ": position " + std::to_string(p) + " reads a slot holding position " +
@@ -160,8 +193,10 @@ class sim_executor : public executor {
         history.push_back(sl.token);
       }
       auto known = histories_.find(s.seq);
+      // (Positions a windowed step did not read are -1 in the record: not compared.)
+      auto same = [](token_id read, token_id before) { return before < 0 || read == before; };
       if (known != histories_.end() && static_cast<int32_t>(known->second.size()) >= s.num_computed &&
-          !std::equal(history.begin(), history.end(), known->second.begin()))
+          !std::equal(history.begin() + first, history.end(), known->second.begin() + first, same))
         error("seq " + std::to_string(s.seq.value()) + ": cached K/V differ from the tokens it computed before");
       for (size_t j = 0; j < s.tokens.size(); ++j) {
         const int32_t p = s.num_computed + static_cast<int32_t>(j);
@@ -178,7 +213,7 @@ class sim_executor : public executor {
       out.num_rows[i] = num_rows;
       for (int32_t k = 0; k < num_rows; ++k) {
         const size_t upto = history.size() - static_cast<size_t>(num_rows - 1 - k);
-        std::vector<float> l = fake_logits(std::span(history).first(upto), config_.vocab_size);
+        std::vector<float> l = fake_logits(visible_history(std::span(history).first(upto), window_), config_.vocab_size);
         out.logits.insert(out.logits.end(), l.begin(), l.end());
       }
       row += num_rows;
@@ -192,6 +227,10 @@ class sim_executor : public executor {
     int32_t pos = -1;
   };
   static bool in_range(block_id b, int32_t n) { return b >= 0 && b < n; }
+  // The first position any query of the slice sees (its first new token is at num_computed).
+  int32_t first_read(const sequence_slice& s) const {
+    return window_ > 0 ? std::max(0, s.num_computed - window_ + 1) : 0;
+  }
   void error(std::string e) {
     if (errors_.size() < 20) errors_.push_back("step " + std::to_string(num_steps_) + ": " + std::move(e));
   }
@@ -199,6 +238,7 @@ class sim_executor : public executor {
   kv_cache_spec spec_;
   model_config config_;
   int64_t block_bytes_;
+  int32_t window_ = 0;
   std::vector<slot> device_;
   std::vector<slot> host_;
   std::unordered_map<seq_id, std::vector<token_id>> histories_;

@@ -88,6 +88,36 @@ TEST(step_layout, refuses_a_used_block_outside_the_device_pool) {
   EXPECT_EQ(refusal(one(slice({1}, 0, {7, 99, -1}))), "");
 }
 
+// Every layer with a window (the widest 6): the slice's first query at 13 reads keys 8..13, so the
+// entries of blocks 0 and 1 may be no_block (freed); inside the window they may not, nor anything out
+// of range before it. One full-attention layer makes every entry read.
+TEST(step_layout, accepts_freed_entries_before_the_window_only) {
+  model_config windowed = tiny_config();
+  windowed.num_layers = 2;
+  windowed.layers = {layer_attention{6}, layer_attention{4}};
+  ASSERT_EQ(windowed.kv_window(), 6);
+  auto check = [&](const model_config& c, std::vector<block_id> table, int32_t num_computed = 13) -> std::string {
+    step_layout layout;
+    step_output out;
+    try {
+      build_step_layout(one(slice({1, 2}, num_computed, std::move(table))), pool(4, 8), c, false, "cpu", layout, out);
+    } catch (const invalid_request& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(check(windowed, {no_block, no_block, 3, 4}), "");
+  EXPECT_EQ(check(windowed, {5, no_block, 3, 4}), "");
+  EXPECT_EQ(check(windowed, {no_block, no_block, no_block, 4}), "cpu executor: block id out of range");
+  EXPECT_EQ(check(windowed, {no_block, 9, 3, 4}), "cpu executor: block id out of range");
+  EXPECT_EQ(check(windowed, {no_block, no_block, 3, 4}, 12), "cpu executor: block id out of range")
+      << "the query at 12 reads key 7, in block 1";
+  model_config global = windowed;
+  global.layers[1].sliding_window = 0;
+  ASSERT_EQ(global.kv_window(), 0);
+  EXPECT_EQ(check(global, {no_block, no_block, 3, 4}), "cpu executor: block id out of range");
+}
+
 TEST(step_layout, refuses_a_token_outside_the_vocabulary) {
   EXPECT_EQ(refusal(one(slice({1, k_vocab}, 0, {0}))), "cpu executor: token id out of range");
   EXPECT_EQ(refusal(one(slice({-1}, 0, {0})), "cuda"), "cuda executor: token id out of range");

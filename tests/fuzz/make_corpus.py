@@ -13,6 +13,8 @@ Seeds are small real inputs, so that mutation starts from what the parsers actua
   jinja           tests/data/chat_templates/*.jinja and snippets.txt, alone and with a JSON context built
                   from expected.json's conversations
   request_parser  a selector byte + request bodies from tests/e2e/server_test.py
+  http_request    a read-size byte + HTTP/1.1 byte streams: the API's requests, pipelines, chunked bodies
+                  with extensions and trailers, Expect, an upgrade, smuggling attempts, the issue #14 trailer
 """
 import base64
 import json
@@ -395,6 +397,37 @@ def make_request_parser():
         write("request_parser", f"bad_{i:02d}.bin", bytes([kind]) + raw)
 
 
+def make_http_request():
+    # A read-size byte + HTTP/1.1 byte streams the server reads: the requests of its API, keep-alive
+    # pipelines, chunked bodies with extensions and trailers, Expect, an upgrade, and the issue #14
+    # trailer (a 65534-byte field) that used to crash it.
+    body = b'{"prompt":"abc"}'
+    cl = b"Content-Length: %d\r\n" % len(body)
+
+    def chunk(data):
+        return b"%x\r\n" % len(data) + data + b"\r\n"
+    streams = [
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + cl + b"\r\n" + body,
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost:8000\r\nAuthorization: Bearer k\r\n" + cl + b"\r\n" + body,
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(body[:5]) +
+        b"b;ext=1;q=\"x\"\r\n" + body[5:] + b"\r\n0\r\nX-Trailer: 1\r\nX-Other: two\r\n\r\n",
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n" + cl + b"\r\n" + body,
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: [::1]:80\r\n\r\n"
+        b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        b"POST /detokenize HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 14\r\n\r\n{\"tokens\":[1]}",
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunk(body) +
+        b"0\r\n\r\n",
+        b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(body) +
+        b"0\r\nX-Big: " + b"a" * 65534 + b"\r\n\r\n",
+    ]
+    for i, s in enumerate(streams):
+        write("http_request", f"stream_{i:02d}.bin", bytes([i % 8]) + s)
+
+
 def main():
     make_gguf()
     make_safetensors()
@@ -403,6 +436,7 @@ def main():
     make_tokenizer()
     make_jinja()
     make_request_parser()
+    make_http_request()
     for name in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, name))
         size = sum(os.path.getsize(os.path.join(OUT, name, f)) for f in files)

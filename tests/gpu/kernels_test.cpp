@@ -50,6 +50,16 @@ TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
     if (r == 5) continue;
     for (int32_t i = 0; i < hidden; ++i) ASSERT_EQ(got[size_t(r) * hidden + i], bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]));
   }
+  // Gemma's sqrt(hidden) scale, in fp32 after the lookup (as the CPU executor).
+  const float scale = std::sqrt(float(hidden));
+  float* scaled = alloc(size_t(rows) * hidden);
+  embedding_gather(scaled, as_bf16(upload(table16)), upload(ids), rows, hidden, vocab, nullptr, scale);
+  got = download(scaled, size_t(rows) * hidden);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < hidden; ++i) {
+      ASSERT_EQ(got[size_t(r) * hidden + i], r == 5 ? 0.0f : bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]) * scale);
+    }
+  }
 }
 
 // hidden 576 and 8192 take the row-in-registers kernel (hidden % 4 == 0, at most 8192), 570 and 8196
@@ -97,6 +107,52 @@ TEST_P(GpuNorm, RmsNormRowsNormalisesOnlyTheChosenRows) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i])));
 }
 
+// Gemma's post-norms: x += rms_norm(y) * post_w, then the next pre-norm of x, in one launch; and the
+// last layer's, folded into the final norm of the chosen rows (x left alone there).
+TEST_P(GpuNorm, PostNormAddRmsNormMatchesCpu) {
+  const int32_t rows = 11, hidden = GetParam();
+  const float eps = 1e-6f;
+  auto residual = random_floats(size_t(rows) * hidden, 61);
+  auto y = random_floats(size_t(rows) * hidden, 62, 3.0f);
+  auto post_w = random_floats(hidden, 63);
+  auto weight = random_floats(hidden, 64);
+  std::vector<float> sum(residual.size()), want(residual.size()), normed(hidden);
+  for (int32_t r = 0; r < rows; ++r) {
+    ref::rms_norm(&y[size_t(r) * hidden], post_w.data(), normed.data(), hidden, eps);
+    for (int32_t i = 0; i < hidden; ++i) sum[size_t(r) * hidden + i] = residual[size_t(r) * hidden + i] + normed[size_t(i)];
+    ref::rms_norm(&sum[size_t(r) * hidden], weight.data(), &want[size_t(r) * hidden], hidden, eps);
+  }
+  const float* d_y = upload(y);
+  const float* d_post = upload(post_w);
+  float* d_res = upload(residual);
+  uint16_t* out16 = alloc<uint16_t>(sum.size());
+  post_norm_add_rms_norm(as_bf16(out16), d_res, d_y, d_post, upload(weight), rows, hidden, eps, nullptr);
+  const auto got_res = download(d_res, sum.size());
+  const auto got16 = from_bf16(download(out16, sum.size()));
+  for (size_t i = 0; i < sum.size(); ++i) {
+    ASSERT_NEAR(got_res[i], sum[i], 2e-5 * (1 + std::fabs(sum[i]))) << i;
+    ASSERT_NEAR(got16[i], want[i], 8e-3 * (1 + std::fabs(want[i]))) << i;
+  }
+  // Without an output: only the residual moves.
+  float* d_res2 = upload(residual);
+  post_norm_add_rms_norm(static_cast<float*>(nullptr), d_res2, d_y, d_post, nullptr, rows, hidden, eps, nullptr);
+  const auto got_res2 = download(d_res2, sum.size());
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_NEAR(got_res2[i], sum[i], 2e-5 * (1 + std::fabs(sum[i]))) << i;
+  // The final norm of rows {7, 2} with the post-norm folded in; the source rows are not written.
+  const std::vector<int32_t> pick = {7, 2};
+  float* d_res3 = upload(residual);
+  float* out = alloc(pick.size() * hidden);
+  rms_norm_rows(out, d_res3, upload(pick), upload(weight), 2, hidden, eps, nullptr, d_y, d_post);
+  const auto got = download(out, pick.size() * hidden);
+  EXPECT_EQ(download(d_res3, residual.size()), residual);
+  for (size_t r = 0; r < pick.size(); ++r) {
+    for (int32_t i = 0; i < hidden; ++i) {
+      const float w = want[size_t(pick[r]) * hidden + i];
+      ASSERT_NEAR(got[r * hidden + i], w, 1e-4 * (1 + std::fabs(w))) << r << " " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Hidden, GpuNorm, ::testing::Values(576, 8192, 570, 8196));
 
 TEST_F(GpuKernels, SiluAndMulMatchesCpu) {
@@ -118,25 +174,64 @@ TEST_F(GpuKernels, SiluAndMulMatchesCpu) {
     }
 }
 
+TEST_F(GpuKernels, GeluTanhAndMulMatchesCpu) {
+  const int32_t rows = 5, inter = 1000;
+  auto gate_up = random_floats(size_t(rows) * 2 * inter, 65, 2.0f);
+  float* d_gu = upload(gate_up);
+  float* out = alloc(size_t(rows) * inter);
+  uint16_t* out16 = alloc<uint16_t>(size_t(rows) * inter);
+  gelu_tanh_and_mul(out, d_gu, rows, inter, nullptr);
+  gelu_tanh_and_mul(as_bf16(out16), d_gu, rows, inter, nullptr);
+  const auto got = download(out, size_t(rows) * inter);
+  const auto got16 = from_bf16(download(out16, size_t(rows) * inter));
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < inter; ++i) {
+      // GELU's tanh approximation in double (Hendrycks & Gimpel 2016).
+      const double g = gate_up[size_t(r) * 2 * inter + i], u = gate_up[size_t(r) * 2 * inter + inter + i];
+      const double want = 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+      ASSERT_NEAR(got[size_t(r) * inter + i], want, 1e-5 * (1 + std::fabs(want))) << r << " " << i;
+      ASSERT_NEAR(got16[size_t(r) * inter + i], want, 8e-3 * (1 + std::fabs(want))) << r << " " << i;
+    }
+  }
+}
+
+TEST_F(GpuKernels, SoftCapMatchesCpu) {
+  const int64_t n = 3 * 1000 + 7;
+  auto x = random_floats(size_t(n), 66, 20.0f);  // well past the cap: the tanh's saturation
+  float* d = upload(x);
+  soft_cap(d, n, 30.0f, nullptr);
+  const auto got = download(d, size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = 30.0 * std::tanh(double(x[size_t(i)]) / 30.0);
+    ASSERT_NEAR(got[size_t(i)], want, 1e-5 * (1 + std::fabs(want))) << i;
+  }
+  EXPECT_THROW(soft_cap(d, n, 0.0f, nullptr), std::invalid_argument);
+}
+
 // ---- RoPE + paged KV write ------------------------------------------------------------------------
 
 struct rope_case {
   rope_style style;
   int32_t rope_dims;  // < head_dim: partial rotary
   bool bf16_cache;
+  int32_t head_dim = 64;
+  bool bias = false;              // Q|K|V biases (Qwen2)
+  bool qk_norm = false;           // per-head q/k RMSNorm (Qwen3, Gemma 3): the warp-per-head kernel
+  float attention_factor = 1.0f;  // YaRN / LongRoPE cos/sin multiplier
 };
 
 // Deterministic test names for ctest (the default prints the struct's bytes, padding included).
 void PrintTo(const rope_case& c, std::ostream* os) {
-  *os << (c.style == rope_style::half ? "half" : "interleaved") << "_rope" << c.rope_dims
-      << (c.bf16_cache ? "_bf16" : "_f32");
+  *os << (c.style == rope_style::half ? "half" : "interleaved") << "_d" << c.head_dim << "_rope" << c.rope_dims
+      << (c.bf16_cache ? "_bf16" : "_f32") << (c.bias ? "_bias" : "") << (c.qk_norm ? "_qknorm" : "")
+      << (c.attention_factor != 1.0f ? "_factor" : "");
 }
 
 class GpuRopeKv : public GpuKernels, public ::testing::WithParamInterface<rope_case> {};
 
 TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
   const rope_case c = GetParam();
-  ref::kv_geometry g{3, 2, 16, 64};
+  ref::kv_geometry g{3, 2, 16, c.head_dim};
   const int32_t num_heads = 6, num_blocks = 7, layer = 1;
   const int64_t stride = int64_t{num_heads + 2 * g.num_kv_heads} * g.head_dim + 8;  // padded rows
   // 11 tokens of two sequences at scattered positions / slots (block tables out of order).
@@ -146,8 +241,16 @@ TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
   auto qkv = random_floats(positions.size() * stride, 7);
   const auto freq = ref::inv_freq(c.rope_dims, 10000.0f);
   const size_t cache_elems = size_t(num_blocks) * g.block_elems();
+  ref::rope_extras extras;
+  extras.attention_factor = c.attention_factor;
+  extras.eps = 1e-6f;
+  if (c.bias) extras.bias = random_floats(size_t(num_heads + 2 * g.num_kv_heads) * g.head_dim, 8, 0.5f);
+  if (c.qk_norm) {
+    extras.q_norm = random_floats(size_t(g.head_dim), 9);
+    extras.k_norm = random_floats(size_t(g.head_dim), 10);
+  }
   std::vector<float> want_kv(cache_elems, 0.0f), want_qkv = qkv;
-  ref::rope_kv_write(want_qkv, stride, want_kv, g, layer, num_heads, positions, slots, freq, c.style);
+  ref::rope_kv_write(want_qkv, stride, want_kv, g, layer, num_heads, positions, slots, freq, c.style, extras);
 
   rope_kv_args a;
   a.qkv = upload(qkv);
@@ -161,6 +264,13 @@ TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
   a.interleaved_pairs = c.style == rope_style::interleaved;
   a.layer = layer;
   a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
+  a.attention_factor = c.attention_factor;
+  a.eps = extras.eps;
+  if (c.bias) a.bias = upload(extras.bias);
+  if (c.qk_norm) {
+    a.q_norm = upload(extras.q_norm);
+    a.k_norm = upload(extras.k_norm);
+  }
   std::vector<float> got_kv;
   if (c.bf16_cache) {
     uint16_t* kv = alloc<uint16_t>(cache_elems);
@@ -173,6 +283,7 @@ TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
     got_kv = download(kv, cache_elems);
   }
   const auto got_qkv = download(a.qkv, qkv.size());
+  // The rows' processed Q|K|V (with biases and norms, V too); the padding past them untouched.
   for (size_t i = 0; i < qkv.size(); ++i) ASSERT_NEAR(got_qkv[i], want_qkv[i], 2e-5 * (1 + std::fabs(want_qkv[i]))) << i;
   // Every element of the cache: written slots equal, untouched ones still zero.
   for (size_t i = 0; i < cache_elems; ++i) ASSERT_NEAR(got_kv[i], want_kv[i], 1e-2 * (1 + std::fabs(want_kv[i]))) << i;
@@ -183,7 +294,30 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuRopeKv,
                                            rope_case{rope_style::half, 64, false},
                                            rope_case{rope_style::half, 32, false},
                                            rope_case{rope_style::interleaved, 48, true},
-                                           rope_case{rope_style::half, 64, true}));
+                                           rope_case{rope_style::half, 64, true},
+                                           // per-pair kernel with a cos/sin multiplier (Phi-3 LongRoPE)
+                                           rope_case{rope_style::half, 64, false, 64, false, false, 1.19f},
+                                           // warp-per-head kernel: bias alone (Qwen2, YaRN factor),
+                                           // q/k norm alone (Qwen3: head_dim 32 and 128), both, partial
+                                           // rotary, head_dim 256 (Gemma)
+                                           rope_case{rope_style::half, 64, false, 64, true, false, 1.14f},
+                                           rope_case{rope_style::half, 32, true, 32, false, true},
+                                           rope_case{rope_style::half, 128, false, 128, false, true},
+                                           rope_case{rope_style::interleaved, 64, true, 64, true, true, 1.3f},
+                                           rope_case{rope_style::half, 48, false, 64, true, true},
+                                           rope_case{rope_style::half, 256, true, 256, true, true}));
+
+TEST_F(GpuKernels, RopeRejectsAQNormWithoutAKNorm) {
+  rope_kv_args a;
+  a.num_tokens = 1;
+  a.num_heads = 2;
+  a.rope_dims = 64;
+  a.layout = {1, 1, 16, 64};
+  const std::vector<float> w(64, 1.0f);
+  a.q_norm = upload(w);
+  float* kv = alloc(size_t(2) * 16 * 64);
+  EXPECT_THROW(rope_kv_write(a, kv, nullptr), std::invalid_argument);
+}
 
 // ---- paged attention ------------------------------------------------------------------------------
 
@@ -194,11 +328,23 @@ struct attention_case {
   bool prefill;        // several query tokens per sequence, causal (chunked prefill over cached prefix)
   int32_t num_splits;  // 0: the executor's plan; >1 forced
   bool bf16;
+  int32_t window = 0;    // sliding window (Mistral, Gemma's local layers)
+  float softcap = 0.0f;  // attention logit soft-cap (Gemma 2)
 };
 
 void PrintTo(const attention_case& c, std::ostream* os) {
   *os << "d" << c.head_dim << "_h" << c.num_heads << "_kv" << c.num_kv_heads << (c.prefill ? "_prefill" : "_decode")
       << "_splits" << c.num_splits << (c.bf16 ? "_bf16" : "_f32");
+  if (c.window > 0) *os << "_window" << c.window;
+  if (c.softcap > 0) *os << "_softcap";
+}
+
+// Sets every element of the blocks that lie wholly before `first` in the sequence's table to NaN: an
+// attention kernel that reads them (even to mask them) gives NaN, so this checks it skips them.
+void poison_blocks_before(std::vector<float>& kv, const ref::kv_geometry& g, const int32_t* table, int32_t first) {
+  for (int32_t b = 0; (b + 1) * g.block_size <= first; ++b) {
+    std::fill_n(kv.begin() + table[b] * g.block_elems(), g.block_elems(), std::nanf(""));
+  }
 }
 
 class GpuAttention : public GpuKernels, public ::testing::WithParamInterface<attention_case> {};
@@ -228,11 +374,20 @@ TEST_P(GpuAttention, MatchesCpuReference) {
   }
   const auto T = int32_t(context.size());
   const int64_t q_stride = int64_t{c.num_heads} * c.head_dim + 16;
-  auto q = random_floats(size_t(T) * q_stride, 12);
+  // Scores of ~N(0, 4) when soft-capped, so that the cap of 3 bends them.
+  auto q = random_floats(size_t(T) * q_stride, 12, c.softcap > 0 ? 2.0f : 1.0f);
   auto kv = random_floats(size_t(num_blocks) * g.block_elems(), 13);
   if (c.bf16) kv = round_bf16(kv);
+  if (c.window > 0) {
+    // The earliest query of each sequence sees from its window's start: blocks before it are NaN.
+    for (int32_t s = 0; s < 3; ++s) {
+      const int32_t first_query = c.prefill ? std::max(0, seq_len[s] - 20) : seq_len[s] - 1;
+      poison_blocks_before(kv, g, &tables[size_t(s) * max_blocks], first_query + 1 - c.window);
+    }
+  }
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks, scale);
+  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks,
+                                         scale, c.softcap, c.window);
 
   const size_t out_elems = size_t(T) * c.num_heads * c.head_dim;
   auto fill = [&](auto& a) {
@@ -248,8 +403,12 @@ TEST_P(GpuAttention, MatchesCpuReference) {
     a.block_tables = upload(tables);
     a.max_blocks_per_seq = max_blocks;
     a.scale = scale;
-    split_plan plan = plan_attention_split(T, c.num_kv_heads, 301, 132);
-    if (c.num_splits > 1) plan = {c.num_splits, (301 + c.num_splits - 1) / c.num_splits};
+    a.softcap = c.softcap;
+    a.window = c.window;
+    // As the executor: a sliding-window layer's queries walk at most `window` positions.
+    const int32_t walk = c.window > 0 ? std::min(301, c.window) : 301;
+    split_plan plan = plan_attention_split(T, c.num_kv_heads, walk, 132);
+    if (c.num_splits > 1) plan = {c.num_splits, (walk + c.num_splits - 1) / c.num_splits};
     a.num_splits = plan.num_splits;
     a.partition_size = plan.partition_size;
     if (plan.num_splits > 1) a.workspace = alloc(size_t(attention_workspace_floats(T, c.num_heads, c.head_dim, plan.num_splits)));
@@ -286,7 +445,19 @@ INSTANTIATE_TEST_SUITE_P(
                       attention_case{128, 12, 1, false, 4, false},   // MQA, group 12 > 8: two CTAs per KV head
                       attention_case{64, 8, 4, false, 2, true},      // group 2, split-KV, bf16
                       attention_case{256, 4, 4, true, 0, false},     // MHA, largest head
-                      attention_case{64, 8, 2, true, 7, false}));    // split with partitions past some contexts
+                      attention_case{64, 8, 2, true, 7, false},      // split with partitions past some contexts
+                      // Sliding windows that cut through blocks (16 positions): 24 on a 37- and a
+                      // 301-position context (a 16-position one is all inside), decode and chunks;
+                      // split over the window (partitions past a short context's window left empty)
+                      attention_case{64, 8, 2, false, 0, false, 24},
+                      attention_case{64, 4, 1, true, 0, true, 24},
+                      attention_case{128, 32, 8, false, 3, true, 200},
+                      attention_case{64, 8, 4, true, 4, false, 100},
+                      // soft-capped scores (Gemma 2), with a window and a split; head_dim 32 (Qwen3)
+                      attention_case{256, 8, 4, false, 0, false, 0, 3.0f},
+                      attention_case{64, 4, 1, true, 3, false, 24, 3.0f},
+                      attention_case{32, 4, 1, false, 0, false},
+                      attention_case{32, 16, 2, true, 2, true, 50, 3.0f}));
 
 TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
   paged_attention_args<float> a;
@@ -337,6 +508,31 @@ TEST(ReferenceSelfCheck, PagedAttentionEqualsDenseAttention) {
       for (int32_t j = 0; j < n; ++j) o += w[size_t(j)] * kv[size_t(g.offset(table[j / 4], 0, 1, kvh, j % 4) + d)];
       ASSERT_NEAR(got[size_t(h) * 64 + d], o / sum, 1e-5);
     }
+  }
+}
+
+TEST(ReferenceSelfCheck, WindowedSoftCappedAttentionEqualsDenseAttentionOverTheWindow) {
+  // The window's keys, soft-capped, laid out densely, against the paged reference.
+  ref::kv_geometry g{1, 1, 4, 64};
+  const int32_t n = 11, window = 6, max_blocks = 3;
+  const float cap = 2.0f;
+  const std::vector<int32_t> table = {2, 0, 1};
+  auto kv = random_floats(size_t(3) * g.block_elems(), 43);
+  auto q = random_floats(64, 44, 2.0f);
+  const auto got = ref::paged_attention(q, 64, kv, g, 0, 1, {n}, {0}, table, max_blocks, 0.125f, cap, window);
+  std::vector<double> w;
+  double sum = 0;
+  for (int32_t j = n - window; j < n; ++j) {
+    const float* k = &kv[size_t(g.offset(table[j / 4], 0, 0, 0, j % 4))];
+    double s = 0;
+    for (int d = 0; d < 64; ++d) s += double(q[size_t(d)]) * k[d];
+    w.push_back(std::exp(cap * std::tanh(0.125 * s / cap)));
+    sum += w.back();
+  }
+  for (int d = 0; d < 64; ++d) {
+    double o = 0;
+    for (int32_t j = n - window; j < n; ++j) o += w[size_t(j - (n - window))] * kv[size_t(g.offset(table[j / 4], 0, 1, 0, j % 4) + d)];
+    ASSERT_NEAR(got[size_t(d)], o / sum, 1e-5);
   }
 }
 

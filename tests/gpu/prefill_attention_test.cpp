@@ -39,6 +39,7 @@ TEST(PrefillTilePlan, TokensPerTileFollowTheGqaGroup) {
   EXPECT_EQ(prefill_tile_tokens(64, 4, 4), 64);    // MHA
   EXPECT_EQ(prefill_tile_tokens(256, 4, 4), 24);   // head_dim 256: 24 rows
   EXPECT_EQ(prefill_tile_tokens(256, 32, 1), 1);   // group 32 > 24 rows: one token, two CTAs per KV head
+  EXPECT_EQ(prefill_tile_tokens(32, 4, 1), 16);    // head_dim 32: 64 rows (Qwen3-style small heads)
   EXPECT_EQ(prefill_tile_tokens(96, 8, 8), 0);     // head_dim not compiled
   EXPECT_EQ(prefill_tile_tokens(128, 10, 4), 0);   // heads not a multiple of KV heads
 }
@@ -115,11 +116,15 @@ struct prefill_case {
   int32_t block_size;
   bool bf16;
   int32_t partition = 0;  // > 0: split the positions into partitions of this size (split-KV)
+  int32_t window = 0;     // sliding window (Mistral, Gemma's local layers)
+  float softcap = 0.0f;   // attention logit soft-cap (Gemma 2)
 };
 
 void PrintTo(const prefill_case& c, std::ostream* os) {
   *os << "d" << c.head_dim << "_h" << c.num_heads << "_kv" << c.num_kv_heads << "_bs" << c.block_size
       << (c.bf16 ? "_bf16" : "_f32") << "_part" << c.partition;
+  if (c.window > 0) *os << "_window" << c.window;
+  if (c.softcap > 0) *os << "_softcap";
 }
 
 class GpuPrefillAttention : public device_fixture<::testing::TestWithParam<prefill_case>> {};
@@ -130,6 +135,8 @@ class GpuPrefillAttention : public device_fixture<::testing::TestWithParam<prefi
 //   seq 1: a prefix-cache hit: 45 positions cached, 70 new (starts mid-block, tiles straddle blocks);
 //   seq 2: a later chunk of a chunked prefill: 96 cached (a block edge), 33 new;
 //   seq 3: a single new token at position 20 given to the prefill kernel (a 1-token tile).
+// With a window, it cuts through blocks (and the prefix hit's cached positions); every block wholly
+// before a sequence's first window start holds NaN, so a kernel that reads one (even masked) fails.
 TEST_P(GpuPrefillAttention, MatchesCpuReference) {
   const prefill_case c = GetParam();
   const int32_t bs = c.block_size;
@@ -168,11 +175,19 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
   }
   const auto T = int32_t(context.size());
   const int64_t q_stride = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;  // as the executor's qkv rows
-  const auto q = random_floats(size_t(T) * q_stride, 22);
+  // Scores of ~N(0, 4) when soft-capped, so that the cap of 3 bends them.
+  const auto q = random_floats(size_t(T) * q_stride, 22, c.softcap > 0 ? 2.0f : 1.0f);
   auto kv = random_floats(size_t(num_blocks) * g.block_elems(), 23);
   if (c.bf16) kv = from_bf16(to_bf16(kv));  // the reference reads what the bf16 cache holds
+  for (int32_t s = 0; s < num_seqs && c.window > 0; ++s) {
+    const int32_t first = num_computed[s] + 1 - c.window;  // the chunk's first row's window start
+    for (int32_t b = 0; (b + 1) * bs <= first; ++b) {
+      std::fill_n(kv.begin() + tables[size_t(s) * max_blocks + b] * g.block_elems(), g.block_elems(), std::nanf(""));
+    }
+  }
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks, scale);
+  const auto want = ref::paged_attention(q, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables, max_blocks,
+                                         scale, c.softcap, c.window);
 
   const int32_t tile_tokens = prefill_tile_tokens(c.head_dim, c.num_heads, c.num_kv_heads);
   ASSERT_GT(tile_tokens, 0);
@@ -192,6 +207,8 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
     a.block_tables = upload(tables);
     a.max_blocks_per_seq = max_blocks;
     a.scale = scale;
+    a.softcap = c.softcap;
+    a.window = c.window;
     if (c.partition > 0) {
       // 129 = the furthest position read + 1 (seq 2); partitions past a tile's context stay empty.
       a.num_splits = (129 + c.partition - 1) / c.partition;
@@ -254,7 +271,21 @@ INSTANTIATE_TEST_SUITE_P(
                       // whose position precedes a partition, partitions past a tile's context.
                       prefill_case{128, 32, 8, 16, true, 40},
                       prefill_case{64, 9, 3, 8, false, 48},
-                      prefill_case{256, 8, 1, 16, false, 64}));
+                      prefill_case{256, 8, 1, 16, false, 64},
+                      // Sliding windows through blocks and the cached prefix: 24 positions on 16-position
+                      // blocks, 20 on 8-position ones (a K tile spans two blocks), 40 with a split
+                      // (partitions of the windows, some past a tile's last row), MQA group 4 (the tiny
+                      // fixtures' shape); soft-capped scores, alone and with a window
+                      prefill_case{64, 9, 3, 16, false, 0, 24},
+                      prefill_case{128, 32, 8, 8, true, 0, 20},
+                      prefill_case{128, 32, 8, 16, false, 24, 40},
+                      prefill_case{64, 4, 1, 16, true, 0, 8, 3.0f},
+                      prefill_case{256, 4, 4, 16, false, 0, 0, 3.0f},
+                      prefill_case{64, 4, 1, 16, false, 16, 30, 3.0f},
+                      // head_dim 32 (Qwen3-style small heads: 8-lane groups)
+                      prefill_case{32, 4, 1, 16, false},
+                      prefill_case{32, 16, 2, 8, true, 0, 24, 3.0f},
+                      prefill_case{32, 8, 8, 16, false, 40}));
 
 // ---- in the executor ------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 // conventions (cpu/cpu_executor.cpp): RoPE angles pos * inv_freq in float, cos/sin in double; the
 // paged KV layout of gpu::kv_layout.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -38,13 +39,14 @@ inline void rms_norm(const float* x, const float* w, float* y, int64_t n, float 
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * inv * w[i]);
 }
 
-// Rotates one head vector in place, as cpu_executor's rope lambda.
-inline void rope_head(float* v, int32_t pos, const std::vector<float>& inv_freq, rope_style style) {
+// Rotates one head vector in place, as cpu_executor's rope lambda (cos/sin times attention_factor).
+inline void rope_head(float* v, int32_t pos, const std::vector<float>& inv_freq, rope_style style,
+                      float attention_factor = 1.0f) {
   const auto half = static_cast<int64_t>(inv_freq.size());
   for (int64_t i = 0; i < half; ++i) {
     const float angle = static_cast<float>(pos) * inv_freq[static_cast<size_t>(i)];
-    const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
-    const auto s = static_cast<float>(std::sin(static_cast<double>(angle)));
+    const auto c = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_factor;
+    const auto s = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_factor;
     const int64_t a = style == rope_style::interleaved ? 2 * i : i;
     const int64_t b = style == rope_style::interleaved ? 2 * i + 1 : i + half;
     const float x0 = v[a], x1 = v[b];
@@ -53,14 +55,35 @@ inline void rope_head(float* v, int32_t pos, const std::vector<float>& inv_freq,
   }
 }
 
-// qkv [tokens, stride] rotated in place; K and V stored into `kv` (floats of the cache's elements).
+// What the RoPE + KV write does before rotating (cpu_executor's order): + bias over Q|K|V, then a
+// per-head RMSNorm of Q and K heads; and the cos/sin multiplier. Empty vectors: off.
+struct rope_extras {
+  std::vector<float> bias;            // [(num_heads + 2 kv_heads) * head_dim]
+  std::vector<float> q_norm, k_norm;  // [head_dim] multipliers
+  float eps = 1e-6f;
+  float attention_factor = 1.0f;
+};
+
+// qkv [tokens, stride] processed in place (bias, q/k norm, RoPE); K and V stored into `kv` (floats of
+// the cache's elements).
 inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<float>& kv, const kv_geometry& g,
                           int32_t layer, int32_t num_heads, const std::vector<int32_t>& positions,
-                          const std::vector<int32_t>& slots, const std::vector<float>& inv_freq, rope_style style) {
+                          const std::vector<int32_t>& slots, const std::vector<float>& inv_freq, rope_style style,
+                          const rope_extras& x = {}) {
   const int32_t hd = g.head_dim;
   for (size_t t = 0; t < positions.size(); ++t) {
     float* row = qkv.data() + static_cast<int64_t>(t) * stride;
-    for (int32_t h = 0; h < num_heads + g.num_kv_heads; ++h) rope_head(row + int64_t{h} * hd, positions[t], inv_freq, style);
+    const int64_t width = int64_t{num_heads + 2 * g.num_kv_heads} * hd;
+    for (int64_t i = 0; i < static_cast<int64_t>(x.bias.size()) && i < width; ++i) row[i] += x.bias[static_cast<size_t>(i)];
+    if (!x.q_norm.empty()) {
+      for (int32_t h = 0; h < num_heads + g.num_kv_heads; ++h) {
+        float* v = row + int64_t{h} * hd;
+        rms_norm(v, (h < num_heads ? x.q_norm : x.k_norm).data(), v, hd, x.eps);
+      }
+    }
+    for (int32_t h = 0; h < num_heads + g.num_kv_heads; ++h) {
+      rope_head(row + int64_t{h} * hd, positions[t], inv_freq, style, x.attention_factor);
+    }
     const int32_t block = slots[t] / g.block_size, off = slots[t] % g.block_size;
     const float* k = row + int64_t{num_heads} * hd;
     const float* v = k + int64_t{g.num_kv_heads} * hd;
@@ -73,37 +96,42 @@ inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<f
   }
 }
 
-// Causal softmax attention of each token over positions [0, context_lens[t]) of its sequence, read
-// through the block table; in double. out [tokens, num_heads * head_dim].
+// Causal softmax attention of each token over positions [0, context_lens[t]) of its sequence (the last
+// `window` of them when window > 0), read through the block table; in double. Scores are
+// softcap * tanh(s / softcap) when softcap > 0 (Gemma 2). out [tokens, num_heads * head_dim].
 inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
                                           const kv_geometry& g, int32_t layer, int32_t num_heads,
                                           const std::vector<int32_t>& context_lens, const std::vector<int32_t>& token_seq,
-                                          const std::vector<int32_t>& tables, int32_t max_blocks, float scale) {
+                                          const std::vector<int32_t>& tables, int32_t max_blocks, float scale,
+                                          float softcap = 0.0f, int32_t window = 0) {
   const int32_t hd = g.head_dim;
   const int32_t group = num_heads / g.num_kv_heads;
   std::vector<float> out(context_lens.size() * static_cast<size_t>(num_heads) * static_cast<size_t>(hd));
   std::vector<double> scores;
   for (size_t t = 0; t < context_lens.size(); ++t) {
     const int32_t n = context_lens[t];
+    const int32_t first = window > 0 ? std::max(0, n - window) : 0;
     const int32_t* table = tables.data() + static_cast<int64_t>(token_seq[t]) * max_blocks;
     for (int32_t h = 0; h < num_heads; ++h) {
       const float* qh = q.data() + static_cast<int64_t>(t) * q_stride + int64_t{h} * hd;
       const int32_t kvh = h / group;
       scores.assign(static_cast<size_t>(n), 0.0);
       double mx = -1e300;
-      for (int32_t j = 0; j < n; ++j) {
+      for (int32_t j = first; j < n; ++j) {
         const float* k = kv.data() + g.offset(table[j / g.block_size], layer, 0, kvh, j % g.block_size);
         double s = 0;
         for (int32_t d = 0; d < hd; ++d) s += double(qh[d]) * k[d];
-        scores[static_cast<size_t>(j)] = s * scale;
-        mx = std::max(mx, scores[static_cast<size_t>(j)]);
+        s *= scale;
+        if (softcap > 0) s = softcap * std::tanh(s / softcap);
+        scores[static_cast<size_t>(j)] = s;
+        mx = std::max(mx, s);
       }
       double sum = 0;
-      for (double& s : scores) sum += (s = std::exp(s - mx));
+      for (int32_t j = first; j < n; ++j) sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
       float* o = out.data() + (static_cast<int64_t>(t) * num_heads + h) * hd;
       for (int32_t d = 0; d < hd; ++d) {
         double acc = 0;
-        for (int32_t j = 0; j < n; ++j) {
+        for (int32_t j = first; j < n; ++j) {
           acc += scores[static_cast<size_t>(j)] *
                  kv[static_cast<size_t>(g.offset(table[j / g.block_size], layer, 1, kvh, j % g.block_size) + d)];
         }

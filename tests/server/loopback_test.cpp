@@ -2,140 +2,14 @@
 // deterministic tokens), driven by plain Beast clients: connections that go away or stop reading
 // while tokens are being pushed to them must be torn down without touching freed state, free every
 // request's KV blocks, and leave the server answering.
-#include "server/http_server.hpp"
+#include "tests/server/loopback_support.hpp"
 
-#include <gtest/gtest.h>
-
-#include <boost/asio.hpp>
-#include <boost/beast.hpp>
-#include <boost/json.hpp>
-
-#include <sys/socket.h>
-#include <sys/time.h>
-
-#include <chrono>
-#include <map>
 #include <random>
-#include <sstream>
-#include <thread>
-
-#include "engine/sim_executor.hpp"
-#include "tests/support/char_tokenizer.hpp"
 
 namespace tessera::server {
 namespace {
 
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace websocket = beast::websocket;
-namespace net = boost::asio;
-namespace json = boost::json;
-using tcp = net::ip::tcp;
-using namespace std::chrono_literals;
-
-constexpr int32_t num_blocks = 16384;
-
-struct loopback_server {
-  explicit loopback_server(server_options so = {}) {
-    actors::facade_options fo;
-    fo.engine.block_size = 16;
-    fo.num_caf_threads = 2;
-    fo.max_waiting = 1000;
-    fo.shutdown_timeout = 2s;
-    actors::facade_components c;
-    c.exec = std::make_unique<testing::sim_executor>(16, num_blocks, 0, test_support::char_vocab);
-    c.tok = test_support::char_tokenizer();
-    engine = std::make_unique<actors::engine_facade>(std::move(c), fo);
-    so.port = 0;
-    server = std::make_unique<http_server>(*engine, std::move(so));
-    server->start();
-  }
-  ~loopback_server() {
-    if (!server) return;
-    server->stop_accepting();
-    engine->shutdown(2s);
-    server->stop();
-  }
-  tcp::endpoint endpoint() const { return {net::ip::make_address("127.0.0.1"), server->port()}; }
-
-  std::unique_ptr<actors::engine_facade> engine;
-  std::unique_ptr<http_server> server;
-};
-
-struct reply {
-  int status = 0;
-  std::string body;
-};
-
-reply get(const loopback_server& s, const std::string& target) {
-  net::io_context ioc;
-  tcp::socket sock(ioc);
-  sock.connect(s.endpoint());
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.keep_alive(false);
-  http::write(sock, req);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(sock, buffer, res);
-  return {static_cast<int>(res.result_int()), res.body()};
-}
-
-std::map<std::string, double> metrics(const loopback_server& s) {
-  const reply r = get(s, "/metrics");
-  EXPECT_EQ(r.status, 200);
-  std::map<std::string, double> out;
-  std::istringstream lines(r.body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
-  }
-  return out;
-}
-
-const std::string aborted_key = "tessera_request_success_total{finished_reason=\"abort\"}";
-const std::string submitted_key = "tessera_requests_submitted_total";
-
-// Waits until the runtime has accepted `num_submitted` requests in all, then until it has no open
-// stream and both pools have no used block; returns the last metrics seen (the caller's assertions
-// name what did not come back).
-std::map<std::string, double> wait_idle(const loopback_server& s, double num_submitted, std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::map<std::string, double> m;
-  while (std::chrono::steady_clock::now() < deadline) {
-    m = metrics(s);
-    if (m[submitted_key] >= num_submitted && m["tessera_num_streams_open"] == 0 &&
-        m["tessera_kv_blocks_used{pool=\"device\"}"] == 0 && m["tessera_kv_blocks_used{pool=\"host\"}"] == 0 &&
-        m["tessera_num_requests_running"] == 0) {
-      return m;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return m;
-}
-
-void expect_idle(const std::map<std::string, double>& m, double num_submitted) {
-  EXPECT_EQ(m.at(submitted_key), num_submitted);
-  EXPECT_EQ(m.at("tessera_num_streams_open"), 0);
-  EXPECT_EQ(m.at("tessera_num_requests_running"), 0);
-  EXPECT_EQ(m.at("tessera_kv_blocks_used{pool=\"device\"}"), 0);
-  EXPECT_EQ(m.at("tessera_kv_blocks_used{pool=\"host\"}"), 0);
-}
-
-std::string start_message(const std::string& id, int max_tokens) {
-  return json::serialize(json::object{
-      {"type", "start"},
-      {"id", id},
-      {"endpoint", "completions"},
-      {"request", json::object{{"prompt", "abc"}, {"max_tokens", max_tokens}, {"ignore_eos", true}}}});
-}
-
-void set_receive_timeout(int fd, std::chrono::seconds t) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(t.count());
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
+using namespace loopback;
 
 // Issue #14: a /v1/ws reader that never reads fills the socket's send queue; reaching
 // ws_max_queued_messages closed the socket from inside the loop that was writing the generations'

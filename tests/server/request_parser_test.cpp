@@ -151,6 +151,20 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
        api_kind::chat, 400, "messages[0].tool_calls[0].function.arguments' is not valid JSON"},
       {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", api_kind::chat, 400, "only allowed on assistant"},
       {R"({"messages":[{"role":"tool","content":"x"}]})", api_kind::chat, 400, "tool_call_id"},
+      // logit_bias keys are canonical integers (issue #14): no sign, space, leading zero or fraction.
+      {R"({"prompt":"x","logit_bias":{"01":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"+1":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{" 1":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1 ":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1.0":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1e2":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"":1}})", api_kind::completion, 400, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"99999999999999999999":1}})", api_kind::completion, 400, "logit_bias"},
+      // A tool call without its function, and the deprecated function_call turn.
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function"}]}]})",
+       api_kind::chat, 400, "messages[0].tool_calls"},
+      {R"({"messages":[{"role":"assistant","content":"x","function_call":{"name":"f"}}]})", api_kind::chat, 400,
+       "messages.function_call"},
   };
   for (const auto& c : cases) {
     const api_error e = parse_error(c.body, c.kind);
@@ -216,6 +230,42 @@ TEST(request_parser, forced_tool_choice_becomes_a_json_schema_constraint) {
   ASSERT_EQ(any_of.size(), 2u);
   EXPECT_EQ(any_of[1].at("properties").at("name").at("enum").as_array()[0].as_string(), "g");
   EXPECT_EQ(any_of[1].at("properties").at("parameters").at("type").as_string(), "object");
+TEST(request_parser, logit_bias_keys_in_canonical_form_are_accepted) {
+  const generation_request r =
+      parse_generation_request(R"({"prompt":"x","logit_bias":{"0":1,"7":-2,"999":3}})", api_kind::completion, vocab);
+  ASSERT_EQ(r.params.logit_bias.size(), 3u);
+  EXPECT_EQ(r.params.logit_bias[0].first, 0);
+  EXPECT_EQ(r.params.logit_bias[1].first, 7);
+  EXPECT_EQ(r.params.logit_bias[2].first, 999);
+}
+
+// n x max_tokens x logprobs bounds one response's size (issue #14).
+TEST(request_parser, response_size_is_bounded) {
+  request_limits limits;
+  limits.max_response_bytes = 1 << 20;
+  // 16 x 2048 x 32 = 1 MiB: at the limit.
+  EXPECT_NO_THROW(parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":2048})", api_kind::completion, vocab, limits));
+  try {
+    parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":2049})", api_kind::completion, vocab, limits);
+    ADD_FAILURE() << "a response over the bound was accepted";
+  } catch (const api_error& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "response_too_large");
+    EXPECT_NE(std::string(e.what()).find("--max-response-bytes"), std::string::npos) << e.what();
+  }
+  // Logprobs weigh: 1 x 1000 x (32 + 6 x 96) = 608,000 bytes.
+  const generation_request lp =
+      parse_generation_request(R"({"prompt":"x","max_tokens":1000,"logprobs":5})", api_kind::completion, vocab, limits);
+  EXPECT_EQ(estimated_response_bytes(lp, limits), 1000 * (32 + 6 * 96));
+  EXPECT_THROW(parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"n":4,"max_tokens":1000,)"
+                                        R"("logprobs":true,"top_logprobs":5})",
+                                        api_kind::chat, vocab, limits),
+               api_error);
+  // max_tokens beyond max_model_len cannot all be generated: the estimate uses the smaller.
+  limits.max_model_len = 1024;
+  const generation_request capped =
+      parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":100000})", api_kind::completion, vocab, limits);
+  EXPECT_EQ(estimated_response_bytes(capped, limits), 16 * 1024 * 32);
 }
 
 TEST(request_parser, error_body_is_openai_shaped) {

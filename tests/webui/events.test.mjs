@@ -127,6 +127,11 @@ test('running lists feed block counts; events after a finish do not revive a req
   m.ingest(coalesce([msg(1, [{ kind: 'admitted', request: 3, step: 1 }], { running: [{ seq: 1, request: 3, num_blocks: 4, num_tokens: 50 }] })]), 1);
   assert.equal(m.requests.get(3).numBlocks, 4);
   assert.equal(m.requests.get(3).numTokens, 50);
+  assert.equal(m.requests.get(3).numWindowFreed, 0);
+  // A sliding-window sequence: blocks held, and the leading ones freed because no window reaches them.
+  m.ingest(coalesce([msg(2, [], { running: [{ seq: 1, request: 3, num_blocks: 2, num_tokens: 90, num_window_freed: 4 }] })]), 1.5);
+  assert.equal(m.requests.get(3).numBlocks, 2);
+  assert.equal(m.requests.get(3).numWindowFreed, 4);
   m.ingest(coalesce([msg(2, [{ kind: 'aborted', request: 3, step: 2 }])]), 2);
   m.ingest(coalesce([msg(3, [{ kind: 'admitted', request: 3, step: 3 }])]), 3);
   assert.equal(m.requests.get(3).state, 'aborted');

@@ -334,7 +334,9 @@ function drawRequests() {
   for (const r of model.liveRequests().slice(0, 60)) {
     const tr = document.createElement('tr');
     tr.className = 'st-' + r.state + (r.id === selected ? ' selected' : '');
-    const cells = [null, r.state, r.waitingReason ? r.waitingReason.replace('_', ' ') : '', r.numTokens || '', r.numBlocks || '',
+    // Held blocks, and (sliding window) how many leading ones were already freed.
+    const blocks = (r.numBlocks || '') + (r.numWindowFreed ? ` (+${r.numWindowFreed} freed)` : '');
+    const cells = [null, r.state, r.waitingReason ? r.waitingReason.replace('_', ' ') : '', r.numTokens || '', blocks,
       r.numPreemptions || '', ((r.endedAt ?? t) - r.firstSeen).toFixed(1) + 's'];
     cells.forEach((v, k) => {
       const td = document.createElement('td');

@@ -169,6 +169,7 @@ export class DashboardModel {
         running.add(s.request);
         if (r.state !== 'running' && !TERMINAL.has(r.state)) this.setState(r, 'running', t);
         r.numBlocks = s.num_blocks;
+        r.numWindowFreed = s.num_window_freed | 0;  // leading blocks freed: outside every layer's window
         r.numTokens = s.num_tokens;
       }
       for (const r of this.requests.values()) {

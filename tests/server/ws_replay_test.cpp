@@ -1,0 +1,171 @@
+// The WebSocket frame path against generated hostile frame sequences, each on a fresh connection to
+// the real server on loopback: a replay harness standing in for a libFuzzer target (tests/fuzz/ is
+// another branch's; replay_ws_input() is the body an LLVMFuzzerTestOneInput would have, with the
+// loopback server made once in LLVMFuzzerInitialize).
+//
+// The frames: every opcode (reserved ones too), FIN and RSV bits, masked and unmasked, 7/16/64-bit
+// lengths (non-minimal and huge ones, lengths beyond the bytes sent), control frames over 125 bytes
+// or fragmented, continuations without a start, invalid UTF-8, close frames with reserved codes or
+// bad reasons, messages over the size limit, and valid /v1/ws messages (auth, ping, start, cancel)
+// in between, some sent in the same write as the handshake. Oracles: the server completes the
+// handshake, every frame it sends is well-formed (unmasked, a known opcode, a length that fits),
+// each connection ends (the server closes once the client has), and afterwards the server answers
+// /health, has caught no exception, has no open stream or used KV block, and no WebSocket open.
+#include <random>
+
+#include "tests/server/loopback_support.hpp"
+
+namespace tessera::server {
+namespace {
+
+using namespace loopback;
+
+const std::string k_handshake =
+    "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+// One frame (RFC 6455 §5.2) with whatever header bits the caller chooses.
+std::string frame(uint8_t first_byte, bool masked, const std::string& payload, int length_form, uint64_t declared) {
+  std::string f;
+  f += static_cast<char>(first_byte);
+  const char mask_bit = masked ? static_cast<char>(0x80) : 0;
+  if (length_form == 0 && declared < 126) {
+    f += static_cast<char>(mask_bit | static_cast<char>(declared));
+  } else if (length_form <= 1) {
+    f += static_cast<char>(mask_bit | 126);
+    f += static_cast<char>((declared >> 8) & 0xFF);
+    f += static_cast<char>(declared & 0xFF);
+  } else {
+    f += static_cast<char>(mask_bit | 127);
+    for (int i = 7; i >= 0; --i) f += static_cast<char>((declared >> (8 * i)) & 0xFF);
+  }
+  const char mask[4] = {0x5a, 0x17, 0x3c, 0x71};
+  if (masked) f.append(mask, 4);
+  for (size_t i = 0; i < payload.size(); ++i) f += masked ? static_cast<char>(payload[i] ^ mask[i % 4]) : payload[i];
+  return f;
+}
+
+std::string good_frame(const std::string& text) { return frame(0x81, true, text, 0, text.size()); }
+
+std::string random_frame(std::mt19937& rng) {
+  static const std::vector<std::string> messages = {
+      R"({"type":"ping"})",
+      R"({"type":"auth","api_key":"x"})",
+      R"({"type":"start","id":"a","endpoint":"completions","request":{"prompt":"abc","max_tokens":5}})",
+      R"({"type":"start","id":"b","request":{"prompt":"abc","max_tokens":3,"n":2,"logprobs":2}})",
+      R"({"type":"cancel","id":"a"})",
+      R"({"type":"start","id":"","request":{}})",
+      R"({"type":"bogus"})",
+      R"({not json)",
+      "\xff\xfe\xfd",
+      "\xed\xa0\x80",  // a surrogate: invalid UTF-8 in a text frame
+      "",
+  };
+  const auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  std::string payload = messages[pick(messages.size())];
+  if (pick(10) == 0) payload = std::string(pick(3) == 0 ? 70000 : 126 + pick(200), 'x');  // > 125 / > 64 KiB
+  static const uint8_t opcodes[] = {0x0, 0x1, 0x2, 0x3, 0x7, 0x8, 0x9, 0xA, 0xB, 0xF};
+  uint8_t op = pick(3) == 0 ? opcodes[pick(std::size(opcodes))] : 0x1;
+  if (op == 0x8 && pick(2)) {  // a close frame with some code and reason
+    static const uint16_t codes[] = {1000, 1001, 1005, 1006, 1015, 999, 1004, 2999, 3000, 4999, 5000};
+    const uint16_t code = codes[pick(std::size(codes))];
+    payload = std::string{static_cast<char>(code >> 8), static_cast<char>(code & 0xFF)} +
+              (pick(2) ? std::string("\xc3\x28") : std::string("bye"));
+  }
+  uint8_t first = op;
+  if (pick(4) != 0) first |= 0x80;                             // FIN, mostly
+  if (pick(12) == 0) first |= static_cast<uint8_t>(0x10 << pick(3));  // an RSV bit
+  const bool masked = pick(10) != 0;
+  const int length_form = pick(6) == 0 ? static_cast<int>(1 + pick(2)) : 0;  // non-minimal 16/64-bit lengths
+  uint64_t declared = payload.size();
+  if (pick(15) == 0) declared = pick(2) ? (uint64_t{1} << 63) + pick(1000) : payload.size() + 1 + pick(100000);
+  if (declared >= 126 && length_form == 0) return frame(first, masked, payload, declared < 65536 ? 1 : 2, declared);
+  return frame(first, masked, payload, length_form, declared);
+}
+
+struct ws_outcome {
+  bool upgraded = false;
+  bool closed_by_server = false;
+};
+
+// One connection: the handshake, `frames`, our close frame, then our FIN; reads until the server
+// closes. Checks every server frame.
+ws_outcome replay_ws_input(const loopback_server& s, const std::string& frames, bool with_handshake_packet) {
+  ws_outcome out;
+  raw_connection c(s, 10s);
+  std::string r;  // everything the server sent
+  if (with_handshake_packet) {
+    c.send(k_handshake + frames);
+  } else {
+    c.send(k_handshake);
+    r = c.read_until([](const std::string& got) { return got.find("\r\n\r\n") != std::string::npos; });
+    c.send(frames);
+  }
+  c.send(frame(0x88, true, std::string("\x03\xe8", 2), 0, 2));  // close 1000
+  beast::error_code ec;
+  c.sock.shutdown(tcp::socket::shutdown_send, ec);
+  r += c.read_all();
+  out.upgraded = r.rfind("HTTP/1.1 101", 0) == 0;
+  EXPECT_TRUE(out.upgraded) << r.substr(0, 200);
+  size_t at = r.find("\r\n\r\n");
+  if (at == std::string::npos) return out;
+  at += 4;
+  while (at < r.size()) {
+    if (at + 2 > r.size()) break;  // a frame cut by the close is allowed at the end only
+    const auto b0 = static_cast<unsigned char>(r[at]), b1 = static_cast<unsigned char>(r[at + 1]);
+    EXPECT_EQ(b1 & 0x80, 0) << "a server frame is masked";
+    EXPECT_EQ(b0 & 0x70, 0) << "a server frame has RSV bits";
+    const unsigned op = b0 & 0x0F;
+    EXPECT_TRUE(op == 0x1 || op == 0x8 || op == 0x9 || op == 0xA) << "opcode " << op;
+    uint64_t len = b1 & 0x7F;
+    size_t head = 2;
+    if (len == 126) {
+      if (at + 4 > r.size()) break;
+      len = (uint64_t{static_cast<unsigned char>(r[at + 2])} << 8) | static_cast<unsigned char>(r[at + 3]);
+      head = 4;
+    } else if (len == 127) {
+      if (at + 10 > r.size()) break;
+      len = 0;
+      for (int i = 0; i < 8; ++i) len = (len << 8) | static_cast<unsigned char>(r[at + 2 + static_cast<size_t>(i)]);
+      head = 10;
+    }
+    EXPECT_LT(len, uint64_t{64} << 20);
+    if (op == 0x8) out.closed_by_server = true;
+    at += head + static_cast<size_t>(std::min<uint64_t>(len, r.size()));
+  }
+  return out;
+}
+
+TEST(ws_replay, generated_frames_against_the_real_server) {
+  loopback_server s;
+  std::mt19937 rng(2024);
+  constexpr int num_cases = 300;
+  int num_server_closes = 0;
+  for (int i = 0; i < num_cases; ++i) {
+    std::string frames;
+    const int n = 1 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < n; ++k) frames += rng() % 4 == 0 ? good_frame(R"({"type":"ping"})") : random_frame(rng);
+    const ws_outcome o = replay_ws_input(s, frames, rng() % 2 == 0);
+    num_server_closes += o.closed_by_server;
+    if (HasFailure()) {
+      ADD_FAILURE() << "case " << i;
+      break;
+    }
+  }
+  EXPECT_GT(num_server_closes, num_cases / 2);
+  EXPECT_EQ(get(s, "/health").status, 200);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::map<std::string, double> m;
+  do {
+    m = metrics(s);
+    if (m["tessera_connections_open{protocol=\"websocket\"}"] == 0 && m["tessera_num_streams_open"] == 0) break;
+    std::this_thread::sleep_for(50ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(m["tessera_server_exceptions_total"], 0);
+  EXPECT_EQ(m["tessera_connections_open{protocol=\"websocket\"}"], 0);
+  EXPECT_EQ(m["tessera_num_streams_open"], 0);
+  EXPECT_EQ(m["tessera_kv_blocks_used{pool=\"device\"}"], 0);
+}
+
+}  // namespace
+}  // namespace tessera::server
