@@ -173,9 +173,6 @@ int serve_command::run() {
   }
   so.limits.sampling = to_engine_options(engine_).limits;
   so.parsers = parsers;
-  so.encode_chat = [&b](const std::vector<chat_message>& messages) {
-    return encode_messages(b, messages);
-  };
   so.limits.max_response_bytes = max_response_bytes_;
   so.limits.max_model_len = facade.max_model_len();
 
