@@ -230,6 +230,8 @@ TEST(request_parser, forced_tool_choice_becomes_a_json_schema_constraint) {
   ASSERT_EQ(any_of.size(), 2u);
   EXPECT_EQ(any_of[1].at("properties").at("name").at("enum").as_array()[0].as_string(), "g");
   EXPECT_EQ(any_of[1].at("properties").at("parameters").at("type").as_string(), "object");
+}
+
 TEST(request_parser, logit_bias_keys_in_canonical_form_are_accepted) {
   const generation_request r =
       parse_generation_request(R"({"prompt":"x","logit_bias":{"0":1,"7":-2,"999":3}})", api_kind::completion, vocab);
