@@ -140,6 +140,8 @@ engine_facade::engine_facade(facade_components components, facade_options option
     : shared_(std::make_shared<runtime_shared>()), tok_(components.tok), options_(options) {
   if (!components.exec) throw invalid_request("engine_facade: no executor");
   config_ = components.exec->config();
+  kv_cache_dtype_ = components.exec->kv_cache_dtype();
+  kv_block_bytes_ = components.exec->kv_block_bytes();
   in_ = std::make_unique<facade_internals>(options.num_caf_threads > 0 ? options.num_caf_threads : default_caf_threads());
   in_->sys.emplace(in_->cfg);
   caf::actor_system& sys = *in_->sys;

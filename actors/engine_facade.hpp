@@ -159,12 +159,17 @@ class engine_facade {
 
   const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
   const model_config& config() const { return config_; }
+  // The executor's KV cache element type ("fp16", ...; empty when it does not say) and block bytes.
+  const std::string& kv_cache_dtype() const { return kv_cache_dtype_; }
+  int64_t kv_block_bytes() const { return kv_block_bytes_; }
 
  private:
   std::unique_ptr<facade_internals> in_;
   std::shared_ptr<runtime_shared> shared_;
   std::shared_ptr<const tokenizer> tok_;
   model_config config_;
+  std::string kv_cache_dtype_;
+  int64_t kv_block_bytes_ = 0;
   facade_options options_;
 };
 

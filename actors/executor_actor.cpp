@@ -46,7 +46,8 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       config_(metadata.config()),
       spec_(metadata.kv_spec()),
       block_bytes_(metadata.kv_block_bytes()),
-      name_(metadata.name()) {}
+      name_(metadata.name()),
+      kv_dtype_(metadata.kv_cache_dtype()) {}
 
 actor_executor::~actor_executor() = default;
 

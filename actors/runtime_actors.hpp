@@ -101,6 +101,7 @@ class actor_executor : public executor {
   int64_t kv_block_bytes() const override { return block_bytes_; }
   void execute(const step_batch& batch, step_output& out) override;
   const char* name() const override { return name_.c_str(); }
+  const char* kv_cache_dtype() const override { return kv_dtype_.c_str(); }
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
@@ -113,6 +114,7 @@ class actor_executor : public executor {
   kv_cache_spec spec_;
   int64_t block_bytes_ = 0;
   std::string name_;
+  std::string kv_dtype_;
   std::string failure_;
   std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread
 };

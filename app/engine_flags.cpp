@@ -103,6 +103,9 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_flag("--dequantize-weights", dequantize_weights,
                "Dequantize every weight matrix to f32 at load: exact fp32 math (matches transformers), "
                "about 4x the weight memory and slower decode");
+  cmd.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "CPU KV cache element type: auto (fp16) | fp32 | fp16 | bf16 | int8 (a scale per token and head)")
+      ->check(CLI::IsMember({"auto", "fp32", "fp16", "bf16", "int8"}));
   cmd.add_option("--device", device, "auto | cpu | cuda (auto: CUDA when built with it and a GPU is visible)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd.add_option("--load-format", load_format,
@@ -155,14 +158,21 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   const model_config& config = b.model.weights->config;
   cpu_executor_options exec_options;
   exec_options.num_threads = flags.threads;
+  const std::optional<cpu_kv_dtype> kv_dtype = parse_cpu_kv_dtype(flags.kv_cache_dtype);
+  if (!kv_dtype) {
+    throw invalid_request("--kv-cache-dtype must be auto, fp32, fp16, bf16 or int8 (got '" + flags.kv_cache_dtype + "')");
+  }
+  // Resolved here (not in the executor) so that the pools below are sized for the dtype it will use.
+  exec_options.kv_dtype = resolve(*kv_dtype, flags.dequantize_weights);
   exec_options.dequantize_weights = flags.dequantize_weights;
   exec_options.kv.block_size = flags.block_size;
   exec_options.kv.num_device_blocks =
       flags.num_kv_blocks > 0
           ? flags.num_kv_blocks
-          : kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib));
-  exec_options.kv.num_host_blocks =
-      kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib));
+          : kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib),
+                                exec_options.kv_dtype);
+  exec_options.kv.num_host_blocks = kv_blocks_for_bytes(
+      config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib), exec_options.kv_dtype);
   if (device == "cuda") {
 #if TESSERA_WITH_CUDA
     cuda_executor_options cuda;
@@ -198,9 +208,10 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   if (!flags.quiet) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const kv_cache_spec& kv = b.exec->kv_spec();
-    std::fprintf(stderr, "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%.0f MiB), swap %d blocks; %.2f s\n",
+    std::fprintf(stderr, "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%s, %.0f MiB), swap %d blocks; %.2f s\n",
                  b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers, config.hidden_size,
                  config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
+                 *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default",
                  double(b.exec->kv_block_bytes()) * kv.num_device_blocks / (1024.0 * 1024.0), kv.num_host_blocks, secs);
   }
   return b;

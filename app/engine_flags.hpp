@@ -28,6 +28,7 @@ struct engine_flags {
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
   bool dequantize_weights = false;   // fp32 weights: exact math (as transformers), slower decode
+  std::string kv_cache_dtype = "auto";  // CPU KV cache elements: auto (fp16) | fp32 | fp16 | bf16 | int8
   std::string device = "auto";       // auto (CUDA when built and a GPU is visible) | cpu | cuda
   std::string load_format = "auto";  // auto (read the weights) | dummy (random weights from config.json)
   double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights + activations + KV pool

@@ -148,6 +148,7 @@ int serve_command::run() {
                                               : *server::tool_parser_from_name(tool_call_parser_);
   parsers.reasoning = reasoning_parser_ == "auto" ? detect_reasoning_parser(b.chat.source())
                                                   : *server::reasoning_parser_from_name(reasoning_parser_);
+  const std::string kv_dtype = *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default";
   std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, max_waiting_);
   actors::engine_facade& facade = *runtime;
 
@@ -186,9 +187,10 @@ int serve_command::run() {
   const engine_options eo = to_engine_options(engine_);
   spdlog::info("model {} ({}): {} layers, hidden {}, vocab {}, context {}", so.model_name, b.model.path.string(),
                mc.num_layers, mc.hidden_size, mc.vocab_size, mc.context_length);
-  spdlog::info("executor {}: {} compute threads{}; KV pool {} blocks x {} tokens, swap pool {} blocks",
+  spdlog::info("executor {}: {} compute threads{}; KV pool {} blocks x {} tokens ({}), swap pool {} blocks",
                executor_name, engine_.threads > 0 ? engine_.threads : static_cast<int>(std::thread::hardware_concurrency()),
-               engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size, kv.num_host_blocks);
+               engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size,
+               kv_dtype, kv.num_host_blocks);
   spdlog::info("scheduler: max {} sequences, {} tokens per step, max model length {}, preemption {}, prefix caching {}",
                eo.max_num_seqs, eo.max_num_batched_tokens, eo.max_model_len > 0 ? eo.max_model_len : mc.context_length,
                engine_.preemption_mode, eo.enable_prefix_caching ? "on" : "off");

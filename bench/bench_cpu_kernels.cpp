@@ -4,10 +4,14 @@
 //   bench_cpu_kernels --matmul-only    (GMAC/s of each kernel table on a 1536x576 Q4_1 matmul)
 //   bench_cpu_kernels --types [--rows R] [--cols C] [--threads N] [--working-set MB] [--roofline-gbs X]
 //                     [--only Q4_K,Q6_K,...] [--kernels NAME] [--seconds S] [--shape decode|prefill]
+//                     [--layout stored|packed|both] [--count]
 //       every weight type x every kernel table on an R x C matmul (default 4096 x 4096), decode-shaped
 //       (1 token) and prefill-shaped (64 tokens): GB/s of weight bytes streamed and GMAC/s, against the
 //       read bandwidth of the same working set on the same threads (measured here as roofline does, or
-//       --roofline-gbs: e.g. roofline's DRAM read figure for that thread count).
+//       --roofline-gbs: e.g. roofline's DRAM read figure for that thread count). The quantized types run
+//       twice: as stored (matmul_q) and packed at load ("+pk", matmul_packed), unless --layout picks one.
+//       --count: one call per measurement and no warm-up (instruction counts under callgrind:
+//       bench/count_instructions.sh).
 // Token ids are synthetic (the timing of a LLaMA forward does not depend on which ids they are).
 #include <chrono>
 #include <cmath>
@@ -106,6 +110,8 @@ struct types_options {
   std::vector<tessera::ggml_type> only;
   std::string kernels;
   int shapes = 3;  // bit 0: decode, bit 1: prefill
+  int layouts = 3;  // quantized types: bit 0 as stored (matmul_q), bit 1 packed at load (matmul_packed)
+  bool count = false;  // exactly one call per measurement, no warm-up: for valgrind --tool=callgrind
 };
 
 uint32_t lcg(uint32_t& state) { return state = state * 1664525u + 1013904223u; }
@@ -209,8 +215,9 @@ void bench_types(const types_options& o) {
               "decode streams them from memory); read bandwidth %.1f GB/s (%s)\n",
               static_cast<long long>(o.rows), static_cast<long long>(o.cols), o.threads, o.working_set_mb, bw,
               o.roofline_gbs > 0 ? "--roofline-gbs" : "measured here, roofline's read kernel");
-  std::printf("%-5s %-11s %6s | %-32s | %-32s\n", "type", "table", "B/w", "decode (1 token)", "prefill (64 tokens)");
-  std::printf("%-5s %-11s %6s | %8s %6s %8s %8s | %8s %6s %8s %8s\n", "", "", "", "GB/s", "%bw", "GMAC/s", "ms", "GB/s",
+  std::printf("%-5s %-14s %6s | %-32s | %-32s\n", "type", "table (+pk: packed)", "B/w", "decode (1 token)",
+              "prefill (64 tokens)");
+  std::printf("%-5s %-14s %6s | %8s %6s %8s %8s | %8s %6s %8s %8s\n", "", "", "", "GB/s", "%bw", "GMAC/s", "ms", "GB/s",
               "%bw", "GMAC/s", "ms");
   const int64_t rows = o.rows, cols = o.cols;
   for (ggml_type type : types) {
@@ -224,7 +231,19 @@ void bench_types(const types_options& o) {
     const int64_t copies = std::max<int64_t>(1, ws_bytes / mat_bytes);
     const std::vector<std::byte> w = random_matrix(type, rows, cols, copies);
     const act_format fmt = act_format_of(type);
-    for (const kernel_table* k : tables) {
+    const bool quantized = fmt == act_format::q8 || fmt == act_format::q8_k;
+    std::vector<std::byte> packed;
+    if (quantized && (o.layouts & 2) != 0) {
+      packed.resize(static_cast<size_t>(packed_matrix_bytes(type, rows, cols) * copies));
+      for (int64_t c = 0; c < copies; ++c) {
+        pack_weights(type, w.data() + c * mat_bytes, rb, rows, cols, packed.data() + c * packed_matrix_bytes(type, rows, cols));
+      }
+    }
+    for (int run = 0; run < 2 * static_cast<int>(tables.size()); ++run) {
+      const kernel_table* k = tables[static_cast<size_t>(run / 2)];
+      const int layout = run % 2;
+      if (quantized ? (o.layouts >> layout & 1) == 0 : layout == 1) continue;
+      const bool use_packed = layout == 1;
       double gbs[2], gmacs[2], ms[2];
       for (int shape = 0; shape < 2; ++shape) {
         gbs[shape] = gmacs[shape] = ms[shape] = 0.0;
@@ -250,7 +269,8 @@ void bench_types(const types_options& o) {
         std::vector<float> out(static_cast<size_t>(tokens * rows));
         // Rows split into one contiguous range per thread, as the executor's chunks do.
         auto call = [&](int64_t copy) {
-          const std::byte* wc = w.data() + copy * mat_bytes;
+          const std::byte* wc = use_packed ? packed.data() + copy * packed_matrix_bytes(type, rows, cols)
+                                           : w.data() + copy * mat_bytes;
           pool.run([&](int i) {
             const int64_t per = (rows + pool.size() - 1) / pool.size();
             const int64_t r0 = std::min(rows, i * per), r1 = std::min(rows, r0 + per);
@@ -269,7 +289,11 @@ void bench_types(const types_options& o) {
               a.row_end = r1;
               a.out = out.data();
               a.out_stride = rows;
-              k->matmul_q(a);
+              if (use_packed) {
+                k->matmul_packed(a);
+              } else {
+                k->matmul_q(a);
+              }
             } else {
               fmatmul_args a;
               a.type = type;
@@ -287,17 +311,18 @@ void bench_types(const types_options& o) {
             }
           });
         };
-        if (shape == 0) call(0);  // warm-up (page faults of the output, code); prefill calls are long
+        if (shape == 0 && !o.count) call(0);  // warm-up (page faults of the output, code); prefill calls are long
         int64_t calls = 0;
         const auto t0 = std::chrono::steady_clock::now();
-        while (calls < 1 || seconds_since(t0) < o.seconds) call(calls++ % copies);
+        while (calls < 1 || (!o.count && seconds_since(t0) < o.seconds)) call(calls++ % copies);
         const double t = seconds_since(t0) / static_cast<double>(calls);
         gbs[shape] = static_cast<double>(mat_bytes) / t / 1e9;
         gmacs[shape] = static_cast<double>(rows * cols) * tokens / t / 1e9;
         ms[shape] = 1e3 * t;
       }
-      std::printf("%-5s %-11s %6.3f | %8.2f %5.0f%% %8.2f %8.3f | %8.2f %5.0f%% %8.2f %8.3f\n",
-                  std::string(info.name).c_str(), k->name, static_cast<double>(info.block_bytes) / info.block_elems,
+      const std::string table = std::string(k->name) + (use_packed ? "+pk" : "");
+      std::printf("%-5s %-14s %6.3f | %8.2f %5.0f%% %8.2f %8.3f | %8.2f %5.0f%% %8.2f %8.3f\n",
+                  std::string(info.name).c_str(), table.c_str(), static_cast<double>(info.block_bytes) / info.block_elems,
                   gbs[0], 100 * gbs[0] / bw, gmacs[0], ms[0], gbs[1], 100 * gbs[1] / bw, gmacs[1], ms[1]);
       std::fflush(stdout);
     }
@@ -336,6 +361,11 @@ int main(int argc, char** argv) {
         else if (b == "--shape") {
           const std::string v = next();
           o.shapes = v == "decode" ? 1 : v == "prefill" ? 2 : 3;
+        } else if (b == "--layout") {
+          const std::string v = next();
+          o.layouts = v == "stored" ? 1 : v == "packed" ? 2 : 3;
+        } else if (b == "--count") {
+          o.count = true;
         }
         else if (b == "--only") {
           std::stringstream list(next());

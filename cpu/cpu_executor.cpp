@@ -37,7 +37,8 @@ struct matrix {
   act_format act = act_format::f32;
   ggml_type type = ggml_type::f32;
   const std::byte* data = nullptr;
-  int64_t stride = 0;  // bytes per row
+  bool packed = false;  // data is pack_weights' panel layout (matmul_packed), else rows (matmul_q / matmul_f32)
+  int64_t stride = 0;  // bytes per row (of the ggml layout)
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -80,12 +81,29 @@ struct alignas(64) padded_counter {
   std::atomic<int64_t> next{0};
 };
 
+// Attention of the query heads [head_begin, head_end) of one kv head, for the tokens [token_begin,
+// token_end) of one sequence: its rows (token-major) share every K / V tile they read.
 struct attn_task {
   int32_t seq;  // index into step_batch::seqs
-  int32_t head;
+  int32_t kv_head;
+  int32_t head_begin;
+  int32_t head_end;
   int32_t token_begin;
   int32_t token_end;
 };
+
+// Query tokens per attention task: enough rows (x the GQA group) to reuse each tile from L1, few enough
+// to spread a prefill over the threads.
+constexpr int32_t attn_chunk = 16;
+
+cpu::kv_dtype to_kernel_dtype(cpu_kv_dtype d, bool dequantize_weights = false) {
+  switch (resolve(d, dequantize_weights)) {
+    case cpu_kv_dtype::fp32: return cpu::kv_dtype::f32;
+    case cpu_kv_dtype::bf16: return cpu::kv_dtype::bf16;
+    case cpu_kv_dtype::int8: return cpu::kv_dtype::i8;
+    default: return cpu::kv_dtype::f16;
+  }
+}
 
 const kernel_table& pick_kernels(const std::string& want) {
   if (want.empty()) return cpu::best_kernels();
@@ -102,7 +120,9 @@ class cpu_executor final : public executor {
       : weights_(std::move(weights)),
         spec_(options.kv),
         kern_(&pick_kernels(options.kernels)),
-        dequantize_all_(options.dequantize_weights) {
+        dequantize_all_(options.dequantize_weights),
+        repack_(options.repack_weights && !env_disables_repack()),
+        kv_dt_(to_kernel_dtype(options.kv_dtype, options.dequantize_weights)) {
     if (!weights_) throw invalid_request("cpu executor: no weights");
     config_ = weights_->config;
     config_.validate();
@@ -115,22 +135,35 @@ class cpu_executor final : public executor {
     }
     pool_ = std::make_unique<cpu::thread_pool>(options.num_threads);
     prepare_weights();
-    block_floats_ = static_cast<int64_t>(config_.num_layers) * 2 * config_.num_kv_heads *
-                    spec_.block_size * config_.head_dim;
-    // Uninitialised on purpose: the OS maps pages lazily, and every slot is written before read.
-    kv_device_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_device_blocks)]);
-    kv_host_.reset(new float[static_cast<size_t>(block_floats_ * spec_.num_host_blocks)]);
+    tile_bytes_ = cpu::kv_tile_bytes(kv_dt_, spec_.block_size, config_.head_dim);
+    block_bytes_ = cpu_kv_block_bytes(config_, spec_.block_size, resolve(options.kv_dtype, options.dequantize_weights));
+    // Uninitialised on purpose: the OS maps pages lazily, and every slot is written before it is read.
+    // 64 bytes more: the attention kernels read whole vectors past a tile's last slot.
+    kv_device_ = allocate(block_bytes_ * spec_.num_device_blocks + 64);
+    kv_host_ = allocate(block_bytes_ * spec_.num_host_blocks + 64);
     num_phases_ = 10 + 16 * static_cast<int64_t>(config_.num_layers);
     counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
+    // Attention scratch per thread: scores / probabilities, outputs, running max and sum, query rows.
+    attn_rows_ = attn_chunk * (config_.num_heads / config_.num_kv_heads);
+    attn_ld_ = (spec_.block_size + 15) / 16 * 16;
+    scratch_.resize(static_cast<size_t>(pool_->size()));
+    for (auto& sc : scratch_) {
+      sc.s.resize(static_cast<size_t>(attn_rows_ * attn_ld_));
+      sc.o.resize(static_cast<size_t>(attn_rows_ * config_.head_dim));
+      sc.mx.resize(static_cast<size_t>(attn_rows_));
+      sc.l.resize(static_cast<size_t>(attn_rows_));
+      sc.q.resize(static_cast<size_t>(attn_rows_));
+    }
   }
 
   const model_config& config() const override { return config_; }
   const kv_cache_spec& kv_spec() const override { return spec_; }
-  int64_t kv_block_bytes() const override { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
+  int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "cpu"; }
   // Attention starts at the window's first key (below) and the K/V write is at the new positions, so
   // entries of freed blocks before the window are never touched.
   bool reads_only_window() const override { return true; }
+  const char* kv_cache_dtype() const override { return cpu::to_string(kv_dt_); }
 
   void execute(const step_batch& batch, step_output& out) override;
 
@@ -143,13 +176,13 @@ class cpu_executor final : public executor {
   void apply_block_moves(const step_batch& batch);
   void forward(int thread_index, const step_batch& batch);
 
-  float* kv_slot(block_id block, int32_t layer, int kind, int32_t kv_head) const {
+  // The (layer, K|V, kv head) tile of a device block (cpu/kernels.hpp, "KV cache tiles").
+  std::byte* kv_tile(block_id block, int32_t layer, int kind, int32_t kv_head) const {
     // step_layout refuses a freed entry inside the window; reaching one here is a bug in the key
     // ranges below, and reading through it would read another block's memory: stop.
     if (block < 0) [[unlikely]] freed_block_touched(block, layer);
-    return kv_device_.get() + static_cast<int64_t>(block) * block_floats_ +
-           ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) *
-               spec_.block_size * config_.head_dim;
+    return kv_device_.get() + static_cast<int64_t>(block) * block_bytes_ +
+           ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) * tile_bytes_;
   }
 
   [[noreturn]] static void freed_block_touched(block_id block, int32_t layer) {
@@ -157,11 +190,29 @@ class cpu_executor final : public executor {
     std::abort();
   }
 
+  static bool env_disables_repack() {
+    const char* v = std::getenv("TESSERA_CPU_REPACK");
+    return v != nullptr && std::string_view(v) == "0";
+  }
+
+  struct free_deleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+
   std::shared_ptr<const model_weights> weights_;
   model_config config_;
   kv_cache_spec spec_;
   const kernel_table* kern_;
   bool dequantize_all_;
+  bool repack_;
+  cpu::kv_dtype kv_dt_;
+  std::vector<std::unique_ptr<std::byte[], free_deleter>> packed_;  // repacked matrices (64-byte aligned)
+
+  static std::unique_ptr<std::byte[], free_deleter> allocate(int64_t bytes) {
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64)));
+    if (p == nullptr) throw invalid_request("cpu executor: cannot allocate the KV pools");
+    return std::unique_ptr<std::byte[], free_deleter>(p);
+  }
   std::unique_ptr<cpu::thread_pool> pool_;
 
   std::vector<std::vector<float>> owned_;  // converted weights (moving keeps data() stable)
@@ -171,9 +222,10 @@ class cpu_executor final : public executor {
   // The distinct RoPE tables of the layers (one, or Gemma 3's global and local ones).
   std::vector<rope_table> rope_;
 
-  int64_t block_floats_ = 0;
-  std::unique_ptr<float[]> kv_device_;
-  std::unique_ptr<float[]> kv_host_;
+  int64_t tile_bytes_ = 0;
+  int64_t block_bytes_ = 0;
+  std::unique_ptr<std::byte[], free_deleter> kv_device_;
+  std::unique_ptr<std::byte[], free_deleter> kv_host_;
   int64_t num_phases_ = 0;
   std::unique_ptr<padded_counter[]> counters_;
 
@@ -188,7 +240,13 @@ class cpu_executor final : public executor {
   std::vector<act_block_k> xqk_;
   std::vector<float> xbf_;
   std::vector<uint16_t> xbf16_;
-  std::vector<std::vector<float>> scratch_;
+  struct attn_scratch {
+    std::vector<float> s, o, mx, l;
+    std::vector<const float*> q;
+  };
+  int32_t attn_rows_ = 0;  // rows of the largest attention task
+  int32_t attn_ld_ = 0;    // scores per row: the block size rounded up to 16
+  std::vector<attn_scratch> scratch_;
 };
 
 // ---- weight preparation ----------------------------------------------------------------------
@@ -204,6 +262,15 @@ matrix cpu_executor::prepare_matrix(const weight_tensor& w) {
     m.type = w.type;
     m.data = w.data;
     m.stride = w.row_stride_bytes;
+    if (repack_ && cpu::has_packed_kernel(w.type)) {  // the same bytes, rows interleaved in panels of 16
+      const auto bytes = static_cast<size_t>(cpu::packed_matrix_bytes(w.type, w.rows, w.cols));
+      auto* p = static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+      if (p == nullptr) throw load_error("cpu executor: out of memory repacking a weight matrix");
+      packed_.emplace_back(p);
+      cpu::pack_weights(w.type, w.data, w.row_stride_bytes, w.rows, w.cols, p);
+      m.data = p;
+      m.packed = true;
+    }
     return m;
   }
   // No kernel for this type, or exact mode: dequantize once to f32 and use the f32 path.
@@ -310,31 +377,37 @@ void cpu_executor::apply_block_moves(const step_batch& batch) {
   const size_t bytes = static_cast<size_t>(kv_block_bytes());
   // All checks first: a rejected step leaves the cache as it was.
   check_block_moves(batch, spec_, "cpu");
+  const int64_t bb = block_bytes_;
   for (const block_copy& c : batch.swap_in) {
-    std::memcpy(kv_device_.get() + c.dst * block_floats_, kv_host_.get() + c.src * block_floats_, bytes);
+    std::memcpy(kv_device_.get() + c.dst * bb, kv_host_.get() + c.src * bb, bytes);
   }
   for (const block_copy& c : batch.swap_out) {
-    std::memcpy(kv_host_.get() + c.dst * block_floats_, kv_device_.get() + c.src * block_floats_, bytes);
+    std::memcpy(kv_host_.get() + c.dst * bb, kv_device_.get() + c.src * bb, bytes);
   }
   for (const block_copy& c : batch.copies) {
-    if (c.src != c.dst) {
-      std::memcpy(kv_device_.get() + c.dst * block_floats_, kv_device_.get() + c.src * block_floats_, bytes);
-    }
+    if (c.src != c.dst) std::memcpy(kv_device_.get() + c.dst * bb, kv_device_.get() + c.src * bb, bytes);
   }
 }
 
 void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out);
-  // Attention tasks: one per (sequence, query head, run of attn_chunk tokens). Queries per task: small
-  // enough to spread a prefill over the threads, large enough to amortise the per-task overhead.
-  constexpr int32_t attn_chunk = 16;
+  // Attention tasks: one per (sequence, kv head, run of attn_chunk tokens), its rows every query head of
+  // the kv head's group, so that each K / V tile is read once for all of them. A step of few tasks (a
+  // decode of one or two sequences) splits the group into one task per query head instead, so that every
+  // thread has work (each row's result is the same either way: attn_block_args).
+  const int32_t group = config_.num_heads / config_.num_kv_heads;
+  const bool split_heads =
+      static_cast<int64_t>(layout_.seqs.size()) * config_.num_kv_heads < 2 * static_cast<int64_t>(pool_->size());
   attn_tasks_.clear();
   for (size_t s = 0; s < layout_.seqs.size(); ++s) {
     const step_layout::sequence_rows& sr = layout_.seqs[s];
-    for (int32_t h = 0; h < config_.num_heads; ++h) {
-      for (int32_t t = 0; t < sr.num_tokens; t += attn_chunk) {
-        attn_tasks_.push_back({static_cast<int32_t>(s), h, sr.token_begin + t,
-                               sr.token_begin + std::min(sr.num_tokens, t + attn_chunk)});
+    const bool split = split_heads && sr.num_tokens <= 2;
+    for (int32_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
+      for (int32_t h = kvh * group; h < (kvh + 1) * group; h += split ? 1 : group) {
+        for (int32_t t = 0; t < sr.num_tokens; t += attn_chunk) {
+          attn_tasks_.push_back({static_cast<int32_t>(s), kvh, h, split ? h + 1 : h + group, sr.token_begin + t,
+                                 sr.token_begin + std::min(sr.num_tokens, t + attn_chunk)});
+        }
       }
     }
   }
@@ -368,11 +441,6 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   for (size_t r = 0; r < rope_.size(); ++r) {
     rope_cos_[r].resize(T * half);
     rope_sin_[r].resize(T * half);
-  }
-  scratch_.resize(static_cast<size_t>(pool_->size()));
-  const size_t scores = static_cast<size_t>(layout_.max_context) + 8;
-  for (auto& s : scratch_) {
-    if (s.size() < scores) s.resize(scores);
   }
   logits_out_ = out.logits.data();  // sized by build_step_layout
 }
@@ -438,7 +506,6 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const int64_t kv_dim = static_cast<int64_t>(nkv) * hd;
   const int64_t ffn = config_.intermediate_size;
   const int32_t bs = spec_.block_size;
-  const int32_t group = nh / nkv;
   const int64_t half = config_.rope_dims / 2;
   const float eps = config_.rms_norm_eps;
   const float scale = feat.attention_scale > 0.0f ? feat.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
@@ -470,7 +537,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         a.out = o;
         a.out_stride = out_stride;
         a.accumulate = accumulate;
-        k.matmul_q(a);
+        if (m.packed) {
+          k.matmul_packed(a);
+        } else {
+          k.matmul_q(a);
+        }
       } else {
         cpu::fmatmul_args a;
         a.type = m.type;
@@ -570,11 +641,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       const auto seq = static_cast<size_t>(layout_.token_seq[static_cast<size_t>(t)]);
       const std::vector<block_id>& table = batch.seqs[seq].block_table;
       const block_id blk = table[static_cast<size_t>(pos / bs)];
-      const int64_t slot = static_cast<int64_t>(pos % bs) * hd;
+      const int32_t slot = pos % bs;
       for (int32_t h = 0; h < nkv; ++h) {
         rope(kk + static_cast<int64_t>(h) * hd, t, L.rope_table);
-        std::memcpy(kv_slot(blk, l, 0, h) + slot, kk + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
-        std::memcpy(kv_slot(blk, l, 1, h) + slot, v + static_cast<int64_t>(h) * hd, sizeof(float) * static_cast<size_t>(hd));
+        cpu::kv_store_k(kv_dt_, kk + static_cast<int64_t>(h) * hd, bs, hd, slot, kv_tile(blk, l, 0, h));
+        cpu::kv_store_v(kv_dt_, v + static_cast<int64_t>(h) * hd, bs, hd, slot, kv_tile(blk, l, 1, h));
       }
     });
 
@@ -582,40 +653,88 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     // first = 0, or pos - window + 1 on a sliding-window layer (keys older than the window are skipped,
     // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do). Table entries before
     // first / block_size are never looked at: the engine frees those blocks (no_block) when every layer
-    // has a window (reads_only_window).
+    // has a window (reads_only_window). Flash-style: a task's rows walk the KV blocks once, with an
+    // online softmax (running max and sum per row, the output rescaled when the max grows; Dao et al.
+    // 2022, FlashAttention, alg. 1), so no row keeps more than one block of scores. Each row sees the
+    // same blocks, slots and operations whatever task it is in.
     const int32_t window = L.sliding_window;
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
       const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].block_table;
-      const int32_t kvh = task.head / group;
-      float* scores = scratch_[static_cast<size_t>(thread_index)].data();
-      for (int32_t t = task.token_begin; t < task.token_end; ++t) {
-        const float* q = qkv_.data() + t * qkv_cols + static_cast<int64_t>(task.head) * hd;
-        const int32_t n_ctx = layout_.positions[static_cast<size_t>(t)] + 1;
-        const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
-        const int32_t n_keys = n_ctx - first;
-        // Runs f(block, first slot, slots, offset into scores) over the key range's pieces per block.
-        auto over_keys = [&](auto&& f) {
-          for (int32_t b = first / bs; b * bs < n_ctx; ++b) {
-            const int32_t begin = std::max(first, b * bs);
-            const int32_t end = std::min(n_ctx, (b + 1) * bs);
-            f(table[static_cast<size_t>(b)], begin - b * bs, end - begin, begin - first);
+      attn_scratch& sc = scratch_[static_cast<size_t>(thread_index)];
+      const int32_t heads = task.head_end - task.head_begin;
+      const int32_t rows = (task.token_end - task.token_begin) * heads;
+      const int32_t ld = attn_ld_;
+      // Rows are token-major, so positions grow with the row index: the rows that reach into a block
+      // (causal: n_ctx > its first slot; window: first < its end) are a contiguous range.
+      auto n_ctx = [&](int32_t m) { return layout_.positions[static_cast<size_t>(task.token_begin + m / heads)] + 1; };
+      auto first = [&](int32_t m) { return window > 0 ? std::max(0, n_ctx(m) - window) : 0; };
+      for (int32_t m = 0; m < rows; ++m) {
+        sc.q[static_cast<size_t>(m)] = qkv_.data() + static_cast<int64_t>(task.token_begin + m / heads) * qkv_cols +
+                                       static_cast<int64_t>(task.head_begin + m % heads) * hd;
+        sc.mx[static_cast<size_t>(m)] = -std::numeric_limits<float>::infinity();
+        sc.l[static_cast<size_t>(m)] = 0.0f;
+      }
+      std::fill(sc.o.begin(), sc.o.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
+      const int32_t ctx_end = n_ctx(rows - 1);
+      cpu::attn_block_args a;
+      a.dtype = kv_dt_;
+      a.block_size = bs;
+      a.head_dim = hd;
+      a.scale = scale;
+      a.ld = ld;
+      a.o_ld = hd;
+      int32_t m_lo = 0, m_hi = 0;
+      for (int32_t b = first(0) / bs; b * bs < ctx_end; ++b) {
+        const int32_t begin = b * bs;
+        while (m_lo < rows && n_ctx(m_lo) <= begin) ++m_lo;
+        m_hi = std::max(m_hi, m_lo);
+        while (m_hi < rows && first(m_hi) < begin + bs) ++m_hi;
+        if (m_lo >= m_hi) continue;
+        const int32_t n = std::min(bs, n_ctx(m_hi - 1) - begin);
+        float* s = sc.s.data() + static_cast<int64_t>(m_lo) * ld;
+        a.tile = kv_tile(table[static_cast<size_t>(b)], l, 0, task.kv_head);
+        a.n = n;
+        a.rows = m_hi - m_lo;
+        a.q = sc.q.data() + m_lo;
+        a.s = s;
+        k.attn_scores(a);
+        for (int32_t m = m_lo; m < m_hi; ++m) {
+          float* sr = sc.s.data() + static_cast<int64_t>(m) * ld;
+          const int32_t lo = std::max(first(m), begin) - begin;
+          const int32_t hi = std::min(n_ctx(m), begin + n) - begin;
+          if (lo >= hi) {  // a row whose keys do not reach into this block adds nothing
+            std::fill(sr, sr + n, 0.0f);
+            continue;
           }
-        };
-        over_keys([&](block_id blk, int32_t slot, int32_t n, int32_t at) {
-          k.attn_scores(q, kv_slot(blk, l, 0, kvh) + static_cast<int64_t>(slot) * hd, n, hd, scale, scores + at);
-        });
-        if (feat.attn_softcap.on()) soft_cap(scores, n_keys, feat.attn_softcap.cap);
-        float mx = scores[0];
-        for (int32_t j = 1; j < n_keys; ++j) mx = std::max(mx, scores[j]);
-        const float sum = k.softmax_exp(scores, n_keys, mx);
-        float* o = attn_.data() + t * q_dim + static_cast<int64_t>(task.head) * hd;
-        std::fill(o, o + hd, 0.0f);
-        over_keys([&](block_id blk, int32_t slot, int32_t n, int32_t at) {
-          k.attn_accumulate(scores + at, kv_slot(blk, l, 1, kvh) + static_cast<int64_t>(slot) * hd, n, hd, o);
-        });
-        const float inv = 1.0f / sum;
-        for (int32_t d = 0; d < hd; ++d) o[d] *= inv;
+          if (feat.attn_softcap.on()) soft_cap(sr + lo, hi - lo, feat.attn_softcap.cap);
+          float bmax = sr[lo];
+          for (int32_t j = lo + 1; j < hi; ++j) bmax = std::max(bmax, sr[j]);
+          float& mx = sc.mx[static_cast<size_t>(m)];
+          float& sum = sc.l[static_cast<size_t>(m)];
+          const float new_max = std::max(mx, bmax);
+          const float block_sum = k.softmax_exp(sr + lo, hi - lo, new_max);
+          std::fill(sr, sr + lo, 0.0f);
+          std::fill(sr + hi, sr + n, 0.0f);
+          if (new_max != mx && sum != 0.0f) {  // rescale what the earlier blocks accumulated
+            const float c = std::exp(mx - new_max);
+            float* o = sc.o.data() + static_cast<int64_t>(m) * hd;
+            for (int32_t d = 0; d < hd; ++d) o[d] *= c;
+            sum *= c;
+          }
+          sum += block_sum;
+          mx = new_max;
+        }
+        a.tile = kv_tile(table[static_cast<size_t>(b)], l, 1, task.kv_head);
+        a.o = sc.o.data() + static_cast<int64_t>(m_lo) * hd;
+        k.attn_accumulate(a);
+      }
+      for (int32_t m = 0; m < rows; ++m) {
+        const float* o = sc.o.data() + static_cast<int64_t>(m) * hd;
+        float* out = attn_.data() + static_cast<int64_t>(task.token_begin + m / heads) * q_dim +
+                     static_cast<int64_t>(task.head_begin + m % heads) * hd;
+        const float inv = 1.0f / sc.l[static_cast<size_t>(m)];
+        for (int32_t d = 0; d < hd; ++d) out[d] = o[d] * inv;
       }
     });
 
@@ -680,13 +799,37 @@ std::unique_ptr<executor> make_cpu_executor(std::shared_ptr<const model_weights>
   return std::make_unique<cpu_executor>(std::move(weights), options);
 }
 
-int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size) {
-  return static_cast<int64_t>(config.num_layers) * 2 * config.num_kv_heads * block_size * config.head_dim *
-         static_cast<int64_t>(sizeof(float));
+std::optional<cpu_kv_dtype> parse_cpu_kv_dtype(std::string_view name) {
+  for (const cpu_kv_dtype d : {cpu_kv_dtype::automatic, cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16,
+                               cpu_kv_dtype::int8}) {
+    if (name == to_string(d)) return d;
+  }
+  return std::nullopt;
 }
 
-int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes) {
-  const int64_t per_block = cpu_kv_block_bytes(config, block_size);
+const char* to_string(cpu_kv_dtype d) {
+  switch (d) {
+    case cpu_kv_dtype::automatic: return "auto";
+    case cpu_kv_dtype::fp32: return "fp32";
+    case cpu_kv_dtype::fp16: return "fp16";
+    case cpu_kv_dtype::bf16: return "bf16";
+    case cpu_kv_dtype::int8: return "int8";
+  }
+  return "?";
+}
+
+cpu_kv_dtype resolve(cpu_kv_dtype d, bool dequantize_weights) {
+  if (d != cpu_kv_dtype::automatic) return d;
+  return dequantize_weights ? cpu_kv_dtype::fp32 : cpu_kv_dtype::fp16;
+}
+
+int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size, cpu_kv_dtype dtype) {
+  return static_cast<int64_t>(config.num_layers) * 2 * config.num_kv_heads *
+         cpu::kv_tile_bytes(to_kernel_dtype(dtype), block_size, config.head_dim);
+}
+
+int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes, cpu_kv_dtype dtype) {
+  const int64_t per_block = cpu_kv_block_bytes(config, block_size, dtype);
   if (per_block <= 0 || bytes <= 0) return 0;
   return static_cast<int32_t>(std::min<int64_t>(bytes / per_block, std::numeric_limits<int32_t>::max()));
 }

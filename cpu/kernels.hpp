@@ -25,13 +25,15 @@ inline constexpr int64_t act_block_elems = 32;
 inline constexpr int64_t act_block_k_elems = 256;
 
 // 32 activations quantized symmetrically: x[i] ~= d * q[i]; s = d * sum(q) serves the zero-point
-// term of Q4_1 (m * sum(x)) and the -8 offset of Q4_0.
+// term of Q4_1 (m * sum(x)) and the -8 offset of Q4_0; sum = sum(q) the packed kernels' integer
+// offsets (Q4_0's -8, Q5_0's -16 and Q8_0's -128 of its weights shifted to unsigned, in int32).
 struct act_block {
   float d;
   float s;
+  int32_t sum;
   int8_t q[32];
 };
-static_assert(sizeof(act_block) == 40);
+static_assert(sizeof(act_block) == 44);
 
 // 256 activations quantized symmetrically with one scale (the K-quants' super-block): x[i] ~= d * q[i];
 // bsums[j] = sum(q[16j .. 16j+16)) serves the weights' per-sub-block offsets (Q2_K/Q4_K/Q5_K mins,
@@ -89,6 +91,91 @@ struct fmatmul_args {
   bool accumulate = false;
 };
 
+// ---- packed weights ----------------------------------------------------------------------------
+//
+// The quantized types can also be computed from a *packed* copy made at load (pack_weights): rows in
+// panels of 16, each panel stored block by block, and inside a panel-block every field of the ggml block
+// (ggml-common.h) transposed across the 16 rows: a 2-byte field (an f16 scale) as 16 consecutive
+// halves, any other field (quants, sub-block scales; all multiples of 4 bytes) as its 4-byte words,
+// word i of rows 0..15 side by side (64 bytes). A field at offset o of the block starts at 16 * o of
+// the panel-block, so the packed matrix has exactly the bytes of the original (plus zero rows that pad
+// the last panel). One 64-byte load then holds 4 consecutive quants of 16 rows: vpdpbusd against the
+// activations' 4 bytes broadcast gives 16 rows' partial dots in the 16 int32 lanes, so each weight
+// load feeds every token of the tile and no horizontal sums are needed (docs/cpu_executor.md, "Packed
+// weights"). Q5_0/Q5_1 also permute the bits of each row's 32-bit qh word (new bit 8j + g = old bit
+// 4g + j, new bit 8j + 4 + g = old bit 16 + 4g + j, j, g < 4) so that the fifth bits of the chunk of
+// elements 4g..4g+3 sit at bit g of their bytes, as Q5_K's do.
+inline constexpr int64_t panel_rows = 16;
+
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K.
+bool has_packed_kernel(ggml_type t) noexcept;
+// Bytes of the packed form of a rows x cols matrix: ceil(rows / 16) panels of 16 rows.
+int64_t packed_matrix_bytes(ggml_type t, int64_t rows, int64_t cols) noexcept;
+// dst (packed_matrix_bytes) = the packed form of rows [0, rows) at src (rows src_stride bytes apart).
+// pre: has_packed_kernel(t), cols a multiple of the block size.
+void pack_weights(ggml_type t, const std::byte* src, int64_t src_stride, int64_t rows, int64_t cols, std::byte* dst);
+// Row r of a packed matrix back in ggml's layout (row_bytes(t, cols) bytes): the inverse, for tests.
+void unpack_weight_row(ggml_type t, const std::byte* packed, int64_t cols, int64_t r, std::byte* dst);
+// One block of one lane (row of the panel) of a packed panel-block, back in ggml's layout.
+void unpack_panel_block(ggml_type t, const std::byte* panel_block, int lane, std::byte* dst);
+
+// ---- KV cache tiles ------------------------------------------------------------------------------
+//
+// A KV block holds, per (layer, K|V, kv head), one tile of `block_size` token slots in the cache's dtype:
+//   K: transposed, element (d, slot) at d * block_size + slot, so that the scores of 8 / 16 consecutive
+//      slots are one vector FMA per head dimension against q[d] broadcast (no horizontal sums);
+//   V: row-major, element (slot, d) at slot * head_dim + d (the accumulation runs along d).
+// int8 tiles hold symmetric int8 values with one f32 scale per slot (token) after the elements
+// (x ~= scale * q, scale = max|x| / 127 of that token's head vector): a token's row is quantized once, when
+// it is written, and never again, so a block's earlier rows do not change as it fills (a per-tile scale
+// would have to requantize them, and results would depend on how tokens were batched).
+enum class kv_dtype : uint8_t { f32, f16, bf16, i8 };
+const char* to_string(kv_dtype d) noexcept;  // "fp32", "fp16", "bf16", "int8"
+int64_t kv_elem_bytes(kv_dtype d) noexcept;
+// Bytes of one tile (elements rounded up to 4 bytes, then the int8 scales); a multiple of 4.
+int64_t kv_tile_bytes(kv_dtype d, int32_t block_size, int32_t head_dim) noexcept;
+// Writes one token's K or V head vector (head_dim floats) into `slot` of a tile (f16 / bf16: round to
+// nearest even; int8: the slot's scale and round-to-nearest-even values).
+void kv_store_k(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept;
+void kv_store_v(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept;
+// The stored element e of a tile before its int8 scale (f16 / bf16 widened exactly), and the int8 tile's
+// per-slot scales: what the kernels compute with (scores: fma over d of q[d] * element, times scale x the
+// slot's scale; accumulate: fma of probability x the slot's scale times element, over slots in order).
+float kv_element(kv_dtype d, const std::byte* tile, int64_t e) noexcept;
+const float* kv_slot_scales(const std::byte* tile, int32_t block_size, int32_t head_dim) noexcept;
+// The value the kernels read for element (slot, d) (tests and references).
+float kv_load_k(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept;
+float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept;
+
+// Attention over slots [0, n) of one tile for `rows` query rows.
+//   attn_scores:     s[m * ld + j] = scale * dot(q[m], k_j) for m < rows, j < n (K tile);
+//   attn_accumulate: o[m * o_ld + d] += sum_{j < n} s[m * ld + j] * v_j[d] (V tile; s holds probabilities).
+// The kernels may read and write whole vectors past n (up to ld, a multiple of 16 >= n; tiles need 64
+// readable bytes after them, which the KV pools provide); each row's result is the same sequence of
+// operations whatever `rows`, and an entry of s that is 0 adds exactly 0, so results do not depend on which
+// rows share a call. Every table does the same f32 operations in the same order on kv_element values (see
+// above), so all tables agree bitwise.
+struct attn_block_args {
+  kv_dtype dtype = kv_dtype::f32;
+  const std::byte* tile = nullptr;
+  int32_t block_size = 0;
+  int32_t head_dim = 0;
+  int32_t n = 0;
+  int32_t rows = 0;
+  const float* const* q = nullptr;  // attn_scores: rows pointers to head_dim floats
+  float scale = 1.0f;
+  float* s = nullptr;
+  int32_t ld = 0;
+  float* o = nullptr;               // attn_accumulate
+  int32_t o_ld = 0;
+};
+
+// The reference V accumulation of attn_block_args for the head dimensions [d0, head_dim): the scalar
+// table's whole kernel and the SIMD tables' tail past the last full vector. One out-of-line definition
+// (kv_cache.cpp, built without ISA flags), so the tails are the scalar table's code, not a recompilation
+// of it: the AVX-512 build of the same loop once rounded differently.
+void attn_accumulate_dims(const attn_block_args& a, int32_t d0) noexcept;
+
 struct kernel_table {
   const char* name;
   // dst[0 .. n/32) from x[0 .. n). pre: n % 32 == 0.
@@ -96,12 +183,16 @@ struct kernel_table {
   // dst[0 .. n/256) from x[0 .. n). pre: n % 256 == 0.
   void (*quantize_act_k)(const float* x, act_block_k* dst, int64_t n);
   void (*matmul_q)(const qmatmul_args& a);
+  // The same over packed weights (a.weights: pack_weights' output; a.weight_stride unused). Every panel
+  // that overlaps [row_begin, row_end) is computed whole, only rows in the range are written. Each
+  // (row, token) output is the same sequence of integer sums and f32 fmas in every table (exact integer
+  // dots per block or super-block, then fma with the scales), so all tables agree bitwise and the result
+  // depends neither on the token count nor on the row range.
+  void (*matmul_packed)(const qmatmul_args& a);
   void (*matmul_f32)(const fmatmul_args& a);  // f32, f16 and bf16 weights
-  // out[j] = scale * dot(q, k + j*head_dim) for j < n.
-  void (*attn_scores)(const float* q, const float* k, int32_t n, int32_t head_dim, float scale,
-                      float* out);
-  // out[0 .. head_dim) += sum_j p[j] * v[j*head_dim ..].
-  void (*attn_accumulate)(const float* p, const float* v, int32_t n, int32_t head_dim, float* out);
+  // Attention over one KV tile (kv_tile_bytes above), read in its dtype: see attn_block_args.
+  void (*attn_scores)(const attn_block_args& a);
+  void (*attn_accumulate)(const attn_block_args& a);
   // x[j] = exp(x[j] - max) for j < n; returns the sum.
   float (*softmax_exp)(float* x, int32_t n, float max);
   // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (SwiGLU).

@@ -18,4 +18,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define TESSERA_DPWSSD(c, a, b) _mm256_dpwssd_epi32((c), (a), (b))
+#define TESSERA_DPBUSD_ACC(c, u, s) _mm256_dpbusd_epi32((c), (u), (s))
+#define TESSERA_HAS_VNNI 1
 #include "cpu/kernels_simd.inc"

@@ -10,4 +10,6 @@
 #define TESSERA_DPWSSD(c, a, b) _mm256_dpwssd_avx_epi32((c), (a), (b))
 // Sapphire Rapids and Zen 4 also have AVX512_BF16: BF16 weights then use 256-bit (EVEX) vdpbf16ps.
 #define TESSERA_SIMD_TARGET_BF16 "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512bf16"
+#define TESSERA_DPBUSD_ACC(c, u, s) _mm256_dpbusd_avx_epi32((c), (u), (s))
+#define TESSERA_HAS_VNNI 1
 #include "cpu/kernels_simd.inc"

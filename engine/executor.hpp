@@ -89,6 +89,9 @@ class executor {
   // Runs one step. pre: block ids in range; every block written this step is owned by one sequence.
   virtual void execute(const step_batch& batch, step_output& out) = 0;
   virtual const char* name() const = 0;  // "cpu", "cuda"
+  // The KV cache's element type as the executor stores it ("fp32", "fp16", "bf16", "int8"; empty when
+  // the executor does not say), reported by /v1/models, /metrics and the dashboard.
+  virtual const char* kv_cache_dtype() const { return ""; }
   // True when execute() honours sequence_slice::sampling (gpu/cuda_executor.cpp); the engine then
   // sends its sampler's state and records the tokens the executor returns.
   virtual bool samples_on_device() const { return false; }

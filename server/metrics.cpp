@@ -130,6 +130,10 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
     append_f(out, "tessera_kv_cache_usage_perc{pool=\"%s\"} %.6f\n", name,
              u.num_total > 0 ? double(u.num_used) / u.num_total : 0.0);
   };
+  metric(out, "tessera_kv_cache_info", "gauge", "The KV cache's element type and bytes per block (value 1)");
+  append_f(out, "tessera_kv_cache_info{dtype=\"%s\",block_bytes=\"%lld\"} 1\n",
+           engine.kv_cache_dtype().empty() ? "unknown" : engine.kv_cache_dtype().c_str(),
+           static_cast<long long>(engine.kv_block_bytes()));
   metric(out, "tessera_kv_blocks", "gauge", "KV blocks per pool (device, host swap): total, used, free, cached");
   pool("device", s.device);
   pool("host", s.host);

@@ -176,6 +176,7 @@ http_response answer(route to, const http_request& req, server_state& s) {
     case route::models: {
       json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
                          {"max_model_len", s.engine.max_model_len()}};
+      if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
       json::object body{{"object", "list"}, {"data", json::array{std::move(model)}}};
       return json_response(json::serialize(body));
     }

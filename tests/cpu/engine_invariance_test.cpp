@@ -2,13 +2,16 @@
 // output must not depend on how the engine served it — alone, in a batch of 32 other prompts, with
 // its prompt prefilled in small chunks, after being preempted by swap or by recompute, or with its
 // prompt prefix served from the prefix cache. Each of those changes only the paging and batching
-// around the request, never the math of its own tokens.
+// around the request, never the math of its own tokens. Every test runs for each KV-cache dtype (fp32,
+// fp16, bf16, int8): a token's K and V are rounded once, when written, whichever path wrote them.
 // Skipped when models/ has no model.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -27,22 +30,29 @@ struct model_fixture {
   std::unique_ptr<executor> exec;
 };
 
-model_fixture* shared_model() {
-  static std::unique_ptr<model_fixture> fixture = [] {
-    std::unique_ptr<model_fixture> f;
+// One executor per KV dtype over one loaded model (null when the model file is missing).
+model_fixture* shared_model(cpu_kv_dtype dtype) {
+  static std::map<cpu_kv_dtype, std::unique_ptr<model_fixture>> fixtures;
+  static const std::optional<loaded_model> model = []() -> std::optional<loaded_model> {
     const std::filesystem::path path = std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!std::filesystem::exists(path)) return f;
+    if (!std::filesystem::exists(path)) return std::nullopt;
+    return load_model(path);
+  }();
+  if (!model) return nullptr;
+  std::unique_ptr<model_fixture>& f = fixtures[dtype];
+  if (!f) {
     f = std::make_unique<model_fixture>();
-    f->model = load_model(path);
+    f->model = *model;
     cpu_executor_options o;
     o.num_threads = 2;
     o.kv.block_size = block_size;
     o.kv.num_device_blocks = 160;
     o.kv.num_host_blocks = 64;
+    o.kv_dtype = dtype;
     f->exec = make_cpu_executor(f->model.weights, o);
-    return f;
-  }();
-  return fixture.get();
+    EXPECT_STREQ(f->exec->kv_cache_dtype(), to_string(dtype));
+  }
+  return f.get();
 }
 
 const std::vector<std::string>& other_texts() {
@@ -67,10 +77,10 @@ const std::vector<std::string>& other_texts() {
   return texts;
 }
 
-class engine_invariance : public ::testing::Test {
+class engine_invariance : public ::testing::TestWithParam<cpu_kv_dtype> {
  protected:
   void SetUp() override {
-    fixture_ = shared_model();
+    fixture_ = shared_model(GetParam());
     if (!fixture_) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
   }
 
@@ -120,12 +130,13 @@ class engine_invariance : public ::testing::Test {
 
   // The target request's output when it runs alone with default settings (cached per prompt).
   std::vector<token_id> reference(const std::vector<token_id>& prompt) {
-    static std::map<std::vector<token_id>, std::vector<token_id>> cache;
-    auto it = cache.find(prompt);
+    static std::map<std::pair<cpu_kv_dtype, std::vector<token_id>>, std::vector<token_id>> cache;
+    const auto key = std::make_pair(GetParam(), prompt);
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     llm_engine engine(*fixture_->exec, fixture_->model.tok, options());
     const request_id id = engine.add_request(prompt, greedy());
-    return cache[prompt] = run(engine).tokens[id];
+    return cache[key] = run(engine).tokens[id];
   }
 
   model_fixture* fixture_ = nullptr;
@@ -133,7 +144,7 @@ class engine_invariance : public ::testing::Test {
 
 const char* target_text = "The history of the printing press begins";
 
-TEST_F(engine_invariance, in_a_batch_of_32) {
+TEST_P(engine_invariance, in_a_batch_of_32) {
   const std::vector<token_id> target = encode(target_text);
   const std::vector<token_id> alone = reference(target);
   ASSERT_EQ(alone.size(), static_cast<size_t>(num_output_tokens));
@@ -149,7 +160,7 @@ TEST_F(engine_invariance, in_a_batch_of_32) {
   EXPECT_EQ(r.tokens[id], alone) << "batch of 32";
 }
 
-TEST_F(engine_invariance, with_chunked_prefill) {
+TEST_P(engine_invariance, with_chunked_prefill) {
   const std::vector<token_id> target = encode(target_text);
   const std::vector<token_id> alone = reference(target);
   for (const int32_t chunk : {3, 5, 16}) {  // the prompt prefilled in pieces of `chunk` tokens
@@ -163,7 +174,7 @@ TEST_F(engine_invariance, with_chunked_prefill) {
   }
 }
 
-TEST_F(engine_invariance, after_preemption_by_swap_and_by_recompute) {
+TEST_P(engine_invariance, after_preemption_by_swap_and_by_recompute) {
   const std::vector<token_id> target = encode(target_text);
   const std::vector<token_id> alone = reference(target);
   for (const preemption_mode mode : {preemption_mode::swap, preemption_mode::recompute}) {
@@ -184,7 +195,7 @@ TEST_F(engine_invariance, after_preemption_by_swap_and_by_recompute) {
   }
 }
 
-TEST_F(engine_invariance, in_forked_parallel_samples) {
+TEST_P(engine_invariance, in_forked_parallel_samples) {
   // n = 3 greedy: the prompt is prefilled once and forked; every choice writes its first token into
   // the shared partial last block, so each gets a copy-on-write copy. All must equal the reference.
   const std::vector<token_id> target = encode(target_text);
@@ -204,7 +215,7 @@ TEST_F(engine_invariance, in_forked_parallel_samples) {
   for (const auto& [index, tokens] : choices) EXPECT_EQ(tokens, alone) << "choice " << index;
 }
 
-TEST_F(engine_invariance, with_the_prefix_from_the_cache) {
+TEST_P(engine_invariance, with_the_prefix_from_the_cache) {
   std::vector<token_id> target = encode(target_text);
   for (token_id t : encode(" in the fifteenth century, when Johannes Gutenberg, a goldsmith from Mainz, combined "
                            "movable metal type with an oil-based ink and a screw press"))
@@ -220,6 +231,10 @@ TEST_F(engine_invariance, with_the_prefix_from_the_cache) {
   EXPECT_GE(r.cached_prompt_tokens[id], block_size) << "no prefix-cache hit";
   EXPECT_EQ(r.tokens[id], alone) << "with the prefix from the cache";
 }
+
+INSTANTIATE_TEST_SUITE_P(kv_dtypes, engine_invariance,
+                         ::testing::Values(cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16, cpu_kv_dtype::int8),
+                         [](const ::testing::TestParamInfo<cpu_kv_dtype>& i) { return std::string(to_string(i.param)); });
 
 }  // namespace
 }  // namespace tessera

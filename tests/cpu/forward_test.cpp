@@ -261,8 +261,9 @@ double max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<
 }
 
 cpu_executor_options opts(int threads, int32_t block_size = 4, int32_t device = 64, int32_t host = 16,
-                          const char* kernels = "") {
+                          const char* kernels = "", cpu_kv_dtype kv = cpu_kv_dtype::automatic) {
   cpu_executor_options o;
+  o.kv_dtype = kv;
   o.num_threads = threads;
   o.kv.block_size = block_size;
   o.kv.num_device_blocks = device;
@@ -278,6 +279,8 @@ struct reference_case {
   tiny_options model;
   const char* kernels;
   double tolerance;  // relative to the largest |logit|
+  // fp32 unless the case is about the cache's rounding: the naive forward keeps K and V in double.
+  cpu_kv_dtype kv = cpu_kv_dtype::fp32;
 };
 
 void PrintTo(const reference_case& c, std::ostream* os) { *os << c.name; }
@@ -289,7 +292,7 @@ TEST_P(forward_vs_reference, prefill_then_decode_matches_naive_forward) {
   const auto w = make_tiny_model(rc.model);
   const std::vector<token_id> tokens = random_tokens(23, 11);
   const auto ref = reference_forward(*w, tokens);
-  auto ex = make_cpu_executor(w, opts(2, 4, 16, 0, rc.kernels));
+  auto ex = make_cpu_executor(w, opts(2, 4, 16, 0, rc.kernels, rc.kv));
   const std::vector<block_id> table = {3, 9, 0, 15, 4, 7};
   // Prefill 17 tokens (all rows), then decode the rest one at a time (last row).
   std::vector<std::vector<float>> got = run_chunked(*ex, {tokens.begin(), tokens.begin() + 17}, table, {17});
@@ -373,7 +376,15 @@ INSTANTIATE_TEST_SUITE_P(
         reference_case{"q5_k", wide_model(ggml_type::q5_k, rope_style::half), "", 3e-2},
         reference_case{"q6_k", wide_model(ggml_type::q6_k), "", 3e-2},
         reference_case{"mixed_types", mixed_model(), "", 3e-2},
-        reference_case{"mixed_types_scalar", mixed_model(), "scalar", 3e-2}),
+        reference_case{"mixed_types_scalar", mixed_model(), "scalar", 3e-2},
+        // Exact f32 weights with a reduced-precision KV cache: the error is the cache's rounding alone
+        // (fp16 2^-11, bf16 2^-8 relative per element; int8 half a step of max|x|/127 per token and head).
+        reference_case{"f32_kv_fp16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-3, cpu_kv_dtype::fp16},
+        reference_case{"f32_kv_fp16_scalar", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-3, cpu_kv_dtype::fp16},
+        reference_case{"f32_kv_bf16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "", 1e-2, cpu_kv_dtype::bf16},
+        reference_case{"f32_kv_int8", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-2, cpu_kv_dtype::int8},
+        reference_case{"f32_kv_int8_scalar", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-2, cpu_kv_dtype::int8},
+        reference_case{"q4_k_kv_int8", wide_model(ggml_type::q4_k), "", 3e-2, cpu_kv_dtype::int8}),
     [](const ::testing::TestParamInfo<reference_case>& p) { return std::string(p.param.name); });
 
 // ---- paging invariance -------------------------------------------------------------------------
@@ -502,7 +513,21 @@ TEST(cpu_executor, logits_modes_and_sizes) {
   EXPECT_STREQ(ex->name(), "cpu");
   EXPECT_EQ(ex->kv_spec().block_size, 8);
   EXPECT_EQ(ex->kv_block_bytes(), cpu_kv_block_bytes(w->config, 8));
-  EXPECT_EQ(ex->kv_block_bytes(), 2 * 2 * 2 * 8 * 16 * 4);
+  EXPECT_STREQ(ex->kv_cache_dtype(), "fp16");  // the default
+  // layers x K|V x kv heads x (8 slots x head dim 16 elements [+ 8 int8 scales]).
+  EXPECT_EQ(ex->kv_block_bytes(), 2 * 2 * 2 * 8 * 16 * 2);
+  EXPECT_EQ(cpu_kv_block_bytes(w->config, 8, cpu_kv_dtype::fp32), 2 * 2 * 2 * 8 * 16 * 4);
+  EXPECT_EQ(cpu_kv_block_bytes(w->config, 8, cpu_kv_dtype::bf16), 2 * 2 * 2 * 8 * 16 * 2);
+  EXPECT_EQ(cpu_kv_block_bytes(w->config, 8, cpu_kv_dtype::int8), 2 * 2 * 2 * (8 * 16 + 8 * 4));
+  for (const cpu_kv_dtype d : {cpu_kv_dtype::fp32, cpu_kv_dtype::bf16, cpu_kv_dtype::int8}) {
+    auto e = make_cpu_executor(w, opts(1, 8, 4, 2, "", d));
+    EXPECT_STREQ(e->kv_cache_dtype(), to_string(d));
+    EXPECT_EQ(e->kv_block_bytes(), cpu_kv_block_bytes(w->config, 8, d));
+  }
+  EXPECT_EQ(parse_cpu_kv_dtype("int8"), cpu_kv_dtype::int8);
+  EXPECT_EQ(parse_cpu_kv_dtype("auto"), cpu_kv_dtype::automatic);
+  EXPECT_EQ(parse_cpu_kv_dtype("q8_0"), std::nullopt);
+  EXPECT_EQ(resolve(cpu_kv_dtype::automatic, /*dequantize_weights=*/true), cpu_kv_dtype::fp32);
   EXPECT_EQ(kv_blocks_for_bytes(w->config, 8, ex->kv_block_bytes() * 5 + 7), 5);
   EXPECT_EQ(kv_blocks_for_bytes(w->config, 8, -1), 0);
   step_batch b;

@@ -264,6 +264,7 @@ TEST_P(kernels_test, quantize_act_round_trips_within_half_a_step) {
       sum += qi;
     }
     EXPECT_FLOAT_EQ(q[static_cast<size_t>(b)].s, q[static_cast<size_t>(b)].d * static_cast<float>(sum));
+    EXPECT_EQ(q[static_cast<size_t>(b)].sum, sum);
   }
 }
 
@@ -434,6 +435,195 @@ TEST_P(kernels_test, matmul_results_do_not_depend_on_row_ranges_or_token_batches
   }
 }
 
+// ---- packed weights -------------------------------------------------------------------------------
+
+std::vector<ggml_type> packed_types() {
+  std::vector<ggml_type> out;
+  for (ggml_type t : all_types) {
+    if (has_packed_kernel(t)) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::byte> pack(ggml_type type, const std::vector<std::byte>& w, int64_t rows, int64_t cols) {
+  std::vector<std::byte> packed(static_cast<size_t>(packed_matrix_bytes(type, rows, cols)), std::byte{0x5a});
+  pack_weights(type, w.data(), row_bytes(type, cols), rows, cols, packed.data());
+  return packed;
+}
+
+void run_packed(const kernel_table& k, ggml_type type, const std::vector<std::byte>& packed, int64_t cols,
+                const prepared_input& in, int32_t tokens, int64_t row_begin, int64_t row_end, float* out,
+                int64_t out_stride, bool accumulate) {
+  const int64_t block = type_info(type).block_elems;
+  qmatmul_args a;
+  a.type = type;
+  a.weights = packed.data();
+  a.num_blocks = cols / block;
+  a.act = in.q8.data();
+  a.act_k = in.q8_k.data();
+  a.act_stride = cols / block;
+  a.num_tokens = tokens;
+  a.row_begin = row_begin;
+  a.row_end = row_end;
+  a.out = out;
+  a.out_stride = out_stride;
+  a.accumulate = accumulate;
+  k.matmul_packed(a);
+}
+
+TEST(packed_weights, every_quantized_type_has_a_packed_kernel_of_the_same_bytes) {
+  for (ggml_type t : all_types) {
+    EXPECT_EQ(has_packed_kernel(t), !is_float_type(t)) << type_info(t).name;
+    if (!has_packed_kernel(t)) continue;
+    const int64_t cols = 2 * type_info(t).block_elems;
+    EXPECT_EQ(packed_matrix_bytes(t, 32, cols), 32 * row_bytes(t, cols));  // no padding on whole panels
+    EXPECT_EQ(packed_matrix_bytes(t, 17, cols), 32 * row_bytes(t, cols));  // the last panel padded
+  }
+}
+
+TEST(packed_weights, unpacking_gives_back_every_row) {
+  std::mt19937 rng(21);
+  for (ggml_type type : packed_types()) {
+    const int64_t rows = 37, cols = 2 * type_info(type).block_elems;  // 3 panels, the last one partial
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const int64_t rb = row_bytes(type, cols);
+    std::vector<std::byte> row(static_cast<size_t>(rb));
+    for (int64_t r = 0; r < rows; ++r) {
+      unpack_weight_row(type, packed.data(), cols, r, row.data());
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), w.begin() + r * rb)) << type_info(type).name << " row " << r;
+    }
+    for (int64_t r = rows; r < 48; ++r) {  // the padding rows are zero
+      unpack_weight_row(type, packed.data(), cols, r, row.data());
+      EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](std::byte b) { return b == std::byte{0}; })) << r;
+    }
+  }
+}
+
+// As quantized_matmul_matches_dequantized_reference, through the packed kernels, with token counts that
+// fill several register tiles (8 tokens per tile on AVX-512, 4 on the 256-bit tables).
+TEST_P(kernels_test, packed_matmul_matches_dequantized_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(22);
+  for (ggml_type type : packed_types()) {
+    for (int64_t cols : test_cols(type)) {
+      for (int32_t num_tokens : {1, 2, 3, 4, 5, 8, 9, 17}) {
+        const int64_t rows = 37;
+        const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+        const std::vector<std::byte> packed = pack(type, w, rows, cols);
+        const std::vector<float> x = random_activations(num_tokens, cols, rng);
+        const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+        const int64_t out_stride = rows + 3;
+        std::vector<float> out(static_cast<size_t>(num_tokens * out_stride), 0.5f);
+        const bool accumulate = (num_tokens % 2) == 1;
+        const int64_t row_begin = 3;
+        run_packed(k, type, packed, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
+        const int64_t rb = row_bytes(type, cols);
+        for (int64_t r = 0; r < rows + 3; ++r) {
+          for (int32_t t = 0; t < num_tokens; ++t) {
+            const float got = out[static_cast<size_t>(t * out_stride + r)];
+            if (r < row_begin || r >= rows) {
+              EXPECT_EQ(got, 0.5f) << "row outside the range was written";
+              continue;
+            }
+            const reference_value ref =
+                reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+            const double want = ref.value + (accumulate ? 0.5 : 0.0);
+            EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
+                << type_info(type).name << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t
+                << " (regime " << r % 5 << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// The packed kernels do the same integer sums and the same f32 fmas in every table: bitwise equal to
+// the scalar table's, on shapes with several panels and token tiles.
+TEST_P(kernels_test, packed_matmul_is_bitwise_the_scalar_tables) {
+  const kernel_table& k = *GetParam();
+  const kernel_table& s = scalar_kernels();
+  std::mt19937 rng(23);
+  for (ggml_type type : packed_types()) {
+    const int64_t cols = 1024, rows = 67;
+    const int32_t num_tokens = 11;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(s, type, x, num_tokens, cols);
+    std::vector<float> got(static_cast<size_t>(num_tokens * rows)), want(got.size());
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, got.data(), rows, false);
+    run_packed(s, type, packed, cols, in, num_tokens, 0, rows, want.data(), rows, false);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << type_info(type).name << " row " << i % rows << " token " << i / rows;
+    }
+  }
+}
+
+// Row ranges (any start, not only panel boundaries) and token batching change nothing, bitwise.
+TEST_P(kernels_test, packed_results_do_not_depend_on_row_ranges_or_token_batches) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(24);
+  for (ggml_type type : packed_types()) {
+    const int64_t cols = 512, rows = 45;
+    const int32_t num_tokens = 10;
+    const std::vector<std::byte> w = random_rows(type, rows, cols, rng);
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> whole(static_cast<size_t>(num_tokens * rows));
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, whole.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      const prepared_input one = prepare_input(k, type, {x.begin() + t * cols, x.begin() + (t + 1) * cols}, 1, cols);
+      std::vector<float> part(static_cast<size_t>(rows));
+      for (int64_t r0 = 0; r0 < rows; r0 += 7) {
+        run_packed(k, type, packed, cols, one, 1, r0, std::min(rows, r0 + 7), part.data(), rows, false);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(part[static_cast<size_t>(r)], whole[static_cast<size_t>(t * rows + r)])
+            << type_info(type).name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
+// gguf-py's blocks (real statistics) through the packed kernels.
+TEST_P(kernels_test, packed_matmul_on_gguf_py_blocks_matches_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(25);
+  for (ggml_type type : packed_types()) {
+    std::string file(type_info(type).name);
+    for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
+    const ggml_type_info& info = type_info(type);
+    const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
+    ASSERT_GT(nb, 0) << info.name;
+    const int64_t cols = nb * info.block_elems, rows = 20;
+    std::vector<std::byte> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
+        w.insert(w.end(), blk, blk + info.block_bytes);
+      }
+    }
+    const std::vector<std::byte> packed = pack(type, w, rows, cols);
+    const int32_t num_tokens = 3;
+    const std::vector<float> x = random_activations(num_tokens, cols, rng);
+    const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
+    std::vector<float> out(static_cast<size_t>(num_tokens * rows));
+    run_packed(k, type, packed, cols, in, num_tokens, 0, rows, out.data(), rows, false);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const reference_value ref = reference_dot(type, w.data() + r * nb * info.block_bytes, cols,
+                                                  in.seen.data() + static_cast<int64_t>(t) * cols);
+        EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref.value, matmul_rel_tolerance * ref.magnitude + 1e-6)
+            << info.name << " row " << r << " token " << t;
+      }
+    }
+  }
+}
+
 TEST_P(kernels_test, f32_matmul_matches_double_reference) {
   const kernel_table& k = *GetParam();
   std::mt19937 rng(3);
@@ -468,39 +658,259 @@ TEST_P(kernels_test, f32_matmul_matches_double_reference) {
   }
 }
 
-TEST_P(kernels_test, attention_helpers_match_reference) {
-  const kernel_table& k = *GetParam();
-  std::mt19937 rng(4);
-  for (int32_t hd : {16, 64, 20}) {
-    for (int32_t n : {1, 7, 16, 19}) {
-      const std::vector<float> q = random_floats(static_cast<size_t>(hd), rng);
-      const std::vector<float> kv = random_floats(static_cast<size_t>(n * hd), rng);
-      std::vector<float> scores(static_cast<size_t>(n));
-      k.attn_scores(q.data(), kv.data(), n, hd, 0.25f, scores.data());
-      for (int32_t j = 0; j < n; ++j) {
-        double ref = 0.0;
-        for (int32_t d = 0; d < hd; ++d) ref += static_cast<double>(q[static_cast<size_t>(d)]) * kv[static_cast<size_t>(j * hd + d)];
-        EXPECT_NEAR(scores[static_cast<size_t>(j)], 0.25 * ref, 1e-5);
+const std::vector<kv_dtype> all_kv_dtypes = {kv_dtype::f32, kv_dtype::f16, kv_dtype::bf16, kv_dtype::i8};
+
+// A KV tile of `bs` slots, the first n written with random head vectors (the rest left as garbage, which
+// the kernels may read but must not let into a result), plus 64 readable bytes after it as in the pools.
+struct test_tile {
+  std::vector<std::byte> bytes;
+  std::byte* data() { return bytes.data(); }
+};
+
+test_tile random_tile(kv_dtype dt, bool is_k, int32_t bs, int32_t hd, int32_t n, std::mt19937& rng) {
+  test_tile t;
+  t.bytes.resize(static_cast<size_t>(kv_tile_bytes(dt, bs, hd) + 64));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : t.bytes) b = static_cast<std::byte>(dt == kv_dtype::f32 ? 0 : byte(rng));  // no NaN garbage in f32
+  for (int32_t j = 0; j < n; ++j) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(hd), rng, -3.0f, 3.0f);
+    if (is_k) {
+      kv_store_k(dt, x.data(), bs, hd, j, t.data());
+    } else {
+      kv_store_v(dt, x.data(), bs, hd, j, t.data());
+    }
+  }
+  return t;
+}
+
+// Stored values read back within the dtype's rounding: fp32 exact, fp16 2^-11, bf16 2^-8 relative; int8
+// half a step of the slot's scale (max |x| / 127).
+TEST(kv_tiles, store_and_load_round_trip_within_the_dtype_rounding) {
+  std::mt19937 rng(30);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (const bool is_k : {true, false}) {
+      const int32_t bs = 5, hd = 20;
+      std::vector<std::byte> tile(static_cast<size_t>(kv_tile_bytes(dt, bs, hd)));
+      EXPECT_EQ(kv_tile_bytes(dt, bs, hd) % 4, 0);
+      std::vector<std::vector<float>> rows;
+      for (int32_t j = 0; j < bs; ++j) {
+        rows.push_back(random_floats(static_cast<size_t>(hd), rng, -5.0f, 5.0f));
+        if (j == 2) std::fill(rows.back().begin(), rows.back().end(), 0.0f);  // an all-zero vector
+        (is_k ? kv_store_k : kv_store_v)(dt, rows.back().data(), bs, hd, j, tile.data());
       }
-      std::vector<float> e = scores;
-      const float mx = *std::max_element(e.begin(), e.end());
-      const float sum = k.softmax_exp(e.data(), n, mx);
-      double ref_sum = 0.0;
-      for (int32_t j = 0; j < n; ++j) {
-        const double ref = std::exp(static_cast<double>(scores[static_cast<size_t>(j)]) - mx);
-        EXPECT_NEAR(e[static_cast<size_t>(j)], ref, 1e-6 * ref + 1e-30);
-        ref_sum += ref;
-      }
-      EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum);
-      std::vector<float> out = random_floats(static_cast<size_t>(hd), rng);
-      const std::vector<float> before = out;
-      k.attn_accumulate(e.data(), kv.data(), n, hd, out.data());
-      for (int32_t d = 0; d < hd; ++d) {
-        double ref = before[static_cast<size_t>(d)];
-        for (int32_t j = 0; j < n; ++j) ref += static_cast<double>(e[static_cast<size_t>(j)]) * kv[static_cast<size_t>(j * hd + d)];
-        EXPECT_NEAR(out[static_cast<size_t>(d)], ref, 1e-5);
+      for (int32_t j = 0; j < bs; ++j) {
+        float amax = 0.0f;
+        for (float x : rows[static_cast<size_t>(j)]) amax = std::max(amax, std::fabs(x));
+        for (int32_t d = 0; d < hd; ++d) {
+          const float x = rows[static_cast<size_t>(j)][static_cast<size_t>(d)];
+          const float got = (is_k ? kv_load_k : kv_load_v)(dt, tile.data(), bs, hd, j, d);
+          const double tol = dt == kv_dtype::f32    ? 0.0
+                             : dt == kv_dtype::f16  ? std::ldexp(std::fabs(x), -11)
+                             : dt == kv_dtype::bf16 ? std::ldexp(std::fabs(x), -8)
+                                                    : 0.5 * amax / 127.0 * (1 + 1e-6);
+          EXPECT_LE(std::fabs(got - x), tol) << to_string(dt) << (is_k ? " K" : " V") << " slot " << j << " dim " << d;
+        }
       }
     }
+  }
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::f32, 16, 64), 16 * 64 * 4);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::f16, 16, 64), 16 * 64 * 2);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::bf16, 16, 64), 16 * 64 * 2);
+  EXPECT_EQ(kv_tile_bytes(kv_dtype::i8, 16, 64), 16 * 64 + 16 * 4);
+}
+
+// Scores and the V accumulation of every table and dtype against double math on the values the tile holds
+// (kv_load_*), with block sizes that are and are not multiples of the vector, rows that fill several
+// register tiles, and head dims with a tail.
+TEST_P(kernels_test, attention_block_kernels_match_reference_for_every_kv_dtype) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(4);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (int32_t bs : {4, 16, 19}) {
+      for (int32_t hd : {16, 64, 20}) {
+        for (int32_t rows : {1, 3, 9}) {
+          const int32_t n = bs == 4 ? 3 : bs;
+          test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+          test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+          std::vector<std::vector<float>> q;
+          std::vector<const float*> qp;
+          for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+          for (const auto& r : q) qp.push_back(r.data());
+          const int32_t ld = (bs + 15) / 16 * 16;
+          std::vector<float> s(static_cast<size_t>(rows * ld), 7.0f);
+          attn_block_args a;
+          a.dtype = dt;
+          a.tile = kt.data();
+          a.block_size = bs;
+          a.head_dim = hd;
+          a.n = n;
+          a.rows = rows;
+          a.q = qp.data();
+          a.scale = 0.25f;
+          a.s = s.data();
+          a.ld = ld;
+          k.attn_scores(a);
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < n; ++j) {
+              double ref = 0.0, mag = 0.0;
+              for (int32_t d = 0; d < hd; ++d) {
+                const double p = static_cast<double>(q[static_cast<size_t>(m)][static_cast<size_t>(d)]) *
+                                 kv_load_k(dt, kt.data(), bs, hd, j, d);
+                ref += p;
+                mag += std::fabs(p);
+              }
+              EXPECT_NEAR(s[static_cast<size_t>(m * ld + j)], 0.25 * ref, 1e-5 * (1 + mag))
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " m " << m << " j " << j;
+            }
+          }
+          // Probabilities (a zero among them: it must add exactly nothing), then the accumulation.
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < ld; ++j) s[static_cast<size_t>(m * ld + j)] = j == 1 ? 0.0f : 0.1f + 0.05f * static_cast<float>(j);
+          }
+          std::vector<float> o(static_cast<size_t>(rows * hd));
+          for (auto& x : o) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+          const std::vector<float> before = o;
+          a.tile = vt.data();
+          a.o = o.data();
+          a.o_ld = hd;
+          k.attn_accumulate(a);
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t d = 0; d < hd; ++d) {
+              double ref = before[static_cast<size_t>(m * hd + d)];
+              for (int32_t j = 0; j < n; ++j) {
+                ref += static_cast<double>(s[static_cast<size_t>(m * ld + j)]) * kv_load_v(dt, vt.data(), bs, hd, j, d);
+              }
+              EXPECT_NEAR(o[static_cast<size_t>(m * hd + d)], ref, 1e-5 * (1 + std::fabs(ref)))
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " m " << m << " d " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row's scores and accumulation are bitwise the same whatever rows share the call (the executor's
+// batching and chunking invariance rests on it).
+TEST_P(kernels_test, attention_rows_do_not_depend_on_their_neighbours) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(31);
+  for (kv_dtype dt : all_kv_dtypes) {
+    const int32_t bs = 16, hd = 64, n = 11, rows = 11;
+    test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+    test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+    std::vector<std::vector<float>> q;
+    std::vector<const float*> qp;
+    for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+    for (const auto& r : q) qp.push_back(r.data());
+    auto run = [&](int32_t m0, int32_t count, std::vector<float>& s, std::vector<float>& o) {
+      attn_block_args a;
+      a.dtype = dt;
+      a.block_size = bs;
+      a.head_dim = hd;
+      a.n = n;
+      a.rows = count;
+      a.q = qp.data() + m0;
+      a.scale = 0.125f;
+      a.ld = 16;
+      a.s = s.data() + m0 * 16;
+      a.tile = kt.data();
+      k.attn_scores(a);
+      for (int32_t j = n; j < 16; ++j) {
+        for (int32_t m = m0; m < m0 + count; ++m) s[static_cast<size_t>(m * 16 + j)] = 0.0f;
+      }
+      a.tile = vt.data();
+      a.o = o.data() + m0 * hd;
+      a.o_ld = hd;
+      k.attn_accumulate(a);
+    };
+    std::vector<float> s_all(static_cast<size_t>(rows * 16)), o_all(static_cast<size_t>(rows * hd), 0.0f);
+    run(0, rows, s_all, o_all);
+    for (int32_t m = 0; m < rows; ++m) {
+      std::vector<float> s_one(s_all.size()), o_one(o_all.size(), 0.0f);
+      run(m, 1, s_one, o_one);
+      for (int32_t j = 0; j < n; ++j) EXPECT_EQ(s_one[static_cast<size_t>(m * 16 + j)], s_all[static_cast<size_t>(m * 16 + j)]);
+      for (int32_t d = 0; d < hd; ++d) EXPECT_EQ(o_one[static_cast<size_t>(m * hd + d)], o_all[static_cast<size_t>(m * hd + d)]);
+    }
+  }
+}
+
+// Scores and accumulation are the same f32 operations in the same order in every table: bitwise equal to
+// the scalar table's, for every dtype, block sizes with and without a vector tail and head dims with one.
+TEST_P(kernels_test, attention_kernels_are_bitwise_the_scalar_table) {
+  const kernel_table& k = *GetParam();
+  const kernel_table& ref = scalar_kernels();
+  std::mt19937 rng(32);
+  for (kv_dtype dt : all_kv_dtypes) {
+    for (int32_t bs : {16, 19}) {
+      for (int32_t hd : {64, 20}) {
+        const int32_t n = bs - 2, rows = 10, ld = (bs + 15) / 16 * 16;
+        test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+        test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+        std::vector<std::vector<float>> q;
+        std::vector<const float*> qp;
+        for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+        for (const auto& r : q) qp.push_back(r.data());
+        const std::vector<float> o0 = random_floats(static_cast<size_t>(rows * hd), rng);
+        auto run = [&](const kernel_table& t, std::vector<float>& s, std::vector<float>& o) {
+          attn_block_args a;
+          a.dtype = dt;
+          a.block_size = bs;
+          a.head_dim = hd;
+          a.n = n;
+          a.rows = rows;
+          a.q = qp.data();
+          a.scale = 0.125f;
+          a.ld = ld;
+          a.s = s.data();
+          a.tile = kt.data();
+          t.attn_scores(a);
+          // Probabilities from the scores, the same for both tables (softmax_exp is not under test).
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < ld; ++j) {
+              float& x = s[static_cast<size_t>(m * ld + j)];
+              x = j < n ? 1.0f / (1.0f + std::fabs(x)) : 0.0f;
+            }
+          }
+          a.tile = vt.data();
+          a.o = o.data();
+          a.o_ld = hd;
+          t.attn_accumulate(a);
+        };
+        std::vector<float> s_got(static_cast<size_t>(rows * ld)), s_want(s_got.size());
+        std::vector<float> o_got = o0, o_want = o0;
+        run(k, s_got, o_got);
+        run(ref, s_want, o_want);
+        for (int32_t m = 0; m < rows; ++m) {
+          for (int32_t j = 0; j < n; ++j) {
+            ASSERT_EQ(s_got[static_cast<size_t>(m * ld + j)], s_want[static_cast<size_t>(m * ld + j)])
+                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " slot " << j;
+          }
+          for (int32_t d = 0; d < hd; ++d) {
+            ASSERT_EQ(o_got[static_cast<size_t>(m * hd + d)], o_want[static_cast<size_t>(m * hd + d)])
+                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " dim " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(kernels_test, softmax_exp_matches_reference) {
+  const kernel_table& k = *GetParam();
+  std::mt19937 rng(4);
+  for (int32_t n : {1, 7, 16, 19}) {
+    const std::vector<float> scores = random_floats(static_cast<size_t>(n), rng, -8.0f, 8.0f);
+    std::vector<float> e = scores;
+    const float mx = *std::max_element(e.begin(), e.end());
+    const float sum = k.softmax_exp(e.data(), n, mx);
+    double ref_sum = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+      const double ref = std::exp(static_cast<double>(scores[static_cast<size_t>(j)]) - mx);
+      EXPECT_NEAR(e[static_cast<size_t>(j)], ref, 1e-6 * ref + 1e-30);
+      ref_sum += ref;
+    }
+    EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum);
   }
   // Very negative inputs underflow to (almost) zero instead of producing garbage.
   std::vector<float> x{0.0f, -50.0f, -200.0f, -1e30f, -3.0f, 1.0f, -1.0f, -87.5f, -90.0f};

@@ -90,6 +90,20 @@ def batch_jsonl_runs_every_request_in_order():
 
 
 @case
+def every_kv_cache_dtype_generates_and_a_bad_one_is_refused():
+    # Each dtype serves the same greedy prompt (stderr names the dtype the pool was built in); an
+    # unknown name is refused before the model loads.
+    for dtype in ("fp32", "fp16", "bf16", "int8", "auto"):
+        p = run(["generate", "--model", MODEL, "--threads", "2", "--kv-cache-memory", "0.25", "--swap-space", "0.1",
+                 "--kv-cache-dtype", dtype, "--temperature", "0", "--max-tokens", "8", "--prompt", "The quick brown fox"])
+        assert p.returncode == 0, (dtype, p.stderr)
+        assert f"({'fp16' if dtype == 'auto' else dtype}, " in p.stderr, (dtype, p.stderr)
+        assert len(p.stdout.strip()) > 0, (dtype, p.stdout)
+    p = run(["generate", *ENGINE, "--kv-cache-dtype", "q8_0", "--prompt", "hi"])
+    assert p.returncode != 0 and "--kv-cache-dtype" in p.stderr, p.stderr
+
+
+@case
 def missing_model_is_a_clear_error():
     p = run(["generate", "--model", "/nonexistent/model.gguf", "--prompt", "hi"])
     assert p.returncode == 1 and "no such file" in p.stderr, p.stderr

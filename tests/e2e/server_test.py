@@ -256,6 +256,11 @@ def metrics_exposes_the_engine():
     assert m["tessera_generation_tokens_total"] > 0 and m["tessera_time_to_first_token_seconds_count"] > 0
     assert m["tessera_inter_token_latency_seconds_count"] > 0 and m["tessera_prompt_tokens_total"] > 0
     assert m['tessera_kv_blocks_total{pool="host"}'] > 0  # --swap-space 0.05 gives a small host pool
+    # The KV cache's dtype (the CPU default fp16) and block bytes; /v1/models says the same.
+    info = [k for k in m if k.startswith('tessera_kv_cache_info{dtype="fp16",block_bytes="')]
+    assert len(info) == 1 and m[info[0]] == 1 and int(info[0].split('block_bytes="')[1].split('"')[0]) > 0, info
+    status, data, _ = srv.request("GET", "/v1/models")
+    assert status == 200 and json.loads(data)["data"][0]["kv_cache_dtype"] == "fp16", data
 
 
 TIMING_KEYS = {"queue_seconds", "prefill_seconds", "first_token_seconds", "total_seconds", "decode_tokens_per_second",
