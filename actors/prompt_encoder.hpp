@@ -21,7 +21,8 @@ class prompt_encoder {
   std::vector<token_id> encode(const prompt_input& prompt) const;
   // The conversation rendered with the chat template (add_generation_prompt), BOS/EOS texts from the
   // vocabulary.
-  std::string render(const std::vector<chat_message>& messages) const;
+  // `tools_json`: the request's tool definitions (JSON array text) for the template; empty: none.
+  std::string render(const std::vector<chat_message>& messages, const std::string& tools_json = {}) const;
 
   const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
 

@@ -18,6 +18,7 @@ struct prompt_input {
   std::string text;
   std::vector<chat_message> messages;
   std::vector<token_id> ids;
+  std::string tools_json;  // chat: the request's tool definitions for the template; empty: none
   // Text only: whether the vocabulary's BOS is added (when it asks for one). A generation always
   // adds it; POST /tokenize may say "add_special_tokens": false.
   bool add_special = true;

@@ -100,6 +100,8 @@ class serve_command {
   std::vector<std::string> allowed_origins_;
   std::vector<std::string> allowed_hosts_;
   std::string webui_dir_;
+  std::string tool_call_parser_ = "auto";  // server/tool_call_parser.hpp; auto: from the chat template
+  std::string reasoning_parser_ = "auto";  // server/reasoning_parser.hpp; auto: from the chat template
   int request_timeout_s_ = 30;
   int keep_alive_timeout_s_ = 15;
   int ws_idle_timeout_s_ = 300;

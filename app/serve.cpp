@@ -78,7 +78,29 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--allowed-origin", allowed_origins_, "Extra allowed Origin for browsers/WebSockets ('*': any)");
   cmd_->add_option("--allowed-host", allowed_hosts_, "Extra accepted Host header name");
   cmd_->add_option("--webui-dir", webui_dir_, "Browser UI directory served at / (default: the built-in webui/; 'none': no UI)");
+  cmd_->add_option("--tool-call-parser", tool_call_parser_,
+                   "How tool calls are read from chat outputs: auto (from the chat template) | none | hermes | llama3 | mistral")
+      ->check(CLI::IsMember({"auto", "none", "hermes", "qwen", "qwen2_5", "qwen3", "llama3", "llama3_json", "llama", "mistral"}));
+  cmd_->add_option("--reasoning-parser", reasoning_parser_,
+                   "How <think> reasoning is split into reasoning_content: auto (from the chat template) | none | qwen3 | deepseek_r1")
+      ->check(CLI::IsMember({"auto", "none", "qwen3", "deepseek_r1", "deepseek-r1"}));
 }
+
+namespace {
+
+// --reasoning-parser auto: a template that opens <think> in the generation prompt (DeepSeek-R1) starts
+// the output inside the reasoning; one that mentions <think> otherwise (Qwen3) lets the model open it.
+server::reasoning_parser_kind detect_reasoning_parser(const std::string& source) {
+  const size_t generation = source.rfind("add_generation_prompt");
+  if (generation != std::string::npos && source.find("<think>", generation) != std::string::npos &&
+      source.find("</think>", generation) == std::string::npos) {
+    return server::reasoning_parser_kind::deepseek_r1;
+  }
+  if (source.find("<think>") != std::string::npos) return server::reasoning_parser_kind::qwen3;
+  return server::reasoning_parser_kind::none;
+}
+
+}  // namespace
 
 int serve_command::run() {
   if (!config_path_.empty()) {
@@ -121,6 +143,11 @@ int serve_command::run() {
   const model_config& mc = b.model.weights->config;
   const kv_cache_spec kv = b.exec->kv_spec();
   const std::string executor_name = b.exec->name();
+  server::output_parsers parsers;
+  parsers.tools = tool_call_parser_ == "auto" ? server::detect_tool_parser(b.chat.source())
+                                              : *server::tool_parser_from_name(tool_call_parser_);
+  parsers.reasoning = reasoning_parser_ == "auto" ? detect_reasoning_parser(b.chat.source())
+                                                  : *server::reasoning_parser_from_name(reasoning_parser_);
   const std::string kv_dtype = *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default";
   std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, max_waiting_);
   actors::engine_facade& facade = *runtime;
@@ -146,6 +173,7 @@ int serve_command::run() {
     return finish(2);
   }
   so.limits.sampling = to_engine_options(engine_).limits;
+  so.parsers = parsers;
   so.limits.max_response_bytes = max_response_bytes_;
   so.limits.max_model_len = facade.max_model_len();
 
@@ -183,6 +211,8 @@ int serve_command::run() {
     spdlog::warn("bound to {} without --api-key: anyone who can reach this address can use the server", so.host);
   }
   if (!so.webui_dir.empty()) spdlog::info("web UI (chat, dashboard) at / from {}", so.webui_dir);
+  spdlog::info("chat outputs: tool-call parser {}, reasoning parser {}", server::to_string(parsers.tools),
+               server::to_string(parsers.reasoning));
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}, shutting down", sig);

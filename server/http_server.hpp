@@ -14,6 +14,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/request_parser.hpp"
+#include "server/chat_output.hpp"
 
 namespace tessera::server {
 
@@ -42,6 +43,9 @@ struct server_options {
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
   // empty: none (see find_webui_dir in server/static_files.hpp).
   std::string webui_dir;
+  // How chat outputs are split into reasoning_content / content / tool_calls (server/chat_output.hpp):
+  // chosen by --tool-call-parser / --reasoning-parser or detected from the model's chat template.
+  output_parsers parsers;
   // Tests only (fault injection): called on the I/O thread with every request's target before it is
   // routed; whatever it throws must close that one connection and nothing else.
   std::function<void(std::string_view target)> before_route;

@@ -269,6 +269,10 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
                 req.model.empty() ? state_.opt.model_name : req.model};
   gen_->progress = stream_progress(req.params.n);
   gen_->choices.resize(static_cast<size_t>(req.params.n));
+  if (kind == api_kind::chat && parses_output(state_.opt.parsers, req.tools)) {
+    for (int32_t i = 0; i < req.params.n; ++i) gen_->outputs.emplace_back(state_.opt.parsers, req.tools);
+    for (auto& c : gen_->choices) c.parsed = true;
+  }
   // HTTP/1.0 clients get an unchunked stream ended by closing the connection.
   const bool chunked = request_.version() >= 11;
   gen_->keep_alive = keep_alive && chunked;
@@ -313,8 +317,46 @@ void http_session::on_delta(const stream_delta& d, std::string& out) {
   c.text += o.text;
   c.token_ids.insert(c.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
   c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+  if (!g.outputs.empty()) {
+    chat_output_stream& parser = g.outputs[static_cast<size_t>(o.index)];
+    const int32_t calls_before = parser.num_calls();
+    chat_piece piece = parser.feed(o.text);
+    if (g.sse && (has_output(o) || !piece.empty())) {
+      const bool first = !piece.empty() || (g.req.want_logprobs && !o.logprobs.empty()) ? g.progress.first_of_choice(o.index) : false;
+      for (std::string& chunk : parsed_delta_chunks(g.req, g.meta, o.index, piece, first, calls_before, &o.logprobs,
+                                                    state_.engine.tok().get())) {
+        g.sse->event(chunk, out);
+      }
+    }
+    take_piece(c, std::move(piece));
+    return;
+  }
   if (!g.sse || !has_output(o)) return;
   g.sse->event(delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get()), out);
+}
+
+void http_session::take_piece(choice_accumulator& c, chat_piece piece) {
+  c.reasoning += piece.reasoning;
+  c.content += piece.content;
+  for (auto& call : piece.calls) c.calls.push_back(std::move(call));
+}
+
+// The parsers' held-back text (a partial tag, a call still open) once the choices are done: sent
+// before the finish chunks, and part of the non-streamed message.
+void http_session::finish_outputs(std::string& out) {
+  generation& g = *gen_;
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    const int32_t calls_before = g.outputs[i].num_calls();
+    chat_piece piece = g.outputs[i].finish();
+    if (g.sse && !piece.empty()) {
+      const int32_t index = static_cast<int32_t>(i);
+      for (std::string& chunk : parsed_delta_chunks(g.req, g.meta, index, piece, g.progress.first_of_choice(index),
+                                                    calls_before, nullptr, state_.engine.tok().get())) {
+        g.sse->event(chunk, out);
+      }
+    }
+    take_piece(g.choices[i], std::move(piece));
+  }
 }
 
 void http_session::on_final(const stream_final& f) {
@@ -343,6 +385,10 @@ void http_session::on_final(const stream_final& f) {
                                                 : "engine_error"),
                       keep_alive);
   }
+  std::string out;
+  if (f.reason != finish_reason::error) finish_outputs(out);
+  std::vector<int32_t> calls_per_choice;
+  for (const auto& c : g.choices) calls_per_choice.push_back(static_cast<int32_t>(c.calls.size()));
   if (!g.sse) {
     http_response res{http::status::ok, 11};
     res.set(http::field::content_type, "application/json");
@@ -357,8 +403,7 @@ void http_session::on_final(const stream_final& f) {
     gen_.reset();
     return send_message(std::move(res), keep_alive);
   }
-  std::string out;
-  g.sse->finish(g.req, g.meta, f, out);
+  g.sse->finish(g.req, g.meta, f, out, &calls_per_choice);
   state_.metrics.record_http(200);
   log_response(200);
   gen_.reset();

@@ -30,6 +30,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
+#include "server/chat_output.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/router.hpp"
@@ -53,6 +54,9 @@ class http_session : public std::enable_shared_from_this<http_session> {
     response_meta meta;
     stream_progress progress{0};
     std::vector<choice_accumulator> choices;  // what a non-streaming response returns
+    // Chat with output parsers: one per choice, splitting reasoning / content / tool calls as the
+    // text arrives; empty: the text passes as is.
+    std::vector<chat_output_stream> outputs;
     std::optional<sse_writer> sse;            // req.stream only
     bool keep_alive = true;
   };
@@ -88,6 +92,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
   void on_stream_ready(uint64_t serial);
   void on_delta(const actors::stream_delta& d, std::string& out);
   void on_final(const actors::stream_final& f);
+  static void take_piece(choice_accumulator& c, chat_piece piece);
+  void finish_outputs(std::string& out);
   void abort_generation();
   // watching for a client that goes away while the engine works
   void start_watch();

@@ -11,6 +11,24 @@ json::value finish_reason_json(finish_reason reason) {
   return json::string(to_string(reason));
 }
 
+json::value choice_finish_json(finish_reason reason, bool made_calls) {
+  if (made_calls && reason == finish_reason::stop) return json::string("tool_calls");
+  return finish_reason_json(reason);
+}
+
+json::array tool_calls_json(const std::vector<parsed_tool_call>& calls, int32_t first_index) {
+  json::array out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json::object c;
+    if (first_index >= 0) c["index"] = first_index + static_cast<int64_t>(k);
+    c["id"] = calls[k].id;
+    c["type"] = "function";
+    c["function"] = json::object{{"name", sanitize_utf8(calls[k].name)}, {"arguments", sanitize_utf8(calls[k].arguments)}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json::object timings_json(const actors::stream_final& f) {
   json::object t;
   double queue = -1, prefill = -1;
@@ -122,13 +140,20 @@ std::string full_response(const generation_request& req, const response_meta& me
       if (r.index == static_cast<int32_t>(i)) reason = r.reason;
     }
     json::object choice{{"index", i}};
-    if (req.kind == api_kind::chat) {
+    if (req.kind == api_kind::chat && c.parsed) {
+      // OpenAI's shape: content null when the turn is only calls; tool_calls only when there are calls.
+      json::object message{{"role", "assistant"}};
+      message["content"] = c.calls.empty() || !c.content.empty() ? json::value(sanitize_utf8(c.content)) : json::value(nullptr);
+      message["reasoning_content"] = c.reasoning.empty() ? json::value(nullptr) : json::value(sanitize_utf8(c.reasoning));
+      if (!c.calls.empty()) message["tool_calls"] = tool_calls_json(c.calls);
+      choice["message"] = std::move(message);
+    } else if (req.kind == api_kind::chat) {
       choice["message"] = json::object{{"role", "assistant"}, {"content", sanitize_utf8(c.text)}};
     } else {
       choice["text"] = sanitize_utf8(c.text);
     }
     choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, c.logprobs, tok, 0) : json::value(nullptr);
-    choice["finish_reason"] = finish_reason_json(reason);
+    choice["finish_reason"] = choice_finish_json(reason, !c.calls.empty());
     out.push_back(std::move(choice));
   }
   body["choices"] = std::move(out);

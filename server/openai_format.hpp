@@ -10,6 +10,7 @@
 #include "actors/engine_facade.hpp"
 #include "engine/text/tokenizer.hpp"
 #include "server/request_parser.hpp"
+#include "server/tool_call_parser.hpp"
 
 namespace tessera::server {
 
@@ -37,7 +38,19 @@ struct choice_accumulator {
   std::string text;
   std::vector<token_id> token_ids;
   std::vector<token_logprob> logprobs;
+  // Chat with output parsers (server/chat_output.hpp): the text split into the message's parts.
+  bool parsed = false;
+  std::string reasoning;
+  std::string content;
+  std::vector<parsed_tool_call> calls;
 };
+
+// A choice's finish reason, "tool_calls" when it stopped after making calls (OpenAI's value).
+boost::json::value choice_finish_json(finish_reason reason, bool made_calls);
+
+// OpenAI's tool_calls array: [{"index"?, "id", "type": "function", "function": {"name", "arguments"}}]
+// (`first_index` >= 0 adds the stream's "index" to each, counting from it).
+boost::json::array tool_calls_json(const std::vector<parsed_tool_call>& calls, int32_t first_index = -1);
 
 // The logprobs object of one delta or whole choice (completions: tokens/token_logprobs/top_logprobs/
 // text_offset; chat: content[{token, logprob, bytes, top_logprobs}]).

@@ -124,6 +124,41 @@ std::string get_content(element v) {
   return out;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+// arguments is JSON text (OpenAI clients send a string; an object is accepted and serialized).
+std::vector<chat_tool_call> get_tool_calls(element v, size_t message_index) {
+  const std::string at = "messages[" + std::to_string(message_index) + "].tool_calls";
+  if (!v.is_array()) bad(at, "must be an array");
+  std::vector<chat_tool_call> calls;
+  sj::dom::parser arguments_parser;
+  for (element c : sj::dom::array(v)) {
+    if (static_cast<int32_t>(calls.size()) >= k_max_tools) bad(at, "holds too many calls");
+    const std::string ci = at + "[" + std::to_string(calls.size()) + "]";
+    element id, fn, name, arguments, type;
+    if (!c.is_object() || c["function"].get(fn) || !fn.is_object()) bad(at, "items must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+    if (!c["type"].get(type) && !type.is_null() && (!type.is_string() || std::string_view(type) != "function")) {
+      bad(ci + ".type", "must be \"function\"");
+    }
+    chat_tool_call call;
+    if (!c["id"].get(id) && !id.is_null()) call.id = get_string(id, ci + ".id");
+    if (fn["name"].get(name)) bad(ci + ".function.name", "is required");
+    call.name = get_string(name, ci + ".function.name");
+    if (!fn["arguments"].get(arguments) && !arguments.is_null()) {
+      if (arguments.is_string()) {
+        call.arguments = std::string(std::string_view(arguments));
+        element parsed;
+        if (arguments_parser.parse(call.arguments).get(parsed)) bad(ci + ".function.arguments", "is not valid JSON");
+      } else if (arguments.is_object()) {
+        call.arguments = sj::minify(arguments);
+      } else {
+        bad(ci + ".function.arguments", "must be a JSON string");
+      }
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
 std::vector<chat_message> get_messages(element v, const request_limits& limits) {
   if (!v.is_array()) bad("messages", "must be an array of {role, content}");
   std::vector<chat_message> messages;
@@ -138,13 +173,27 @@ std::vector<chat_message> get_messages(element v, const request_limits& limits) 
         msg.role != "tool") {
       bad("messages.role", "must be system, developer, user, assistant or tool (got '" + msg.role + "')");
     }
-    // Tool calling is not implemented (docs/server.md): an assistant turn that made tool calls would
-    // otherwise be rendered without them, silently changing the conversation.
+    // The deprecated function-calling API: its turns cannot be rendered faithfully, so refused.
     element ignored;
-    if (!m["tool_calls"].get(ignored)) bad("messages.tool_calls", "is not supported: this server has no tool calling");
-    if (!m["function_call"].get(ignored)) bad("messages.function_call", "is not supported: this server has no tool calling");
-    if (m["content"].get(content)) bad("messages.content", "is required");
-    msg.content = get_content(content);
+    if (!m["function_call"].get(ignored)) bad("messages.function_call", "is not supported: use 'tool_calls'");
+    const size_t index = messages.size();
+    element calls, field;
+    if (!m["tool_calls"].get(calls) && !calls.is_null()) {
+      if (msg.role != "assistant") bad("messages.tool_calls", "is only allowed on assistant messages");
+      msg.tool_calls = get_tool_calls(calls, index);
+    }
+    if (!m["tool_call_id"].get(field) && !field.is_null()) msg.tool_call_id = get_string(field, "messages.tool_call_id");
+    if (!m["name"].get(field) && !field.is_null()) msg.name = get_string(field, "messages.name");
+    if (msg.role == "tool" && msg.tool_call_id.empty()) bad("messages.tool_call_id", "is required on tool messages");
+    if (m["content"].get(content) || content.is_null()) {
+      // An assistant turn that only calls tools has "content": null (or none at all).
+      if (msg.tool_calls.empty()) {
+        if (m["content"].get(content)) bad("messages.content", "is required");
+      } else {
+        msg.content_is_null = true;
+      }
+    }
+    if (!msg.content_is_null) msg.content = get_content(content);
     messages.push_back(std::move(msg));
   }
   if (messages.empty()) bad("messages", "must not be empty");
@@ -171,7 +220,7 @@ void get_stop(element v, sampling_params& p, const request_limits& limits) {
 
 // Fields some clients send that change nothing here.
 bool is_ignored_field(std::string_view key) {
-  return key == "user" || key == "store" || key == "metadata" || key == "service_tier" || key == "parallel_tool_calls" ||
+  return key == "user" || key == "store" || key == "metadata" || key == "service_tier" ||
          key == "skip_special_tokens" || key == "spaces_between_special_tokens";
 }
 
@@ -189,6 +238,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   p.max_tokens = kind == api_kind::chat ? limits.default_chat_max_tokens : limits.default_completion_max_tokens;
   bool have_prompt = false, have_messages = false;
   bool have_max_tokens = false;
+  bool have_tools = false;
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
   int32_t top_logprobs = -1;
@@ -310,8 +360,18 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       throw api_error(400, "'" + std::string(key) + "': request-supplied chat templates are refused", std::string(key));
     } else if (is_structured_output_field(key)) {
       parse_structured_output_field(key, value, structured);
-    } else if (key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call") {
-      bad(key, "is not supported by this server");
+    } else if (key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") {
+      if (kind != api_kind::chat) bad(key, "is a chat completions field");
+      if (key == "tools") {
+        parse_tools(sj::minify(value), req.tools);
+        have_tools = true;
+      } else if (key == "tool_choice") {
+        parse_tool_choice(sj::minify(value), req.tools);
+      } else {
+        req.tools.parallel_tool_calls = get_bool(value, key);
+      }
+    } else if (key == "functions" || key == "function_call") {
+      bad(key, "(the deprecated function-calling API) is not supported: use 'tools' and 'tool_choice'");
     } else if (key == "user") {
       req.user = get_string(value, key);
     } else if (is_ignored_field(key)) {
@@ -327,6 +387,23 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     bad("prompt", "must not be empty");
   }
   (void)have_max_tokens;
+  if (kind == api_kind::chat) {
+    check_tool_request(req.tools, have_tools);
+    if (req.tools.choice != tool_choice_mode::none) req.prompt.tools_json = req.tools.tools_json;
+    if (req.tools.forced()) {
+      // required / a named function: the grammar makes every output a valid call. Without a grammar
+      // backend the engine refuses the request ("'tool_choice': structured output is not available").
+      if (structured.spec) {
+        bad("tool_choice", "cannot be combined with '" + structured.field + "' (both constrain the output)");
+      }
+      structured_output_spec spec;
+      spec.type = structured_output_spec::kind::json_schema;
+      spec.source = forced_call_schema(req.tools);
+      spec.field = "tool_choice";
+      structured.spec = std::move(spec);
+      structured.field = "tool_choice";
+    }
+  }
   if (p.min_tokens > p.max_tokens) bad("min_tokens", "must not exceed max_tokens");
 
   if (kind == api_kind::chat) {

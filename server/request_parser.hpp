@@ -10,6 +10,7 @@
 #include "engine/text/chat_template.hpp"
 #include "engine/sampling_params.hpp"
 #include "server/api_error.hpp"
+#include "server/tool_request.hpp"
 
 namespace tessera::server {
 
@@ -49,6 +50,7 @@ struct generation_request {
   bool want_logprobs = false;  // chat: logprobs true; completions: logprobs given
   int32_t top_logprobs = 0;
   std::string user;
+  tool_request tools;  // chat: tools / tool_choice / parallel_tool_calls (server/tool_request.hpp)
 };
 
 int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits);

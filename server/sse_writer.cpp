@@ -49,13 +49,19 @@ void sse_writer::event(std::string_view json, std::string& out) {
 }
 
 void sse_writer::finish(const generation_request& req, const response_meta& meta, const actors::stream_final& f,
-                        std::string& out) {
+                        std::string& out, const std::vector<int32_t>* calls_per_choice) {
+  auto made_calls = [&](int32_t index) {
+    return calls_per_choice && index >= 0 && static_cast<size_t>(index) < calls_per_choice->size() &&
+           (*calls_per_choice)[static_cast<size_t>(index)] > 0;
+  };
   head(out);
   const boost::json::object timings = timings_json(f);
   if (f.choices.empty()) event(finish_chunk(req, meta, 0, f.reason, &timings), out);
   for (size_t k = 0; k < f.choices.size(); ++k) {
     const bool last = k + 1 == f.choices.size();
-    event(finish_chunk(req, meta, f.choices[k].index, f.choices[k].reason, last ? &timings : nullptr), out);
+    event(finish_chunk(req, meta, f.choices[k].index, f.choices[k].reason, last ? &timings : nullptr,
+                       made_calls(f.choices[k].index)),
+          out);
   }
   if (f.reason == finish_reason::error) {
     event(error_body(api_error(500, f.error.empty() ? "request failed" : f.error, "", "engine_error")), out);

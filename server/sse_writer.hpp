@@ -5,6 +5,7 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/engine_facade.hpp"
 #include "server/openai_format.hpp"
@@ -25,7 +26,7 @@ class sse_writer {
   // with the request's timings), an error event when the engine failed, the usage chunk when the
   // request asked for it, "data: [DONE]" and the last chunk.
   void finish(const generation_request& req, const response_meta& meta, const actors::stream_final& final,
-              std::string& out);
+              std::string& out, const std::vector<int32_t>* calls_per_choice = nullptr);
 
  private:
   void head(std::string& out);

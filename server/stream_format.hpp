@@ -16,6 +16,7 @@
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/request_parser.hpp"
+#include "server/chat_output.hpp"
 
 namespace tessera::server {
 
@@ -54,9 +55,17 @@ void record_final(const actors::stream_final& final, server_metrics& metrics);
 // A delta of choice o.index.
 std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
                         bool first_of_choice, const tokenizer* tok);
-// The chunk that closes choice `index` with its finish reason (timings attached when given).
+// A chat delta of choice `index` after the output parsers: one chunk with reasoning_content and/or
+// content (with the delta's logprobs when asked for), then per tool call OpenAI's two chunks: the
+// header {index, id, type, function: {name, arguments: ""}} and the arguments. `first_call_index`: the
+// choice's calls before these. Nothing when the piece is empty and there are no logprobs.
+std::vector<std::string> parsed_delta_chunks(const generation_request& req, const response_meta& meta, int32_t index,
+                                             const chat_piece& piece, bool first_of_choice, int32_t first_call_index,
+                                             const std::vector<token_logprob>* logprobs, const tokenizer* tok);
+// The chunk that closes choice `index` with its finish reason (timings attached when given);
+// made_calls: "tool_calls" instead of "stop".
 std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index,
-                         finish_reason reason, const boost::json::object* timings);
+                         finish_reason reason, const boost::json::object* timings, bool made_calls = false);
 // stream_options.include_usage: the last chunk, no choices, with usage.
 std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final);
 
@@ -65,10 +74,15 @@ std::string usage_chunk(const generation_request& req, const response_meta& meta
 // {"type": "started", "id", "request_id"}
 std::string ws_started_message(std::string_view id, std::string_view request_id);
 // {"type": "delta", "id", "index", "token_ids", "text", "t", ["engine_request_id"], ["logprobs" (chat shape)]}
+// With output parsers (`piece` non-null), "text" is the piece's content, and "reasoning_content" and
+// "tool_calls" (OpenAI's stream shape, indexes from first_call_index) are added when non-empty.
 std::string ws_delta_message(std::string_view id, const actors::stream_delta& d, bool with_logprobs,
-                             bool with_engine_id, const tokenizer* tok);
+                             bool with_engine_id, const tokenizer* tok, const chat_piece* piece = nullptr,
+                             int32_t first_call_index = 0);
 // {"type": "final", "id", "finish_reason", "choices", "usage", "timings", ["engine_request_id"], ["error"]}
-std::string ws_final_message(std::string_view id, const actors::stream_final& final);
+// calls_per_choice (when given, by choice index): a choice that made calls finishes with "tool_calls".
+std::string ws_final_message(std::string_view id, const actors::stream_final& final,
+                             const std::vector<int32_t>* calls_per_choice = nullptr);
 // {"type": "error", ["id"], "status", "error": {OpenAI's error object}}
 std::string ws_error_message(const api_error& e, std::string_view id);
 

@@ -215,6 +215,10 @@ void ws_session::start(simdjson::dom::element doc, const std::string& id) {
   g.serial = ++num_started_;
   g.request_id = state_.new_id("ws");
   g.progress = stream_progress(req.params.n);
+  if (kind == api_kind::chat && parses_output(state_.opt.parsers, req.tools)) {
+    for (int32_t i = 0; i < req.params.n; ++i) g.outputs.emplace_back(state_.opt.parsers, req.tools);
+    g.calls_per_choice.assign(static_cast<size_t>(req.params.n), 0);
+  }
   g.req = std::move(req);
   g.stream = std::move(stream);
   const uint64_t serial = g.serial;
@@ -241,10 +245,29 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
   for (actors::stream_item& item : g.stream.take_all()) {
     if (auto* d = std::get_if<stream_delta>(&item)) {
       if (!has_output(d->output) || !g.progress.take_delta(*d, state_.metrics)) continue;
+      if (!g.outputs.empty()) {
+        const size_t i = static_cast<size_t>(d->output.index);
+        const int32_t calls_before = g.outputs[i].num_calls();
+        const chat_piece piece = g.outputs[i].feed(d->output.text);
+        g.calls_per_choice[i] = g.outputs[i].num_calls();
+        messages.push_back(ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok, &piece, calls_before));
+        continue;
+      }
       messages.push_back(ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok));
       continue;
     }
     const stream_final& f = std::get<stream_final>(item);
+    for (size_t i = 0; i < g.outputs.size() && f.reason != finish_reason::error; ++i) {
+      // What the parser held back (a partial tag, an unterminated call) comes as one last delta.
+      const int32_t calls_before = g.outputs[i].num_calls();
+      const chat_piece piece = g.outputs[i].finish();
+      g.calls_per_choice[i] = g.outputs[i].num_calls();
+      if (piece.empty()) continue;
+      stream_delta rest;
+      rest.output.index = static_cast<int32_t>(i);
+      rest.seconds_since_submit = f.seconds_total;
+      messages.push_back(ws_delta_message(id, rest, false, g.progress.first_of_stream(), tok, &piece, calls_before));
+    }
     record_final(f, state_.metrics);
     if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
     if (f.reason == finish_reason::error && !f.error_param.empty()) {
@@ -255,7 +278,7 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
       finished = true;
       continue;
     }
-    messages.push_back(ws_final_message(id, f));
+    messages.push_back(ws_final_message(id, f, g.outputs.empty() ? nullptr : &g.calls_per_choice));
     log_generation(200, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens, f.num_generated_tokens);
     finished = true;
   }

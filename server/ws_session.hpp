@@ -41,6 +41,7 @@
 #include "server/prefixed_stream.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
+#include "server/chat_output.hpp"
 #include "server/stream_format.hpp"
 
 namespace tessera::server {
@@ -67,6 +68,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     actors::stream_handle stream;
     std::string request_id;
     stream_progress progress{0};  // its tokens so far count in the access line of an aborted one
+    std::vector<chat_output_stream> outputs;  // chat with output parsers: one per choice
+    std::vector<int32_t> calls_per_choice;
     std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
   };
 

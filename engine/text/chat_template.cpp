@@ -1,5 +1,7 @@
 #include "engine/text/chat_template.hpp"
 
+#include <simdjson.h>
+
 #include <chrono>
 #include <utility>
 
@@ -16,6 +18,77 @@ constexpr std::string_view chatml_source =
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 bool has(std::string_view source, std::string_view marker) { return source.find(marker) != std::string_view::npos; }
+
+[[noreturn]] void bad_json(const std::string& what, const std::string& why) {
+  throw chat_template_error(chat_template_error_kind::render, what + " is not valid JSON (" + why + ")");
+}
+
+// A JSON value as Python's json.loads returns it to the template: objects keep their key order (a
+// repeated key keeps its first position and takes the last value), integers stay integers (64-bit:
+// larger ones are refused rather than rounded), other numbers are floats.
+jinja::value from_json(simdjson::dom::element e, const std::string& what) {
+  using simdjson::dom::element_type;
+  switch (e.type()) {
+    case element_type::OBJECT: {
+      std::vector<std::pair<jinja::value, jinja::value>> entries;
+      for (auto field : simdjson::dom::object(e)) {
+        jinja::value key = jinja::value::string(std::string(field.key));
+        jinja::value v = from_json(field.value, what);
+        bool replaced = false;
+        for (auto& [k, old] : entries) {
+          if (k.str() == key.str()) {
+            old = std::move(v);
+            replaced = true;
+            break;
+          }
+        }
+        if (!replaced) entries.emplace_back(std::move(key), std::move(v));
+      }
+      return jinja::value::make_dict(std::move(entries));
+    }
+    case element_type::ARRAY: {
+      std::vector<jinja::value> items;
+      for (auto item : simdjson::dom::array(e)) items.push_back(from_json(item, what));
+      return jinja::value::make_list(std::move(items));
+    }
+    case element_type::STRING: return jinja::value::string(std::string(std::string_view(e)));
+    case element_type::INT64: return jinja::value::integer(int64_t(e));
+    case element_type::UINT64: bad_json(what, "an integer beyond 64 bits");
+    case element_type::DOUBLE: return jinja::value::floating(double(e));
+    case element_type::BOOL: return jinja::value::boolean(bool(e));
+    case element_type::NULL_VALUE: return jinja::value::none();
+  }
+  bad_json(what, "unknown element");
+}
+
+jinja::value parse_json_value(simdjson::dom::parser& parser, const std::string& text, const std::string& what) {
+  simdjson::dom::element root;
+  if (auto error = parser.parse(text).get(root)) bad_json(what, simdjson::error_message(error));
+  return from_json(root, what);
+}
+
+jinja::value message_value(const chat_message& m, size_t index, simdjson::dom::parser& parser) {
+  using jinja::value;
+  std::vector<std::pair<value, value>> entries;
+  entries.emplace_back(value::string("role"), value::string(m.role));
+  entries.emplace_back(value::string("content"), m.content_is_null ? value::none() : value::string(m.content));
+  if (!m.tool_calls.empty()) {
+    std::vector<value> calls;
+    for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+      const chat_tool_call& c = m.tool_calls[j];
+      const std::string what = "messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(j) + "].function.arguments";
+      value function = value::make_dict({{value::string("name"), value::string(c.name)},
+                                         {value::string("arguments"), parse_json_value(parser, c.arguments, what)}});
+      calls.push_back(value::make_dict({{value::string("id"), value::string(c.id)},
+                                        {value::string("type"), value::string("function")},
+                                        {value::string("function"), std::move(function)}}));
+    }
+    entries.emplace_back(value::string("tool_calls"), value::make_list(std::move(calls)));
+  }
+  if (!m.tool_call_id.empty()) entries.emplace_back(value::string("tool_call_id"), value::string(m.tool_call_id));
+  if (!m.name.empty()) entries.emplace_back(value::string("name"), value::string(m.name));
+  return value::make_dict(std::move(entries));
+}
 
 }  // namespace
 
@@ -80,19 +153,20 @@ chat_template chat_template::from_model_or_fallback(const std::optional<std::str
   }
 }
 
+bool chat_template::mentions_tools() const { return has(source_, "tools"); }
+
 std::string chat_template::render(const std::vector<chat_message>& messages, const render_options& options) const {
+  simdjson::dom::parser parser;
   std::vector<jinja::value> items;
   items.reserve(messages.size());
-  for (const auto& m : messages) {
-    items.push_back(jinja::value::make_dict({{jinja::value::string("role"), jinja::value::string(m.role)},
-                                             {jinja::value::string("content"), jinja::value::string(m.content)}}));
-  }
+  for (size_t i = 0; i < messages.size(); ++i) items.push_back(message_value(messages[i], i, parser));
+  jinja::value tools = options.tools_json.empty() ? jinja::value::none() : parse_json_value(parser, options.tools_json, "tools");
   const jinja::context variables = {
       {"messages", jinja::value::make_list(std::move(items))},
       {"add_generation_prompt", jinja::value::boolean(options.add_generation_prompt)},
       {"bos_token", jinja::value::string(options.bos_token)},
       {"eos_token", jinja::value::string(options.eos_token)},
-      {"tools", jinja::value::none()},
+      {"tools", std::move(tools)},
       {"documents", jinja::value::none()},
   };
   const int64_t now = options.now_unix_seconds

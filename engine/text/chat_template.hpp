@@ -14,9 +14,24 @@
 
 namespace tessera {
 
+// A call the assistant made (OpenAI's message.tool_calls[i]). `arguments` is JSON text, as clients
+// send it; the template sees it parsed into a dict (as vLLM renders it, and what tool-aware templates
+// expect: they print `arguments | tojson`).
+struct chat_tool_call {
+  std::string id;
+  std::string name;
+  std::string arguments = "{}";
+};
+
 struct chat_message {
-  std::string role;     // "system", "user", "assistant", ...
+  std::string role;     // "system", "user", "assistant", "tool", ...
   std::string content;
+  // "content": null (an assistant turn that only calls tools): the template sees None, as in
+  // transformers, so a template that concatenates content fails exactly as it does there.
+  bool content_is_null = false;
+  std::vector<chat_tool_call> tool_calls;  // assistant: the calls it made (key absent when empty)
+  std::string tool_call_id;                // tool: the call this message answers (key absent when empty)
+  std::string name;                        // tool / function: the function's name (key absent when empty)
 };
 
 struct render_options {
@@ -24,6 +39,9 @@ struct render_options {
   std::string bos_token;
   std::string eos_token;
   jinja::limits limits;               // bounds for the untrusted template
+  // The request's tool definitions as JSON text (a JSON array, OpenAI's `tools`); empty: the template
+  // sees tools = none. Parsed like Python's json.loads (key order kept, ints vs floats).
+  std::string tools_json;
   // Clock for strftime_now() (Llama 3.x templates print today's date); nullopt: the current time.
   std::optional<int64_t> now_unix_seconds;
 };
@@ -53,6 +71,8 @@ class chat_template {
   std::string render(const std::vector<chat_message>& messages, const render_options& options = {}) const;
 
   const std::string& source() const { return source_; }
+  // The template reads the `tools` variable (it can describe tools to the model).
+  bool mentions_tools() const;
   chat_template_family family() const { return family_; }
 
  private:

@@ -270,6 +270,90 @@ TEST(ChatTemplate, NamedTemplatesMatchJinja2) {
   report(run_fixtures("named"), 200);
 }
 
+// ---- tool calling: scripts/make_tool_template_fixtures.py -> tools_expected.json (transformers) ----
+
+const json& tool_fixtures() {
+  static const json doc = json_reader(read_file(data_dir + "tools_expected.json")).parse();
+  return doc;
+}
+
+// The conversation as the server builds it from an OpenAI request: arguments stay JSON text.
+std::vector<chat_message> tool_conversation(const json& conv) {
+  std::vector<chat_message> out;
+  for (const auto& m : conv.at("messages").items) {
+    chat_message msg;
+    msg.role = m.at("role").s;
+    const json& content = m.at("content");
+    msg.content_is_null = content.kind == json::type::null;
+    msg.content = content.s;
+    if (const json* calls = m.find("tool_calls")) {
+      for (const auto& c : calls->items)
+        msg.tool_calls.push_back({c.at("id").s, c.at("function").at("name").s, c.at("function").at("arguments").s});
+    }
+    if (const json* id = m.find("tool_call_id")) msg.tool_call_id = id->s;
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+TEST(ChatTemplate, ToolTemplatesMatchTransformers) {
+  // Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3 (Hermes-style <tool_call>) and SmolLM2 with tool
+  // definitions, assistant tool calls (content null) and tool results, against transformers'
+  // render_jinja_template (what apply_chat_template(..., tools=...) runs).
+  int compared = 0, errors_matched = 0;
+  std::map<std::string, std::shared_ptr<chat_template>> cache;
+  for (const auto& c : tool_fixtures().at("cases").items) {
+    const std::string name = c.at("template").s;
+    auto& tmpl = cache[name];
+    if (!tmpl) tmpl = std::make_shared<chat_template>(chat_template::parse(read_file(data_dir + name)));
+    const json& conv = tool_fixtures().at("conversations").at(c.at("conversation").s);
+    render_options options;
+    options.add_generation_prompt = c.at("add_generation_prompt").b;
+    options.bos_token = c.at("bos_token").s;
+    options.eos_token = c.at("eos_token").s;
+    options.now_unix_seconds = static_cast<int64_t>(tool_fixtures().at("now_unix_seconds").n);
+    if (conv.at("tools_json").kind == json::type::string) options.tools_json = conv.at("tools_json").s;
+    const std::string label = name + " / " + c.at("conversation").s + " / agp=" + (options.add_generation_prompt ? "1" : "0");
+    const auto messages = tool_conversation(conv);
+    if (const json* expected = c.find("output")) {
+      try {
+        const std::string got = tmpl->render(messages, options);
+        ++compared;
+        EXPECT_EQ(got, expected->s) << label;
+      } catch (const chat_template_error& e) {
+        ADD_FAILURE() << label << ": unexpected error: " << e.what();
+      }
+    } else {
+      try {
+        ADD_FAILURE() << label << ": expected an error (" << c.at("error").s << "), rendered:\n" << tmpl->render(messages, options);
+      } catch (const chat_template_error& e) {
+        ++errors_matched;
+        const std::string& oracle_error = c.at("error").s;
+        if (oracle_error.rfind("TemplateError: ", 0) == 0) {
+          EXPECT_EQ(e.kind(), chat_template_error_kind::raised) << label;
+          EXPECT_EQ(oracle_error.substr(15), e.what()) << label;
+        }
+      }
+    }
+  }
+  EXPECT_GE(compared, 50);
+  EXPECT_GE(errors_matched, 4);
+}
+
+TEST(ChatTemplate, ToolArgumentsMustBeJson) {
+  const chat_template t = chat_template::parse(read_file(data_dir + "qwen2_5.jinja"));
+  chat_message call{"assistant", "", true, {{"c1", "f", "{\"a\": "}}, "", ""};
+  try {
+    t.render({{"user", "x"}, call});
+    ADD_FAILURE() << "rendered a call whose arguments are not JSON";
+  } catch (const chat_template_error& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[1].tool_calls[0].function.arguments is not valid JSON"), std::string::npos) << e.what();
+  }
+  render_options options;
+  options.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"n\": 18446744073709551616}}]";
+  EXPECT_THROW(t.render({{"user", "x"}}, options), chat_template_error);  // beyond 64 bits: refused, not rounded
+}
+
 TEST(ChatTemplate, EdgeCaseSnippetsMatchJinja2) {
   // Scoping, literals, operators, every filter/test/method, error cases (snippets.txt).
   report(run_fixtures("snippet"), 40);

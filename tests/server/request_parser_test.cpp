@@ -129,7 +129,28 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", api_kind::chat, 400, "top_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", api_kind::chat, 400,
        "top_logprobs"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", api_kind::chat, 400, "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", api_kind::chat, 400, "'tools' must be an array"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", api_kind::chat, 400,
+       "'tools[0].function' is required"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})", api_kind::chat,
+       400, "tools[0].function.name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":3}}]})",
+       api_kind::chat, 400, "tools[0].function.parameters"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})",
+       api_kind::chat, 400, "repeats the function name 'f'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       api_kind::chat, 400, "names the function 'g', which is not in 'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}}})", api_kind::chat,
+       400, "has no 'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", api_kind::chat, 400, "has no 'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", api_kind::chat, 400, "'tool_choice' must be"},
+      {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"yes"})", api_kind::chat, 400, "must be a boolean"},
+      {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", api_kind::chat, 400, "use 'tools'"},
+      {R"({"prompt":"x","tools":[]})", api_kind::completion, 400, "chat completions field"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{bad"}}]}]})",
+       api_kind::chat, 400, "messages[0].tool_calls[0].function.arguments' is not valid JSON"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", api_kind::chat, 400, "only allowed on assistant"},
+      {R"({"messages":[{"role":"tool","content":"x"}]})", api_kind::chat, 400, "tool_call_id"},
       // logit_bias keys are canonical integers (issue #14): no sign, space, leading zero or fraction.
       {R"({"prompt":"x","logit_bias":{"01":1}})", api_kind::completion, 400, "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"+1":1}})", api_kind::completion, 400, "logit_bias"},
@@ -139,9 +160,9 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"prompt":"x","logit_bias":{"1e2":1}})", api_kind::completion, 400, "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"":1}})", api_kind::completion, 400, "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"99999999999999999999":1}})", api_kind::completion, 400, "logit_bias"},
-      // Tool calls in the conversation: refused until tools exist, not rendered without them.
+      // A tool call without its function, and the deprecated function_call turn.
       {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function"}]}]})",
-       api_kind::chat, 400, "messages.tool_calls"},
+       api_kind::chat, 400, "messages[0].tool_calls"},
       {R"({"messages":[{"role":"assistant","content":"x","function_call":{"name":"f"}}]})", api_kind::chat, 400,
        "messages.function_call"},
   };
@@ -150,6 +171,65 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
     EXPECT_EQ(e.status, c.status) << c.body;
     EXPECT_NE(std::string(e.what()).find(c.message_part), std::string::npos) << c.body << " -> " << e.what();
   }
+}
+
+TEST(request_parser, tools_and_tool_messages) {
+  const auto req = parse_generation_request(
+      R"({"messages":[{"role":"user","content":"Weather?"},
+                      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+                        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+                      {"role":"tool","tool_call_id":"call_1","content":"sunny"}],
+          "tools":[{"type":"function","function":{"name":"get_weather","description":"d",
+                    "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
+          "tool_choice":"auto","parallel_tool_calls":false})",
+      api_kind::chat, vocab);
+  ASSERT_EQ(req.prompt.messages.size(), 3u);
+  EXPECT_TRUE(req.prompt.messages[1].content_is_null);
+  ASSERT_EQ(req.prompt.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(req.prompt.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(req.prompt.messages[1].tool_calls[0].arguments, R"({"city": "Paris"})");  // as sent
+  EXPECT_EQ(req.prompt.messages[2].tool_call_id, "call_1");
+  ASSERT_EQ(req.tools.functions.size(), 1u);
+  EXPECT_EQ(req.tools.functions[0].parameters, R"({"type":"object","properties":{"city":{"type":"string"}}})");
+  EXPECT_FALSE(req.tools.parallel_tool_calls);
+  EXPECT_TRUE(req.tools.calls_possible());
+  EXPECT_FALSE(req.params.structured.has_value());  // auto: free text, parsed for calls
+  EXPECT_EQ(req.prompt.tools_json.rfind("[{\"type\":\"function\"", 0), 0u);
+
+  // tool_choice none: the template does not see the tools, and nothing is parsed.
+  const auto none = parse_generation_request(
+      R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"})",
+      api_kind::chat, vocab);
+  EXPECT_TRUE(none.prompt.tools_json.empty());
+  EXPECT_FALSE(none.tools.calls_possible());
+  // tools: [] is the no-op it is for OpenAI.
+  EXPECT_FALSE(parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", api_kind::chat, vocab)
+                   .tools.calls_possible());
+}
+
+TEST(request_parser, forced_tool_choice_becomes_a_json_schema_constraint) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}},
+                                        {"type":"function","function":{"name":"g"}}])";
+  const auto named = parse_generation_request(
+      R"({"messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+      api_kind::chat, vocab);
+  ASSERT_TRUE(named.params.structured.has_value());
+  EXPECT_EQ(named.params.structured->type, structured_output_spec::kind::json_schema);
+  EXPECT_EQ(named.params.structured->field, "tool_choice");
+  EXPECT_EQ(named.params.structured->source, R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
+
+  const auto required = parse_generation_request(
+      R"({"messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":"required","parallel_tool_calls":false})",
+      api_kind::chat, vocab);
+  ASSERT_TRUE(required.params.structured.has_value());
+  const boost::json::value schema = boost::json::parse(required.params.structured->source);
+  EXPECT_EQ(schema.at("type").as_string(), "array");
+  EXPECT_EQ(schema.at("minItems").as_int64(), 1);
+  EXPECT_EQ(schema.at("maxItems").as_int64(), 1);
+  const auto& any_of = schema.at("items").at("anyOf").as_array();
+  ASSERT_EQ(any_of.size(), 2u);
+  EXPECT_EQ(any_of[1].at("properties").at("name").at("enum").as_array()[0].as_string(), "g");
+  EXPECT_EQ(any_of[1].at("properties").at("parameters").at("type").as_string(), "object");
 }
 
 TEST(request_parser, logit_bias_keys_in_canonical_form_are_accepted) {

@@ -37,6 +37,19 @@ test('chat deltas coalesce per generation: text joined, tokens summed, first and
   assert.equal(out.length, 2);
 });
 
+test('chat deltas coalesce reasoning and tool calls from the server parsers', () => {
+  const out = coalesceDeltas([
+    { id: 'a', text: '', reasoning_content: 'Let me ', token_ids: [1], t: 0.1 },
+    { id: 'a', text: '', reasoning_content: 'think.', token_ids: [2], t: 0.2 },
+    { id: 'a', text: '', token_ids: [], t: 0.3,
+      tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+  ]);
+  assert.deepEqual(out[0], {
+    id: 'a', text: '', numTokens: 2, firstT: 0.1, lastT: 0.3, reasoning: 'Let me think.',
+    toolCalls: [{ index: 0, id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' }],
+  });
+});
+
 test('lifecycles follow admissions, preemptions, swap-ins and finishes', () => {
   const m = new DashboardModel();
   m.noteSubmitted(7, 0);

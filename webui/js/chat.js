@@ -53,10 +53,30 @@ function messageElement(m) {
   return div;
 }
 
+// A collapsible block of plain text (reasoning, a tool call's arguments): textContent only, never HTML.
+function detailsBlock(className, summary, text, open) {
+  const d = document.createElement('details');
+  d.className = className;
+  d.open = open;
+  const s = document.createElement('summary');
+  s.textContent = summary;
+  const pre = document.createElement('pre');
+  pre.textContent = text;
+  d.append(s, pre);
+  return d;
+}
+
 function fillMessage(div, m) {
   const body = div.querySelector('.body');
   if (m.role === 'assistant') renderTree(document, body, parseMarkdown(m.content));
   else body.textContent = m.content;  // the user's own text, shown verbatim
+  if (m.role === 'assistant' && m.reasoning) {
+    // Reasoning first, collapsed once the answer is done (open while it streams).
+    body.prepend(detailsBlock('reasoning', 'Reasoning', m.reasoning, !!m.streaming && !m.content));
+  }
+  for (const t of m.toolCalls || []) {
+    body.append(detailsBlock('tool-call', 'Tool call: ' + (t.name || '?'), t.arguments || '', true));
+  }
   if (m.error) {
     const err = document.createElement('p');
     err.className = 'error';
@@ -110,6 +130,8 @@ function flush() {
     if (!g) continue;
     const m = g.msg;
     m.content += d.text;
+    if (d.reasoning) m.reasoning = (m.reasoning || '') + d.reasoning;
+    if (d.toolCalls) m.toolCalls = (m.toolCalls || []).concat(d.toolCalls);
     m.numTokens = (m.numTokens || 0) + d.numTokens;
     if (m.firstT == null && d.numTokens) m.firstT = d.firstT;
     m.lastT = d.lastT;

@@ -26,11 +26,19 @@ export function coalesceDeltas(deltas) {
   for (const d of deltas) {
     const cur = byId.get(d.id);
     const n = Array.isArray(d.token_ids) ? d.token_ids.length : 0;
-    if (!cur) byId.set(d.id, { id: d.id, text: d.text || '', numTokens: n, firstT: d.t, lastT: d.t });
+    let c = cur;
+    if (!c) byId.set(d.id, (c = { id: d.id, text: d.text || '', numTokens: n, firstT: d.t, lastT: d.t }));
     else {
-      cur.text += d.text || '';
-      cur.numTokens += n;
-      cur.lastT = d.t;
+      c.text += d.text || '';
+      c.numTokens += n;
+      c.lastT = d.t;
+    }
+    // With the server's output parsers (docs/tools.md): reasoning text and completed tool calls.
+    if (d.reasoning_content) c.reasoning = (c.reasoning || '') + d.reasoning_content;
+    if (Array.isArray(d.tool_calls) && d.tool_calls.length) {
+      c.toolCalls = (c.toolCalls || []).concat(d.tool_calls.map((t) => ({
+        index: t.index, id: t.id, name: t.function && t.function.name, arguments: t.function && t.function.arguments,
+      })));
     }
   }
   return [...byId.values()];
