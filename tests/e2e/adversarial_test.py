@@ -27,6 +27,8 @@ import tempfile
 import threading
 import time
 
+from served import free_port, served  # tests/e2e/served.py
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 # Under the sanitizers everything is slower: deadlines are scaled, not weakened.
 SLOW = float(os.environ.get("TESSERA_TEST_SLOWDOWN", "1"))
@@ -40,34 +42,15 @@ TIMEOUTS = ["--request-timeout", "3", "--keep-alive-timeout", "3", "--write-time
 results = []
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class tsocket(socket.socket):
     """A socket that can carry attributes: ws_read() keeps the bytes after a frame in .pending."""
 
 
-class server:
+class server(served):
     def __init__(self, *extra):
-        self.port = free_port()
-        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-adv-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *ENGINE, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
         self.auth = {"Authorization": "Bearer " + KEY} if KEY in extra else {}
-        deadline = time.time() + 240 * SLOW
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.log())
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become healthy")
+        super().__init__([BIN, "serve", MODEL, *ENGINE, *extra], log_prefix="tessera-adv-",
+                         ready_timeout=240 * SLOW)
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         """One request on its own connection: (status, body bytes, headers dict)."""
@@ -120,22 +103,6 @@ class server:
                     return int(line.split()[1])
         return 0
 
-    def log(self):
-        with open(self.log_file.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
-        os.unlink(self.log_file.name)
 
 
 def read_all(s, limit=64 << 20):

@@ -35,39 +35,20 @@ import time
 BIN, MODEL = sys.argv[1], sys.argv[2]
 import websockets  # scripts/test installs it: a missing module is a failure, not a skip
 
+from served import free_port, served  # tests/e2e/served.py
+
 BASE = ["--threads", "2", "--max-model-len", "1024", "--quiet"]
 ENGINE = [*BASE, "--num-kv-blocks", "96", "--swap-space", "0.05"]
 results = []
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class server:
+class server(served):
     def __init__(self, plan, extra=(), engine=ENGINE):
-        self.port = free_port()
-        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-fault-", suffix=".log", delete=False)
         env = dict(os.environ)
         env.pop("TESSERA_FAULT_INJECTION", None)
         if plan:
             env["TESSERA_FAULT_INJECTION"] = plan
-        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *engine, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file, env=env)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.log())
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not become healthy")
+        super().__init__([BIN, "serve", MODEL, *engine, *extra], log_prefix="tessera-fault-", env=env)
         assert ("fault injection enabled" in self.log()) == bool(plan), self.log()
 
     def request(self, method, path, body=None, timeout=120):
@@ -100,23 +81,8 @@ class server:
                 values[name] = float(value)
         return values
 
-    def log(self):
-        with open(self.log_file.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
     def stop(self, expect_clean=True):
-        self.proc.terminate()
-        try:
-            status = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("the server did not exit within 30 s of SIGTERM")
-        finally:
-            self.log_file.close()
-        if expect_clean:
-            assert status == 0, f"exit status {status}: {self.log()[-2000:]}"
-        os.unlink(self.log_file.name)
+        super().stop(expect_clean)
 
 
 def case(fn):

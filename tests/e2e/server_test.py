@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from served import free_port, served  # tests/e2e/served.py
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     import openai
@@ -33,30 +35,9 @@ ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--
 results = []
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class server:
+class server(served):
     def __init__(self, *extra):
-        self.port = free_port()
-        # stderr (the log) goes to a file: a pipe nobody reads would fill up and block the server.
-        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *ENGINE, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.log())
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become healthy")
+        super().__init__([BIN, "serve", MODEL, *ENGINE, *extra])
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -99,10 +80,6 @@ class server:
                 values[name] = float(value)
         return values
 
-    def log(self):
-        with open(self.log_file.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
     def wait_log(self, ready, timeout=10):
         """The log once ready(log) holds (lines are written by the server's logging thread)."""
         deadline = time.time() + timeout
@@ -117,15 +94,6 @@ class server:
             return [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
         return records_of(self.wait_log(lambda log: ready(records_of(log))))
 
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
-        os.unlink(self.log_file.name)
 
 
 def case(fn):

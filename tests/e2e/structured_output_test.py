@@ -27,6 +27,8 @@ import tempfile
 import time
 import traceback
 
+from served import free_port, served  # tests/e2e/served.py
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     import jsonschema
@@ -40,28 +42,11 @@ except ImportError as e:  # scripts/test installs them
 ENGINE = ["--threads", "2", "--num-kv-blocks", "256", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
 
 
-class server:
-    """`tessera serve` on a free loopback port (as tests/e2e/server_test.py starts it)."""
+class server(served):
+    """`tessera serve` on a free loopback port (tests/e2e/served.py)."""
 
     def __init__(self, *extra):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        # stderr (the log) goes to a file: a pipe nobody reads would fill up and block the server.
-        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *ENGINE, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + self.log())
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become healthy")
+        super().__init__([BIN, "serve", MODEL, *ENGINE, *extra])
 
     def request(self, method, path, body=None, timeout=120):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -83,19 +68,6 @@ class server:
                 values[name] = float(value)
         return values
 
-    def log(self):
-        with open(self.log_file.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
-        os.unlink(self.log_file.name)
 
 
 # llama.cpp's own grammars, committed as fixtures (MIT; provenance in tests/data/grammars/README.md).

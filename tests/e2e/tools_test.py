@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from served import free_port, served  # tests/e2e/served.py
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     import openai
@@ -54,30 +56,9 @@ THINK_SHOT = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class server:
+class server(served):
     def __init__(self, *extra):
-        self.port = free_port()
-        self.log_file = tempfile.NamedTemporaryFile(prefix="tessera-tools-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(self.port), *ENGINE, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: " + open(self.log_file.name, errors="replace").read())
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not become healthy")
+        super().__init__([BIN, "serve", MODEL, *ENGINE, *extra], log_prefix="tessera-tools-")
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
 
     def request(self, method, path, body=None):
@@ -88,16 +69,6 @@ class server:
         data = r.read()
         c.close()
         return r.status, data
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
-        os.unlink(self.log_file.name)
 
 
 def case(fn):
