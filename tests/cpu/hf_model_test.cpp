@@ -153,6 +153,9 @@ step_output prompt_logits(std::shared_ptr<const model_weights> w, const std::vec
   o.kv.block_size = 16;
   o.kv.num_device_blocks = 8;
   o.dequantize_weights = exact;
+  // Both sides in f32 math: an F32 checkpoint is not "dequantized", so the automatic KV dtype would be
+  // fp16 for it and fp32 for the dequantized GGUF.
+  o.kv_dtype = cpu_kv_dtype::fp32;
   auto ex = make_cpu_executor(std::move(w), o);
   step_batch b;
   sequence_slice s;

@@ -322,8 +322,9 @@ def a_full_swap_pool_falls_back_to_recompute():
         expected = greedy_answers(roomy, prompts, 120, ignore_eos=True)
     finally:
         roomy.stop()
-    # --swap-space 0.01 GiB: a host pool of 14 blocks, room for a few swapped-out requests, not all.
-    srv = server("", [*small, "--swap-space", "0.01"], engine=BASE)
+    # --swap-space 0.005 GiB: a host pool of 14 blocks (fp16 KV, the default), room for a few
+    # swapped-out requests, not all.
+    srv = server("", [*small, "--swap-space", "0.005"], engine=BASE)
     try:
         got = greedy_answers(srv, prompts, 120, ignore_eos=True)
         assert got == expected, [(g, e) for g, e in zip(got, expected) if g != e]

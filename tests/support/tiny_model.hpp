@@ -49,6 +49,9 @@ inline std::unique_ptr<executor> cpu_reference_executor(std::shared_ptr<const mo
   cpu_executor_options co;
   co.kv = kv;
   co.num_threads = num_threads;
+  // fp32 KV: the reference the CUDA executor's f32 variants are held to within 1e-5 (the CPU's
+  // automatic choice is fp16, whose rounding alone exceeds that).
+  co.kv_dtype = cpu_kv_dtype::fp32;
   return make_cpu_executor(std::move(weights), co);
 }
 
