@@ -274,8 +274,12 @@ void engine_facade::tokenize_async(prompt_input prompt, std::function<void(token
   const caf::actor tok = in_->tokenizers[in_->next_tokenizer.fetch_add(1) % in_->tokenizers.size()];
   auto input = std::make_shared<const prompt_input>(std::move(prompt));
   // A short-lived actor makes the request, so the answer comes back as a message (no thread waits).
-  in_->sys->spawn([tok, input, done = std::move(done)](caf::event_based_actor* self) {
-    self->request(tok, caf::infinite, encode_atom_v, input)
+  // tok and input travel as spawn arguments, not captures: CAF 0.17 spawns an argument-less function
+  // actor by binding a reference through a null shared_ptr<tuple<>> (init_fun_factory), which UBSan
+  // reports in the sanitizer stage of scripts/test.
+  in_->sys->spawn([done = std::move(done)](caf::event_based_actor* self, caf::actor tokenizer,
+                                            std::shared_ptr<const prompt_input> shared_prompt) {
+    self->request(tokenizer, caf::infinite, encode_atom_v, shared_prompt)
         .then(
             [self, done](std::vector<token_id>& ids) {
               tokenize_result r;
@@ -291,7 +295,7 @@ void engine_facade::tokenize_async(prompt_input prompt, std::function<void(token
               done(std::move(r));
               self->quit();
             });
-  });
+  }, tok, input);
 }
 
 int32_t engine_facade::max_model_len() const {

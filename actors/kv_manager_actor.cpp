@@ -14,7 +14,9 @@ struct kv_manager_state {
   static inline const char* name = "kv_manager";
 };
 
-caf::behavior kv_manager_behavior(caf::stateful_actor<kv_manager_state>* self) {
+// The int is unused: CAF 0.17 spawns an argument-less function actor by binding a reference through a
+// null shared_ptr<tuple<>> (init_fun_factory), which UBSan reports; one argument avoids that path.
+caf::behavior kv_manager_behavior(caf::stateful_actor<kv_manager_state>* self, int /*unused*/) {
   return {
       [self](occupy_atom, const occupancy_ptr& occupancy) {
         // A snapshot without blocks keeps the previous block view (blocks are refreshed at a bounded rate).
@@ -42,6 +44,6 @@ caf::behavior kv_manager_behavior(caf::stateful_actor<kv_manager_state>* self) {
 
 }  // namespace
 
-caf::actor spawn_kv_manager_actor(caf::actor_system& sys) { return sys.spawn(kv_manager_behavior); }
+caf::actor spawn_kv_manager_actor(caf::actor_system& sys) { return sys.spawn(kv_manager_behavior, 0); }
 
 }  // namespace tessera::actors
