@@ -41,19 +41,38 @@ int quantize(const char* in, const char* out, int ftype) {
   return llama_model_quantize(in, out, &p) == 0 ? 0 : 1;
 }
 
+// A model and one single-threaded context whose batch takes a whole n_ctx prompt; ctx is null when
+// either failed to load.
+struct loaded_model {
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  int32_t vocab = 0;
+
+  loaded_model(const char* path, int n_ctx) {
+    model = llama_model_load_from_file(path, llama_model_default_params());
+    if (model == nullptr) return;
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = static_cast<uint32_t>(n_ctx);
+    cp.n_batch = static_cast<uint32_t>(n_ctx);
+    cp.n_ubatch = static_cast<uint32_t>(n_ctx);
+    cp.n_threads = 1;
+    cp.n_threads_batch = 1;
+    ctx = llama_init_from_model(model, cp);
+    vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  }
+  ~loaded_model() {
+    if (ctx != nullptr) llama_free(ctx);
+    if (model != nullptr) llama_model_free(model);
+  }
+  loaded_model(const loaded_model&) = delete;
+  loaded_model& operator=(const loaded_model&) = delete;
+};
+
 int logits(const char* path, int n_ctx, int n_new, const std::vector<llama_token>& prompt) {
-  llama_model_params mp = llama_model_default_params();
-  llama_model* model = llama_model_load_from_file(path, mp);
-  if (model == nullptr) return 1;
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<uint32_t>(n_ctx);
-  cp.n_batch = static_cast<uint32_t>(n_ctx);
-  cp.n_ubatch = static_cast<uint32_t>(n_ctx);
-  cp.n_threads = 1;
-  cp.n_threads_batch = 1;
-  llama_context* ctx = llama_init_from_model(model, cp);
-  if (ctx == nullptr) return 1;
-  const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const loaded_model m(path, n_ctx);
+  if (m.ctx == nullptr) return 1;
+  llama_context* ctx = m.ctx;
+  const int32_t vocab = m.vocab;
   std::vector<float> rows;
   auto argmax = [&](const float* l) {
     int32_t best = 0;
@@ -91,8 +110,6 @@ int logits(const char* path, int n_ctx, int n_new, const std::vector<llama_token
   std::fwrite(rows.data(), 4, rows.size(), stdout);
   std::fwrite(greedy.data(), 4, greedy.size(), stdout);
   llama_batch_free(b);
-  llama_free(ctx);
-  llama_model_free(model);
   return 0;
 }
 
@@ -131,18 +148,10 @@ int tokenize(const char* path) {
 }
 
 int greedy(const char* path, int n_ctx, int n_new) {
-  llama_model_params mp = llama_model_default_params();
-  llama_model* model = llama_model_load_from_file(path, mp);
-  if (model == nullptr) return 1;
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<uint32_t>(n_ctx);
-  cp.n_batch = static_cast<uint32_t>(n_ctx);
-  cp.n_ubatch = static_cast<uint32_t>(n_ctx);
-  cp.n_threads = 1;
-  cp.n_threads_batch = 1;
-  llama_context* ctx = llama_init_from_model(model, cp);
-  if (ctx == nullptr) return 1;
-  const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const loaded_model m(path, n_ctx);
+  if (m.ctx == nullptr) return 1;
+  llama_context* ctx = m.ctx;
+  const int32_t vocab = m.vocab;
   llama_batch b = llama_batch_init(n_ctx, 0, 1);
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -189,8 +198,6 @@ int greedy(const char* path, int n_ctx, int n_new) {
     std::fflush(stdout);
   }
   llama_batch_free(b);
-  llama_free(ctx);
-  llama_model_free(model);
   return 0;
 }
 

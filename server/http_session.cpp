@@ -72,17 +72,6 @@ void http_session::run() {
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->run_guarded([&] { self->do_read(); }); });
 }
 
-template <class Fn>
-void http_session::run_guarded(Fn&& fn) noexcept {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("an exception that is not a std::exception");
-  }
-}
-
 // Whatever a handler threw: this connection ends (its request aborted), the I/O thread goes on.
 void http_session::fail(const char* what) noexcept {
   try {

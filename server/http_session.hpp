@@ -30,6 +30,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
+#include "server/guarded_handlers.hpp"
 #include "server/chat_output.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
@@ -40,7 +41,7 @@
 
 namespace tessera::server {
 
-class http_session : public std::enable_shared_from_this<http_session> {
+class http_session : public std::enable_shared_from_this<http_session>, guarded_handlers<http_session> {
  public:
   http_session(server_state& state, boost::asio::ip::tcp::socket socket);
   void run();
@@ -69,14 +70,8 @@ class http_session : public std::enable_shared_from_this<http_session> {
     int64_t completion_tokens = -1;
   };
 
-  // A completion handler that runs `fn` on this session inside run_guarded().
-  template <class... Args>
-  auto guarded(void (http_session::*fn)(Args...)) {
-    return [self = shared_from_this(), fn](Args... args) { self->run_guarded([&] { ((*self).*fn)(args...); }); };
-  }
-  template <class Fn>
-  void run_guarded(Fn&& fn) noexcept;
-  void fail(const char* what) noexcept;
+  friend class guarded_handlers<http_session>;
+  void fail(const char* what) noexcept;  // a handler threw (guarded_handlers): log, count, close
 
   // reading and routing
   void do_read();

@@ -36,17 +36,6 @@ ws_session::~ws_session() {
   if (hub_id_) state_.hub->remove(hub_id_);
 }
 
-template <class Fn>
-void ws_session::run_guarded(Fn&& fn) noexcept {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    fail(e.what());
-  } catch (...) {
-    fail("an exception that is not a std::exception");
-  }
-}
-
 // Whatever a handler threw: this socket closes (its generations aborted), the I/O thread goes on.
 void ws_session::fail(const char* what) noexcept {
   try {

@@ -36,6 +36,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
+#include "server/guarded_handlers.hpp"
 #include "server/event_hub.hpp"
 #include "server/metrics.hpp"
 #include "server/prefixed_stream.hpp"
@@ -53,7 +54,7 @@ enum class ws_kind : uint8_t { generate, events };
 void start_ws_session(server_state& state, ws_kind kind, boost::asio::ip::tcp::socket socket, http_request req,
                       bool authed, std::string early = {});
 
-class ws_session : public std::enable_shared_from_this<ws_session> {
+class ws_session : public std::enable_shared_from_this<ws_session>, guarded_handlers<ws_session> {
  public:
   ws_session(server_state& state, ws_kind kind, boost::asio::ip::tcp::socket socket, bool authed, std::string early);
   ~ws_session();
@@ -73,14 +74,8 @@ class ws_session : public std::enable_shared_from_this<ws_session> {
     std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
   };
 
-  // A completion handler that runs `fn` on this session, an exception closing the socket (logged).
-  template <class... Args>
-  auto guarded(void (ws_session::*fn)(Args...)) {
-    return [self = shared_from_this(), fn](Args... args) { self->run_guarded([&] { ((*self).*fn)(args...); }); };
-  }
-  template <class Fn>
-  void run_guarded(Fn&& fn) noexcept;
-  void fail(const char* what) noexcept;
+  friend class guarded_handlers<ws_session>;
+  void fail(const char* what) noexcept;  // a handler threw (guarded_handlers): log, count, close
   void arm_write_timer();
   void on_accept(boost::beast::error_code ec);
   void on_authed();

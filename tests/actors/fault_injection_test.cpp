@@ -104,6 +104,15 @@ facade_options options_for(int32_t max_num_seqs = 8) {
   return o;
 }
 
+// Preemption by swap, and no watermark: the pools fill to the last block, so the tests' small pools
+// preempt (and swap) early and often.
+facade_options swap_options() {
+  facade_options o = options_for();
+  o.engine.preemption = preemption_mode::swap;
+  o.engine.watermark = 0;
+  return o;
+}
+
 facade_components components(std::unique_ptr<executor> exec) {
   facade_components c;
   c.exec = std::move(exec);
@@ -274,9 +283,7 @@ TEST(executor_faults, a_throw_at_a_random_step_ends_every_stream_and_frees_both_
     plan.after_calls = 10;
     auto exec = std::make_unique<fault_injecting_executor>(std::make_unique<sim_executor>(16, 24, 8, test_vocab), plan);
     fault_injecting_executor* faults = exec.get();
-    facade_options options = options_for();
-    options.engine.preemption = preemption_mode::swap;
-    options.engine.watermark = 0;
+    const facade_options options = swap_options();
     engine_facade engine(components(std::move(exec)), options);
     const auto requests = growing_requests(seed, 16);
     auto streams = submit_all(engine, requests);
@@ -420,9 +427,7 @@ TEST(executor_faults, a_failed_allocation_ends_every_stream_with_an_error_and_le
   plan.throws = plan.stalls = plan.stall_throws = false;
   auto exec = std::make_unique<fault_injecting_executor>(std::make_unique<sim_executor>(16, 24, 8, test_vocab), plan);
   fault_injecting_executor* faults = exec.get();
-  facade_options options = options_for();
-  options.engine.preemption = preemption_mode::swap;
-  options.engine.watermark = 0;
+  const facade_options options = swap_options();
   engine_facade engine(components(std::move(exec)), options);
   auto streams = submit_all(engine, growing_requests(12, 12));
   const auto deadline = steady::now() + 20s;
@@ -577,9 +582,7 @@ TEST(tokenizer_faults, random_tokenizer_exits_only_hit_the_prompts_being_encoded
 TEST(swap_faults, a_full_host_pool_falls_back_to_recompute_and_loses_nothing) {
   auto sim = std::make_unique<sim_executor>(16, 14, 2, test_vocab);
   sim_executor* inner = sim.get();
-  facade_options options = options_for();
-  options.engine.preemption = preemption_mode::swap;
-  options.engine.watermark = 0;
+  const facade_options options = swap_options();
   engine_facade engine(components(std::move(sim)), options);
   const auto requests = growing_requests(21, 14);
   auto streams = submit_all(engine, requests);
@@ -613,9 +616,7 @@ TEST(swap_faults, an_executor_failure_while_requests_are_swapped_out_frees_their
                                                            swapped = swapped || !b.swap_out.empty();
                                                            return executor_fault::none;
                                                          });
-  facade_options options = options_for();
-  options.engine.preemption = preemption_mode::swap;
-  options.engine.watermark = 0;
+  const facade_options options = swap_options();
   engine_facade engine(components(std::move(exec)), options);
   auto streams = submit_all(engine, growing_requests(33, 12));
   const auto deadline = steady::now() + 20s;

@@ -231,6 +231,64 @@ reference_value reference_dot(ggml_type type, const std::byte* row, int64_t cols
 // a few f32 roundings of partial sums, each at most 2^-24 of the magnitude. 1e-5 of it is ~100 of them.
 constexpr double matmul_rel_tolerance = 1e-5;
 
+// Checks out[t * out_stride + r] against the reference dot of weight row r and token t's activations
+// (plus 0.5 where the kernel accumulated onto the 0.5 the buffer was filled with), for r in
+// [row_begin, rows); with out_stride > rows, that the rows outside the range kept their 0.5.
+void expect_rows_match_reference(ggml_type type, const std::vector<std::byte>& w, int64_t cols,
+                                 const prepared_input& in, const std::vector<float>& out, int64_t out_stride,
+                                 int32_t num_tokens, int64_t row_begin, int64_t rows, bool accumulate,
+                                 double abs_tolerance, std::string_view what) {
+  const int64_t rb = row_bytes(type, cols);
+  for (int64_t r = 0; r < out_stride; ++r) {
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      const float got = out[static_cast<size_t>(t * out_stride + r)];
+      if (r < row_begin || r >= rows) {
+        EXPECT_EQ(got, 0.5f) << "row outside the range was written";
+        continue;
+      }
+      const reference_value ref =
+          reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
+      const double want = ref.value + (accumulate ? 0.5 : 0.0);
+      EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + abs_tolerance)
+          << what << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t
+          << " (regime " << r % 5 << ")";
+    }
+  }
+}
+
+// gguf-py's own quantized blocks of `type` (tests/data/quant), tiled into `rows` rows of all the
+// fixture's blocks, row r starting at block r (so the rows differ); the float fixtures' inf and NaN
+// elements (there on purpose, for the dequantization tests) zeroed. cols is 0 when the file is empty.
+struct fixture_rows {
+  std::vector<std::byte> w;
+  int64_t cols = 0;
+};
+fixture_rows gguf_py_rows(ggml_type type, int64_t rows) {
+  const ggml_type_info& info = type_info(type);
+  std::string file(info.name);
+  for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
+  const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
+  fixture_rows f;
+  if (nb == 0) return f;
+  f.cols = nb * info.block_elems;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
+      f.w.insert(f.w.end(), blk, blk + info.block_bytes);
+    }
+  }
+  if (is_float_type(type)) {
+    const int64_t eb = info.block_bytes;
+    for (int64_t i = 0; i < static_cast<int64_t>(f.w.size()) / eb; ++i) {
+      float v = 0.0f;
+      dequantize_row(type, f.w.data() + i * eb, &v, 1);
+      if (!std::isfinite(v)) std::fill(f.w.begin() + i * eb, f.w.begin() + (i + 1) * eb, std::byte{0});
+    }
+  }
+  return f;
+}
+
 std::vector<int64_t> test_cols(ggml_type type) {
   if (is_float_type(type)) return {16, 70, 269};  // 269: a tail that is no multiple of any vector
   if (type_info(type).block_elems == 256) return {256, 768};
@@ -316,22 +374,8 @@ TEST_P(kernels_test, quantized_matmul_matches_dequantized_reference) {
           const bool accumulate = (num_tokens % 2) == 1;
           const int64_t row_begin = 3;
           run_matmul(k, type, w, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
-          const int64_t rb = row_bytes(type, cols);
-          for (int64_t r = 0; r < rows + 3; ++r) {
-            for (int32_t t = 0; t < num_tokens; ++t) {
-              const float got = out[static_cast<size_t>(t * out_stride + r)];
-              if (r < row_begin || r >= rows) {
-                EXPECT_EQ(got, 0.5f) << "row outside the range was written";
-                continue;
-              }
-              const reference_value ref =
-                  reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
-              const double want = ref.value + (accumulate ? 0.5 : 0.0);
-              EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
-                  << type_info(type).name << (bf16_bits ? "" : " (no bf16 bits)") << " cols " << cols << " tokens "
-                  << num_tokens << " row " << r << " token " << t << " (regime " << r % 5 << ")";
-            }
-          }
+          expect_rows_match_reference(type, w, cols, in, out, out_stride, num_tokens, row_begin, rows, accumulate,
+                                      1e-5, bf16_bits ? type_info(type).name : "BF16 (no bf16 bits)");
         }
       }
     }
@@ -372,41 +416,17 @@ TEST_P(kernels_test, matmul_on_gguf_py_blocks_matches_reference) {
   const kernel_table& k = *GetParam();
   std::mt19937 rng(13);
   for (ggml_type type : all_types) {
-    std::string file(type_info(type).name);
-    for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
-    const ggml_type_info& info = type_info(type);
-    const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
-    ASSERT_GT(nb, 0) << info.name;
-    const int64_t cols = nb * info.block_elems, rows = 5;
-    std::vector<std::byte> w;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
-        w.insert(w.end(), blk, blk + info.block_bytes);
-      }
-    }
-    if (is_float_type(type)) {  // the float fixtures hold inf and NaN on purpose: zero them here
-      const int64_t eb = info.block_bytes;
-      for (int64_t i = 0; i < static_cast<int64_t>(w.size()) / eb; ++i) {
-        float v = 0.0f;
-        dequantize_row(type, w.data() + i * eb, &v, 1);
-        if (!std::isfinite(v)) std::fill(w.begin() + i * eb, w.begin() + (i + 1) * eb, std::byte{0});
-      }
-    }
+    const int64_t rows = 5;
+    const fixture_rows f = gguf_py_rows(type, rows);
+    ASSERT_GT(f.cols, 0) << type_info(type).name;
+    const int64_t cols = f.cols;
+    const std::vector<std::byte>& w = f.w;
     const int32_t num_tokens = 3;
     const std::vector<float> x = random_activations(num_tokens, cols, rng);
     const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
     std::vector<float> out(static_cast<size_t>(num_tokens * rows));
     run_matmul(k, type, w, cols, in, num_tokens, 0, rows, out.data(), rows, false);
-    for (int32_t t = 0; t < num_tokens; ++t) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const reference_value ref = reference_dot(type, w.data() + r * nb * info.block_bytes, cols,
-                                                  in.seen.data() + static_cast<int64_t>(t) * cols);
-        EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref.value, matmul_rel_tolerance * ref.magnitude + 1e-6)
-            << info.name << " row " << r << " token " << t;
-      }
-    }
+    expect_rows_match_reference(type, w, cols, in, out, rows, num_tokens, 0, rows, false, 1e-6, type_info(type).name);
   }
 }
 
@@ -518,22 +538,8 @@ TEST_P(kernels_test, packed_matmul_matches_dequantized_reference) {
         const bool accumulate = (num_tokens % 2) == 1;
         const int64_t row_begin = 3;
         run_packed(k, type, packed, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
-        const int64_t rb = row_bytes(type, cols);
-        for (int64_t r = 0; r < rows + 3; ++r) {
-          for (int32_t t = 0; t < num_tokens; ++t) {
-            const float got = out[static_cast<size_t>(t * out_stride + r)];
-            if (r < row_begin || r >= rows) {
-              EXPECT_EQ(got, 0.5f) << "row outside the range was written";
-              continue;
-            }
-            const reference_value ref =
-                reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
-            const double want = ref.value + (accumulate ? 0.5 : 0.0);
-            EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + 1e-5)
-                << type_info(type).name << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t
-                << " (regime " << r % 5 << ")";
-          }
-        }
+        expect_rows_match_reference(type, w, cols, in, out, out_stride, num_tokens, row_begin, rows, accumulate, 1e-5,
+                                    type_info(type).name);
       }
     }
   }
@@ -593,34 +599,18 @@ TEST_P(kernels_test, packed_matmul_on_gguf_py_blocks_matches_reference) {
   const kernel_table& k = *GetParam();
   std::mt19937 rng(25);
   for (ggml_type type : packed_types()) {
-    std::string file(type_info(type).name);
-    for (char& ch : file) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    const std::vector<std::byte> blocks = read_file(quant_dir / (file + ".q"));
-    const ggml_type_info& info = type_info(type);
-    const int64_t nb = static_cast<int64_t>(blocks.size()) / info.block_bytes;
-    ASSERT_GT(nb, 0) << info.name;
-    const int64_t cols = nb * info.block_elems, rows = 20;
-    std::vector<std::byte> w;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const std::byte* blk = blocks.data() + ((b + r) % nb) * info.block_bytes;
-        w.insert(w.end(), blk, blk + info.block_bytes);
-      }
-    }
+    const int64_t rows = 20;
+    const fixture_rows f = gguf_py_rows(type, rows);
+    ASSERT_GT(f.cols, 0) << type_info(type).name;
+    const int64_t cols = f.cols;
+    const std::vector<std::byte>& w = f.w;
     const std::vector<std::byte> packed = pack(type, w, rows, cols);
     const int32_t num_tokens = 3;
     const std::vector<float> x = random_activations(num_tokens, cols, rng);
     const prepared_input in = prepare_input(k, type, x, num_tokens, cols);
     std::vector<float> out(static_cast<size_t>(num_tokens * rows));
     run_packed(k, type, packed, cols, in, num_tokens, 0, rows, out.data(), rows, false);
-    for (int32_t t = 0; t < num_tokens; ++t) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const reference_value ref = reference_dot(type, w.data() + r * nb * info.block_bytes, cols,
-                                                  in.seen.data() + static_cast<int64_t>(t) * cols);
-        EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref.value, matmul_rel_tolerance * ref.magnitude + 1e-6)
-            << info.name << " row " << r << " token " << t;
-      }
-    }
+    expect_rows_match_reference(type, w, cols, in, out, rows, num_tokens, 0, rows, false, 1e-6, type_info(type).name);
   }
 }
 

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-from served import free_port, served  # tests/e2e/served.py
+from served import case, free_port, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 # Under the sanitizers everything is slower: deadlines are scaled, not weakened.
@@ -39,7 +39,6 @@ ENGINE = ["--threads", "2", "--num-kv-blocks", "128", "--swap-space", "0.05", "-
 # (16 x 1024 x (32 + 96 x 21) bytes is 33.5 MB), so oversized_responses_are_refused could not fail.
 TIMEOUTS = ["--request-timeout", "3", "--keep-alive-timeout", "3", "--write-timeout", "3", "--ws-auth-timeout", "2",
             "--max-response-bytes", str(4 << 20)]
-results = []
 
 
 class tsocket(socket.socket):
@@ -86,23 +85,12 @@ class server(served):
         s.connect(("127.0.0.1", self.port))
         return s
 
-    def metrics(self):
-        status, data, _ = self.request("GET", "/metrics")
-        assert status == 200, (status, data[:200])
-        values = {}
-        for line in data.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
         return 0
-
 
 
 def read_all(s, limit=64 << 20):
@@ -159,18 +147,6 @@ def split_responses(raw):
         if status >= 200:
             out.append((status, body, headers))
     return out
-
-
-def case(fn):
-    t0 = time.time()
-    try:
-        fn()
-        results.append((fn.__name__, None))
-        print(f"PASS {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        results.append((fn.__name__, e))
-        print(f"FAIL {fn.__name__}: {e!r}", flush=True)
-    return fn
 
 
 def wait_idle(srv, timeout=60):
@@ -884,6 +860,4 @@ def hostile_model_files_exit_with_a_clear_error():
     assert not bad, bad
 
 
-failed = [name for name, e in results if e is not None]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

@@ -14,7 +14,6 @@ Usage: bench_client_test.py TESSERA_BINARY MODEL
 """
 import http.client
 import json
-import os
 import socket
 import subprocess
 import sys

@@ -25,21 +25,17 @@ import asyncio
 import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 import websockets  # scripts/test installs it: a missing module is a failure, not a skip
 
-from served import free_port, served  # tests/e2e/served.py
+from served import case, served, summary  # tests/e2e/served.py
 
 BASE = ["--threads", "2", "--max-model-len", "1024", "--quiet"]
 ENGINE = [*BASE, "--num-kv-blocks", "96", "--swap-space", "0.05"]
-results = []
 
 
 class server(served):
@@ -51,14 +47,8 @@ class server(served):
         super().__init__([BIN, "serve", MODEL, *engine, *extra], log_prefix="tessera-fault-", env=env)
         assert ("fault injection enabled" in self.log()) == bool(plan), self.log()
 
-    def request(self, method, path, body=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, data
+    def request(self, method, path, body=None, timeout=120):  # (status, body bytes)
+        return super().request(method, path, body, timeout=timeout)[:2]
 
     def sse(self, path, body, timeout=120):
         """(status, list of data payloads) of a streaming request, read to the end."""
@@ -71,29 +61,8 @@ class server(served):
             return r.status, [raw]
         return r.status, [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
 
-    def metrics(self):
-        status, data = self.request("GET", "/metrics")
-        assert status == 200, status
-        values = {}
-        for line in data.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
     def stop(self, expect_clean=True):
         super().stop(expect_clean)
-
-
-def case(fn):
-    try:
-        fn()
-        results.append((fn.__name__, None))
-        print(f"PASS {fn.__name__}", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        results.append((fn.__name__, e))
-        print(f"FAIL {fn.__name__}: {e!r}", flush=True)
-    return fn
 
 
 def wait_pools_free(srv, timeout=15):
@@ -349,9 +318,7 @@ def main():
                tokenizer_deaths_under_load_are_recovered_from,
                a_full_swap_pool_falls_back_to_recompute):
         case(fn)
-    failed = [n for n, e in results if e is not None]
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -1,12 +1,47 @@
-"""A `tessera serve` process for the end-to-end suites: started on a free loopback port with its log
-in a file, waited on until /health answers 200, stopped with SIGTERM. Each suite subclasses `served`
-with its own request helpers (the health probe goes through the subclass's `request`)."""
+"""What the end-to-end suites share: a `tessera serve` process (started on a free loopback port with its
+log in a file, waited on until /health answers 200, stopped with SIGTERM; each suite subclasses `served`
+with its own request helpers, and the health probe and /metrics go through the subclass's `request`),
+the Prometheus text parser, and the case runner that reports "N passed, M failed"."""
 
+import http.client
+import json
 import os
 import socket
 import subprocess
 import tempfile
 import time
+
+results = []  # (case name, the exception it raised or None), in the order the cases ran
+
+
+def case(fn):
+    """Runs fn now (as a decorator) and records the outcome; a failure is reported and the suite goes on."""
+    t0 = time.time()
+    try:
+        fn()
+        results.append((fn.__name__, None))
+        print(f"PASS {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
+    except Exception as e:  # noqa: BLE001 - report every failure and go on
+        results.append((fn.__name__, e))
+        print(f"FAIL {fn.__name__}: {e!r}", flush=True)
+    return fn
+
+
+def summary():
+    """Prints "N passed, M failed"; the exit status for the suite (1 on any failure)."""
+    failed = [name for name, e in results if e is not None]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def parse_metrics(text):
+    """Prometheus text exposition -> {'name{labels}': value} (comments and blank lines skipped)."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 def free_port():
@@ -36,8 +71,23 @@ class served:
             time.sleep(0.2)
         raise RuntimeError("server did not become healthy")
 
-    def request(self, method, path, body=None):  # overridden by each suite
-        raise NotImplementedError
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        """One request on its own connection, a dict or list body sent as JSON: (status, body bytes,
+        the http.client response). Suites that speak raw sockets override it."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = {"Content-Type": "application/json", **(headers or {})}
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data, r
+
+    def metrics(self):
+        status, data = self.request("GET", "/metrics")[:2]
+        assert status == 200, (status, data[:200])
+        return parse_metrics(data.decode())
 
     def log(self):
         with open(self.log_file.name, encoding="utf-8", errors="replace") as f:

@@ -9,7 +9,6 @@ Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: server_test.py TESSERA_BINARY MODEL
 """
 import asyncio
-import http.client
 import json
 import os
 import random
@@ -21,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from served import free_port, served  # tests/e2e/served.py
+from served import case, free_port, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
@@ -32,24 +31,11 @@ except ImportError as e:  # the lead's scripts/setup installs them
     sys.exit(0)
 
 ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
-results = []
 
 
 class server(served):
     def __init__(self, *extra):
         super().__init__([BIN, "serve", MODEL, *ENGINE, *extra])
-
-    def request(self, method, path, body=None, headers=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body)
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, data, r
 
     def raw(self, data, timeout=10, until_close=False):
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
@@ -70,16 +56,6 @@ class server(served):
                 pass
         return out
 
-    def metrics(self):
-        status, data, _ = self.request("GET", "/metrics")
-        assert status == 200, status
-        values = {}
-        for line in data.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
     def wait_log(self, ready, timeout=10):
         """The log once ready(log) holds (lines are written by the server's logging thread)."""
         deadline = time.time() + timeout
@@ -93,18 +69,6 @@ class server(served):
         def records_of(log):
             return [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
         return records_of(self.wait_log(lambda log: ready(records_of(log))))
-
-
-
-def case(fn):
-    try:
-        fn()
-        results.append((fn.__name__, None))
-        print(f"PASS {fn.__name__}", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        results.append((fn.__name__, e))
-        print(f"FAIL {fn.__name__}: {e!r}", flush=True)
-    return fn
 
 
 srv = server()
@@ -939,6 +903,4 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
     assert grace.proc.returncode == 0, (grace.proc.returncode, log[-2000:])
     assert elapsed < 30, elapsed
 
-failed = [name for name, e in results if e is not None]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

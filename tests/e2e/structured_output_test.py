@@ -16,18 +16,16 @@ Usage: structured_output_test.py TESSERA_BINARY MODEL
 """
 import asyncio
 import concurrent.futures
-import http.client
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 
-from served import free_port, served  # tests/e2e/served.py
+from served import served  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
@@ -48,26 +46,8 @@ class server(served):
     def __init__(self, *extra):
         super().__init__([BIN, "serve", MODEL, *ENGINE, *extra])
 
-    def request(self, method, path, body=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, data, r
-
     def model_id(self):
         return json.loads(self.request("GET", "/v1/models")[1])["data"][0]["id"]
-
-    def metrics(self):
-        values = {}
-        for line in self.request("GET", "/metrics")[1].decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
 
 
 # llama.cpp's own grammars, committed as fixtures (MIT; provenance in tests/data/grammars/README.md).

@@ -12,16 +12,11 @@ Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: tools_test.py TESSERA_BINARY MODEL
 """
 import asyncio
-import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 
-from served import free_port, served  # tests/e2e/served.py
+from served import case, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
@@ -33,7 +28,6 @@ except ImportError as e:  # scripts/test installs them
 
 ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
 MODEL_NAME = os.path.basename(MODEL)
-results = []
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -61,25 +55,8 @@ class server(served):
         super().__init__([BIN, "serve", MODEL, *ENGINE, *extra], log_prefix="tessera-tools-")
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
 
-    def request(self, method, path, body=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, data
-
-
-def case(fn):
-    try:
-        fn()
-        results.append((fn.__name__, None))
-        print(f"PASS {fn.__name__}", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        results.append((fn.__name__, e))
-        print(f"FAIL {fn.__name__}: {e!r}", flush=True)
-    return fn
+    def request(self, method, path, body=None, timeout=120):  # (status, body bytes)
+        return super().request(method, path, body, timeout=timeout)[:2]
 
 
 def reassemble(chunks):
@@ -273,6 +250,4 @@ def auto_parser_leaves_a_template_without_tools_alone():
 
 plain.stop()
 
-failed = [name for name, e in results if e is not None]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

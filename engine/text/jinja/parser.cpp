@@ -343,24 +343,16 @@ class parser {
     return body;
   }
 
-  expr_ptr parse_or() {
-    expr_ptr left = parse_and();
-    while (is_name("or")) {
-      auto e = make(expr_kind::or_op, cur().line);
+  // `a or b or c`, left-associative: ((a or b) or c); likewise `and`, one level tighter.
+  expr_ptr parse_or() { return parse_keyword_chain("or", expr_kind::or_op, &parser::parse_and); }
+  expr_ptr parse_and() { return parse_keyword_chain("and", expr_kind::and_op, &parser::parse_not); }
+  expr_ptr parse_keyword_chain(const char* keyword, expr_kind kind, expr_ptr (parser::*operand)()) {
+    expr_ptr left = (this->*operand)();
+    while (is_name(keyword)) {
+      auto e = make(kind, cur().line);
       advance();
       add_kid(*e, std::move(left));
-      add_kid(*e, parse_and());
-      left = std::move(e);
-    }
-    return left;
-  }
-  expr_ptr parse_and() {
-    expr_ptr left = parse_not();
-    while (is_name("and")) {
-      auto e = make(expr_kind::and_op, cur().line);
-      advance();
-      add_kid(*e, std::move(left));
-      add_kid(*e, parse_not());
+      add_kid(*e, (this->*operand)());
       left = std::move(e);
     }
     return left;
