@@ -247,7 +247,9 @@ TEST(hardening, client_that_never_reads_is_closed_after_the_write_timeout) {
   sse.open(tcp::v4());
   sse.set_option(net::socket_base::receive_buffer_size(4096));
   sse.connect(s.endpoint());
-  const std::string body = R"({"prompt":"abc","max_tokens":1000000,"ignore_eos":true,"stream":true})";
+  // 20 logprobs a token make each event ~40x larger, so the socket buffers fill after a few thousand
+  // tokens instead of ~100k (what took this test two minutes under the sanitizers).
+  const std::string body = R"({"prompt":"abc","max_tokens":1000000,"ignore_eos":true,"stream":true,"logprobs":20})";
   net::write(sse, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
   tcp::socket raw_ws(ioc);
@@ -256,7 +258,11 @@ TEST(hardening, client_that_never_reads_is_closed_after_the_write_timeout) {
   raw_ws.connect(s.endpoint());
   websocket::stream<tcp::socket> ws(std::move(raw_ws));
   ws.handshake("127.0.0.1", "/v1/ws");
-  ws.write(net::buffer(start_message("g", 1000000)));
+  ws.write(net::buffer(json::serialize(json::object{
+      {"type", "start"},
+      {"id", "g"},
+      {"endpoint", "completions"},
+      {"request", json::object{{"prompt", "abc"}, {"max_tokens", 1000000}, {"ignore_eos", true}, {"logprobs", 20}}}})));
   EXPECT_EQ(metrics(s)["tessera_connections_open{protocol=\"websocket\"}"], 1);
   // Neither socket is read: both must be closed and both generations aborted.
   const auto m = wait_idle(s, before.at(submitted_key) + 2, 120s);
