@@ -19,10 +19,11 @@ for dtype in fp32 fp16 bf16 int8; do
   # 2 GiB of KV holds a 4k-token fp32 sequence several times over (46 KB per token on this model).
   out=$("$TESSERA" bench latency --model "$MODEL" --threads "$THREADS" --prompt-tokens "$CTX" --gen-tokens 64 \
     --repeats 3 --kv-cache-dtype "$dtype" --kv-cache-memory 2 --max-model-len $((CTX + 128)) --quiet)
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(f"tessera   kv {sys.argv[2]:<5} context {sys.argv[3]}: prompt {d.get(\"prompt_tps\", 0):8.1f} tok/s, decode {d.get(\"decode_tps\", 0):7.1f} tok/s")' "$out" "$dtype" "$CTX"
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("tessera   kv %-5s context %s: prompt %8.1f tok/s, decode %7.1f tok/s" % (sys.argv[2], sys.argv[3], d.get("prompt_tps", 0), d.get("decode_tps", 0)))' "$out" "$dtype" "$CTX"
 done
 BIN=$(bench/build_llama_cpp.sh)/build/bin
-for ctk in f32 f16; do
+# llama-bench takes f16, bf16 and quantized cache types (-ctk), not f32.
+for ctk in f16; do
   "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n 64 -d "$CTX" -ctk "$ctk" -ctv "$ctk" -fa off -r 3 -o csv 2>/dev/null |
-    python3 -c 'import csv,sys; rows=list(csv.DictReader(sys.stdin)); [print(f"llama.cpp kv {sys.argv[1]:<5} context {r[\"n_depth\"]}: decode {float(r[\"avg_ts\"]):7.1f} tok/s") for r in rows]' "$ctk"
+    python3 -c 'import csv,sys; rows=list(csv.DictReader(sys.stdin)); [print("llama.cpp kv %-5s context %s: decode %7.1f tok/s" % (sys.argv[1], r["n_depth"], float(r["avg_ts"]))) for r in rows]' "$ctk"
 done

@@ -17,7 +17,7 @@ max_tokens tokens), so the amount of work is fixed by the file.
 Usage:
     python3 bench/workloads/make_workload.py \
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --out bench/workloads/sharegpt_like.jsonl --num-requests 200
+        --out bench/workloads/sharegpt_like.jsonl --num-requests 320
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--num-requests", type=int, default=320)
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args()
 
