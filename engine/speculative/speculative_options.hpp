@@ -18,7 +18,7 @@ std::string_view to_string(speculative_mode mode);
 
 struct speculative_options {
   speculative_mode mode = speculative_mode::off;
-  int32_t num_tokens = 3;  // draft tokens per sequence and step (k), >= 1
+  int32_t num_tokens = 4;  // draft tokens per sequence and step (k), >= 1
   ngram_options ngram;
   // Decode is memory-bound only while the batch is small: with more decoding sequences than this, a
   // step verifies no drafts (their extra rows would cost compute the batch already fills). The measured

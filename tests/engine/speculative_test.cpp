@@ -9,6 +9,8 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/base/error.hpp"
@@ -188,6 +190,37 @@ TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_th
             }),
             0);
   EXPECT_EQ(got.size(), 1u);
+}
+
+// ---- the block manager's rollback -----------------------------------------------------------------
+
+TEST(block_manager_truncate, returns_the_blocks_of_rejected_positions_and_caches_none_of_them) {
+  block_manager_options o;
+  o.block_size = 4;
+  o.num_device_blocks = 16;
+  block_manager bm(o);
+  std::vector<block_copy> copies;
+  const seq_id s{1};
+  // 5 computed tokens, then a verification slice of 1 + 6 tokens (positions 5..11): 3 blocks.
+  std::vector<token_id> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  ASSERT_TRUE(bm.allocate_slots(s, tokens, 0, 5, 0, copies));
+  bm.commit_computed(s, std::span(tokens).first(5), 5);
+  ASSERT_TRUE(bm.allocate_slots(s, tokens, 5, 7, 0, copies));
+  EXPECT_EQ(bm.num_blocks(s), 3);
+  // One draft accepted: 7 computed tokens (2 blocks); the third block held only rejected positions.
+  bm.commit_computed(s, std::span(tokens).first(7), 7);
+  bm.truncate(s, 7);
+  EXPECT_EQ(bm.num_blocks(s), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 14);
+  EXPECT_EQ(bm.check_invariants(), "");
+  // Only the full computed block is indexed: the second (positions 4..7, 7 rejected) is not.
+  int cached = 0;
+  for (const block_info& b : bm.snapshot()) cached += b.cached;
+  EXPECT_EQ(cached, 1);
+  EXPECT_THROW(bm.truncate(s, 6), std::logic_error);  // below the computed tokens
+  bm.free(s);
+  EXPECT_EQ(bm.num_free_blocks(), 16);
+  EXPECT_EQ(bm.check_invariants(), "");
 }
 
 // ---- the engine ----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ TEST(request_parser, completion_fields) {
       R"({"model":"m","prompt":"Hello","max_tokens":7,"temperature":0.5,"top_p":0.9,"n":3,"stop":["a","bc"],
           "seed":42,"presence_penalty":0.5,"frequency_penalty":-0.5,"logit_bias":{"5":2.5},"logprobs":2,
           "stream":true,"stream_options":{"include_usage":true},"user":"u","top_k":40,"min_p":0.1,
-          "repetition_penalty":1.1,"ignore_eos":true,"priority":-3,"min_tokens":2})",
+          "repetition_penalty":1.1,"ignore_eos":true,"priority":-3,"min_tokens":2,"speculative":false})",
       api_kind::completion, vocab);
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::text);
@@ -57,6 +57,7 @@ TEST(request_parser, completion_fields) {
   EXPECT_TRUE(r.params.ignore_eos);
   EXPECT_EQ(r.priority, -3);
   EXPECT_EQ(r.params.min_tokens, 2);
+  EXPECT_FALSE(r.params.speculative);
 }
 
 TEST(request_parser, defaults_and_prompt_forms) {
@@ -64,6 +65,7 @@ TEST(request_parser, defaults_and_prompt_forms) {
   EXPECT_EQ(r.prompt.text, "one");
   EXPECT_EQ(r.params.max_tokens, request_limits{}.default_completion_max_tokens);
   EXPECT_EQ(r.params.logprobs, -1);
+  EXPECT_TRUE(r.params.speculative);  // allowed unless the request says false (the server decides)
   r = parse_generation_request(R"({"prompt":[1,2,3]})", api_kind::completion, vocab);
   EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::token_ids);
   EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{1, 2, 3}));
@@ -118,6 +120,8 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"prompt":"x","frobnicate":1})", api_kind::completion, 400, "frobnicate"},
       {R"({"prompt":"x","chat_template":"{{x}}"})", api_kind::completion, 400, "chat templates are refused"},
       {R"({"prompt":"x","stream":"yes"})", api_kind::completion, 400, "must be a boolean"},
+      {R"({"prompt":"x","speculative":"yes"})", api_kind::completion, 400, "'speculative' must be a boolean"},
+      {R"({"prompt":"x","speculative":1})", api_kind::completion, 400, "'speculative' must be a boolean"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", api_kind::completion, 400, "stream_options"},
       {R"({"prompt":"x","min_tokens":9,"max_tokens":3})", api_kind::completion, 400, "min_tokens"},
       {R"({"prompt":"x","stop_token_ids":[5000]})", api_kind::completion, 400, "stop_token_ids"},
