@@ -25,15 +25,16 @@ for workload in grounded sharegpt_like; do
     out=$("$TESSERA" bench throughput --model "$MODEL" --threads "$THREADS" --workload "bench/workloads/$workload.jsonl" \
       --num-requests "$NUM" --max-num-seqs 1 --speculative "$mode" --num-speculative-tokens "$K" --quiet)
     tps[$mode]=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["output_tps"])' "$out")
-    python3 -c '
+    python3 - "$out" "$workload" "$mode" <<'PY'
 import json, sys
 d = json.loads(sys.argv[1])
 drafts, acc = d.get("spec_draft_tokens", 0), d.get("spec_accepted_tokens", 0)
-rate = f"{acc / drafts:.2f}" if drafts else "-"
-print(f"{sys.argv[2]:<14} speculative {sys.argv[3]:<6}: {d[\"output_tps\"]:8.1f} output tok/s, {d[\"requests\"]} requests, "
-      f"{d[\"output_tokens\"]} tokens, {d[\"steps\"]} steps, drafts {drafts} accepted {acc} (rate {rate})")' "$out" "$workload" "$mode"
+rate = "%.2f" % (acc / drafts) if drafts else "-"
+print("%-14s speculative %-6s: %8.1f output tok/s, %d requests, %d tokens, %d steps, drafts %d accepted %d (rate %s)"
+      % (sys.argv[2], sys.argv[3], d["output_tps"], d["requests"], d["output_tokens"], d["steps"], drafts, acc, rate))
+PY
   done
-  python3 -c 'import sys; print(f"{sys.argv[1]:<14} speed-up ngram/off: {float(sys.argv[3]) / float(sys.argv[2]):.2f}x")' \
+  python3 -c 'import sys; print("%-14s speed-up ngram/off: %.2fx" % (sys.argv[1], float(sys.argv[3]) / float(sys.argv[2])))' \
     "$workload" "${tps[off]}" "${tps[ngram]}"
   unset tps
 done
