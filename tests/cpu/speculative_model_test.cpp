@@ -14,6 +14,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
+#include "tests/support/ngram_speculation.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace tessera {
@@ -34,12 +35,7 @@ engine_options options(int32_t blocks, int32_t host, bool speculative, preemptio
   o.num_host_blocks = host;
   o.watermark = 0;
   o.preemption = mode;
-  if (speculative) {
-    o.speculative.mode = speculative_mode::ngram;
-    o.speculative.num_tokens = 4;
-    o.speculative.ngram = {.min_n = 1, .max_n = 4};
-    o.speculative.max_batch = 16;
-  }
+  if (speculative) o.speculative = test_support::ngram_speculation(4, 16);
   return o;
 }
 

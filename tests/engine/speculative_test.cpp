@@ -20,6 +20,7 @@
 #include "engine/speculative/speculative_options.hpp"
 #include "engine/speculative/verifier.hpp"
 #include "tests/support/chi_square.hpp"
+#include "tests/support/ngram_speculation.hpp"
 
 namespace tessera {
 namespace {
@@ -252,12 +253,7 @@ engine_options spec_opts(int32_t blocks, bool speculative, int32_t host = 0) {
   o.num_kv_blocks = blocks;
   o.num_host_blocks = host;
   o.watermark = 0;
-  if (speculative) {
-    o.speculative.mode = speculative_mode::ngram;
-    o.speculative.num_tokens = 4;
-    o.speculative.ngram = {.min_n = 1, .max_n = 3};
-    o.speculative.max_batch = 64;
-  }
+  if (speculative) o.speculative = test_support::ngram_speculation(3, 64);
   return o;
 }
 
@@ -427,24 +423,18 @@ TEST(speculative_engine, off_per_request_and_above_the_batch_threshold) {
     run_checked(engine, exec);
     EXPECT_EQ(engine.stats().num_draft_tokens, 0u);
   }
-  {  // 5 decoding sequences, threshold 4: no step speculates until one finishes.
+  // Draft tokens verified for `num_seqs` equal requests decoding together under a threshold of 4.
+  const auto drafts_with = [&](int num_seqs) {
     markov_executor exec(4, 256, 0, vocab);
     engine_options o = spec_opts(256, true);
     o.speculative.max_batch = 4;
     llm_engine engine(exec, nullptr, o);
-    for (int i = 0; i < 5; ++i) engine.add_request(prompt, greedy(20));
+    for (int i = 0; i < num_seqs; ++i) engine.add_request(prompt, greedy(20));
     run_checked(engine, exec);
-    EXPECT_EQ(engine.stats().num_draft_tokens, 0u);
-  }
-  {  // the same with 4: they speculate
-    markov_executor exec(4, 256, 0, vocab);
-    engine_options o = spec_opts(256, true);
-    o.speculative.max_batch = 4;
-    llm_engine engine(exec, nullptr, o);
-    for (int i = 0; i < 4; ++i) engine.add_request(prompt, greedy(20));
-    run_checked(engine, exec);
-    EXPECT_GT(engine.stats().num_draft_tokens, 0u);
-  }
+    return engine.stats().num_draft_tokens;
+  };
+  EXPECT_EQ(drafts_with(5), 0u);  // 5 decoding sequences: no step speculates (they finish together)
+  EXPECT_GT(drafts_with(4), 0u);
 }
 
 TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
