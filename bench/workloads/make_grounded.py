@@ -5,8 +5,10 @@ docs/speculative.md) is for — most of the output is a copy of the input.
 
 The texts are docstrings of the Python standard library (offline and stable for a given Python), cut
 at a sentence end near 600 characters. Each text gets three tasks: quote it back, edit it (a word
-replaced throughout), and summarise it quoting its key sentences. One chat request per line:
-{"id": int, "messages": [{"role": "user", "content": str}], "max_tokens": int}.
+replaced throughout), and summarise it quoting its key sentences. The prompts are completions that
+state the task and start the answer with the text's first words: a chat instruction alone does not
+make a 135M model quote (it paraphrases), and the workload is meant to be input-grounded for the
+models the benchmark runs. One request per line: {"id": int, "prompt": str, "max_tokens": int}.
 
 Usage: python3 bench/workloads/make_grounded.py [--out bench/workloads/grounded.jsonl] [--num-texts 12]
 """
@@ -21,13 +23,10 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "grounded.jsonl"
 MODULES = ["argparse", "json", "logging", "pathlib", "subprocess", "functools", "collections", "textwrap",
            "csv", "unittest", "itertools", "shutil", "tempfile", "datetime", "zipfile", "heapq"]
 TASKS = [
-    ("quote", "Quote the text above back exactly, word for word, and nothing else."),
-    ("edit", "Rewrite the text above exactly as it is, except that every occurrence of the word 'the' "
-             "becomes 'THE'."),
-    ("summarise", "Summarise the text above in a few sentences, quoting its most important sentences "
-                  "word for word."),
+    ("quote", "The text above, quoted back word for word:", lambda t: t),
+    ("edit", "The text above, unchanged except that every 'the' is written 'THE':", lambda t: t.replace("the ", "THE ")),
+    ("summarise", "A summary of the text above that quotes its most important sentences word for word:", lambda t: t),
 ]
-
 
 def passage(module_name, limit=600):
     doc = inspect.getdoc(importlib.import_module(module_name)) or ""
@@ -48,10 +47,10 @@ def main():
     with args.out.open("w") as f:
         i = 0
         for text in texts:
-            for _, task in TASKS:
-                content = f"Text:\n{text}\n\n{task}"
-                f.write(json.dumps({"id": i, "messages": [{"role": "user", "content": content}],
-                                    "max_tokens": args.max_tokens}) + "\n")
+            for _, task, answer in TASKS:
+                start = " ".join(answer(text).split()[:6])  # the answer's first words
+                prompt = f"Text:\n{text}\n\n{task}\n{start}"
+                f.write(json.dumps({"id": i, "prompt": prompt, "max_tokens": args.max_tokens}) + "\n")
                 i += 1
     print(f"wrote {i} requests to {args.out}")
 
