@@ -336,6 +336,22 @@ TEST(format, timings_from_the_lifecycle) {
   EXPECT_NEAR(t.at("decode_tokens_per_second").as_double(), 10.0, 1e-9);  // 10 tokens after the first in 1 s
   EXPECT_EQ(t.at("num_preemptions").as_int64(), 1);
   EXPECT_EQ(t.at("num_swaps").as_int64(), 1);
+  EXPECT_EQ(t.at("num_draft_tokens").as_int64(), 0);
+}
+
+TEST(format, usage_carries_speculative_counts_only_when_drafts_were_verified) {
+  actors::stream_final f;
+  f.num_prompt_tokens = 5;
+  f.num_generated_tokens = 9;
+  EXPECT_FALSE(usage_json(f).contains("speculative"));
+  f.num_draft_tokens = 12;
+  f.num_accepted_draft_tokens = 7;
+  const boost::json::object u = usage_json(f);
+  ASSERT_TRUE(u.contains("speculative"));
+  EXPECT_EQ(u.at("speculative").at("proposed").as_int64(), 12);
+  EXPECT_EQ(u.at("speculative").at("accepted").as_int64(), 7);
+  EXPECT_EQ(u.at("completion_tokens").as_int64(), 9);
+  EXPECT_EQ(timings_json(f).at("num_accepted_draft_tokens").as_int64(), 7);
 }
 
 }  // namespace
