@@ -496,14 +496,31 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
     return;
   }
   // The sequence may finish (and be freed) while its tokens are accepted: the draft is copied first.
-  const std::vector<token_id> draft(s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
+  std::vector<token_id> draft(s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
+  // Structured output: row 0's mask came from the grammar workers; row j's needs the grammar advanced
+  // over draft[0, j), so the matcher walks the draft here, filling each next mask, and is rolled back.
+  // A draft token the grammar refuses can never be drawn (its row masks it): the draft is cut there.
+  const auto words = static_cast<size_t>(mask_words_);
+  std::vector<uint32_t> draft_masks;
+  if (c.constraint) {
+    draft_masks.resize(draft.size() * words);
+    size_t walked = 0;
+    for (; walked < draft.size() && c.constraint->accept(draft[walked]); ++walked)
+      c.constraint->fill_next_mask(std::span(draft_masks.data() + walked * words, words));
+    c.constraint->rollback(static_cast<int32_t>(walked));
+    draft.resize(walked);
+  }
+  const auto allowed = [&](int32_t j) {
+    return j == 0 || !c.constraint ? mask_of(ctx, i)
+                                   : std::span<const uint32_t>(draft_masks.data() + static_cast<size_t>(j - 1) * words, words);
+  };
   c.num_draft_tokens += s.num_draft_tokens;
   stats_.num_draft_tokens += static_cast<uint64_t>(s.num_draft_tokens);
   ++stats_.num_spec_verifications;
   request_output& out = output_for(ctx.outs, ctx.index, r, c);
   const int32_t first = logits_.first_row[i];
   ctx.accepted[i] = verify_draft(
-      c.samp, draft, [&](int32_t j) { return logits_.row(first + j); },
+      c.samp, draft, [&](int32_t j) { return verify_row{logits_.row(first + j), allowed(j)}; },
       [&](const sample_result& res, bool from_draft) {
         if (from_draft) {
           ++c.num_accepted_draft_tokens;
@@ -540,10 +557,7 @@ void llm_engine::propose_drafts() {
   }
 }
 
-// Structured output does not speculate: each draft position would need the grammar advanced over the
-// drafts before it (and rolled back on rejection) to mask its row; the grammar workers fill one mask
-// per sequence and step.
-bool llm_engine::speculates(const request_state& r) const { return proposer_ && r.params.speculative && !r.grammar; }
+bool llm_engine::speculates(const request_state& r) const { return proposer_ && r.params.speculative; }
 
 // Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its blocks,
 // each of which then samples its own first token from the same logits.

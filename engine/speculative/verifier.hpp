@@ -27,13 +27,21 @@
 
 namespace tessera {
 
+// Row j of a verification: the target's logits after the context and draft[0, j), and the grammar's
+// allowed tokens there (structured output; empty: all), computed with the grammar advanced over those
+// drafts.
+struct verify_row {
+  std::span<const float> logits;
+  std::span<const uint32_t> allowed;
+};
+
 // Verifies `draft` with `samp`: for j = 0, 1, ... draws t_j from row(j) (samp records it) and passes it
 // to `commit` with whether it is the draft's token (accepted), which returns false when the sequence
 // ends there (a stop, the length limit). Goes on while t_j == draft[j], the sequence goes on and a row
 // is left (rows 0..draft.size()). Returns how many draft tokens were accepted; commit() got that many
 // plus one tokens, unless it ended earlier.
 int32_t verify_draft(sampler& samp, std::span<const token_id> draft,
-                     const std::function<std::span<const float>(int32_t row)>& row,
+                     const std::function<verify_row(int32_t row)>& row,
                      const std::function<bool(const sample_result&, bool accepted)>& commit);
 
 }  // namespace tessera

@@ -21,6 +21,7 @@
 #include "engine/speculative/verifier.hpp"
 #include "tests/support/chi_square.hpp"
 #include "tests/support/ngram_speculation.hpp"
+#include "tests/support/scripted_constraints.hpp"
 
 namespace tessera {
 namespace {
@@ -120,7 +121,7 @@ TEST(verify_draft, accepts_with_p_of_the_draft_and_resamples_from_the_rest_chi_s
     sampler s(params, 0, {});
     std::vector<token_id> got;
     const int32_t n = verify_draft(
-        s, std::vector<token_id>{draft}, [&](int32_t r) { return std::span<const float>(r == 0 ? row0 : row1); },
+        s, std::vector<token_id>{draft}, [&](int32_t r) { return verify_row{r == 0 ? row0 : row1, {}}; },
         [&](const sample_result& res, bool from_draft) {
           EXPECT_EQ(from_draft, got.empty() && res.token == draft);
           got.push_back(res.token);
@@ -162,7 +163,7 @@ TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_th
         rows.emplace_back(16, 0.0f);
         rows.back()[static_cast<size_t>(10 + r)] = 3.0f;
       }
-    return std::span<const float>(rows[static_cast<size_t>(j)]);
+    return verify_row{rows[static_cast<size_t>(j)], {}};
   };
   sampler s(params, 0, {});
   std::vector<token_id> got;
@@ -435,6 +436,48 @@ TEST(speculative_engine, off_per_request_and_above_the_batch_threshold) {
   };
   EXPECT_EQ(drafts_with(5), 0u);  // 5 decoding sequences: no step speculates (they finish together)
   EXPECT_GT(drafts_with(4), 0u);
+}
+
+TEST(speculative_engine, structured_output_masks_every_draft_row_and_matches_plain_decoding) {
+  // A scripted grammar that at output position k allows the tokens t with (t + k) % 4 != 0 (every
+  // fourth is refused, which one changing with k), complete after 36 tokens. Drafts that run into a
+  // refused token are cut there; the others are verified under masks computed with the grammar
+  // advanced over the drafts before them. Greedy and seeded sampled outputs must be plain decoding's.
+  test_support::token_script script(36);
+  for (size_t k = 0; k < script.size(); ++k)
+    for (token_id t = 1; t < vocab; ++t)
+      if ((static_cast<size_t>(t) + k) % 4 != 0) script[k].push_back(t);
+  const auto grammar = std::make_shared<test_support::scripted_compiled>(script, 0);
+  std::mt19937 rng(12);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(rng, 5 + i));
+  structured_output_spec spec;
+  spec.type = structured_output_spec::kind::regex;
+  spec.source = "scripted";
+  for (const float temperature : {0.0f, 0.5f}) {
+    sampling_params params = greedy(48);
+    params.ignore_eos = false;
+    params.temperature = temperature;
+    params.seed = 3;
+    params.structured = spec;
+    run_result r[2];
+    for (const bool speculative : {false, true}) {
+      markov_executor exec(4, 512, 0, vocab);
+      engine_options o = spec_opts(512, speculative);
+      o.constraints = std::make_shared<test_support::scripted_backend>(
+          [&](const structured_output_spec&) { return compile_result{grammar}; });
+      llm_engine engine(exec, nullptr, o);
+      for (const auto& p : prompts) engine.add_request(p, params, 0, grammar);
+      r[speculative ? 1 : 0] = run_checked(engine, exec);
+    }
+    EXPECT_EQ(r[1].tokens, r[0].tokens) << "temperature " << temperature;
+    for (const auto& [id, choices] : r[1].tokens) {
+      const std::vector<token_id>& t = choices.at(0);
+      ASSERT_EQ(t.size(), script.size()) << "the grammar completes after 36 tokens";
+      for (size_t k = 0; k < t.size(); ++k) EXPECT_NE((static_cast<size_t>(t[k]) + k) % 4, 0u) << k;
+    }
+    EXPECT_GT(r[1].stats.num_accepted_draft_tokens, 0u) << "temperature " << temperature;
+  }
 }
 
 TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
