@@ -117,6 +117,7 @@ def structured_output_gives_the_same_json():
         return r.choices[0].message.content, r.usage
     (a, _), (b, usage) = ask(plain), ask(spec)
     assert a == b, (a, b)
+    assert (usage.model_extra or {}).get("speculative", {}).get("proposed", 0) > 0, usage  # it did speculate
     if usage.completion_tokens < 64:  # the grammar completed: the text is one whole JSON object
         assert isinstance(json.loads(b)["text"], str), b
 
