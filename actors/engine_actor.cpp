@@ -357,6 +357,8 @@ class engine_actor : public caf::event_based_actor {
       c.reason = out.reason;
       c.error = out.error;
       c.num_generated_tokens = out.num_generated_tokens;
+      c.num_draft_tokens = out.num_draft_tokens;
+      c.num_accepted_draft_tokens = out.num_accepted_draft_tokens;
       c.timeline = out.timeline;
       t.finished.push_back(std::move(c));
     }
@@ -384,7 +386,11 @@ class engine_actor : public caf::event_based_actor {
     final->choices = std::move(t.finished);
     final->num_prompt_tokens = t.num_prompt_tokens;
     final->num_cached_prompt_tokens = t.num_cached_prompt_tokens;
-    for (const auto& c : final->choices) final->num_generated_tokens += c.num_generated_tokens;
+    for (const auto& c : final->choices) {
+      final->num_generated_tokens += c.num_generated_tokens;
+      final->num_draft_tokens += c.num_draft_tokens;
+      final->num_accepted_draft_tokens += c.num_accepted_draft_tokens;
+    }
     if (reason == finish_reason::none) {
       reason = final->choices.empty() ? finish_reason::abort : final->choices.front().reason;
       for (const auto& c : final->choices) {

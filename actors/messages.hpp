@@ -55,6 +55,8 @@ struct choice_result {
   finish_reason reason = finish_reason::none;
   std::string error;
   int32_t num_generated_tokens = 0;
+  int32_t num_draft_tokens = 0;           // speculative decoding: drafts verified, of which accepted
+  int32_t num_accepted_draft_tokens = 0;
   std::vector<lifecycle_entry> timeline;
 };
 
@@ -74,6 +76,8 @@ struct stream_final {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
   int32_t num_generated_tokens = 0;  // all choices
+  int32_t num_draft_tokens = 0;      // speculative decoding, all choices: draft tokens verified
+  int32_t num_accepted_draft_tokens = 0;  // of which the target accepted
   double seconds_to_first_token = -1;  // -1: no token was produced
   double seconds_total = 0;
 };

@@ -36,6 +36,8 @@ void stream_buffer::push_delta(const stream_delta& d) {
         o.num_prompt_tokens = d.output.num_prompt_tokens;
         o.num_cached_prompt_tokens = d.output.num_cached_prompt_tokens;
         o.num_generated_tokens = d.output.num_generated_tokens;
+        o.num_draft_tokens = d.output.num_draft_tokens;
+        o.num_accepted_draft_tokens = d.output.num_accepted_draft_tokens;
         if (!d.output.timeline.empty()) o.timeline = d.output.timeline;
         old->seconds_since_submit = d.seconds_since_submit;
         merged = true;

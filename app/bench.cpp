@@ -193,6 +193,9 @@ int bench_command::run_throughput() {
               {"preemptions_recompute", s.num_preemptions_recompute},
               {"preemptions", s.num_preemptions_swap + s.num_preemptions_recompute},
               {"prefix_cached_tokens", s.num_cached_prompt_tokens},
+              {"speculative", engine_.speculative},
+              {"spec_draft_tokens", s.num_draft_tokens},
+              {"spec_accepted_tokens", s.num_accepted_draft_tokens},
               {"steps", s.num_steps}});
   return 0;
 }

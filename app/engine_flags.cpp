@@ -117,6 +117,17 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--dtype", dtype, "CUDA compute type: bfloat16 | float32")->check(CLI::IsMember({"bfloat16", "float32"}));
   cmd.add_flag("--cuda-graphs", cuda_graphs, "CUDA: replay decode steps from graphs captured per batch-size bucket");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
+  cmd.add_option("--speculative", speculative,
+                 "Speculative decoding: off | ngram (n-gram prompt lookup drafts, verified losslessly)")
+      ->check(CLI::IsMember({"off", "ngram"}));
+  cmd.add_option("--num-speculative-tokens", num_speculative_tokens, "Draft tokens verified per sequence and step")
+      ->check(CLI::Range(1, 64));
+  cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
+  cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
+      ->check(CLI::Range(1, 64));
+  cmd.add_option("--speculative-max-batch", speculative_max_batch,
+                 "Steps with more decoding sequences than this do not speculate (decode is no longer memory-bound)")
+      ->check(CLI::Range(1, 65536));
 }
 
 engine_options to_engine_options(const engine_flags& flags) {
@@ -127,6 +138,17 @@ engine_options to_engine_options(const engine_flags& flags) {
   options.max_model_len = flags.max_model_len;
   options.preemption = parse_preemption(flags.preemption_mode);
   options.enable_prefix_caching = !flags.no_prefix_caching;
+  const std::optional<speculative_mode> mode = parse_speculative_mode(flags.speculative);
+  if (!mode) throw invalid_request("--speculative must be off or ngram (got '" + flags.speculative + "')");
+  options.speculative.mode = *mode;
+  options.speculative.num_tokens = flags.num_speculative_tokens;
+  options.speculative.ngram = {.min_n = flags.ngram_min, .max_n = flags.ngram_max};
+  options.speculative.max_batch = flags.speculative_max_batch;
+  try {
+    options.speculative.validate();
+  } catch (const invalid_request& e) {
+    throw invalid_request(std::string("--speculative: ") + e.what());
+  }
   return options;
 }
 

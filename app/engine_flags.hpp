@@ -35,6 +35,12 @@ struct engine_flags {
   std::string dtype = "bfloat16";    // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
   bool cuda_graphs = false;          // CUDA: replay decode steps from captured graphs (not yet verified)
   bool quiet = false;                // no progress/stats on stderr
+  // Speculative decoding (docs/speculative.md).
+  std::string speculative = "off";   // off | ngram
+  int num_speculative_tokens = 4;    // draft tokens per sequence and step
+  int ngram_min = 1;                 // n-gram prompt lookup: shortest and longest suffix matched
+  int ngram_max = 4;
+  int speculative_max_batch = 4;     // decoding sequences above which a step does not speculate
 
   void add_to(CLI::App& cmd);
 };

@@ -299,6 +299,20 @@ void block_manager::release_outside_window(seq_state& s) {
   }
 }
 
+void block_manager::truncate(seq_id seq, int32_t num_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  seq_state& s = it->second;
+  if (s.swapped) throw std::logic_error("block_manager::truncate: sequence is swapped out");
+  if (num_tokens < s.num_computed) throw std::logic_error("block_manager::truncate: would drop computed tokens");
+  const auto keep = static_cast<size_t>(std::max(blocks_for(num_tokens), s.num_freed));
+  // Last first, like free(): the freed tail leaves in the order it was allocated, reversed.
+  while (s.device.size() > keep) {
+    release(s.device.back());
+    s.device.pop_back();
+  }
+}
+
 void block_manager::fork(seq_id parent, seq_id child) {
   auto it = seqs_.find(parent);
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::fork: parent not resident");

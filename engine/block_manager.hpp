@@ -110,6 +110,11 @@ class block_manager {
   // Call only after the executor step that computed them succeeded.
   void commit_computed(seq_id seq, std::span<const token_id> tokens, int32_t num_computed);
 
+  // Speculative decoding: releases `seq`'s trailing device blocks beyond those holding positions
+  // [0, num_tokens) — slots that were allocated for draft tokens the target rejected. pre: num_tokens
+  // >= its computed tokens (nothing computed is dropped); those blocks are never cached (not computed).
+  void truncate(seq_id seq, int32_t num_tokens);
+
   // `child` shares every block of `parent` (reference counts + 1). pre: child has no blocks.
   void fork(seq_id parent, seq_id child);
 

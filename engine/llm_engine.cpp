@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/base/error.hpp"
+#include "engine/speculative/verifier.hpp"
 
 namespace tessera {
 
@@ -55,6 +56,8 @@ llm_engine::llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, con
     eos_ids_.assign(eog.begin(), eog.end());
   }
   mask_words_ = token_mask_words(exec_.config().vocab_size);
+  options_.speculative.validate();  // throws invalid_request
+  proposer_ = options_.speculative.make_proposer();
 }
 
 llm_engine::~llm_engine() { wait_masks(); }
@@ -150,6 +153,8 @@ void llm_engine::finish_choice(request_state& r, choice_state& c, finish_reason 
   out.reason = reason;
   out.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
   out.num_generated_tokens = c.num_generated;
+  out.num_draft_tokens = c.num_draft_tokens;
+  out.num_accepted_draft_tokens = c.num_accepted_draft_tokens;
   std::unique_ptr<sequence> seq = sched_.finish(c.seq, stage);
   if (seq) out.timeline = std::move(seq->timeline);
   seq_owner_.erase(c.seq);
@@ -180,6 +185,8 @@ void llm_engine::accept_token(request_state& r, choice_state& c, const sample_re
   out.token_ids.push_back(s.token);
   if (r.params.logprobs >= 0) out.logprobs.push_back({s.token, s.logprob, s.top_logprobs});
   out.num_generated_tokens = c.num_generated;
+  out.num_draft_tokens = c.num_draft_tokens;
+  out.num_accepted_draft_tokens = c.num_accepted_draft_tokens;
   const std::string delta = c.detok ? c.detok->push(s.token) : std::string();
   stop_update u = c.stops.append(s.token, delta);
   out.text += u.text;
@@ -265,12 +272,14 @@ llm_engine::step_context llm_engine::begin_step() {
 }
 
 scheduler_output llm_engine::plan(step_context& ctx) {
+  propose_drafts();
   scheduler_output p = sched_.schedule();
   record_ = step_record{};
   record_.step = p.step;
   record_.schedule_seconds = seconds_since(ctx.start);
   ctx.asked_device.assign(p.scheduled.size(), false);
   ctx.mask_row.assign(p.scheduled.size(), -1);
+  ctx.accepted.assign(p.scheduled.size(), 0);
   return p;
 }
 
@@ -323,8 +332,16 @@ void llm_engine::sample(scheduler_output& p, step_context& ctx) {
     wait_masks();
     stats_.mask_wait_seconds += seconds_since(t0);
   }
+  for (size_t i = 0; i < p.scheduled.size(); ++i) {
+    if (!p.scheduled[i].samples) continue;
+    if (p.scheduled[i].num_draft_tokens > 0)
+      verify_sequence(i, p, ctx);
+    else
+      sample_sequence(i, p, ctx);
+  }
+  // Verified drafts: the accepted tokens become computed, the rejected positions' blocks go back.
   for (size_t i = 0; i < p.scheduled.size(); ++i)
-    if (p.scheduled[i].samples) sample_sequence(i, p, ctx);
+    if (p.scheduled[i].num_draft_tokens > 0) sched_.accept_draft(p.scheduled[i].id, ctx.accepted[i]);
 }
 
 std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& ctx) {
@@ -361,7 +378,8 @@ const llm_engine::choice_ref* llm_engine::owner_of(seq_id s) const {
 // stays on the host, as does a sampler device_request() declines.
 void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batch, step_context& ctx) {
   for (size_t i = 0; i < p.scheduled.size() && i < batch.seqs.size(); ++i) {
-    if (!p.scheduled[i].samples) continue;
+    // A draft is verified on the host from every row (engine/speculative/verifier.hpp).
+    if (!p.scheduled[i].samples || p.scheduled[i].num_draft_tokens > 0) continue;
     const choice_ref* owner = owner_of(p.scheduled[i].id);
     if (!owner) continue;
     const request_state& r = requests_.at(owner->request);
@@ -462,6 +480,84 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
   }
   drop_if_done(r.id);
 }
+
+// Speculative decode of scheduled sequence i: rows first_row .. first_row + num_draft_tokens verify its
+// draft, and the target's tokens are accepted one by one until the first one the draft did not
+// guess (or a stop). The scheduler learns how many drafts were accepted in sample().
+void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ctx) {
+  const scheduled_sequence& s = p.scheduled[i];
+  const choice_ref* owner = owner_of(s.id);
+  if (!owner) return;
+  request_state& r = requests_.at(owner->request);
+  choice_state& c = *r.choices[static_cast<size_t>(owner->index)];
+  if (logits_.num_rows.size() <= i || logits_.num_rows[i] != s.num_draft_tokens + 1) {
+    fail_request(r, "executor returned no logits", ctx.outs, ctx.index);
+    drop_if_done(r.id);
+    return;
+  }
+  // The sequence may finish (and be freed) while its tokens are accepted: the draft is copied first.
+  std::vector<token_id> draft(s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
+  // Structured output: row 0's mask came from the grammar workers; row j's needs the grammar advanced
+  // over draft[0, j), so the matcher walks the draft here, filling each next mask, and is rolled back.
+  // A draft token the grammar refuses can never be drawn (its row masks it): the draft is cut there.
+  const auto words = static_cast<size_t>(mask_words_);
+  std::vector<uint32_t> draft_masks;
+  if (c.constraint) {
+    draft_masks.resize(draft.size() * words);
+    size_t walked = 0;
+    for (; walked < draft.size() && c.constraint->accept(draft[walked]); ++walked)
+      c.constraint->fill_next_mask(std::span(draft_masks.data() + walked * words, words));
+    c.constraint->rollback(static_cast<int32_t>(walked));
+    draft.resize(walked);
+  }
+  const auto allowed = [&](int32_t j) {
+    return j == 0 || !c.constraint ? mask_of(ctx, i)
+                                   : std::span<const uint32_t>(draft_masks.data() + static_cast<size_t>(j - 1) * words, words);
+  };
+  c.num_draft_tokens += s.num_draft_tokens;
+  stats_.num_draft_tokens += static_cast<uint64_t>(s.num_draft_tokens);
+  ++stats_.num_spec_verifications;
+  request_output& out = output_for(ctx.outs, ctx.index, r, c);
+  const int32_t first = logits_.first_row[i];
+  ctx.accepted[i] = verify_draft(
+      c.samp, draft, [&](int32_t j) { return verify_row{logits_.row(first + j), allowed(j)}; },
+      [&](const sample_result& res, bool from_draft) {
+        if (from_draft) {
+          ++c.num_accepted_draft_tokens;
+          ++stats_.num_accepted_draft_tokens;
+        }
+        accept_token(r, c, res, out);
+        return !c.finished;
+      });
+  drop_if_done(r.id);
+}
+
+// The proposer's drafts for this step's decodes, before the scheduler plans it: none when more
+// sequences decode than speculative.max_batch, nor for requests that do not speculate. k leaves room
+// for the target's own token after the drafts within max_tokens and max_seq_len.
+void llm_engine::propose_drafts() {
+  if (!proposer_) return;
+  const auto decoding = [](const sequence* s) { return s->num_uncomputed() == 1 && s->num_generated() > 0; };
+  int32_t num_decoding = 0;
+  for (sequence* s : sched_.running()) {
+    s->draft.clear();
+    num_decoding += decoding(s);
+  }
+  if (num_decoding > options_.speculative.max_batch) return;
+  for (sequence* s : sched_.running()) {
+    if (!decoding(s)) continue;
+    const choice_ref* owner = owner_of(s->id);
+    if (!owner) continue;
+    const request_state& r = requests_.at(owner->request);
+    if (!speculates(r)) continue;
+    const choice_state& c = *r.choices[static_cast<size_t>(owner->index)];
+    const int32_t room = std::min(r.params.max_tokens - c.num_generated, sched_.max_seq_len() - s->num_tokens()) - 1;
+    const int32_t k = std::min(options_.speculative.num_tokens, room);
+    if (k > 0) s->draft = proposer_->propose(s->tokens, k);
+  }
+}
+
+bool llm_engine::speculates(const request_state& r) const { return proposer_ && r.params.speculative; }
 
 // Parallel sampling: the prompt was prefilled once; fork it into n sequences that share its blocks,
 // each of which then samples its own first token from the same logits.

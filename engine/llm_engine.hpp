@@ -24,6 +24,7 @@
 #include "engine/sampling_params.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
+#include "engine/speculative/speculative_options.hpp"
 #include "engine/step_record.hpp"
 #include "engine/stop_checker.hpp"
 #include "engine/structured_output.hpp"
@@ -49,6 +50,8 @@ struct engine_options {
   // Constrained decoding (engine/structured/): compiles specs and fills the masks off the engine
   // thread. Null: requests with sampling_params::structured are refused.
   std::shared_ptr<constraint_backend> constraints;
+  // Speculative decoding (docs/speculative.md): off by default.
+  speculative_options speculative;
 };
 
 struct token_logprob {
@@ -71,6 +74,10 @@ struct request_output {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache
   int32_t num_generated_tokens = 0;
+  // Speculative decoding so far: draft tokens verified for this choice and how many the target accepted
+  // (of num_generated_tokens, num_accepted_draft_tokens came from drafts).
+  int32_t num_draft_tokens = 0;
+  int32_t num_accepted_draft_tokens = 0;
   std::vector<lifecycle_entry> timeline;  // on the final output: the choice's lifecycle
 };
 
@@ -91,6 +98,12 @@ struct engine_stats {
   // Time the step waited for grammar masks after the executor returned: ~0 while the masks are
   // computed within the forward pass, as designed.
   double mask_wait_seconds = 0;
+  // Speculative decoding: draft tokens verified, of which accepted, and verifications (one per
+  // sequence and step that verified a draft). Acceptance rate = accepted / draft tokens; tokens per
+  // verification = (accepted + verifications) / verifications.
+  uint64_t num_draft_tokens = 0;
+  uint64_t num_accepted_draft_tokens = 0;
+  uint64_t num_spec_verifications = 0;
 };
 
 class llm_engine {
@@ -131,6 +144,8 @@ class llm_engine {
     std::unique_ptr<token_constraint> constraint;  // structured output; null: unconstrained
     bool finished = false;
     int32_t num_generated = 0;
+    int32_t num_draft_tokens = 0;
+    int32_t num_accepted_draft_tokens = 0;
     choice_state(int32_t i, seq_id s, const sampling_params& p, std::span<const token_id> prompt,
                  std::span<const token_id> eos, const std::shared_ptr<const tokenizer>& tok)
         : index(i), seq(s), samp(p, static_cast<uint64_t>(i), prompt, eos), stops(p, eos) {
@@ -163,6 +178,7 @@ class llm_engine {
     std::vector<engine_event> events;  // between-step events first
     std::vector<bool> asked_device;    // per scheduled sequence: sampling sent to the executor
     std::vector<int32_t> mask_row;     // per scheduled sequence: its row of masks_, -1: unconstrained
+    std::vector<int32_t> accepted;     // per scheduled sequence: draft tokens the target accepted
     bool failed = false;               // the executor threw: nothing of the plan is committed
   };
 
@@ -181,6 +197,9 @@ class llm_engine {
   std::span<const uint32_t> mask_of(const step_context& ctx, size_t i) const;
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
   void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
+  void verify_sequence(size_t i, scheduler_output& plan, step_context& ctx);
+  void propose_drafts();
+  bool speculates(const request_state& r) const;
   std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
   const choice_ref* owner_of(seq_id s) const;
 
@@ -198,6 +217,7 @@ class llm_engine {
   std::vector<token_id> eos_ids_;
   engine_options options_;
   scheduler sched_;
+  std::unique_ptr<draft_proposer> proposer_;  // null: speculative decoding off
   std::unordered_map<request_id, request_state> requests_;
   std::unordered_map<seq_id, choice_ref> seq_owner_;
   std::vector<request_output> pending_;  // abort outputs waiting for the next step()

@@ -51,6 +51,10 @@ struct sampling_params {
   // Constrained decoding (docs/structured_output.md): every token is sampled from the tokens the
   // grammar allows, and the sequence finishes (reason stop) when the grammar is complete.
   std::optional<structured_output_spec> structured;
+  // Speculative decoding (docs/speculative.md) may verify proposed tokens for this request when the
+  // engine has it on; false keeps the request on plain decoding. Either way the output distribution
+  // is the same: this only trades compute for latency.
+  bool speculative = true;
 
   // Throws invalid_request, naming the offending field, for any value the engine cannot honour.
   // vocab_size bounds the token ids in logit_bias and stop_token_ids.

@@ -185,6 +185,7 @@ sequence* scheduler::pick_victim(const sequence* for_seq) const {
 
 void scheduler::preempt(sequence* victim, preemption_reason reason, scheduler_output& plan) {
   remove_from(running_, victim);
+  victim->draft.clear();
   ++victim->num_preemptions;
   const int32_t num_blocks = blocks_.num_blocks(victim->id);
   const int64_t bytes = int64_t{num_blocks} * options_.kv_block_bytes;
@@ -228,17 +229,40 @@ void scheduler::preempt(sequence* victim, preemption_reason reason, scheduler_ou
 
 // ---- planning ------------------------------------------------------------------------------------
 
-void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget) {
-  const bool samples = seq->num_computed + num_new == seq->num_tokens();
-  plan.scheduled.push_back({seq, seq->id, seq->request, num_new, samples});
+void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget,
+                               int32_t num_draft) {
+  const int32_t num_real = num_new - num_draft;  // tokens of seq->tokens; the drafts follow them
+  const bool samples = seq->num_computed + num_real == seq->num_tokens();
+  plan.scheduled.push_back({seq, seq->id, seq->request, num_new, samples, num_draft});
   plan.touched.push_back(seq->id);
   scheduled_now_.insert(seq->id);
   budget -= num_new;
   seq->waiting = waiting_reason::none;
-  if (num_new == 1 && samples && seq->num_generated() > 0)
-    plan.num_decode_tokens += 1;
+  if (num_real == 1 && samples && seq->num_generated() > 0)
+    plan.num_decode_tokens += num_new;
   else
     plan.num_prefill_tokens += num_new;
+}
+
+int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan) {
+  // The last real token and the drafts fit the budget; the bonus token after them fits max_seq_len.
+  const int32_t d = std::min({static_cast<int32_t>(seq->draft.size()), budget - 1, max_seq_len_ - seq->num_tokens() - 1});
+  if (d <= 0) {
+    seq->draft.clear();
+    return 0;
+  }
+  // Every running sequence not planned yet may need one new block for its own decode: those stay free.
+  const int32_t reserve = num_running() - static_cast<int32_t>(scheduled_now_.size());
+  // The block manager sizes the allocation from the token span: the drafts ride on the tokens for it.
+  seq->tokens.insert(seq->tokens.end(), seq->draft.begin(), seq->draft.begin() + d);
+  const bool ok = blocks_.allocate_slots(seq->id, seq->tokens, seq->num_computed, 1 + d, reserve, plan.copies);
+  seq->tokens.resize(seq->tokens.size() - static_cast<size_t>(d));
+  if (!ok) {
+    seq->draft.clear();
+    return 0;
+  }
+  seq->draft.resize(static_cast<size_t>(d));
+  return d;
 }
 
 scheduler_output scheduler::schedule() {
@@ -277,6 +301,12 @@ scheduler_output scheduler::schedule() {
     for (sequence* seq : order) {
       if (seq->status != sequence_status::running || scheduled_now_.count(seq->id) != 0) continue;
       if ((seq->num_uncomputed() == 1) != decode_pass) continue;
+      if (decode_pass && !seq->draft.empty()) {
+        if (const int32_t d = allocate_draft(seq, budget, plan); d > 0) {
+          schedule_chunk(seq, 1 + d, plan, budget, d);
+          continue;
+        }
+      }
       const int32_t num_new = std::min(seq->num_uncomputed(), budget);
       if (num_new <= 0) {
         seq->waiting = waiting_reason::token_budget;
@@ -374,10 +404,14 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
     sequence_slice slice;
     slice.seq = s.seq->id;
     auto first = s.seq->tokens.begin() + s.seq->num_computed;
-    slice.tokens.assign(first, first + s.num_new_tokens);
+    slice.tokens.assign(first, first + (s.num_new_tokens - s.num_draft_tokens));
+    slice.tokens.insert(slice.tokens.end(), s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
     slice.num_computed = s.seq->num_computed;
     slice.block_table = blocks_.block_table(s.seq->id);
-    slice.logits = s.samples ? sequence_slice::logits_mode::last : sequence_slice::logits_mode::none;
+    // A draft is verified from the rows of every one of its positions (engine/speculative/verifier.hpp).
+    slice.logits = s.num_draft_tokens > 0 ? sequence_slice::logits_mode::all
+                   : s.samples            ? sequence_slice::logits_mode::last
+                                          : sequence_slice::logits_mode::none;
     batch.seqs.push_back(std::move(slice));
   }
   return batch;
@@ -386,9 +420,20 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
 void scheduler::commit(const scheduler_output& plan) {
   for (const scheduled_sequence& s : plan.scheduled) {
     if (seqs_.count(s.id) == 0) continue;  // finished meanwhile
-    s.seq->num_computed += s.num_new_tokens;
+    s.seq->num_computed += s.num_new_tokens - s.num_draft_tokens;  // drafts: accept_draft()
     blocks_.commit_computed(s.seq->id, s.seq->tokens, s.seq->num_computed);
   }
+}
+
+void scheduler::accept_draft(seq_id id, int32_t num_accepted) {
+  sequence* seq = find(id);
+  if (!seq || seq->status != sequence_status::running) return;
+  seq->draft.clear();
+  if (num_accepted < 0 || seq->num_computed + num_accepted >= seq->num_tokens())
+    throw std::logic_error("scheduler::accept_draft: accepted tokens were not appended");
+  seq->num_computed += num_accepted;
+  blocks_.commit_computed(seq->id, seq->tokens, seq->num_computed);
+  blocks_.truncate(seq->id, seq->num_computed);
 }
 
 // ---- observability -------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ struct scheduled_sequence {
   request_id request;
   int32_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) this step
   bool samples = false;        // the chunk ends at the last token: its logits produce a new token
+  // Speculative decode: the last num_draft_tokens of the new tokens are seq->draft[0, num_draft_tokens)
+  // (positions num_tokens() ...), and every new token's logits row comes back (logits_mode::all).
+  int32_t num_draft_tokens = 0;
 };
 
 // The plan of one step. Applying it = running the executor on make_batch(plan), then commit(plan).
@@ -87,8 +90,16 @@ class scheduler {
   scheduler_output schedule();
   // The executor's input for a plan.
   step_batch make_batch(const scheduler_output& plan) const;
-  // The executor ran the plan: the scheduled tokens now have K/V (full blocks become cacheable).
+  // The executor ran the plan: the scheduled tokens now have K/V (full blocks become cacheable). Of a
+  // speculative decode only its last real token counts as computed until accept_draft().
   void commit(const scheduler_output& plan);
+  // Ends the verification of `seq`'s draft after its accepted tokens were appended: the first
+  // `num_accepted` draft tokens join the computed ones (their K/V, computed this step, is theirs), the
+  // blocks allocated only for rejected positions are returned at once, and the draft is dropped. The
+  // K/V of rejected positions in a kept block is never read and is overwritten by later steps; such a
+  // block is not full of computed tokens, so it never enters the prefix cache. No-op for a finished
+  // sequence.
+  void accept_draft(seq_id seq, int32_t num_accepted);
 
   // A running sequence gets a sampled token (to be computed in a later step).
   void append_token(seq_id seq, token_id token);
@@ -126,7 +137,11 @@ class scheduler {
   void remove_from(std::vector<sequence*>& queue, sequence* seq);
   sequence* pick_victim(const sequence* for_seq) const;
   void preempt(sequence* victim, preemption_reason reason, scheduler_output& plan);
-  void schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget);
+  void schedule_chunk(sequence* seq, int32_t num_new, scheduler_output& plan, int32_t& budget, int32_t num_draft = 0);
+  // How many of seq->draft this decode can verify: the token budget and max_seq_len allow, and the
+  // blocks for them are free beyond one per running sequence (a draft never preempts anybody); those
+  // slots are allocated. 0: plain decode (the draft is dropped).
+  int32_t allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan);
   int32_t watermark_blocks() const;
 
   scheduler_options options_;

@@ -172,6 +172,23 @@ std::string server_metrics::render(const actors::engine_facade& engine) const {
   metric(out, "tessera_grammar_mask_wait_seconds_total", "counter",
          "Time steps waited for grammar masks after the forward pass (host sampling)");
   append_f(out, "tessera_grammar_mask_wait_seconds_total %.6f\n", e.mask_wait_seconds);
+  // Speculative decoding (docs/speculative.md), named as vLLM's spec_decode metrics.
+  metric(out, "tessera_spec_decode_num_drafts_total", "counter", "Drafts verified (one per sequence and speculative step)");
+  append_f(out, "tessera_spec_decode_num_drafts_total %llu\n", static_cast<unsigned long long>(e.num_spec_verifications));
+  metric(out, "tessera_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified by the target model");
+  append_f(out, "tessera_spec_decode_num_draft_tokens_total %llu\n", static_cast<unsigned long long>(e.num_draft_tokens));
+  metric(out, "tessera_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target model accepted");
+  append_f(out, "tessera_spec_decode_num_accepted_tokens_total %llu\n",
+           static_cast<unsigned long long>(e.num_accepted_draft_tokens));
+  metric(out, "tessera_spec_decode_draft_acceptance_rate", "gauge", "Accepted draft tokens / draft tokens (0 before any)");
+  append_f(out, "tessera_spec_decode_draft_acceptance_rate %.6f\n",
+           e.num_draft_tokens > 0 ? double(e.num_accepted_draft_tokens) / double(e.num_draft_tokens) : 0.0);
+  metric(out, "tessera_spec_decode_mean_accepted_length", "gauge",
+         "Tokens committed per verified draft: (accepted + drafts) / drafts (0 before any)");
+  append_f(out, "tessera_spec_decode_mean_accepted_length %.6f\n",
+           e.num_spec_verifications > 0
+               ? double(e.num_accepted_draft_tokens + e.num_spec_verifications) / double(e.num_spec_verifications)
+               : 0.0);
   metric(out, "tessera_requests_submitted_total", "counter", "Requests accepted by the runtime");
   append_f(out, "tessera_requests_submitted_total %llu\n", static_cast<unsigned long long>(s.num_submitted));
 

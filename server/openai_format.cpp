@@ -60,14 +60,21 @@ json::object timings_json(const actors::stream_final& f) {
   t["num_preemptions"] = preemptions;
   t["num_swaps"] = swaps;
   t["num_cached_prompt_tokens"] = f.num_cached_prompt_tokens;
+  t["num_draft_tokens"] = f.num_draft_tokens;
+  t["num_accepted_draft_tokens"] = f.num_accepted_draft_tokens;
   return t;
 }
 
 json::object usage_json(const actors::stream_final& f) {
-  return json::object{{"prompt_tokens", f.num_prompt_tokens},
-                      {"completion_tokens", f.num_generated_tokens},
-                      {"total_tokens", f.num_prompt_tokens + f.num_generated_tokens},
-                      {"prompt_tokens_details", json::object{{"cached_tokens", f.num_cached_prompt_tokens}}}};
+  json::object u{{"prompt_tokens", f.num_prompt_tokens},
+                 {"completion_tokens", f.num_generated_tokens},
+                 {"total_tokens", f.num_prompt_tokens + f.num_generated_tokens},
+                 {"prompt_tokens_details", json::object{{"cached_tokens", f.num_cached_prompt_tokens}}}};
+  // Speculative decoding (docs/speculative.md): draft tokens the target verified and accepted for this
+  // request, all choices; absent when none was verified (off, or the request did not speculate).
+  if (f.num_draft_tokens > 0)
+    u["speculative"] = json::object{{"proposed", f.num_draft_tokens}, {"accepted", f.num_accepted_draft_tokens}};
+  return u;
 }
 
 namespace {

@@ -348,6 +348,9 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       }
     } else if (key == "ignore_eos") {
       p.ignore_eos = get_bool(value, key);
+    } else if (key == "speculative") {
+      // Tessera extension: false keeps this request off speculative decoding (docs/speculative.md).
+      p.speculative = get_bool(value, key);
     } else if (key == "include_stop_str_in_output") {
       p.include_stop_str_in_output = get_bool(value, key);
     } else if (key == "priority") {

@@ -196,7 +196,8 @@ def metrics_exposes_the_engine():
 
 
 TIMING_KEYS = {"queue_seconds", "prefill_seconds", "first_token_seconds", "total_seconds", "decode_tokens_per_second",
-               "num_preemptions", "num_swaps", "num_cached_prompt_tokens"}
+               "num_preemptions", "num_swaps", "num_cached_prompt_tokens", "num_draft_tokens",
+               "num_accepted_draft_tokens"}
 
 
 @case

@@ -34,7 +34,7 @@ TEST(request_parser, completion_fields) {
       R"({"model":"m","prompt":"Hello","max_tokens":7,"temperature":0.5,"top_p":0.9,"n":3,"stop":["a","bc"],
           "seed":42,"presence_penalty":0.5,"frequency_penalty":-0.5,"logit_bias":{"5":2.5},"logprobs":2,
           "stream":true,"stream_options":{"include_usage":true},"user":"u","top_k":40,"min_p":0.1,
-          "repetition_penalty":1.1,"ignore_eos":true,"priority":-3,"min_tokens":2})",
+          "repetition_penalty":1.1,"ignore_eos":true,"priority":-3,"min_tokens":2,"speculative":false})",
       api_kind::completion, vocab);
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::text);
@@ -57,6 +57,7 @@ TEST(request_parser, completion_fields) {
   EXPECT_TRUE(r.params.ignore_eos);
   EXPECT_EQ(r.priority, -3);
   EXPECT_EQ(r.params.min_tokens, 2);
+  EXPECT_FALSE(r.params.speculative);
 }
 
 TEST(request_parser, defaults_and_prompt_forms) {
@@ -64,6 +65,7 @@ TEST(request_parser, defaults_and_prompt_forms) {
   EXPECT_EQ(r.prompt.text, "one");
   EXPECT_EQ(r.params.max_tokens, request_limits{}.default_completion_max_tokens);
   EXPECT_EQ(r.params.logprobs, -1);
+  EXPECT_TRUE(r.params.speculative);  // allowed unless the request says false (the server decides)
   r = parse_generation_request(R"({"prompt":[1,2,3]})", api_kind::completion, vocab);
   EXPECT_EQ(r.prompt.type, actors::prompt_input::kind::token_ids);
   EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{1, 2, 3}));
@@ -118,6 +120,8 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"prompt":"x","frobnicate":1})", api_kind::completion, 400, "frobnicate"},
       {R"({"prompt":"x","chat_template":"{{x}}"})", api_kind::completion, 400, "chat templates are refused"},
       {R"({"prompt":"x","stream":"yes"})", api_kind::completion, 400, "must be a boolean"},
+      {R"({"prompt":"x","speculative":"yes"})", api_kind::completion, 400, "'speculative' must be a boolean"},
+      {R"({"prompt":"x","speculative":1})", api_kind::completion, 400, "'speculative' must be a boolean"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", api_kind::completion, 400, "stream_options"},
       {R"({"prompt":"x","min_tokens":9,"max_tokens":3})", api_kind::completion, 400, "min_tokens"},
       {R"({"prompt":"x","stop_token_ids":[5000]})", api_kind::completion, 400, "stop_token_ids"},
@@ -332,6 +336,22 @@ TEST(format, timings_from_the_lifecycle) {
   EXPECT_NEAR(t.at("decode_tokens_per_second").as_double(), 10.0, 1e-9);  // 10 tokens after the first in 1 s
   EXPECT_EQ(t.at("num_preemptions").as_int64(), 1);
   EXPECT_EQ(t.at("num_swaps").as_int64(), 1);
+  EXPECT_EQ(t.at("num_draft_tokens").as_int64(), 0);
+}
+
+TEST(format, usage_carries_speculative_counts_only_when_drafts_were_verified) {
+  actors::stream_final f;
+  f.num_prompt_tokens = 5;
+  f.num_generated_tokens = 9;
+  EXPECT_FALSE(usage_json(f).contains("speculative"));
+  f.num_draft_tokens = 12;
+  f.num_accepted_draft_tokens = 7;
+  const boost::json::object u = usage_json(f);
+  ASSERT_TRUE(u.contains("speculative"));
+  EXPECT_EQ(u.at("speculative").at("proposed").as_int64(), 12);
+  EXPECT_EQ(u.at("speculative").at("accepted").as_int64(), 7);
+  EXPECT_EQ(u.at("completion_tokens").as_int64(), 9);
+  EXPECT_EQ(timings_json(f).at("num_accepted_draft_tokens").as_int64(), 7);
 }
 
 }  // namespace

@@ -181,6 +181,10 @@ test('chat requests carry the settings and the conversation so far', () => {
   const s = messageStats({ firstT: 0.1, lastT: 1.1, numTokens: 11, finishReason: 'length' });
   assert.equal(s.tokensPerSecond, 10);
   assert.equal(formatStats(s), 'TTFT 100 ms · 10.0 tok/s · 11 tokens · finish: length');
+  // A final usage with speculative decoding's counters (docs/speculative.md) shows them.
+  const spec = messageStats({ numTokens: 11, speculative: { proposed: 12, accepted: 7 } });
+  assert.equal(formatStats(spec), '11 tokens · drafts 7/12 accepted');
+  assert.equal('speculative' in messageStats({ numTokens: 3, speculative: { proposed: 0, accepted: 0 } }), false);
 });
 
 test('conversations persist through storage; streaming state does not', () => {

@@ -161,6 +161,7 @@ function onMessage(msg) {
     if (msg.type === 'final') {
       m.finishReason = msg.finish_reason;
       if (msg.usage) m.numTokens = msg.usage.completion_tokens;
+      if (msg.usage && msg.usage.speculative) m.speculative = msg.usage.speculative;
       if (msg.error) m.error = 'Error: ' + msg.error;
       if (msg.timings && msg.timings.first_token_seconds >= 0 && m.firstT == null) m.firstT = msg.timings.first_token_seconds;
     } else {

@@ -91,6 +91,8 @@ export function messageStats(m) {
   if (m.numTokens) s.numTokens = m.numTokens;
   if (m.numTokens > 1 && m.lastT > m.firstT) s.tokensPerSecond = (m.numTokens - 1) / (m.lastT - m.firstT);
   if (m.finishReason) s.finishReason = m.finishReason;
+  // Speculative decoding (docs/speculative.md): draft tokens the model verified and accepted.
+  if (m.speculative && m.speculative.proposed > 0) s.speculative = m.speculative;
   return s;
 }
 
@@ -99,6 +101,7 @@ export function formatStats(s) {
   if (s.ttft != null) parts.push(`TTFT ${(s.ttft * 1000).toFixed(0)} ms`);
   if (s.tokensPerSecond != null) parts.push(`${s.tokensPerSecond.toFixed(1)} tok/s`);
   if (s.numTokens != null) parts.push(`${s.numTokens} tokens`);
+  if (s.speculative) parts.push(`drafts ${s.speculative.accepted}/${s.speculative.proposed} accepted`);
   if (s.finishReason) parts.push(`finish: ${s.finishReason}`);
   return parts.join(' · ');
 }

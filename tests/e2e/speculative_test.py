@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""End-to-end tests of speculative decoding (docs/speculative.md) on the real default model.
+
+Starts a plain `tessera serve` and one with `--speculative ngram`, drives both with the official `openai`
+client on input-grounded prompts (the answer quotes the prompt, so n-gram drafts get accepted) and
+checks: greedy text is the same on both, streamed and not, one request and several at once; /metrics
+of the speculative server counts accepted draft tokens and the final usage carries them; a request with
+"speculative": false is served without drafts; bad values get a 400 naming the field, bad flags a CLI
+error naming the flag. Prints "N passed, M failed" and exits non-zero on any failure.
+Usage: speculative_test.py TESSERA_BINARY MODEL
+"""
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+
+from served import case, served, summary  # tests/e2e/served.py
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+MODEL_ID = os.path.basename(MODEL)
+try:
+    import openai
+except ImportError as e:  # the lead's scripts/setup installs it
+    print(f"SKIP: {e} (pip install openai)")
+    sys.exit(0)
+
+ENGINE = ["--threads", "2", "--num-kv-blocks", "128", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
+SPEC = ["--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-min", "1", "--ngram-max", "4",
+        "--speculative-max-batch", "8"]
+
+TEXTS = [
+    "The committee met on Tuesday to review the budget for the coming year and agreed to fund the new library.",
+    "To install the package, run the setup script, then restart the server and check the log for errors.",
+    "The fox ran through the forest, crossed the river at dawn and hid beneath the old oak tree until night.",
+]
+
+
+def grounded(i):
+    t = TEXTS[i % len(TEXTS)]
+    return f"Text: {t}\nRepeat the text exactly.\nText: {t}\nRepeat: {t[:10 + i]}"
+
+
+class server(served):
+    def __init__(self, *extra):
+        super().__init__([BIN, "serve", MODEL, *ENGINE, *extra], log_prefix="tessera-spec-")
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0,
+                                    timeout=300)
+
+    def complete(self, prompt, **kw):
+        return self.client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=kw.pop("max_tokens", 32),
+                                              temperature=0, **kw)
+
+
+plain = server()
+spec = server(*SPEC)
+
+
+def accepted_total():
+    return spec.metrics()["tessera_spec_decode_num_accepted_tokens_total"]
+
+
+@case
+def greedy_text_is_the_same_and_drafts_are_accepted():
+    before = spec.metrics()
+    for i in range(3):
+        a = plain.complete(grounded(i))
+        b = spec.complete(grounded(i))
+        assert b.choices[0].text == a.choices[0].text, (i, a.choices[0].text, b.choices[0].text)
+        assert b.usage.completion_tokens == a.usage.completion_tokens
+        extra = b.usage.model_extra or {}
+        assert "speculative" in extra, b.usage
+        assert extra["speculative"]["accepted"] > 0, extra
+        assert extra["speculative"]["accepted"] <= extra["speculative"]["proposed"], extra
+        assert "speculative" not in (a.usage.model_extra or {}), a.usage
+    after = spec.metrics()
+    assert after["tessera_spec_decode_num_accepted_tokens_total"] > before["tessera_spec_decode_num_accepted_tokens_total"]
+    assert after["tessera_spec_decode_num_draft_tokens_total"] >= after["tessera_spec_decode_num_accepted_tokens_total"]
+    assert 0 < after["tessera_spec_decode_draft_acceptance_rate"] <= 1, after["tessera_spec_decode_draft_acceptance_rate"]
+    assert after["tessera_spec_decode_mean_accepted_length"] > 1
+    assert plain.metrics()["tessera_spec_decode_num_draft_tokens_total"] == 0
+
+
+@case
+def streamed_chat_is_the_same():
+    messages = [{"role": "user", "content": "Repeat exactly: " + TEXTS[0]}]
+
+    def streamed(s):
+        out = s.client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=40, temperature=0, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in out if c.choices)
+    a, b = streamed(plain), streamed(spec)
+    assert a == b, (a, b)
+
+
+@case
+def concurrent_requests_give_the_same_text():
+    prompts = [grounded(i) for i in range(6)]
+
+    def run(s):
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            return list(pool.map(lambda p: s.complete(p, max_tokens=24).choices[0].text, prompts))
+    a, b = run(plain), run(spec)
+    assert a == b, [(x, y) for x, y in zip(a, b) if x != y]
+
+
+@case
+def structured_output_gives_the_same_json():
+    # The grammar (xgrammar's matcher) masks every draft row: walked over the draft and rolled back.
+    fmt = {"type": "json_schema", "json_schema": {"name": "copy", "strict": True, "schema": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+        "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "Put this sentence in JSON as 'text': " + TEXTS[2]}]
+
+    def ask(s):
+        r = s.client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=64, temperature=0,
+                                             response_format=fmt)
+        return r.choices[0].message.content, r.usage
+    (a, _), (b, usage) = ask(plain), ask(spec)
+    assert a == b, (a, b)
+    assert (usage.model_extra or {}).get("speculative", {}).get("proposed", 0) > 0, usage  # it did speculate
+    if usage.completion_tokens < 64:  # the grammar completed: the text is one whole JSON object
+        assert isinstance(json.loads(b)["text"], str), b
+
+
+@case
+def speculative_false_keeps_a_request_off():
+    before = spec.metrics()["tessera_spec_decode_num_draft_tokens_total"]
+    r = spec.complete(grounded(1), extra_body={"speculative": False})
+    assert "speculative" not in (r.usage.model_extra or {}), r.usage
+    assert spec.metrics()["tessera_spec_decode_num_draft_tokens_total"] == before
+    assert r.choices[0].text == plain.complete(grounded(1)).choices[0].text
+
+
+@case
+def bad_speculative_value_is_a_400():
+    status, body, _ = spec.request("POST", "/v1/completions",
+                                   {"model": MODEL_ID, "prompt": "hi", "max_tokens": 2, "speculative": "yes"})
+    assert status == 400, (status, body)
+    err = json.loads(body)["error"]
+    assert err["param"] == "speculative" or "speculative" in err["message"], err
+    # The server is still fine.
+    assert spec.complete("Hello", max_tokens=2).choices[0].text is not None
+
+
+@case
+def bad_flags_are_cli_errors():
+    for flags, word in [(["--num-speculative-tokens", "-1"], "--num-speculative-tokens"),
+                        (["--num-speculative-tokens", "0"], "--num-speculative-tokens"),
+                        (["--speculative", "draft"], "--speculative"),
+                        (["--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "ngram")]:
+        p = subprocess.run([BIN, "serve", MODEL, *ENGINE, *flags, "--port", "0"], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode != 0, (flags, p.returncode)
+        assert word in p.stderr + p.stdout, (flags, p.stderr[-500:])
+
+
+@case
+def no_block_is_left_behind():
+    m = spec.metrics()
+    assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
+
+
+plain.stop(expect_clean=True)
+spec.stop(expect_clean=True)
+sys.exit(summary())

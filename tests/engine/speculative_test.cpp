@@ -1,0 +1,573 @@
+// Speculative decoding in the engine core: the n-gram proposer, the verifier (engine/speculative/) and
+// the step loop around them, on the simulated executor. Greedy outputs must be token-for-token those
+// of plain decoding (batch 1, batch 16, under preemption), sampled outputs must have the target's
+// distribution (chi-square against exactly computed probabilities), and no block may leak however
+// many drafts are rejected.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/base/error.hpp"
+#include "engine/llm_engine.hpp"
+#include "engine/sim_executor.hpp"
+#include "engine/speculative/ngram_proposer.hpp"
+#include "engine/speculative/speculative_options.hpp"
+#include "engine/speculative/verifier.hpp"
+#include "tests/support/chi_square.hpp"
+#include "tests/support/ngram_speculation.hpp"
+#include "tests/support/scripted_constraints.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::fake_logits;
+using testing::sim_executor;
+using test_support::chi_square;
+
+// ---- the n-gram proposer ---------------------------------------------------------------------------
+
+TEST(ngram_proposer, proposes_what_followed_the_latest_longest_match) {
+  ngram_proposer p({.min_n = 1, .max_n = 3});
+  // "5 6 7" occurs at 0 and at the end; "6 7" also at 4 (followed by 9): the 3-gram wins.
+  const std::vector<token_id> ctx{5, 6, 7, 8, 6, 7, 9, 1, 5, 6, 7};
+  EXPECT_EQ(p.propose(ctx, 2), (std::vector<token_id>{8, 6}));
+  // Only a 1-gram matches (the latest 7 is at index 3): what followed it.
+  const std::vector<token_id> ctx2{1, 7, 2, 7, 3, 4, 7};
+  EXPECT_EQ(p.propose(ctx2, 2), (std::vector<token_id>{3, 4}));
+  // No match at all.
+  EXPECT_TRUE(p.propose(std::vector<token_id>{1, 2, 3, 4}, 3).empty());
+  EXPECT_TRUE(p.propose(ctx, 0).empty());
+}
+
+TEST(ngram_proposer, a_repeating_cycle_is_proposed_as_it_repeats) {
+  ngram_proposer p({.min_n = 2, .max_n = 2});
+  const std::vector<token_id> ctx{9, 1, 2, 1, 2};  // "1 2" at 1, followed by "1 2" and on
+  EXPECT_EQ(p.propose(ctx, 5), (std::vector<token_id>{1, 2, 1, 2, 1}));
+}
+
+TEST(ngram_proposer, min_n_bounds_the_match) {
+  ngram_proposer p({.min_n = 2, .max_n = 4});
+  EXPECT_TRUE(p.propose(std::vector<token_id>{1, 7, 2, 7}, 3).empty());  // only a 1-gram repeats
+}
+
+TEST(speculative_options, bad_values_are_refused) {
+  speculative_options o;
+  o.mode = speculative_mode::ngram;
+  o.validate();
+  for (auto bad : {+[](speculative_options& s) { s.num_tokens = 0; }, +[](speculative_options& s) { s.num_tokens = -2; },
+                   +[](speculative_options& s) { s.max_batch = 0; }, +[](speculative_options& s) { s.ngram.min_n = 0; },
+                   +[](speculative_options& s) { s.ngram.max_n = 0; }}) {
+    speculative_options s = o;
+    bad(s);
+    EXPECT_THROW(s.validate(), invalid_request);
+  }
+  EXPECT_EQ(parse_speculative_mode("ngram"), speculative_mode::ngram);
+  EXPECT_EQ(parse_speculative_mode("off"), speculative_mode::off);
+  EXPECT_FALSE(parse_speculative_mode("draft").has_value());
+  EXPECT_FALSE(parse_speculative_mode("").has_value());
+}
+
+// ---- the verifier, directly --------------------------------------------------------------------------
+
+// The distribution the sampler draws from, computed independently in double: logit_bias, the presence
+// penalty over `history`, temperature, then top-k, then softmax.
+std::vector<double> target_distribution(const std::vector<float>& logits, const sampling_params& p,
+                                        const std::vector<token_id>& history) {
+  std::vector<double> z(logits.size());
+  for (size_t v = 0; v < z.size(); ++v) {
+    double l = logits[v];
+    for (const auto& [t, b] : p.logit_bias)
+      if (t == static_cast<token_id>(v)) l += b;
+    if (std::count(history.begin(), history.end(), static_cast<token_id>(v)) > 0) l -= p.presence_penalty;
+    z[v] = l / p.temperature;
+  }
+  std::vector<double> sorted = z;
+  std::sort(sorted.rbegin(), sorted.rend());
+  const double cut = sorted[static_cast<size_t>(p.top_k - 1)];
+  double total = 0;
+  std::vector<double> prob(z.size(), 0.0);
+  for (size_t v = 0; v < z.size(); ++v)
+    if (z[v] >= cut) total += prob[v] = std::exp(z[v] - sorted[0]);
+  for (double& x : prob) x /= total;
+  return prob;
+}
+
+TEST(verify_draft, accepts_with_p_of_the_draft_and_resamples_from_the_rest_chi_square) {
+  const std::vector<float> row0{1.0f, 0.4f, 0.9f, -0.5f, 0.2f, -2.0f};
+  const std::vector<float> row1{0.3f, 1.2f, -0.4f, 0.8f, 0.0f, 0.5f};
+  const token_id draft = 1;
+  sampling_params params;
+  params.temperature = 0.7f;
+  params.top_k = 4;
+  params.logit_bias = {{2, 0.5f}};
+  params.presence_penalty = 0.8f;
+  const std::vector<double> p0 = target_distribution(row0, params, {});
+  // The token after an accepted draft: the penalty already counts the draft (it is in the history).
+  const std::vector<double> p1 = target_distribution(row1, params, {draft});
+  ASSERT_GT(p0[draft], 0.1);
+  ASSERT_LT(p0[draft], 0.9);
+
+  constexpr int draws = 60000;
+  std::vector<int64_t> first(6, 0), after_reject(6, 0), after_accept(6, 0);
+  int64_t accepted = 0;
+  for (int i = 0; i < draws; ++i) {
+    params.seed = 1000 + static_cast<uint64_t>(i);
+    sampler s(params, 0, {});
+    std::vector<token_id> got;
+    const int32_t n = verify_draft(
+        s, std::vector<token_id>{draft}, [&](int32_t r) { return verify_row{r == 0 ? row0 : row1, {}}; },
+        [&](const sample_result& res, bool from_draft) {
+          EXPECT_EQ(from_draft, got.empty() && res.token == draft);
+          got.push_back(res.token);
+          return true;
+        });
+    ASSERT_EQ(got.size(), static_cast<size_t>(n + 1));
+    ++first[static_cast<size_t>(got[0])];
+    if (n == 1) {
+      ++accepted;
+      ++after_accept[static_cast<size_t>(got[1])];
+    } else {
+      ASSERT_NE(got[0], draft);
+      ++after_reject[static_cast<size_t>(got[0])];
+    }
+  }
+  // The first token has the target's distribution (acceptance included: P(accept) = p0(draft)).
+  const auto c0 = chi_square(first, p0);
+  EXPECT_GT(c0.p_value, 0.01) << "chi2 " << c0.statistic << " dof " << c0.degrees_of_freedom;
+  EXPECT_NEAR(static_cast<double>(accepted) / draws, p0[draft], 4 * std::sqrt(p0[draft] * (1 - p0[draft]) / draws));
+  // A rejection draws from p0 without the draft, renormalised.
+  std::vector<double> residual = p0;
+  residual[draft] = 0;
+  for (double& x : residual) x /= 1 - p0[draft];
+  const auto cr = chi_square(after_reject, residual);
+  EXPECT_GT(cr.p_value, 0.01) << "chi2 " << cr.statistic << " dof " << cr.degrees_of_freedom;
+  // After an accepted draft the bonus token follows the target given the draft.
+  const auto c1 = chi_square(after_accept, p1);
+  EXPECT_GT(c1.p_value, 0.01) << "chi2 " << c1.statistic << " dof " << c1.degrees_of_freedom;
+}
+
+TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_the_targets_token) {
+  sampling_params params;
+  params.temperature = 0;
+  // Row j's argmax is 10 + j; the draft guesses 10, 11, then 5 (wrong): 2 accepted, then 12.
+  auto row = [](int32_t j) {
+    static std::vector<std::vector<float>> rows;
+    if (rows.empty())
+      for (int r = 0; r < 4; ++r) {
+        rows.emplace_back(16, 0.0f);
+        rows.back()[static_cast<size_t>(10 + r)] = 3.0f;
+      }
+    return verify_row{rows[static_cast<size_t>(j)], {}};
+  };
+  sampler s(params, 0, {});
+  std::vector<token_id> got;
+  const int32_t n = verify_draft(s, std::vector<token_id>{10, 11, 5}, row, [&](const sample_result& r, bool) {
+    got.push_back(r.token);
+    return true;
+  });
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(got, (std::vector<token_id>{10, 11, 12}));
+  EXPECT_EQ(s.num_generated(), 3);
+  // Every draft token right: all accepted and the last row gives one more.
+  sampler all(params, 0, {});
+  got.clear();
+  EXPECT_EQ(verify_draft(all, std::vector<token_id>{10, 11, 12}, row, [&](const sample_result& r, bool) {
+              got.push_back(r.token);
+              return true;
+            }),
+            3);
+  EXPECT_EQ(got, (std::vector<token_id>{10, 11, 12, 13}));
+  // A stop at the first token ends the verification there.
+  sampler stop(params, 0, {});
+  got.clear();
+  EXPECT_EQ(verify_draft(stop, std::vector<token_id>{10, 11}, row, [&](const sample_result& r, bool) {
+              got.push_back(r.token);
+              return false;
+            }),
+            0);
+  EXPECT_EQ(got.size(), 1u);
+}
+
+// ---- the block manager's rollback -----------------------------------------------------------------
+
+TEST(block_manager_truncate, returns_the_blocks_of_rejected_positions_and_caches_none_of_them) {
+  block_manager_options o;
+  o.block_size = 4;
+  o.num_device_blocks = 16;
+  block_manager bm(o);
+  std::vector<block_copy> copies;
+  const seq_id s{1};
+  // 5 computed tokens, then a verification slice of 1 + 6 tokens (positions 5..11): 3 blocks.
+  std::vector<token_id> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  ASSERT_TRUE(bm.allocate_slots(s, tokens, 0, 5, 0, copies));
+  bm.commit_computed(s, std::span(tokens).first(5), 5);
+  ASSERT_TRUE(bm.allocate_slots(s, tokens, 5, 7, 0, copies));
+  EXPECT_EQ(bm.num_blocks(s), 3);
+  // One draft accepted: 7 computed tokens (2 blocks); the third block held only rejected positions.
+  bm.commit_computed(s, std::span(tokens).first(7), 7);
+  bm.truncate(s, 7);
+  EXPECT_EQ(bm.num_blocks(s), 2);
+  EXPECT_EQ(bm.num_free_blocks(), 14);
+  EXPECT_EQ(bm.check_invariants(), "");
+  // Only the full computed block is indexed: the second (positions 4..7, 7 rejected) is not.
+  int cached = 0;
+  for (const block_info& b : bm.snapshot()) cached += b.cached;
+  EXPECT_EQ(cached, 1);
+  EXPECT_THROW(bm.truncate(s, 6), std::logic_error);  // below the computed tokens
+  bm.free(s);
+  EXPECT_EQ(bm.num_free_blocks(), 16);
+  EXPECT_EQ(bm.check_invariants(), "");
+}
+
+// ---- the engine ----------------------------------------------------------------------------------
+
+// The simulator's paging checks with a first-order Markov model: a row's logits depend only on its
+// own token, so greedy continuations fall into cycles that the n-gram proposer predicts.
+class markov_executor : public sim_executor {
+ public:
+  using sim_executor::sim_executor;
+  void execute(const step_batch& batch, step_output& out) override {
+    sim_executor::execute(batch, out);
+    const auto vocab = static_cast<size_t>(config().vocab_size);
+    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
+      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
+      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
+        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
+        const std::vector<float> l = fake_logits(std::vector<token_id>{t}, config().vocab_size);
+        std::copy(l.begin(), l.end(), out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * vocab));
+      }
+    }
+  }
+};
+
+constexpr int32_t vocab = 64;
+
+engine_options spec_opts(int32_t blocks, bool speculative, int32_t host = 0) {
+  engine_options o;
+  o.block_size = 4;
+  o.num_kv_blocks = blocks;
+  o.num_host_blocks = host;
+  o.watermark = 0;
+  if (speculative) o.speculative = test_support::ngram_speculation(3, 64);
+  return o;
+}
+
+sampling_params greedy(int32_t max_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len, int32_t v = vocab) {
+  std::vector<token_id> p;
+  for (int32_t i = 0; i < len; ++i) p.push_back(static_cast<token_id>(rng() % static_cast<uint32_t>(v)));
+  return p;
+}
+
+struct run_result {
+  std::map<request_id, std::map<int32_t, std::vector<token_id>>> tokens;
+  std::map<request_id, std::map<int32_t, request_output>> last;
+  engine_stats stats;
+};
+
+// Runs to the end checking the scheduler's and the block manager's invariants after every step, and
+// that every block is free again at the end (nothing leaked by rejected drafts).
+run_result run_checked(llm_engine& engine, const sim_executor& exec) {
+  run_result r;
+  for (int i = 0; i < 100000 && engine.has_unfinished(); ++i) {
+    for (const request_output& o : engine.step()) {
+      auto& t = r.tokens[o.id][o.index];
+      t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
+      r.last[o.id][o.index] = o;
+    }
+    const std::string inv = engine.get_scheduler().check_invariants();
+    EXPECT_EQ(inv, "") << "step " << i;
+    if (!inv.empty()) break;
+  }
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_TRUE(exec.errors().empty()) << exec.errors()[0];
+  const block_manager& bm = engine.get_scheduler().blocks();
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+  EXPECT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks());
+  r.stats = engine.stats();
+  return r;
+}
+
+template <class Exec>
+run_result run_batch(bool speculative, int32_t blocks, int32_t host, preemption_mode mode,
+                     const std::vector<std::vector<token_id>>& prompts, const sampling_params& params) {
+  Exec exec(4, blocks, host, vocab);
+  engine_options o = spec_opts(blocks, speculative, host);
+  o.preemption = mode;
+  llm_engine engine(exec, nullptr, o);
+  for (const auto& p : prompts) engine.add_request(p, params);
+  return run_checked(engine, exec);
+}
+
+TEST(speculative_engine, greedy_output_is_token_for_token_plain_decoding_batch_1_and_16) {
+  std::mt19937 rng(3);
+  for (const int batch : {1, 16}) {
+    std::vector<std::vector<token_id>> prompts;
+    for (int i = 0; i < batch; ++i) prompts.push_back(random_prompt(rng, 5 + i % 7));
+    const auto plain = run_batch<markov_executor>(false, 512, 0, preemption_mode::recompute, prompts, greedy(40));
+    const auto spec = run_batch<markov_executor>(true, 512, 0, preemption_mode::recompute, prompts, greedy(40));
+    EXPECT_EQ(spec.tokens, plain.tokens) << "batch " << batch;
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << "batch " << batch;
+    EXPECT_GT(spec.stats.num_spec_verifications, 0u);
+    EXPECT_EQ(plain.stats.num_draft_tokens, 0u);
+    // Accepted drafts skip steps.
+    EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps) << "batch " << batch;
+    uint64_t proposed = 0, accepted = 0;
+    for (const auto& [id, choices] : spec.last) {
+      EXPECT_EQ(choices.at(0).num_generated_tokens, 40);
+      proposed += static_cast<uint64_t>(choices.at(0).num_draft_tokens);
+      accepted += static_cast<uint64_t>(choices.at(0).num_accepted_draft_tokens);
+    }
+    EXPECT_EQ(proposed, spec.stats.num_draft_tokens);
+    EXPECT_EQ(accepted, spec.stats.num_accepted_draft_tokens);
+  }
+}
+
+TEST(speculative_engine, greedy_output_is_unchanged_under_preemption_by_a_tiny_kv_pool) {
+  std::mt19937 rng(8);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back(random_prompt(rng, 6 + i % 5));
+  const auto plain = run_batch<markov_executor>(false, 512, 0, preemption_mode::recompute, prompts, greedy(30));
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    // 40 blocks of 4 slots for 16 sequences of up to 40 tokens: they cannot all stay resident.
+    const auto spec = run_batch<markov_executor>(true, 40, 64, mode, prompts, greedy(30));
+    EXPECT_EQ(spec.tokens, plain.tokens) << to_string(mode);
+    EXPECT_GT(spec.stats.num_preemptions_recompute + spec.stats.num_preemptions_swap, 0u) << to_string(mode);
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << to_string(mode);
+  }
+}
+
+TEST(speculative_engine, many_rejections_leak_no_block_and_change_no_output) {
+  // The history-hash model: drafts are almost always wrong, so nearly every verification rejects and
+  // returns the blocks it allocated for the drafts. Prompts repeat themselves so drafts exist.
+  std::mt19937 rng(21);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    auto p = random_prompt(rng, 3);
+    for (int r = 0; r < 4; ++r) p.insert(p.end(), p.begin(), p.begin() + 3);
+    prompts.push_back(p);
+  }
+  const auto plain = run_batch<sim_executor>(false, 96, 0, preemption_mode::recompute, prompts, greedy(24));
+  const auto spec = run_batch<sim_executor>(true, 96, 0, preemption_mode::recompute, prompts, greedy(24));
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.num_draft_tokens, 100u);
+  EXPECT_LT(spec.stats.num_accepted_draft_tokens * 4, spec.stats.num_draft_tokens);  // mostly rejected
+}
+
+TEST(speculative_engine, parallel_sampling_and_logprobs_match_plain_decoding) {
+  // Seeded sampling: the verifier draws position t's token with the uniform plain decoding uses, so
+  // on an exact executor the seeded tokens and their logprobs are the same with and without drafts.
+  std::mt19937 rng(5);
+  std::vector<std::vector<token_id>> prompts{random_prompt(rng, 7), random_prompt(rng, 9)};
+  sampling_params params;
+  params.temperature = 0.3f;
+  params.top_p = 0.9f;
+  params.presence_penalty = 0.2f;
+  params.seed = 77;
+  params.n = 3;
+  params.logprobs = 2;
+  params.max_tokens = 30;
+  params.ignore_eos = true;
+  const auto plain = run_batch<markov_executor>(false, 512, 0, preemption_mode::recompute, prompts, params);
+  const auto spec = run_batch<markov_executor>(true, 512, 0, preemption_mode::recompute, prompts, params);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+}
+
+TEST(speculative_engine, logprobs_of_accepted_tokens_equal_plain_decodings) {
+  std::mt19937 rng(6);
+  const std::vector<token_id> prompt = random_prompt(rng, 8);
+  sampling_params params = greedy(24);
+  params.logprobs = 3;
+  std::vector<token_logprob> got[2];
+  for (const bool speculative : {false, true}) {
+    markov_executor exec(4, 128, 0, vocab);
+    llm_engine engine(exec, nullptr, spec_opts(128, speculative));
+    engine.add_request(prompt, params);
+    while (engine.has_unfinished())
+      for (const request_output& o : engine.step()) got[speculative ? 1 : 0].insert(got[speculative ? 1 : 0].end(), o.logprobs.begin(), o.logprobs.end());
+    if (speculative) {
+      EXPECT_GT(engine.stats().num_accepted_draft_tokens, 0u);
+    }
+  }
+  ASSERT_EQ(got[0].size(), 24u);
+  ASSERT_EQ(got[1].size(), 24u);
+  for (size_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(got[1][i].token, got[0][i].token) << i;
+    EXPECT_EQ(got[1][i].logprob, got[0][i].logprob) << i;
+    EXPECT_EQ(got[1][i].top, got[0][i].top) << i;
+  }
+}
+
+TEST(speculative_engine, off_per_request_and_above_the_batch_threshold) {
+  std::mt19937 rng(9);
+  const auto prompt = random_prompt(rng, 6);
+  {  // "speculative": false
+    markov_executor exec(4, 128, 0, vocab);
+    llm_engine engine(exec, nullptr, spec_opts(128, true));
+    sampling_params p = greedy(20);
+    p.speculative = false;
+    engine.add_request(prompt, p);
+    run_checked(engine, exec);
+    EXPECT_EQ(engine.stats().num_draft_tokens, 0u);
+  }
+  // Draft tokens verified for `num_seqs` equal requests decoding together under a threshold of 4.
+  const auto drafts_with = [&](int num_seqs) {
+    markov_executor exec(4, 256, 0, vocab);
+    engine_options o = spec_opts(256, true);
+    o.speculative.max_batch = 4;
+    llm_engine engine(exec, nullptr, o);
+    for (int i = 0; i < num_seqs; ++i) engine.add_request(prompt, greedy(20));
+    run_checked(engine, exec);
+    return engine.stats().num_draft_tokens;
+  };
+  EXPECT_EQ(drafts_with(5), 0u);  // 5 decoding sequences: no step speculates (they finish together)
+  EXPECT_GT(drafts_with(4), 0u);
+}
+
+TEST(speculative_engine, structured_output_masks_every_draft_row_and_matches_plain_decoding) {
+  // A scripted grammar that at output position k allows the tokens t with (t + k) % 4 != 0 (every
+  // fourth is refused, which one changing with k), complete after 36 tokens. Drafts that run into a
+  // refused token are cut there; the others are verified under masks computed with the grammar
+  // advanced over the drafts before them. Greedy and seeded sampled outputs must be plain decoding's.
+  test_support::token_script script(36);
+  for (size_t k = 0; k < script.size(); ++k)
+    for (token_id t = 1; t < vocab; ++t)
+      if ((static_cast<size_t>(t) + k) % 4 != 0) script[k].push_back(t);
+  const auto grammar = std::make_shared<test_support::scripted_compiled>(script, 0);
+  std::mt19937 rng(12);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(rng, 5 + i));
+  structured_output_spec spec;
+  spec.type = structured_output_spec::kind::regex;
+  spec.source = "scripted";
+  for (const float temperature : {0.0f, 0.5f}) {
+    sampling_params params = greedy(48);
+    params.ignore_eos = false;
+    params.temperature = temperature;
+    params.seed = 3;
+    params.structured = spec;
+    run_result r[2];
+    for (const bool speculative : {false, true}) {
+      markov_executor exec(4, 512, 0, vocab);
+      engine_options o = spec_opts(512, speculative);
+      o.constraints = std::make_shared<test_support::scripted_backend>(
+          [&](const structured_output_spec&) { return compile_result{grammar}; });
+      llm_engine engine(exec, nullptr, o);
+      for (const auto& p : prompts) engine.add_request(p, params, 0, grammar);
+      r[speculative ? 1 : 0] = run_checked(engine, exec);
+    }
+    EXPECT_EQ(r[1].tokens, r[0].tokens) << "temperature " << temperature;
+    for (const auto& [id, choices] : r[1].tokens) {
+      const std::vector<token_id>& t = choices.at(0);
+      ASSERT_EQ(t.size(), script.size()) << "the grammar completes after 36 tokens";
+      for (size_t k = 0; k < t.size(); ++k) EXPECT_NE((static_cast<size_t>(t[k]) + k) % 4, 0u) << k;
+    }
+    EXPECT_GT(r[1].stats.num_accepted_draft_tokens, 0u) << "temperature " << temperature;
+  }
+}
+
+TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
+  std::mt19937 rng(10);
+  markov_executor exec(4, 256, 0, vocab);
+  engine_options o = spec_opts(256, true);
+  o.max_num_batched_tokens = 6;  // two sequences of 1 + 4 tokens do not both fit
+  llm_engine engine(exec, nullptr, o);
+  const auto a = engine.add_request(random_prompt(rng, 4), greedy(13));
+  const auto b = engine.add_request(random_prompt(rng, 4), greedy(7));
+  int32_t most = 0;
+  run_result r;
+  while (engine.has_unfinished()) {
+    for (const request_output& out : engine.step()) {
+      auto& t = r.tokens[out.id][out.index];
+      t.insert(t.end(), out.token_ids.begin(), out.token_ids.end());
+    }
+    most = std::max(most, engine.last_record().num_prefill_tokens + engine.last_record().num_decode_tokens);
+    EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+  }
+  EXPECT_LE(most, 6);
+  EXPECT_EQ(r.tokens[a][0].size(), 13u);  // never past max_tokens, though drafts could run on
+  EXPECT_EQ(r.tokens[b][0].size(), 7u);
+  EXPECT_GT(engine.stats().num_accepted_draft_tokens, 0u);
+}
+
+TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_chi_square) {
+  // A 4-token vocabulary and the history-hash model, whose next-token distributions are computable
+  // exactly: every request samples 3 tokens, the second step verifying a 1-token n-gram draft (the
+  // prompt repeats, so a draft always exists). The empirical joint distribution of (t1, t2, t3) over
+  // 60000 seeded requests must be the target's, p(t1) p(t2 | t1) p(t3 | t1 t2).
+  constexpr int32_t v = 4;
+  const std::vector<token_id> prompt{0, 1, 2, 3, 0, 1, 2, 3};
+  sampling_params params;
+  params.temperature = 1.0f;
+  params.max_tokens = 3;
+  params.ignore_eos = true;
+  auto probs = [&](std::vector<token_id> history) {
+    const std::vector<float> l = fake_logits(history, v);
+    const float mx = *std::max_element(l.begin(), l.end());
+    std::vector<double> p(v);
+    double total = 0;
+    for (int32_t t = 0; t < v; ++t) total += p[static_cast<size_t>(t)] = std::exp(double(l[static_cast<size_t>(t)]) - mx);
+    for (double& x : p) x /= total;
+    return p;
+  };
+  std::vector<double> expected(64, 0.0);
+  for (int32_t a = 0; a < v; ++a) {
+    std::vector<token_id> h = prompt;
+    const double pa = probs(h)[static_cast<size_t>(a)];
+    h.push_back(a);
+    const auto pb_all = probs(h);
+    for (int32_t b = 0; b < v; ++b) {
+      std::vector<token_id> h2 = h;
+      h2.push_back(b);
+      const auto pc_all = probs(h2);
+      for (int32_t c = 0; c < v; ++c)
+        expected[static_cast<size_t>(a * 16 + b * 4 + c)] = pa * pb_all[static_cast<size_t>(b)] * pc_all[static_cast<size_t>(c)];
+    }
+  }
+  sim_executor exec(4, 2048, 0, v);
+  engine_options o = spec_opts(2048, true);
+  o.speculative.num_tokens = 2;
+  o.speculative.max_batch = 256;
+  llm_engine engine(exec, nullptr, o);
+  std::vector<int64_t> observed(64, 0);
+  constexpr int total = 60000;
+  for (int wave = 0; wave < total / 250; ++wave) {
+    std::map<request_id, std::vector<token_id>> out;
+    for (int i = 0; i < 250; ++i) {
+      params.seed = static_cast<uint64_t>(wave * 250 + i);
+      out[engine.add_request(prompt, params)];
+    }
+    while (engine.has_unfinished())
+      for (const request_output& r : engine.step()) out[r.id].insert(out[r.id].end(), r.token_ids.begin(), r.token_ids.end());
+    for (const auto& [id, t] : out) {
+      ASSERT_EQ(t.size(), 3u);
+      ++observed[static_cast<size_t>(t[0] * 16 + t[1] * 4 + t[2])];
+    }
+  }
+  ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
+  const engine_stats s = engine.stats();
+  EXPECT_EQ(s.num_draft_tokens, static_cast<uint64_t>(total));  // one draft per request
+  EXPECT_GT(s.num_accepted_draft_tokens, static_cast<uint64_t>(total / 20));
+  EXPECT_LT(s.num_accepted_draft_tokens, static_cast<uint64_t>(total - total / 20));
+  const auto c = chi_square(observed, expected);
+  EXPECT_GT(c.p_value, 0.01) << "chi2 " << c.statistic << " dof " << c.degrees_of_freedom;
+  const block_manager& bm = engine.get_scheduler().blocks();
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+}
+
+}  // namespace
+}  // namespace tessera
