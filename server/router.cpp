@@ -183,7 +183,7 @@ http_response answer(route to, const http_request& req, server_state& s) {
     case route::metrics: {
       http_response res{http::status::ok, 11};
       res.set(http::field::content_type, "text/plain; version=0.0.4");
-      res.body() = s.metrics.render(s.engine);
+      res.body() = s.metrics.render(s.engine, s.opt.model_name);
       return res;
     }
     case route::detokenize: return detokenize(req, s);

@@ -171,12 +171,12 @@ def tokenize_detokenize_round_trip():
 @case
 def metrics_exposes_the_engine():
     m = srv.metrics()
-    for name in ['tessera_kv_blocks_total{pool="device"}', "tessera_num_requests_running",
+    for name in ['tessera_kv_blocks_capacity{pool="device"}', "tessera_num_requests_running",
                  'tessera_request_success_total{finished_reason="stop"}', "tessera_generation_tokens_total",
                  "tessera_time_to_first_token_seconds_count", 'tessera_num_preemptions_total{mode="swap"}',
                  "tessera_prefix_cache_hit_rate", "tessera_e2e_request_latency_seconds_count",
                  'tessera_request_success_total{finished_reason="length"}', 'tessera_request_success_total{finished_reason="abort"}',
-                 "tessera_num_requests_waiting", "tessera_num_requests_swapped", 'tessera_kv_blocks_total{pool="host"}',
+                 "tessera_num_requests_waiting", "tessera_num_requests_swapped", 'tessera_kv_blocks_capacity{pool="host"}',
                  'tessera_kv_cache_usage_perc{pool="device"}', 'tessera_kv_cache_usage_perc{pool="host"}',
                  'tessera_num_preemptions_total{mode="recompute"}', 'tessera_kv_blocks_swapped_total{direction="in"}',
                  'tessera_kv_blocks_swapped_total{direction="out"}', "tessera_prompt_tokens_total",
@@ -187,7 +187,7 @@ def metrics_exposes_the_engine():
     assert m["tessera_kv_blocks_window_freed_total"] == 0
     assert m["tessera_generation_tokens_total"] > 0 and m["tessera_time_to_first_token_seconds_count"] > 0
     assert m["tessera_inter_token_latency_seconds_count"] > 0 and m["tessera_prompt_tokens_total"] > 0
-    assert m['tessera_kv_blocks_total{pool="host"}'] > 0  # --swap-space 0.05 gives a small host pool
+    assert m['tessera_kv_blocks_capacity{pool="host"}'] > 0  # --swap-space 0.05 gives a small host pool
     # The KV cache's dtype (the CPU default fp16) and block bytes; /v1/models says the same.
     info = [k for k in m if k.startswith('tessera_kv_cache_info{dtype="fp16",block_bytes="')]
     assert len(info) == 1 and m[info[0]] == 1 and int(info[0].split('block_bytes="')[1].split('"')[0]) > 0, info
@@ -528,7 +528,7 @@ def disconnects_free_the_kv_pool():
     aborted = m[key] - before[key]
     assert submitted == total and aborted == total, (submitted, aborted, total)
     assert m['tessera_kv_blocks_free{pool="device"}'] + m['tessera_kv_blocks_cached{pool="device"}'] >= \
-        m['tessera_kv_blocks_total{pool="device"}'], m
+        m['tessera_kv_blocks_capacity{pool="device"}'], m
     deadline = time.time() + 5
     while abort_lines() - log_before < total and time.time() < deadline:
         time.sleep(0.1)

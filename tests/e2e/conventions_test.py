@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the conventions users bring from vLLM and llama-server (issue #19), on the real
+server and the real default model:
+  metrics:   /metrics parses with prometheus_client's parser: no `unknown` type, no family twice, no
+             family without samples, counters named `_total` and nothing else, vLLM's names under
+             `tessera:` with a `model_name` label, and the time-to-first-token histogram counting a
+             long stream while it still runs;
+Prints "N passed, M failed" and exits non-zero on any failure.
+Usage: conventions_test.py TESSERA_BINARY MODEL
+"""
+import functools
+import http.client
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from served import case, free_port, served, summary  # tests/e2e/served.py
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError as e:  # scripts/test installs it (TEST_CLIENTS)
+    print(f"SKIP: {e} (pip install prometheus_client)")
+    sys.exit(0)
+
+CHROMIUM = os.environ.get("TESSERA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+IN_CI = os.environ.get("CI") == "true"
+ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
+MODEL_ID = os.path.basename(MODEL)
+srv = served([BIN, "serve", MODEL, *ENGINE], log_prefix="tessera-conventions-")
+
+# The vLLM names users' dashboards ask for (vllm: -> tessera:), as prometheus_client names families
+# (a counter's family drops `_total`).
+VLLM_FAMILIES = {
+    "tessera:num_requests_running": "gauge", "tessera:num_requests_waiting": "gauge",
+    "tessera:num_requests_swapped": "gauge", "tessera:kv_cache_usage_perc": "gauge",
+    "tessera:cpu_cache_usage_perc": "gauge",
+    "tessera:time_to_first_token_seconds": "histogram", "tessera:inter_token_latency_seconds": "histogram",
+    "tessera:e2e_request_latency_seconds": "histogram", "tessera:request_queue_time_seconds": "histogram",
+    "tessera:request_prefill_time_seconds": "histogram", "tessera:request_decode_time_seconds": "histogram",
+    "tessera:request_prompt_tokens": "histogram", "tessera:request_generation_tokens": "histogram",
+    "tessera:prompt_tokens": "counter", "tessera:generation_tokens": "counter",
+    "tessera:num_preemptions": "counter", "tessera:prefix_cache_queries": "counter",
+    "tessera:prefix_cache_hits": "counter", "tessera:request_success": "counter",
+    "tessera:kv_blocks_swapped": "counter",
+}
+
+
+def post(path, body, timeout=120):
+    status, data, _ = srv.request("POST", path, body, timeout=timeout)
+    return status, json.loads(data) if data else None
+
+
+def scrape():
+    status, data, r = srv.request("GET", "/metrics")
+    assert status == 200 and r.getheader("Content-Type", "").startswith("text/plain"), (status, data[:200])
+    return data.decode()
+
+
+def families(text):
+    return list(text_string_to_metric_families(text))
+
+
+def sample_value(fams, family, sample_name, **labels):
+    for f in fams:
+        if f.name == family:
+            for s in f.samples:
+                if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+    raise KeyError((family, sample_name, labels))
+
+
+@case
+def metrics_parse_with_prometheus_client():
+    post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    text = scrape()
+    fams = families(text)
+    names = [f.name for f in fams]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert not [f.name for f in fams if f.type == "unknown"], [f.name for f in fams if f.type == "unknown"]
+    assert not [f.name for f in fams if not f.samples], "a # TYPE line without samples"
+    # promtool-style: one # TYPE and # HELP per family, before its samples; _total only on counters.
+    typed = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
+    assert len(typed) == len({n for n, _ in typed}) == len(re.findall(r"^# HELP ", text, re.M)), typed
+    for name, kind in typed:
+        assert name.endswith("_total") == (kind == "counter"), (name, kind)
+        assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name), name
+    by_name = {f.name: f for f in fams}
+    for name, kind in VLLM_FAMILIES.items():
+        assert name in by_name and by_name[name].type == kind, (name, by_name.get(name))
+        assert all(s.labels.get("model_name") == MODEL_ID for s in by_name[name].samples), by_name[name].samples[:2]
+    # The KV block gauges are one family each (they were samples of a `tessera_kv_blocks` family with
+    # no samples of its own, `unknown` to the parser).
+    for name in ("tessera_kv_blocks_capacity", "tessera_kv_blocks_used", "tessera_kv_blocks_free",
+                 "tessera_kv_blocks_cached", "tessera_kv_cache_usage_perc"):
+        assert by_name[name].type == "gauge" and {s.labels["pool"] for s in by_name[name].samples} == {"device", "host"}
+    assert "tessera_kv_blocks" not in by_name
+    # The two sets report the same quantities.
+    assert sample_value(fams, "tessera:generation_tokens", "tessera:generation_tokens_total") == \
+        sample_value(fams, "tessera_generation_tokens", "tessera_generation_tokens_total") > 0
+    assert sample_value(fams, "tessera:request_generation_tokens", "tessera:request_generation_tokens_count") >= 1
+    assert 0 <= sample_value(fams, "tessera:kv_cache_usage_perc", "tessera:kv_cache_usage_perc") <= 1
+
+
+@case
+def ttft_is_observed_while_a_long_stream_runs():
+    def ttft_count():
+        return sample_value(families(scrape()), "tessera:time_to_first_token_seconds",
+                            "tessera:time_to_first_token_seconds_count")
+
+    before = ttft_count()
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once upon a time", "max_tokens": 600,
+                                                           "ignore_eos": True, "stream": True}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    line = r.fp.readline()
+    while not line.startswith(b"data: {"):  # the first token's chunk
+        line = r.fp.readline()
+    running, count = None, None
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        fams = families(scrape())
+        running = sample_value(fams, "tessera:num_requests_running", "tessera:num_requests_running")
+        count = sample_value(fams, "tessera:time_to_first_token_seconds", "tessera:time_to_first_token_seconds_count")
+        if count == before + 1:
+            break
+        time.sleep(0.05)
+    c.close()  # ends the stream (the server aborts it)
+    assert count == before + 1 and running == 1, (before, count, running)
+
+
+srv.stop()
+sys.exit(summary())
