@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "server/cors.hpp"
 #include "server/http_checks.hpp"
 #include "server/logging.hpp"
 #include "server/ws_session.hpp"
@@ -175,7 +176,8 @@ void http_session::handle() {
   const bool keep_alive = request_.keep_alive();
   routing r = route_request(request_, state_);
   switch (r.to) {
-    case route::ui_file: return send_message(std::move(*r.file), keep_alive);
+    case route::ui_file:
+    case route::preflight: return send_message(std::move(*r.ready), keep_alive);
     case route::completions: return start_generation(api_kind::completion, keep_alive);
     case route::chat_completions: return start_generation(api_kind::chat, keep_alive);
     case route::tokenize: return start_tokenize(keep_alive);
@@ -265,7 +267,7 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   // HTTP/1.0 clients get an unchunked stream ended by closing the connection.
   const bool chunked = request_.version() >= 11;
   gen_->keep_alive = keep_alive && chunked;
-  if (req.stream) gen_->sse.emplace(gen_->meta.id, chunked, gen_->keep_alive);
+  if (req.stream) gen_->sse.emplace(gen_->meta.id, chunked, gen_->keep_alive, cors_origin_);
   gen_->req = std::move(req);
   gen_->stream = std::move(stream);
   // Keep a read pending so a client that goes away is noticed while the engine works.
@@ -479,6 +481,7 @@ void http_session::send_error(const api_error& e, bool keep_alive) {
 void http_session::send_message(http_response res, bool keep_alive) {
   keep_alive = keep_alive && !flooded_;
   res.set(http::field::server, "tessera");
+  if (!cors_origin_.empty()) add_cors_headers(res, cors_origin_);
   res.keep_alive(keep_alive);
   if (request_.method() == http::verb::head) {
     res.content_length(res.body().size());
@@ -644,6 +647,15 @@ void http_session::note_request() {
   const std::string_view target(m.target().data(), m.target().size());
   log_path_ = target.empty() ? std::string("-") : std::string(target.substr(0, target.find('?')));
   access_ = {};
+  // Every response to an allowed cross-origin request carries the CORS headers (a refused Origin
+  // gets its 403 without them, and the browser hides it from the page).
+  cors_origin_.clear();
+  const auto origin = m.find(http::field::origin), host = m.find(http::field::host);
+  if (origin != m.end()) {
+    const std::string_view o(origin->value().data(), origin->value().size());
+    const std::string_view h = host == m.end() ? std::string_view() : std::string_view(host->value().data(), host->value().size());
+    if (origin_allowed(o, h, state_.opt.allowed_origins)) cors_origin_ = o;
+  }
 }
 
 void http_session::note_final(const stream_final& f) {

@@ -5,6 +5,10 @@ server and the real default model:
              family without samples, counters named `_total` and nothing else, vLLM's names under
              `tessera:` with a `model_name` label, and the time-to-first-token histogram counting a
              long stream while it still runs;
+  CORS:      a page served by another loopback origin calls the API with fetch() and an Authorization
+             header, through the browser's preflight (headless Chromium through Playwright), plain and
+             streamed, and reads an error; a page from an origin not allowed is refused by the browser
+             and the 403 names --allowed-origins; a Host the server does not know names --allowed-host;
 Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: conventions_test.py TESSERA_BINARY MODEL
 """
@@ -136,6 +140,109 @@ def ttft_is_observed_while_a_long_stream_runs():
         time.sleep(0.05)
     c.close()  # ends the stream (the server aborts it)
     assert count == before + 1 and running == 1, (before, count, running)
+
+
+# ---- CORS -----------------------------------------------------------------------------------------
+
+KEY = "cors-key"
+PAGE = "<!doctype html><title>another origin</title><p>a page on another origin</p>"
+
+
+def page_server():
+    """A static page on its own loopback port (its own origin); returns (origin, server)."""
+    root = tempfile.mkdtemp(prefix="tessera-cors-page-")
+    with open(os.path.join(root, "index.html"), "w") as f:
+        f.write(PAGE)
+    class quiet_handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(quiet_handler, directory=root)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_port}", httpd
+
+
+# fetch() from the page: a JSON body and an Authorization header make the browser send a preflight first.
+CALL_API = """async ([url, key, body]) => {
+  try {
+    const r = await fetch(url, {method: 'POST', headers: {'Authorization': 'Bearer ' + key,
+                                'Content-Type': 'application/json'}, body: JSON.stringify(body)});
+    return {status: r.status, text: await r.text(), requestId: r.headers.get('X-Request-Id')};
+  } catch (e) {
+    return {error: String(e)};
+  }
+}"""
+
+
+def cors_in_a_browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return "Playwright for Python is not installed (pip install playwright)"
+    if not os.path.exists(CHROMIUM):
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    allowed, allowed_httpd = page_server()
+    refused, refused_httpd = page_server()
+    api = served([BIN, "serve", MODEL, *ENGINE, "--api-key", KEY, "--allowed-origins", allowed + ",http://other.example"],
+                 log_prefix="tessera-cors-")
+    base = f"http://127.0.0.1:{api.port}"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            preflights = []
+            page.on("request", lambda req: preflights.append(req.url) if req.method == "OPTIONS" else None)
+            page.goto(allowed + "/index.html")
+            body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+            r = page.evaluate(CALL_API, [base + "/v1/completions", KEY, body])
+            assert r.get("status") == 200 and json.loads(r["text"])["choices"][0]["text"], r
+            assert r["requestId"], r  # an exposed header the page can read
+            # A stream: the SSE response carries the CORS headers too.
+            r = page.evaluate(CALL_API, [base + "/v1/completions", KEY, {**body, "stream": True}])
+            assert r.get("status") == 200 and "data: [DONE]" in r["text"], r
+            # An error is readable by the page (its status and OpenAI-shaped body), not a CORS failure.
+            r = page.evaluate(CALL_API, [base + "/v1/completions", KEY, {"prompt": "x", "max_tokens": -1}])
+            assert r.get("status") == 400 and "error" in json.loads(r["text"]), r
+            r = page.evaluate(CALL_API, [base + "/v1/completions", "wrong-key", body])
+            assert r.get("status") == 401, r
+            # Chromium may answer repeated preflights from its cache; the first one went to the server.
+            assert any("/v1/completions" in u for u in preflights) or "OPTIONS /v1/completions" in api.log(), preflights
+            # Another origin: the server refuses it (403, no Access-Control-Allow-Origin) and the browser
+            # hides the answer from the page.
+            page.goto(refused + "/index.html")
+            r = page.evaluate(CALL_API, [base + "/v1/completions", KEY, body])
+            assert "error" in r and "Failed to fetch" in r["error"], r
+            browser.close()
+        # The same exchanges on the wire.
+        status, data, res = api.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": allowed, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert status == 204 and res.getheader("Access-Control-Allow-Origin") == allowed, (status, res.getheaders())
+        assert "Authorization" in res.getheader("Access-Control-Allow-Headers"), res.getheaders()
+        assert "POST" in res.getheader("Access-Control-Allow-Methods"), res.getheaders()
+        status, data, res = api.request("GET", "/v1/models", headers={"Origin": allowed})
+        assert status == 401 and res.getheader("Access-Control-Allow-Origin") == allowed, (status, res.getheaders())
+        status, data, res = api.request("OPTIONS", "/v1/completions", headers={
+            "Origin": refused, "Access-Control-Request-Method": "POST"})
+        assert status == 403 and res.getheader("Access-Control-Allow-Origin") is None, (status, res.getheaders())
+        assert "--allowed-origins" in json.loads(data)["error"]["message"], data
+        status, data, res = api.request("GET", "/v1/models", headers={"Host": "llm.lan:%d" % api.port,
+                                                                       "Authorization": "Bearer " + KEY})
+        assert status == 403 and "--allowed-host llm.lan" in json.loads(data)["error"]["message"], data
+    finally:
+        api.stop()
+        allowed_httpd.shutdown()
+        refused_httpd.shutdown()
+    return None
+
+
+@case
+def cors_page_on_another_origin_calls_the_api_through_preflight():
+    skipped = cors_in_a_browser()
+    if skipped:
+        assert not IN_CI, skipped + " (CI must run the browser test)"
+        print(f"SKIP cors_page_on_another_origin_calls_the_api_through_preflight: {skipped}")
 
 
 srv.stop()
