@@ -114,6 +114,33 @@ constexpr route_entry routes[] = {
     {"/v1/events", http::verb::get, route::ws_events},
 };
 
+// GET /v1/models/{id}: the id is the rest of the path (ids may hold '/'), percent-decoded.
+constexpr std::string_view k_model_prefix = "/v1/models/";
+
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    int value = 0;
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      std::from_chars(s.data() + i + 1, s.data() + i + 3, value, 16);
+      out += static_cast<char>(value);
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The served model as OpenAI's model object, with the max_model_len the engine enforces.
+json::object model_object(const server_state& s) {
+  json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
+                     {"max_model_len", s.engine.max_model_len()}};
+  if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
+  return model;
+}
+
 http_response detokenize(const http_request& req, server_state& s) {
   const auto& tok = s.engine.tok();
   if (!tok) throw api_error(400, "this model has no tokenizer");
@@ -151,6 +178,8 @@ routing route_request(const http_request& req, const server_state& s) {
   for (const auto& r : routes) {
     if (r.path == path) found = &r;
   }
+  static constexpr route_entry model_route{k_model_prefix, http::verb::get, route::model};
+  if (!found && path.starts_with(k_model_prefix) && path.size() > k_model_prefix.size()) found = &model_route;
   if (!found && s.ui && (method == http::verb::get || method == http::verb::head)) {
     if (auto res = s.ui->respond(req, path)) return {route::ui_file, true, std::move(res)};
   }
@@ -192,11 +221,17 @@ http_response answer(route to, const http_request& req, server_state& s) {
       return json_response(R"({"status":"ok"})");
     }
     case route::models: {
-      json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
-                         {"max_model_len", s.engine.max_model_len()}};
-      if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
-      json::object body{{"object", "list"}, {"data", json::array{std::move(model)}}};
+      json::object body{{"object", "list"}, {"data", json::array{model_object(s)}}};
       return json_response(json::serialize(body));
+    }
+    case route::model: {
+      const std::string_view target(req.target().data(), req.target().size());
+      const std::string id = percent_decoded(target.substr(k_model_prefix.size(), target.find('?') - k_model_prefix.size()));
+      if (id != s.opt.model_name) {
+        throw api_error(404, "The model '" + sanitize_utf8(id) + "' does not exist (this server serves '" + s.opt.model_name + "')",
+                        "model", "model_not_found");
+      }
+      return json_response(json::serialize(model_object(s)));
     }
     case route::metrics: {
       http_response res{http::status::ok, 11};

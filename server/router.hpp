@@ -21,6 +21,7 @@ using http_response = boost::beast::http::response<boost::beast::http::string_bo
 enum class route : uint8_t {
   health,
   models,
+  model,        // GET /v1/models/{id}
   metrics,
   completions,
   chat_completions,
@@ -42,7 +43,7 @@ struct routing {
 // which authenticate later when the upgrade carried no key).
 routing route_request(const http_request& req, const server_state& state);
 
-// The answer of health, models, metrics or detokenize (status, content type, body; the
+// The answer of health, models, model (/v1/models/{id}), metrics or detokenize (status, content type, body; the
 // session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
 http_response answer(route to, const http_request& req, server_state& state);
 

@@ -9,6 +9,7 @@ server and the real default model:
              header, through the browser's preflight (headless Chromium through Playwright), plain and
              streamed, and reads an error; a page from an origin not allowed is refused by the browser
              and the 403 names --allowed-origins; a Host the server does not know names --allowed-host;
+  models:    GET /v1/models/{id}, 404 for an unknown id (the openai SDK's retrieve());
 Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: conventions_test.py TESSERA_BINARY MODEL
 """
@@ -140,6 +141,31 @@ def ttft_is_observed_while_a_long_stream_runs():
         time.sleep(0.05)
     c.close()  # ends the stream (the server aborts it)
     assert count == before + 1 and running == 1, (before, count, running)
+
+
+# ---- /v1/models/{id} --------------------------------------------------------------------------------
+
+@case
+def model_by_id_and_unknown_id_404():
+    status, body = srv.request("GET", "/v1/models/" + MODEL_ID)[:2]
+    model = json.loads(body)
+    assert status == 200 and model["id"] == MODEL_ID and model["object"] == "model", body
+    assert model["max_model_len"] == 1024 and model == json.loads(srv.request("GET", "/v1/models")[1])["data"][0], body
+    status, body = srv.request("GET", "/v1/models/no-such-model")[:2]
+    err = json.loads(body)["error"]
+    assert status == 404 and err["code"] == "model_not_found" and err["type"] == "not_found_error", body
+    assert "no-such-model" in err["message"] and err["param"] == "model", body
+    try:
+        import openai
+    except ImportError:
+        return
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+    assert client.models.retrieve(MODEL_ID).id == MODEL_ID
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("no error for an unknown model")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404
 
 
 # ---- CORS -----------------------------------------------------------------------------------------
