@@ -365,13 +365,14 @@ void http_session::on_final(const stream_final& f) {
     const int status = f.runtime_fault ? 500 : 400;
     std::string msg = f.error.empty() ? "request failed" : f.error;
     gen_.reset();
-    // A refused structured output (a schema that does not compile, ...) names its own field.
+    // A request refused for one of its fields (a schema that does not compile, a max_tokens beyond
+    // the context) names that field.
     const bool field_error = status == 400 && !f.error_param.empty();
     return send_error(api_error(status, msg,
                                 field_error     ? f.error_param
                                 : status == 400 ? "prompt"
                                                 : "",
-                                field_error     ? "invalid_structured_output"
+                                field_error     ? refusal_code(f.error_param)
                                 : status == 400 ? "invalid_prompt"
                                                 : "engine_error"),
                       keep_alive);

@@ -68,6 +68,10 @@ json::object timings_json(const actors::stream_final& f) {
   return t;
 }
 
+std::string refusal_code(std::string_view param) {
+  return param == "max_tokens" ? "context_length_exceeded" : "invalid_structured_output";
+}
+
 json::object usage_json(const actors::stream_final& f) {
   return json::object{{"prompt_tokens", f.num_prompt_tokens},
                       {"completion_tokens", f.num_generated_tokens},

@@ -386,7 +386,9 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   if (have_prompt && req.prompt.type == actors::prompt_input::kind::text && req.prompt.text.empty()) {
     bad("prompt", "must not be empty");
   }
-  (void)have_max_tokens;
+  // vLLM: a max_tokens the client asked for must fit the context with the prompt (else 400, checked
+  // by the engine once the prompt is tokenized); the default one ends at the context instead.
+  p.truncate_to_context = !have_max_tokens;
   if (kind == api_kind::chat) {
     check_tool_request(req.tools, have_tools);
     if (req.tools.choice != tool_choice_mode::none) req.prompt.tools_json = req.tools.tools_json;

@@ -10,6 +10,7 @@ server and the real default model:
              streamed, and reads an error; a page from an origin not allowed is refused by the browser
              and the 403 names --allowed-origins; a Host the server does not know names --allowed-host;
   models:    GET /v1/models/{id}, 404 for an unknown id (the openai SDK's retrieve());
+  limits:    max_tokens at the context's limit - 1 / limit / limit + 1 (400 naming the numbers, as vLLM);
 Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: conventions_test.py TESSERA_BINARY MODEL
 """
@@ -166,6 +167,46 @@ def model_by_id_and_unknown_id_404():
         raise AssertionError("no error for an unknown model")
     except openai.NotFoundError as e:
         assert e.status_code == 404
+
+
+# ---- max_tokens that cannot fit the context -----------------------------------------------------------
+
+@case
+def max_tokens_beyond_the_context_is_400_at_the_limit_plus_one():
+    prompt = "The capital of France is"
+    n = json.loads(srv.request("POST", "/tokenize", {"prompt": prompt})[1])["count"]
+    limit = 1024  # --max-model-len
+    for kind, body in (("completions", {"prompt": prompt}),
+                       ("chat", {"messages": [{"role": "user", "content": prompt}]})):
+        if kind == "chat":
+            n = json.loads(srv.request("POST", "/tokenize", body)[1])["count"]
+        path = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
+        for max_tokens, ok in ((limit - n - 1, True), (limit - n, True), (limit - n + 1, False)):
+            # max_tokens is what is checked; stop after 2 tokens so that the accepted ones finish at once.
+            stream = max_tokens % 2 == 0  # streamed and not: the same check, before the first chunk
+            status, data, _ = srv.request("POST", path, {**body, "max_tokens": max_tokens, "temperature": 0,
+                                                          "stop": [" "], "stream": stream})
+            if ok:
+                assert status == 200 and (b"data: [DONE]" in data if stream else json.loads(data)["choices"]), \
+                    (kind, max_tokens, status, data[:300])
+                continue
+            out = json.loads(data)
+            err = out["error"]
+            assert status == 400 and err["param"] == "max_tokens" and err["code"] == "context_length_exceeded", out
+            for number in (str(limit), str(n + max_tokens), f"{n} in the prompt", f"{max_tokens} in the completion"):
+                assert number in err["message"], (number, err["message"])
+    # Without max_tokens the output ends at the context instead (finish_reason length), as in vLLM.
+    # A prompt of limit - 5 tokens: the default max_tokens (16) does not fit, and is not an error.
+    k = limit - 5
+    while True:
+        long_prompt = "x" + " x" * (k - 1)
+        count = post("/tokenize", {"prompt": long_prompt})[1]["count"]
+        if count == limit - 5:
+            break
+        k += limit - 5 - count
+    status, out = post("/v1/completions", {"prompt": long_prompt, "ignore_eos": True, "temperature": 0})
+    assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
+    assert out["usage"]["prompt_tokens"] == limit - 5 and out["usage"]["completion_tokens"] <= 5, out["usage"]
 
 
 # ---- CORS -----------------------------------------------------------------------------------------

@@ -873,7 +873,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
         # A /v1/ws generation running at SIGTERM also gets its final message before the socket closes.
         async with websockets.connect(f"ws://127.0.0.1:{grace.port}/v1/ws") as ws:
             await ws.send(json.dumps({"type": "start", "id": "w",
-                                      "request": {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}}))
+                                      "request": {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}}))
             while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
                 pass
             grace.proc.terminate()
@@ -885,7 +885,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
             except websockets.exceptions.ConnectionClosed:
                 return None
 
-    short, long_ = open_stream(8), open_stream(4000)
+    short, long_ = open_stream(8), open_stream(900)
     time.sleep(0.5)
     t0 = time.time()
     ws_final = asyncio.run(ws_final_after_sigterm())

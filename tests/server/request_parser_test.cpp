@@ -71,6 +71,19 @@ TEST(request_parser, defaults_and_prompt_forms) {
   EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{4, 5}));
 }
 
+// vLLM: a max_tokens the client gave must fit the context (the engine checks, once the prompt is
+// tokenized); the default one ends where the context does.
+TEST(request_parser, a_requested_max_tokens_must_fit_the_context) {
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"x"})", api_kind::completion, vocab).params.truncate_to_context);
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"x","max_tokens":null})", api_kind::completion, vocab)
+                  .params.truncate_to_context);
+  EXPECT_FALSE(parse_generation_request(R"({"prompt":"x","max_tokens":5})", api_kind::completion, vocab)
+                   .params.truncate_to_context);
+  EXPECT_FALSE(parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":5})",
+                                        api_kind::chat, vocab)
+                   .params.truncate_to_context);
+}
+
 TEST(request_parser, chat_fields) {
   const generation_request r = parse_generation_request(
       R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
