@@ -236,9 +236,10 @@ std::vector<token_id> encode_messages(const engine_bundle& b, const std::vector<
   return encode_prompt(*b.model.tok, render_messages(b, messages), true);
 }
 
-std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template) {
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template,
+                                    bool parse_special) {
   encode_options options;
-  options.parse_special = from_chat_template;
+  options.parse_special = from_chat_template || parse_special;
   options.add_special = tok.add_bos();
   if (from_chat_template && tok.bos() && text.starts_with(tok.token_text(*tok.bos()))) options.add_special = false;
   return tok.encode(text, options);

@@ -69,8 +69,11 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& bundle, const 
 // Renders one user turn (and an optional system prompt) with the model's chat template.
 std::string render_chat(const engine_bundle& bundle, const std::string& user, const std::string& system);
 // Prompt text -> ids. Chat-rendered text holds the template's special tokens, so those are parsed;
-// BOS is added when the vocabulary asks for it and the template did not already write it.
-std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template);
+// BOS is added when the vocabulary asks for it and the template did not already write it. A raw
+// prompt's special-token text ("<|im_start|>") is parsed too unless parse_special is false (as the
+// server's "parse_special": false), like vLLM and llama-server.
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template,
+                                    bool parse_special = true);
 // A conversation rendered with the chat template and tokenized (what a chat request's prompt is).
 std::vector<token_id> encode_messages(const engine_bundle& bundle, const std::vector<chat_message>& messages);
 // Renders a conversation with the model's chat template (BOS/EOS texts from the vocabulary).

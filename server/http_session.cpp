@@ -208,6 +208,7 @@ void http_session::start_tokenize(bool keep_alive) {
   actors::prompt_input prompt =
       t.is_chat ? actors::prompt_input::from_chat(t.messages) : actors::prompt_input::from_text(t.prompt);
   prompt.add_special = t.add_special_tokens;
+  prompt.parse_special = t.parse_special;
   tokenizing_ = true;
   tokenize_serial_ = num_requests_;
   tokenize_keep_alive_ = keep_alive;

@@ -11,6 +11,8 @@ server and the real default model:
              and the 403 names --allowed-origins; a Host the server does not know names --allowed-host;
   models:    GET /v1/models/{id}, 404 for an unknown id (the openai SDK's retrieve());
   limits:    max_tokens at the context's limit - 1 / limit / limit + 1 (400 naming the numbers, as vLLM);
+  prompts:   special-token text in raw prompts becomes the special token (llama.cpp's ids from
+             tests/data/tokenizer), "parse_special": false and --no-parse-special keep it text;
 Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: conventions_test.py TESSERA_BINARY MODEL
 """
@@ -207,6 +209,54 @@ def max_tokens_beyond_the_context_is_400_at_the_limit_plus_one():
     status, out = post("/v1/completions", {"prompt": long_prompt, "ignore_eos": True, "temperature": 0})
     assert status == 200 and out["choices"][0]["finish_reason"] == "length", out
     assert out["usage"]["prompt_tokens"] == limit - 5 and out["usage"]["completion_tokens"] <= 5, out["usage"]
+
+
+# ---- special-token text in raw prompts -----------------------------------------------------------------
+
+def parity_cases():
+    """llama.cpp's token ids for the default model (tests/data/tokenizer/smollm_parity.jsonl): the
+    inputs with special-token spellings, both with parse_special and without, that JSON can carry."""
+    import base64
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "tokenizer", "smollm_parity.jsonl")
+    out = []
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            try:
+                text = base64.b64decode(d["text_b64"]).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if "<|" in text or "<repo_name>" in text:
+                out.append((text, d["special"], d["ids"]))
+    return out
+
+
+@case
+def raw_prompts_parse_special_tokens_like_llama_cpp():
+    cases = parity_cases()
+    assert sum(1 for _, special, _ in cases if special) >= 20, len(cases)
+    for text, special, ids in cases:
+        status, out = post("/tokenize", {"prompt": text, "add_special_tokens": False, "parse_special": special})
+        assert status == 200 and out["tokens"] == ids, (text, special, out, ids)
+    # The default parses them: a hand-written ChatML prompt is the tokens its template would give.
+    chatml = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = post("/tokenize", {"prompt": chatml})[1]["tokens"]
+    # 10 tokens, as llama-server gives (28 as plain text).
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1 and len(ids) == 10, ids
+    assert post("/tokenize", {"prompt": chatml, "parse_special": False})[1]["count"] > 20
+    status, out = post("/v1/completions", {"prompt": chatml, "max_tokens": 1, "temperature": 0})
+    assert status == 200 and out["usage"]["prompt_tokens"] == len(ids), out
+    status, out = post("/v1/completions", {"prompt": chatml, "max_tokens": 1, "parse_special": False})
+    assert status == 200 and out["usage"]["prompt_tokens"] > 20, out
+    status, out = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "parse_special": False})
+    assert status == 400 and out["error"]["param"] == "parse_special", out
+    # The CLI: the prompt's token count is in its statistics.
+    for flags, expect in (([], len(ids)), (["--no-parse-special"], None)):
+        r = subprocess.run([BIN, "generate", "--model", MODEL, "--threads", "2", "--max-tokens", "1", "--temperature", "0",
+                            "--prompt", chatml, *flags], capture_output=True, text=True, timeout=300)
+        m = re.search(r"prompt: (\d+) tokens", r.stderr)
+        assert r.returncode == 0 and m, r.stderr
+        assert int(m.group(1)) == expect if expect else int(m.group(1)) > 20, (flags, r.stderr)
 
 
 # ---- CORS -----------------------------------------------------------------------------------------

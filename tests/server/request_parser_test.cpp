@@ -301,6 +301,18 @@ TEST(request_parser, tokenize_and_detokenize) {
   EXPECT_THROW(parse_detokenize_request(R"({})", vocab), api_error);
 }
 
+TEST(request_parser, raw_prompts_parse_special_tokens_unless_told_not_to) {
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"<|im_start|>"})", api_kind::completion, vocab).prompt.parse_special);
+  EXPECT_FALSE(parse_generation_request(R"({"parse_special":false,"prompt":"<|im_start|>"})", api_kind::completion, vocab)
+                   .prompt.parse_special)
+      << "the field may come before the prompt";
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"parse_special":false})", api_kind::chat).param,
+            "parse_special");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","parse_special":1})").param, "parse_special");
+  EXPECT_TRUE(parse_tokenize_request(R"({"prompt":"abc"})").parse_special);
+  EXPECT_FALSE(parse_tokenize_request(R"({"prompt":"abc","parse_special":false})").parse_special);
+}
+
 TEST(security, keys_equal_and_host_check) {
   EXPECT_TRUE(keys_equal("secret", "secret"));
   EXPECT_FALSE(keys_equal("secreT", "secret"));
