@@ -85,6 +85,9 @@ int generate_command::run_single() {
     }
   }
   std::fputc('\n', stdout);
+  // The text's last line is out before the statistics: with stdout and stderr on one pipe or file
+  // (2>&1), a buffered newline would otherwise come after them ("...everything.prompt: 38 tokens").
+  std::fflush(stdout);
   if (final.reason == finish_reason::error) throw std::runtime_error(final.error);
   if (!engine_.quiet) {
     const int32_t generated = final.num_generated_tokens;

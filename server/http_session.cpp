@@ -323,7 +323,10 @@ void http_session::on_delta(const stream_delta& d, std::string& out) {
     take_piece(c, std::move(piece));
     return;
   }
-  if (!g.sse || !has_output(o)) return;
+  // No chunk without text: a token whose text the detokenizer holds back (part of a UTF-8 character,
+  // a special token it skips) goes with the next chunk; only its logprobs, when asked for, are worth
+  // a chunk of their own.
+  if (!g.sse || (o.text.empty() && !(g.req.want_logprobs && !o.logprobs.empty()))) return;
   g.sse->event(delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get()), out);
 }
 

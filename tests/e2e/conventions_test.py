@@ -13,6 +13,7 @@ server and the real default model:
   limits:    max_tokens at the context's limit - 1 / limit / limit + 1 (400 naming the numbers, as vLLM);
   prompts:   special-token text in raw prompts becomes the special token (llama.cpp's ids from
              tests/data/tokenizer), "parse_special": false and --no-parse-special keep it text;
+  streams:   `tessera generate` keeps its statistics on stderr; SSE sends no chunk without text.
 Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: conventions_test.py TESSERA_BINARY MODEL
 """
@@ -146,6 +147,7 @@ def ttft_is_observed_while_a_long_stream_runs():
     assert count == before + 1 and running == 1, (before, count, running)
 
 
+
 # ---- /v1/models/{id} --------------------------------------------------------------------------------
 
 @case
@@ -257,6 +259,47 @@ def raw_prompts_parse_special_tokens_like_llama_cpp():
         m = re.search(r"prompt: (\d+) tokens", r.stderr)
         assert r.returncode == 0 and m, r.stderr
         assert int(m.group(1)) == expect if expect else int(m.group(1)) > 20, (flags, r.stderr)
+
+
+# ---- output streams --------------------------------------------------------------------------------
+
+@case
+def generate_prints_text_on_stdout_and_statistics_on_stderr():
+    argv = [BIN, "generate", "--model", MODEL, "--threads", "2", "--max-tokens", "8", "--temperature", "0",
+            "--prompt", "The capital of France is"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip(), r
+    assert "prompt:" not in r.stdout and "loaded" not in r.stdout, r.stdout
+    assert re.search(r"^prompt: \d+ tokens", r.stderr, re.M), r.stderr
+    # Both on one pipe (2>&1): the text's last line ends before the statistics begin.
+    both = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300).stdout
+    assert r.stdout in both and re.search(r"^prompt: \d+ tokens", both, re.M), both
+
+
+@case
+def sse_never_sends_a_chunk_without_text():
+    # EOS forced by logit_bias and generated past (ignore_eos): its text is dropped (special), so each
+    # such token used to become a chunk with empty text.
+    eos = post("/tokenize", {"prompt": "<|im_end|>", "add_special_tokens": False})[1]["tokens"]
+    assert len(eos) == 1, eos
+    for path, body in (("/v1/completions", {"prompt": "Hello"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]})):
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+        c.request("POST", path, body=json.dumps({**body, "max_tokens": 6, "ignore_eos": True, "stream": True,
+                                                 "logit_bias": {str(eos[0]): 100},
+                                                 "stream_options": {"include_usage": True}}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        events = [json.loads(ln[6:]) for ln in r.read().decode().splitlines()
+                  if ln.startswith("data: {")]
+        c.close()
+        assert events and events[-1]["usage"]["completion_tokens"] == 6, events[-1:]
+        for e in events:
+            for ch in e["choices"]:
+                if ch.get("finish_reason"):
+                    continue
+                text = ch["text"] if "text" in ch else ch["delta"].get("content")
+                assert text, (path, e)
 
 
 # ---- CORS -----------------------------------------------------------------------------------------
