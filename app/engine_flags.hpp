@@ -35,6 +35,7 @@ struct engine_flags {
   std::string dtype = "bfloat16";    // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
   bool cuda_graphs = false;          // CUDA: replay decode steps from captured graphs (not yet verified)
   bool quiet = false;                // no progress/stats on stderr
+  std::string chat_template_file;    // --chat-template-file: a Jinja file (or the template text); "": the model's
 
   void add_to(CLI::App& cmd);
 };
@@ -53,6 +54,10 @@ struct engine_bundle {
 // --device: "cpu" or "cuda" for "auto" | "cpu" | "cuda". auto is CUDA when this binary has the CUDA
 // executor and a device is visible; "cuda" without either is an invalid_request saying which.
 std::string resolve_device(const std::string& requested);
+
+// --chat-template-file: a file's template, or (when no such file exists and it looks like Jinja) the
+// text itself. Throws invalid_request naming the flag when it cannot be read or parsed.
+chat_template load_chat_template(const std::string& file_or_text);
 
 // The engine (scheduler, KV pools, batching) options the flags ask for.
 engine_options to_engine_options(const engine_flags& flags);

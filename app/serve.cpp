@@ -50,7 +50,7 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--host", host_, "Address to bind (default 127.0.0.1: loopback only)");
   cmd_->add_option("--port", port_, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd_->add_option("--api-key", api_key_, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd_->add_option("--served-model-name", model_name_, "Model id for /v1/models and responses");
+  cmd_->add_option("--served-model-name,--alias", model_name_, "Model id for /v1/models and responses (llama-server: --alias)");
   cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")->check(CLI::Range(1024, 1 << 30));
   cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 20));
   cmd_->add_option("--server-threads", server_threads_, "I/O threads")->check(CLI::Range(1, 64));
