@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "actors/runtime_actors.hpp"
+#include "engine/base/error.hpp"
 
 namespace tessera::actors {
 
@@ -294,6 +295,9 @@ class engine_actor : public caf::event_based_actor {
     }
     try {
       t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority, t.grammar);
+    } catch (const invalid_request& e) {
+      close_ticket(ticket, finish_reason::error, e.what(), false, e.param());
+      return;
     } catch (const std::exception& e) {
       close_ticket(ticket, finish_reason::error, e.what());
       return;

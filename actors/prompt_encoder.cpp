@@ -25,6 +25,7 @@ std::vector<token_id> prompt_encoder::encode(const prompt_input& prompt) const {
       if (!tok_) throw invalid_request("this engine has no tokenizer: send token ids");
       encode_options options;
       options.add_special = prompt.add_special && tok_->add_bos();
+      options.parse_special = prompt.parse_special;
       return tok_->encode(prompt.text, options);
     }
     case prompt_input::kind::chat: {

@@ -22,6 +22,10 @@ struct prompt_input {
   // Text only: whether the vocabulary's BOS is added (when it asks for one). A generation always
   // adds it; POST /tokenize may say "add_special_tokens": false.
   bool add_special = true;
+  // Text only: whether special-token text in it ("<|im_start|>") becomes the special token, as in
+  // vLLM and llama-server (a hand-written ChatML prompt then is the tokens a template would give);
+  // false: it is encoded as plain text ("parse_special": false).
+  bool parse_special = true;
 
   static prompt_input from_text(std::string t) {
     prompt_input p;

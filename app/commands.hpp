@@ -40,6 +40,7 @@ class generate_command {
   std::string prompt_;
   std::string system_;
   bool chat_ = false;
+  bool no_parse_special_ = false;  // --no-parse-special
   std::string input_;
   std::string output_;
 };

@@ -16,6 +16,10 @@
 #include "engine/structured/grammar_backend.hpp"
 #endif
 #include "engine/model/gguf.hpp"
+#include "app/cli_conventions.hpp"
+
+#include <fstream>
+#include <sstream>
 
 namespace tessera::app {
 
@@ -92,11 +96,19 @@ void engine_flags::add_to(CLI::App& cmd) {
       ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("--swap-space", swap_space_gib, "Host swap pool in GiB (0: preempt by recompute only)")
       ->check(CLI::Range(0.0, 4096.0));
-  cmd.add_option("--max-num-seqs", max_num_seqs, "Sequences per step at most")->check(CLI::Range(1, 65536));
-  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "Tokens per step at most (chunked prefill)")
+  // llama-server's names as aliases (-np is rewritten to --max-num-seqs before parsing: app/cli_conventions.hpp).
+  cmd.add_option("--max-num-seqs,--parallel", max_num_seqs, "Sequences per step at most (llama-server: -np, --parallel)")
+      ->check(CLI::Range(1, 65536));
+  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "Tokens per step at most (chunked prefill; 2k: 2000)")
+      ->transform(human_token_count())
       ->check(CLI::Range(1, 1 << 20));
-  cmd.add_option("--max-model-len", max_model_len, "Longest sequence (0: the model's context length)")
+  cmd.add_option("--max-model-len,-c,--ctx-size", max_model_len,
+                 "Longest sequence, prompt and output (0: the model's context length; 4k: 4000, 4K: 4096; "
+                 "llama-server: -c, --ctx-size)")
+      ->transform(human_token_count())
       ->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("--chat-template-file,--chat-template", chat_template_file,
+                 "Chat template to use instead of the model's: a Jinja file, or the template text itself (vLLM)");
   cmd.add_option("--preemption-mode", preemption_mode, "swap | recompute | auto")
       ->check(CLI::IsMember({"swap", "recompute", "auto"}));
   cmd.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
@@ -128,6 +140,25 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--speculative-max-batch", speculative_max_batch,
                  "Steps with more decoding sequences than this do not speculate (decode is no longer memory-bound)")
       ->check(CLI::Range(1, 65536));
+}
+
+chat_template load_chat_template(const std::string& file_or_text) {
+  std::string source = file_or_text;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(file_or_text, ec)) {
+    std::ifstream in(file_or_text, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) throw invalid_request("--chat-template-file " + file_or_text + ": cannot read it");
+    source = text.str();
+  } else if (file_or_text.find("{%") == std::string::npos && file_or_text.find("{{") == std::string::npos) {
+    throw invalid_request("--chat-template-file " + file_or_text + ": no such file (nor a Jinja template text)");
+  }
+  try {
+    return chat_template::parse(std::move(source));
+  } catch (const std::exception& e) {
+    throw invalid_request("--chat-template-file " + file_or_text + ": " + e.what());
+  }
 }
 
 engine_options to_engine_options(const engine_flags& flags) {
@@ -224,7 +255,11 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   }
 
   std::string warning;
-  b.chat = chat_template::from_model_or_fallback(b.model.chat_template, &warning);
+  if (flags.chat_template_file.empty()) {
+    b.chat = chat_template::from_model_or_fallback(b.model.chat_template, &warning);
+  } else {
+    b.chat = load_chat_template(flags.chat_template_file);
+  }
   if (!warning.empty() && !flags.quiet) std::fprintf(stderr, "warning: %s\n", warning.c_str());
 
   if (!flags.quiet) {
@@ -258,9 +293,10 @@ std::vector<token_id> encode_messages(const engine_bundle& b, const std::vector<
   return encode_prompt(*b.model.tok, render_messages(b, messages), true);
 }
 
-std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template) {
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template,
+                                    bool parse_special) {
   encode_options options;
-  options.parse_special = from_chat_template;
+  options.parse_special = from_chat_template || parse_special;
   options.add_special = tok.add_bos();
   if (from_chat_template && tok.bos() && text.starts_with(tok.token_text(*tok.bos()))) options.add_special = false;
   return tok.encode(text, options);

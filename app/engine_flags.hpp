@@ -41,6 +41,7 @@ struct engine_flags {
   int ngram_min = 1;                 // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
   int speculative_max_batch = 4;     // decoding sequences above which a step does not speculate
+  std::string chat_template_file;    // --chat-template-file: a Jinja file (or the template text); "": the model's
 
   void add_to(CLI::App& cmd);
 };
@@ -60,6 +61,10 @@ struct engine_bundle {
 // executor and a device is visible; "cuda" without either is an invalid_request saying which.
 std::string resolve_device(const std::string& requested);
 
+// --chat-template-file: a file's template, or (when no such file exists and it looks like Jinja) the
+// text itself. Throws invalid_request naming the flag when it cannot be read or parsed.
+chat_template load_chat_template(const std::string& file_or_text);
+
 // The engine (scheduler, KV pools, batching) options the flags ask for.
 engine_options to_engine_options(const engine_flags& flags);
 
@@ -75,8 +80,11 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& bundle, const 
 // Renders one user turn (and an optional system prompt) with the model's chat template.
 std::string render_chat(const engine_bundle& bundle, const std::string& user, const std::string& system);
 // Prompt text -> ids. Chat-rendered text holds the template's special tokens, so those are parsed;
-// BOS is added when the vocabulary asks for it and the template did not already write it.
-std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template);
+// BOS is added when the vocabulary asks for it and the template did not already write it. A raw
+// prompt's special-token text ("<|im_start|>") is parsed too unless parse_special is false (as the
+// server's "parse_special": false), like vLLM and llama-server.
+std::vector<token_id> encode_prompt(const tokenizer& tok, const std::string& text, bool from_chat_template,
+                                    bool parse_special = true);
 // A conversation rendered with the chat template and tokenized (what a chat request's prompt is).
 std::vector<token_id> encode_messages(const engine_bundle& bundle, const std::vector<chat_message>& messages);
 // Renders a conversation with the model's chat template (BOS/EOS texts from the vocabulary).

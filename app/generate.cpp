@@ -51,6 +51,8 @@ void generate_command::add_to(CLI::App& app) {
   auto* prompt = cmd_->add_option("-p,--prompt", prompt_, "Prompt text");
   cmd_->add_flag("--chat", chat_, "Wrap the prompt as a user message with the model's chat template");
   cmd_->add_option("--system", system_, "System message (with --chat)");
+  cmd_->add_flag("--no-parse-special", no_parse_special_,
+                 "Encode special-token text in the prompt (\"<|im_start|>\") as plain text, not as the special token");
   auto* input = cmd_->add_option("-i,--input", input_, "JSONL requests: {\"id\", \"prompt\" or \"messages\", params...}");
   cmd_->add_option("-o,--output", output_, "JSONL results (default: stdout)")->needs(input);
   prompt->excludes(input);
@@ -67,7 +69,7 @@ int generate_command::run_single() {
   engine_bundle b = make_engine(engine_, /*direct_engine=*/false);
   const tokenizer& tok = *b.model.tok;
   const std::string text = chat_ ? render_chat(b, prompt_, system_) : prompt_;
-  std::vector<token_id> prompt = encode_prompt(tok, text, chat_);
+  std::vector<token_id> prompt = encode_prompt(tok, text, chat_, !no_parse_special_);
   const int32_t num_prompt = static_cast<int32_t>(prompt.size());
   std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, /*max_waiting=*/1);
 
@@ -83,6 +85,9 @@ int generate_command::run_single() {
     }
   }
   std::fputc('\n', stdout);
+  // The text's last line is out before the statistics: with stdout and stderr on one pipe or file
+  // (2>&1), a buffered newline would otherwise come after them ("...everything.prompt: 38 tokens").
+  std::fflush(stdout);
   if (final.reason == finish_reason::error) throw std::runtime_error(final.error);
   if (!engine_.quiet) {
     const int32_t generated = final.num_generated_tokens;

@@ -8,8 +8,27 @@
 #include <exception>
 #include <iostream>
 
+#include "app/cli_conventions.hpp"
 #include "app/commands.hpp"
 #include "engine/base/error.hpp"
+
+namespace {
+
+// Every subcommand's flags (and its subcommands', as bench's) also from TESSERA_<FLAG>.
+void add_env_names_everywhere(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    tessera::app::add_env_names(*sub);
+    add_env_names_everywhere(*sub);
+  }
+}
+
+// The innermost subcommand that was parsed (its options are the ones an unknown flag was meant for).
+const CLI::App& selected_command(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) return selected_command(*sub);
+  return app;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera: a paged-KV, continuously batching LLM engine"};
@@ -25,8 +44,22 @@ int main(int argc, char** argv) {
   tessera::app::serve_command serve;
   serve.add_to(app);
 
+  add_env_names_everywhere(app);
+
+  std::vector<std::string> args = tessera::app::rewrite_foreign_spellings(argc, argv);
+  std::vector<char*> arg_pointers;
+  for (std::string& a : args) arg_pointers.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
+  } catch (const CLI::ExtrasError& e) {
+    const int code = app.exit(e);
+    const CLI::App& cmd = selected_command(app);
+    for (const std::string& extra : app.remaining(true)) {
+      if (extra.size() < 2 || extra[0] != '-') continue;
+      const std::string suggestion = tessera::app::suggest_option(cmd, extra);
+      if (!suggestion.empty()) std::fprintf(stderr, "tessera: unknown option %s: did you mean %s?\n", extra.c_str(), suggestion.c_str());
+    }
+    return code;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

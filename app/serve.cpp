@@ -12,6 +12,7 @@
 #include "app/commands.hpp"
 #include "engine/base/error.hpp"
 #include "app/config.hpp"
+#include "server/cors.hpp"
 #include "server/http_server.hpp"
 #include "server/logging.hpp"
 #include "server/static_files.hpp"
@@ -49,7 +50,7 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--host", host_, "Address to bind (default 127.0.0.1: loopback only)");
   cmd_->add_option("--port", port_, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd_->add_option("--api-key", api_key_, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd_->add_option("--served-model-name", model_name_, "Model id for /v1/models and responses");
+  cmd_->add_option("--served-model-name,--alias", model_name_, "Model id for /v1/models and responses (llama-server: --alias)");
   cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")->check(CLI::Range(1024, 1 << 30));
   cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 20));
   cmd_->add_option("--server-threads", server_threads_, "I/O threads")->check(CLI::Range(1, 64));
@@ -75,8 +76,11 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--shutdown-timeout", shutdown_timeout_s_,
                    "Seconds open requests may still finish after SIGINT/SIGTERM before they are aborted")
       ->check(CLI::Range(0, 3600));
-  cmd_->add_option("--allowed-origin", allowed_origins_, "Extra allowed Origin for browsers/WebSockets ('*': any)");
-  cmd_->add_option("--allowed-host", allowed_hosts_, "Extra accepted Host header name");
+  cmd_->add_option("--allowed-origins,--allowed-origin", allowed_origins_,
+                   "Origins besides the server's own whose browser pages may call the API (CORS) and open WebSockets: "
+                   "a comma list, repeatable, or vLLM's JSON list; '*': any");
+  cmd_->add_option("--allowed-host", allowed_hosts_,
+                   "Extra accepted Host header name (behind a reverse proxy, or a LAN name), repeatable");
   cmd_->add_option("--webui-dir", webui_dir_, "Browser UI directory served at / (default: the built-in webui/; 'none': no UI)");
   cmd_->add_option("--tool-call-parser", tool_call_parser_,
                    "How tool calls are read from chat outputs: auto (from the chat template) | none | hermes | llama3 | mistral")
@@ -165,7 +169,7 @@ int serve_command::run() {
   so.write_timeout = std::chrono::seconds(write_timeout_s_);
   so.ws_auth_timeout = std::chrono::seconds(ws_auth_timeout_s_);
   so.ws_max_message_bytes = ws_max_message_bytes_;
-  so.allowed_origins = allowed_origins_;
+  so.allowed_origins = server::parse_origin_list(allowed_origins_);
   so.allowed_hosts = allowed_hosts_;
   so.webui_dir = server::find_webui_dir(webui_dir_).string();
   if (so.webui_dir.empty() && !webui_dir_.empty() && webui_dir_ != "none") {

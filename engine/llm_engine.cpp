@@ -76,6 +76,15 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
     if (t < 0 || t >= vocab)
       throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
                             " tokens)");
+  const int64_t limit = sched_.options().max_model_len, num_prompt = static_cast<int64_t>(prompt.size());
+  if (!params.truncate_to_context && limit > 0 && num_prompt <= limit && num_prompt + params.max_tokens > limit) {
+    // vLLM's wording, so that clients which parse it (to retry with a smaller max_tokens) keep working.
+    throw invalid_request("This model's maximum context length is " + std::to_string(limit) + " tokens. However, you requested " +
+                              std::to_string(num_prompt + params.max_tokens) + " tokens (" + std::to_string(num_prompt) +
+                              " in the prompt, " + std::to_string(params.max_tokens) +
+                              " in the completion). Please reduce the length of the prompt or max_tokens.",
+                          "max_tokens");
+  }
   const request_id id = next_request_;
   next_request_ = next_request_.next();
   const seq_id first = next_seq_;

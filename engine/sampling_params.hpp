@@ -41,6 +41,9 @@ struct sampling_params {
   std::vector<std::pair<token_id, float>> logit_bias;  // added to the raw logits
   std::optional<uint64_t> seed;       // absent: a fresh random seed per sequence
   int32_t max_tokens = 16;            // generated tokens at most (finish_reason::length)
+  // false: the prompt plus max_tokens must fit max_model_len, else the request is refused (vLLM's
+  // rule for a max_tokens the client asked for); true: the output also ends (length) at max_model_len.
+  bool truncate_to_context = true;
   int32_t min_tokens = 0;             // EOS / stop tokens / stop strings cannot end the output earlier
   std::vector<std::string> stop;      // stop strings (not included in the output by default)
   std::vector<token_id> stop_token_ids;

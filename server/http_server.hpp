@@ -27,7 +27,7 @@ struct server_options {
   uint32_t max_header_bytes = 8 * 1024;      // larger: 431
   int num_threads = 2;
   std::vector<std::string> allowed_hosts;    // extra Host names accepted (DNS-rebinding guard)
-  std::vector<std::string> allowed_origins;  // WebSocket Origins accepted besides same origin; "*": any
+  std::vector<std::string> allowed_origins;  // Origins accepted besides the same origin (CORS, WebSockets); "*": any
   std::chrono::seconds read_timeout{30};     // whole request (headers + body)
   std::chrono::seconds idle_timeout{15};     // keep-alive wait for the next request
   // A connection whose client takes no bytes for this long while a write is pending is closed and its

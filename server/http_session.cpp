@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "server/cors.hpp"
 #include "server/http_checks.hpp"
 #include "server/logging.hpp"
 #include "server/ws_session.hpp"
@@ -175,7 +176,8 @@ void http_session::handle() {
   const bool keep_alive = request_.keep_alive();
   routing r = route_request(request_, state_);
   switch (r.to) {
-    case route::ui_file: return send_message(std::move(*r.file), keep_alive);
+    case route::ui_file:
+    case route::preflight: return send_message(std::move(*r.ready), keep_alive);
     case route::completions: return start_generation(api_kind::completion, keep_alive);
     case route::chat_completions: return start_generation(api_kind::chat, keep_alive);
     case route::tokenize: return start_tokenize(keep_alive);
@@ -206,6 +208,7 @@ void http_session::start_tokenize(bool keep_alive) {
   actors::prompt_input prompt =
       t.is_chat ? actors::prompt_input::from_chat(t.messages) : actors::prompt_input::from_text(t.prompt);
   prompt.add_special = t.add_special_tokens;
+  prompt.parse_special = t.parse_special;
   tokenizing_ = true;
   tokenize_serial_ = num_requests_;
   tokenize_keep_alive_ = keep_alive;
@@ -265,7 +268,7 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   // HTTP/1.0 clients get an unchunked stream ended by closing the connection.
   const bool chunked = request_.version() >= 11;
   gen_->keep_alive = keep_alive && chunked;
-  if (req.stream) gen_->sse.emplace(gen_->meta.id, chunked, gen_->keep_alive);
+  if (req.stream) gen_->sse.emplace(gen_->meta.id, chunked, gen_->keep_alive, cors_origin_);
   gen_->req = std::move(req);
   gen_->stream = std::move(stream);
   // Keep a read pending so a client that goes away is noticed while the engine works.
@@ -320,7 +323,10 @@ void http_session::on_delta(const stream_delta& d, std::string& out) {
     take_piece(c, std::move(piece));
     return;
   }
-  if (!g.sse || !has_output(o)) return;
+  // No chunk without text: a token whose text the detokenizer holds back (part of a UTF-8 character,
+  // a special token it skips) goes with the next chunk; only its logprobs, when asked for, are worth
+  // a chunk of their own.
+  if (!g.sse || (o.text.empty() && !(g.req.want_logprobs && !o.logprobs.empty()))) return;
   g.sse->event(delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get()), out);
 }
 
@@ -363,13 +369,14 @@ void http_session::on_final(const stream_final& f) {
     const int status = f.runtime_fault ? 500 : 400;
     std::string msg = f.error.empty() ? "request failed" : f.error;
     gen_.reset();
-    // A refused structured output (a schema that does not compile, ...) names its own field.
+    // A request refused for one of its fields (a schema that does not compile, a max_tokens beyond
+    // the context) names that field.
     const bool field_error = status == 400 && !f.error_param.empty();
     return send_error(api_error(status, msg,
                                 field_error     ? f.error_param
                                 : status == 400 ? "prompt"
                                                 : "",
-                                field_error     ? "invalid_structured_output"
+                                field_error     ? refusal_code(f.error_param)
                                 : status == 400 ? "invalid_prompt"
                                                 : "engine_error"),
                       keep_alive);
@@ -479,6 +486,7 @@ void http_session::send_error(const api_error& e, bool keep_alive) {
 void http_session::send_message(http_response res, bool keep_alive) {
   keep_alive = keep_alive && !flooded_;
   res.set(http::field::server, "tessera");
+  if (!cors_origin_.empty()) add_cors_headers(res, cors_origin_);
   res.keep_alive(keep_alive);
   if (request_.method() == http::verb::head) {
     res.content_length(res.body().size());
@@ -644,6 +652,15 @@ void http_session::note_request() {
   const std::string_view target(m.target().data(), m.target().size());
   log_path_ = target.empty() ? std::string("-") : std::string(target.substr(0, target.find('?')));
   access_ = {};
+  // Every response to an allowed cross-origin request carries the CORS headers (a refused Origin
+  // gets its 403 without them, and the browser hides it from the page).
+  cors_origin_.clear();
+  const auto origin = m.find(http::field::origin), host = m.find(http::field::host);
+  if (origin != m.end()) {
+    const std::string_view o(origin->value().data(), origin->value().size());
+    const std::string_view h = host == m.end() ? std::string_view() : std::string_view(host->value().data(), host->value().size());
+    if (origin_allowed(o, h, state_.opt.allowed_origins)) cors_origin_ = o;
+  }
 }
 
 void http_session::note_final(const stream_final& f) {

@@ -149,6 +149,7 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
   std::string log_method_ = "-", log_path_ = "-";
   std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
   access_note access_;
+  std::string cors_origin_;  // this request's Origin when it is allowed (server/cors.hpp); "" none
 };
 
 }  // namespace tessera::server

@@ -1,19 +1,43 @@
 #include "server/metrics.hpp"
 
 #include <cstdio>
+#include <string>
 
 namespace tessera::server {
 
 namespace {
 
-void append_f(std::string& out, const char* fmt, auto... args) {
-  char line[512];
-  const int n = std::snprintf(line, sizeof line, fmt, args...);
-  if (n > 0) out.append(line, std::min<size_t>(static_cast<size_t>(n), sizeof line - 1));
+// Request sizes in tokens: 1-2-5 steps up to a million (vLLM's request_*_tokens histograms use the same series).
+std::vector<double> token_bounds() {
+  std::vector<double> out;
+  for (double decade = 1; decade <= 1e6; decade *= 10) {
+    for (double step : {1.0, 2.0, 5.0}) out.push_back(step * decade);
+  }
+  return out;
 }
 
-void metric(std::string& out, const char* name, const char* type, const char* help) {
-  append_f(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+// Request latencies and their phases, in seconds.
+std::vector<double> seconds_bounds() { return {0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240}; }
+
+double ratio(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+double usage(const pool_usage& u) { return ratio(u.num_used, u.num_total); }
+
+// A family of one unlabelled sample.
+void gauge(prometheus_text& out, const char* name, const char* help, double value) {
+  out.family(name, metric_type::gauge, help);
+  out.sample({}, value);
+}
+
+void counter(prometheus_text& out, const char* name, const char* help, double value) {
+  out.family(name, metric_type::counter, help);
+  out.sample({}, value);
+}
+
+void swapped_blocks(prometheus_text& out, const char* name, const engine_stats& e) {
+  out.family(name, metric_type::counter, "KV blocks copied between the pools by swapping");
+  out.sample({{"direction", "in"}}, double(e.num_blocks_swapped_in));
+  out.sample({{"direction", "out"}}, double(e.num_blocks_swapped_out));
 }
 
 }  // namespace
@@ -27,23 +51,38 @@ void histogram::observe(double value) {
   ++count_;
 }
 
-void histogram::write(std::string& out, const std::string& name, const std::string& help) const {
+uint64_t histogram::count() const {
   std::lock_guard lock(mutex_);
-  metric(out, name.c_str(), "histogram", help.c_str());
+  return count_;
+}
+
+void histogram::write(prometheus_text& out, std::string_view name, std::string_view help) const {
+  std::lock_guard lock(mutex_);
+  out.family(name, metric_type::histogram, help);
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    append_f(out, "%s_bucket{le=\"%g\"} %llu\n", name.c_str(), bounds_[i], static_cast<unsigned long long>(cumulative));
+    char le[32];
+    std::snprintf(le, sizeof le, "%g", bounds_[i]);
+    const metric_label bucket{"le", le};
+    out.sample_of("_bucket", {}, &bucket, double(cumulative));
   }
   cumulative += counts_.back();
-  append_f(out, "%s_bucket{le=\"+Inf\"} %llu\n", name.c_str(), static_cast<unsigned long long>(cumulative));
-  append_f(out, "%s_sum %.6f\n%s_count %llu\n", name.c_str(), sum_, name.c_str(), static_cast<unsigned long long>(count_));
+  const metric_label inf{"le", "+Inf"};
+  out.sample_of("_bucket", {}, &inf, double(cumulative));
+  out.sample_of("_sum", {}, nullptr, sum_);
+  out.sample_of("_count", {}, nullptr, double(count_));
 }
 
 server_metrics::server_metrics()
     : ttft_({0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
       itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}),
-      e2e_({0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240}) {}
+      e2e_(seconds_bounds()),
+      queue_(seconds_bounds()),
+      prefill_(seconds_bounds()),
+      decode_(seconds_bounds()),
+      prompt_tokens_(token_bounds()),
+      generation_tokens_(token_bounds()) {}
 
 std::string_view to_string(close_reason r) {
   switch (r) {
@@ -76,126 +115,149 @@ void server_metrics::record_http(int status) {
   if (c >= 1 && c <= 5) http_by_class_[static_cast<size_t>(c)].fetch_add(1, std::memory_order_relaxed);
 }
 
-std::string server_metrics::render(const actors::engine_facade& engine) const {
+void server_metrics::observe_finished(const finished_request& r) {
+  e2e_.observe(r.e2e_seconds);
+  if (r.queue_seconds >= 0) queue_.observe(r.queue_seconds);
+  if (r.prefill_seconds >= 0) prefill_.observe(r.prefill_seconds);
+  if (r.decode_seconds >= 0) decode_.observe(r.decode_seconds);
+  prompt_tokens_.observe(r.prompt_tokens);
+  generation_tokens_.observe(r.generation_tokens);
+}
+
+void server_metrics::write_finished(prometheus_text& out, const char* name) const {
+  out.family(name, metric_type::counter, "Finished requests by finish reason");
+  for (finish_reason r : {finish_reason::stop, finish_reason::length, finish_reason::abort, finish_reason::error}) {
+    out.sample({{"finished_reason", to_string(r)}}, double(finished_[static_cast<size_t>(r)].load()));
+  }
+}
+
+std::string server_metrics::render(const actors::engine_facade& engine, const std::string& model_name) const {
   const actors::facade_stats s = engine.stats();
   const actors::health_report h = engine.health();
-  std::string out;
-  out.reserve(8192);
-  metric(out, "tessera_healthy", "gauge", "1 when the engine runtime is healthy");
-  append_f(out, "tessera_healthy %d\n", h.healthy ? 1 : 0);
+  prometheus_text out;
+  gauge(out, "tessera_healthy", "1 when the engine runtime is healthy", h.healthy ? 1 : 0);
 
-  metric(out, "tessera_request_success_total", "counter", "Finished requests by finish reason");
-  for (finish_reason r : {finish_reason::stop, finish_reason::length, finish_reason::abort, finish_reason::error}) {
-    append_f(out, "tessera_request_success_total{finished_reason=\"%s\"} %llu\n", std::string(to_string(r)).c_str(),
-             static_cast<unsigned long long>(finished_[static_cast<size_t>(r)].load()));
-  }
-  metric(out, "tessera_requests_rejected_total", "counter", "Requests refused before they reached the engine");
-  append_f(out, "tessera_requests_rejected_total{status=\"429\"} %llu\n", static_cast<unsigned long long>(rejected_429_.load()));
-  append_f(out, "tessera_requests_rejected_total{status=\"503\"} %llu\n", static_cast<unsigned long long>(rejected_503_.load()));
-  metric(out, "tessera_http_responses_total", "counter", "HTTP responses by status class");
+  write_finished(out, "tessera_request_success_total");
+  out.family("tessera_requests_rejected_total", metric_type::counter, "Requests refused before they reached the engine");
+  out.sample({{"status", "429"}}, double(rejected_429_.load()));
+  out.sample({{"status", "503"}}, double(rejected_503_.load()));
+  out.family("tessera_http_responses_total", metric_type::counter, "HTTP responses by status class");
   for (int c = 1; c <= 5; ++c) {
-    append_f(out, "tessera_http_responses_total{code=\"%dxx\"} %llu\n", c,
-             static_cast<unsigned long long>(http_by_class_[static_cast<size_t>(c)].load()));
+    const std::string code = std::to_string(c) + "xx";
+    out.sample({{"code", code}}, double(http_by_class_[static_cast<size_t>(c)].load()));
   }
 
-  metric(out, "tessera_connections_open", "gauge", "Open client connections by protocol");
-  append_f(out, "tessera_connections_open{protocol=\"http\"} %lld\n",
-           static_cast<long long>(open_[static_cast<size_t>(connection_kind::http)].load()));
-  append_f(out, "tessera_connections_open{protocol=\"websocket\"} %lld\n",
-           static_cast<long long>(open_[static_cast<size_t>(connection_kind::websocket)].load()));
-  metric(out, "tessera_connections_closed_total", "counter", "Connections the server closed itself, by reason");
+  out.family("tessera_connections_open", metric_type::gauge, "Open client connections by protocol");
+  out.sample({{"protocol", "http"}}, double(open_[static_cast<size_t>(connection_kind::http)].load()));
+  out.sample({{"protocol", "websocket"}}, double(open_[static_cast<size_t>(connection_kind::websocket)].load()));
+  out.family("tessera_connections_closed_total", metric_type::counter, "Connections the server closed itself, by reason");
   for (size_t i = 0; i < num_close_reasons; ++i) {
-    append_f(out, "tessera_connections_closed_total{reason=\"%s\"} %llu\n",
-             std::string(to_string(static_cast<close_reason>(i))).c_str(), static_cast<unsigned long long>(closed_[i].load()));
+    out.sample({{"reason", to_string(static_cast<close_reason>(i))}}, double(closed_[i].load()));
   }
-  metric(out, "tessera_server_exceptions_total", "counter", "Exceptions caught from I/O handlers (each closed its connection)");
-  append_f(out, "tessera_server_exceptions_total %llu\n", static_cast<unsigned long long>(exceptions_.load()));
+  counter(out, "tessera_server_exceptions_total", "Exceptions caught from I/O handlers (each closed its connection)",
+          double(exceptions_.load()));
 
-  metric(out, "tessera_num_requests_running", "gauge", "Sequences running in the engine");
-  append_f(out, "tessera_num_requests_running %d\n", s.num_running);
-  metric(out, "tessera_num_requests_waiting", "gauge", "Sequences waiting in the engine");
-  append_f(out, "tessera_num_requests_waiting %d\n", s.num_waiting);
-  metric(out, "tessera_num_requests_swapped", "gauge", "Sequences whose KV is in the host swap pool");
-  append_f(out, "tessera_num_requests_swapped %d\n", s.num_swapped);
-  metric(out, "tessera_num_requests_queued", "gauge", "Requests submitted but not yet admitted");
-  append_f(out, "tessera_num_requests_queued %d\n", s.num_queued);
-  metric(out, "tessera_num_streams_open", "gauge", "Request streams whose final message has not been sent");
-  append_f(out, "tessera_num_streams_open %d\n", s.num_open);
+  gauge(out, "tessera_num_requests_running", "Sequences running in the engine", s.num_running);
+  gauge(out, "tessera_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting);
+  gauge(out, "tessera_num_requests_swapped", "Sequences whose KV is in the host swap pool", s.num_swapped);
+  gauge(out, "tessera_num_requests_queued", "Requests submitted but not yet admitted", s.num_queued);
+  gauge(out, "tessera_num_streams_open", "Request streams whose final message has not been sent", s.num_open);
 
-  auto pool = [&](const char* name, const pool_usage& u) {
-    append_f(out, "tessera_kv_blocks_total{pool=\"%s\"} %d\n", name, u.num_total);
-    append_f(out, "tessera_kv_blocks_used{pool=\"%s\"} %d\n", name, u.num_used);
-    append_f(out, "tessera_kv_blocks_free{pool=\"%s\"} %d\n", name, u.num_free);
-    append_f(out, "tessera_kv_blocks_cached{pool=\"%s\"} %d\n", name, u.num_cached);
-    append_f(out, "tessera_kv_cache_usage_perc{pool=\"%s\"} %.6f\n", name,
-             u.num_total > 0 ? double(u.num_used) / u.num_total : 0.0);
+  out.family("tessera_kv_cache_info", metric_type::gauge, "The KV cache's element type and bytes per block (value 1)");
+  const std::string block_bytes = std::to_string(engine.kv_block_bytes());
+  out.sample({{"dtype", engine.kv_cache_dtype().empty() ? "unknown" : engine.kv_cache_dtype()}, {"block_bytes", block_bytes}}, 1);
+  // One family per quantity, each with a sample per pool (device, host swap).
+  struct pool_gauge {
+    const char* name;
+    const char* help;
+    double (*of)(const pool_usage&);
   };
-  metric(out, "tessera_kv_cache_info", "gauge", "The KV cache's element type and bytes per block (value 1)");
-  append_f(out, "tessera_kv_cache_info{dtype=\"%s\",block_bytes=\"%lld\"} 1\n",
-           engine.kv_cache_dtype().empty() ? "unknown" : engine.kv_cache_dtype().c_str(),
-           static_cast<long long>(engine.kv_block_bytes()));
-  metric(out, "tessera_kv_blocks", "gauge", "KV blocks per pool (device, host swap): total, used, free, cached");
-  pool("device", s.device);
-  pool("host", s.host);
+  for (const pool_gauge& g : {
+           pool_gauge{"tessera_kv_blocks_capacity", "KV blocks in the pool", [](const pool_usage& u) { return double(u.num_total); }},
+           pool_gauge{"tessera_kv_blocks_used", "KV blocks held by sequences", [](const pool_usage& u) { return double(u.num_used); }},
+           pool_gauge{"tessera_kv_blocks_free", "KV blocks free", [](const pool_usage& u) { return double(u.num_free); }},
+           pool_gauge{"tessera_kv_blocks_cached", "Free KV blocks that still hold a cached prefix",
+                      [](const pool_usage& u) { return double(u.num_cached); }},
+           pool_gauge{"tessera_kv_cache_usage_perc", "Used / capacity (0..1)", usage},
+       }) {
+    out.family(g.name, metric_type::gauge, g.help);
+    out.sample({{"pool", "device"}}, g.of(s.device));
+    out.sample({{"pool", "host"}}, g.of(s.host));
+  }
 
   const engine_stats& e = s.engine;
-  const double lookups = double(e.num_cached_prompt_tokens) + double(e.num_prefill_tokens);
-  metric(out, "tessera_prefix_cache_hit_rate", "gauge", "Prompt tokens served by the prefix cache / prompt tokens");
-  append_f(out, "tessera_prefix_cache_hit_rate %.6f\n", lookups > 0 ? double(e.num_cached_prompt_tokens) / lookups : 0.0);
-  metric(out, "tessera_num_preemptions_total", "counter", "Preemptions by mode");
-  append_f(out, "tessera_num_preemptions_total{mode=\"swap\"} %llu\n", static_cast<unsigned long long>(e.num_preemptions_swap));
-  append_f(out, "tessera_num_preemptions_total{mode=\"recompute\"} %llu\n",
-           static_cast<unsigned long long>(e.num_preemptions_recompute));
-  metric(out, "tessera_kv_blocks_swapped_total", "counter", "KV blocks copied between the pools by swapping");
-  append_f(out, "tessera_kv_blocks_swapped_total{direction=\"in\"} %llu\n", static_cast<unsigned long long>(e.num_blocks_swapped_in));
-  append_f(out, "tessera_kv_blocks_swapped_total{direction=\"out\"} %llu\n",
-           static_cast<unsigned long long>(e.num_blocks_swapped_out));
-  metric(out, "tessera_kv_blocks_window_freed_total", "counter",
-         "KV blocks freed early because no layer's sliding window reached them any more");
-  append_f(out, "tessera_kv_blocks_window_freed_total %llu\n", static_cast<unsigned long long>(e.num_window_freed_blocks));
-  metric(out, "tessera_prompt_tokens_total", "counter", "Prompt tokens computed (prefill and recompute)");
-  append_f(out, "tessera_prompt_tokens_total %llu\n", static_cast<unsigned long long>(e.num_prefill_tokens));
-  metric(out, "tessera_cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache");
-  append_f(out, "tessera_cached_prompt_tokens_total %llu\n", static_cast<unsigned long long>(e.num_cached_prompt_tokens));
-  metric(out, "tessera_generation_tokens_total", "counter", "Generated tokens");
-  append_f(out, "tessera_generation_tokens_total %llu\n", static_cast<unsigned long long>(e.num_generated_tokens));
-  metric(out, "tessera_engine_steps_total", "counter", "Engine steps");
-  append_f(out, "tessera_engine_steps_total %llu\n", static_cast<unsigned long long>(e.num_steps));
-  metric(out, "tessera_failed_steps_total", "counter", "Engine steps whose execution failed");
-  append_f(out, "tessera_failed_steps_total %llu\n", static_cast<unsigned long long>(e.num_failed_steps));
-  metric(out, "tessera_tokenizer_restarts_total", "counter", "Tokenizer actors that died and were replaced");
-  append_f(out, "tessera_tokenizer_restarts_total %llu\n", static_cast<unsigned long long>(s.num_tokenizer_restarts));
+  gauge(out, "tessera_prefix_cache_hit_rate", "Prompt tokens served by the prefix cache / prompt tokens",
+        ratio(double(e.num_cached_prompt_tokens), double(e.num_cached_prompt_tokens) + double(e.num_prefill_tokens)));
+  out.family("tessera_num_preemptions_total", metric_type::counter, "Preemptions by mode");
+  out.sample({{"mode", "swap"}}, double(e.num_preemptions_swap));
+  out.sample({{"mode", "recompute"}}, double(e.num_preemptions_recompute));
+  swapped_blocks(out, "tessera_kv_blocks_swapped_total", e);
+  counter(out, "tessera_kv_blocks_window_freed_total",
+          "KV blocks freed early because no layer's sliding window reached them any more", double(e.num_window_freed_blocks));
+  counter(out, "tessera_prompt_tokens_total", "Prompt tokens computed (prefill and recompute)", double(e.num_prefill_tokens));
+  counter(out, "tessera_cached_prompt_tokens_total", "Prompt tokens served by the prefix cache", double(e.num_cached_prompt_tokens));
+  counter(out, "tessera_generation_tokens_total", "Generated tokens", double(e.num_generated_tokens));
+  counter(out, "tessera_engine_steps_total", "Engine steps", double(e.num_steps));
+  counter(out, "tessera_failed_steps_total", "Engine steps whose execution failed", double(e.num_failed_steps));
+  counter(out, "tessera_tokenizer_restarts_total", "Tokenizer actors that died and were replaced", double(s.num_tokenizer_restarts));
   // Constrained decoding: the masks are computed while the forward pass runs, so the wait stays ~0
   // unless the grammar workers fall behind (docs/structured_output.md).
-  metric(out, "tessera_grammar_masks_total", "counter", "Grammar token masks computed (constrained sequences x steps)");
-  append_f(out, "tessera_grammar_masks_total %llu\n", static_cast<unsigned long long>(e.num_token_masks));
-  metric(out, "tessera_grammar_mask_wait_seconds_total", "counter",
-         "Time steps waited for grammar masks after the forward pass (host sampling)");
-  append_f(out, "tessera_grammar_mask_wait_seconds_total %.6f\n", e.mask_wait_seconds);
+  counter(out, "tessera_grammar_masks_total", "Grammar token masks computed (constrained sequences x steps)",
+          double(e.num_token_masks));
+  counter(out, "tessera_grammar_mask_wait_seconds_total", "Time steps waited for grammar masks after the forward pass (host sampling)",
+          e.mask_wait_seconds);
   // Speculative decoding (docs/speculative.md), named as vLLM's spec_decode metrics.
-  metric(out, "tessera_spec_decode_num_drafts_total", "counter", "Drafts verified (one per sequence and speculative step)");
-  append_f(out, "tessera_spec_decode_num_drafts_total %llu\n", static_cast<unsigned long long>(e.num_spec_verifications));
-  metric(out, "tessera_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified by the target model");
-  append_f(out, "tessera_spec_decode_num_draft_tokens_total %llu\n", static_cast<unsigned long long>(e.num_draft_tokens));
-  metric(out, "tessera_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target model accepted");
-  append_f(out, "tessera_spec_decode_num_accepted_tokens_total %llu\n",
-           static_cast<unsigned long long>(e.num_accepted_draft_tokens));
-  metric(out, "tessera_spec_decode_draft_acceptance_rate", "gauge", "Accepted draft tokens / draft tokens (0 before any)");
-  append_f(out, "tessera_spec_decode_draft_acceptance_rate %.6f\n",
-           e.num_draft_tokens > 0 ? double(e.num_accepted_draft_tokens) / double(e.num_draft_tokens) : 0.0);
-  metric(out, "tessera_spec_decode_mean_accepted_length", "gauge",
-         "Tokens committed per verified draft: (accepted + drafts) / drafts (0 before any)");
-  append_f(out, "tessera_spec_decode_mean_accepted_length %.6f\n",
-           e.num_spec_verifications > 0
-               ? double(e.num_accepted_draft_tokens + e.num_spec_verifications) / double(e.num_spec_verifications)
-               : 0.0);
-  metric(out, "tessera_requests_submitted_total", "counter", "Requests accepted by the runtime");
-  append_f(out, "tessera_requests_submitted_total %llu\n", static_cast<unsigned long long>(s.num_submitted));
+  counter(out, "tessera_spec_decode_num_drafts_total", "Drafts verified (one per sequence and speculative step)",
+          double(e.num_spec_verifications));
+  counter(out, "tessera_spec_decode_num_draft_tokens_total", "Draft tokens verified by the target model",
+          double(e.num_draft_tokens));
+  counter(out, "tessera_spec_decode_num_accepted_tokens_total", "Draft tokens the target model accepted",
+          double(e.num_accepted_draft_tokens));
+  gauge(out, "tessera_spec_decode_draft_acceptance_rate", "Accepted draft tokens / draft tokens (0 before any)",
+        ratio(double(e.num_accepted_draft_tokens), double(e.num_draft_tokens)));
+  gauge(out, "tessera_spec_decode_mean_accepted_length",
+        "Tokens committed per verified draft: (accepted + drafts) / drafts (0 before any)",
+        ratio(double(e.num_accepted_draft_tokens + e.num_spec_verifications), double(e.num_spec_verifications)));
+  counter(out, "tessera_requests_submitted_total", "Requests accepted by the runtime", double(s.num_submitted));
 
   ttft_.write(out, "tessera_time_to_first_token_seconds", "Time to first token");
   itl_.write(out, "tessera_inter_token_latency_seconds", "Time between consecutive tokens of a choice");
   e2e_.write(out, "tessera_e2e_request_latency_seconds", "End-to-end request latency");
-  return out;
+  render_vllm_names(out, s, model_name);
+  return out.take();
+}
+
+// vLLM's metric names (V1, plus V0's swap gauges) under the `tessera:` prefix, each sample labelled
+// with the served model's name as vLLM does, for dashboards and alerts written for vLLM.
+void server_metrics::render_vllm_names(prometheus_text& out, const actors::facade_stats& s,
+                                       const std::string& model_name) const {
+  out.set_common_label("model_name", model_name);
+  const engine_stats& e = s.engine;
+  gauge(out, "tessera:num_requests_running", "Requests running in the engine", s.num_running);
+  // vLLM's "waiting": accepted and not running, here the engine's waiting queue plus the requests
+  // submitted and not yet admitted into it.
+  gauge(out, "tessera:num_requests_waiting", "Requests waiting to run", double(s.num_waiting) + double(s.num_queued));
+  gauge(out, "tessera:num_requests_swapped", "Requests whose KV is in the host swap pool", s.num_swapped);
+  gauge(out, "tessera:kv_cache_usage_perc", "Device KV cache usage (0..1)", usage(s.device));
+  gauge(out, "tessera:cpu_cache_usage_perc", "Host swap pool usage (0..1)", usage(s.host));
+  counter(out, "tessera:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+          double(e.num_cached_prompt_tokens) + double(e.num_prefill_tokens));
+  counter(out, "tessera:prefix_cache_hits_total", "Prompt tokens found in the prefix cache", double(e.num_cached_prompt_tokens));
+  counter(out, "tessera:num_preemptions_total", "Preemptions (swap and recompute)",
+          double(e.num_preemptions_swap) + double(e.num_preemptions_recompute));
+  counter(out, "tessera:prompt_tokens_total", "Prompt tokens computed (prefill and recompute)", double(e.num_prefill_tokens));
+  counter(out, "tessera:generation_tokens_total", "Generated tokens", double(e.num_generated_tokens));
+  write_finished(out, "tessera:request_success_total");
+  swapped_blocks(out, "tessera:kv_blocks_swapped_total", e);
+  ttft_.write(out, "tessera:time_to_first_token_seconds", "Time to first token");
+  itl_.write(out, "tessera:inter_token_latency_seconds", "Time between consecutive tokens of a choice");
+  e2e_.write(out, "tessera:e2e_request_latency_seconds", "End-to-end request latency");
+  queue_.write(out, "tessera:request_queue_time_seconds", "Time from arrival to the first schedule");
+  prefill_.write(out, "tessera:request_prefill_time_seconds", "Time from the first schedule to the first token");
+  decode_.write(out, "tessera:request_decode_time_seconds", "Time from the first token to the last");
+  prompt_tokens_.write(out, "tessera:request_prompt_tokens", "Prompt tokens per request");
+  generation_tokens_.write(out, "tessera:request_generation_tokens", "Generated tokens per request (all choices)");
+  out.set_common_label("", "");
 }
 
 }  // namespace tessera::server

@@ -1,5 +1,9 @@
 // The server's Prometheus metrics: request outcomes and latency histograms recorded by the sessions,
 // plus the engine's gauges and counters read from the facade at scrape time. Thread-safe.
+//
+// Two sets of names (docs/server.md#metrics): Tessera's own (`tessera_...`, what the dashboard and
+// the tests read), and vLLM's names with the `tessera:` prefix and a `model_name` label (the same
+// quantities, so Grafana boards made for vLLM switch by replacing `vllm:` with `tessera:`).
 #pragma once
 #include <array>
 #include <atomic>
@@ -10,6 +14,7 @@
 #include <vector>
 
 #include "actors/engine_facade.hpp"
+#include "server/prometheus_text.hpp"
 
 namespace tessera::server {
 
@@ -18,7 +23,9 @@ class histogram {
  public:
   explicit histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void observe(double value);
-  void write(std::string& out, const std::string& name, const std::string& help) const;
+  // The family `name` with its buckets, sum and count.
+  void write(prometheus_text& out, std::string_view name, std::string_view help) const;
+  uint64_t count() const;
 
  private:
   mutable std::mutex mutex_;
@@ -42,6 +49,13 @@ std::string_view to_string(close_reason r);
 
 enum class connection_kind : uint8_t { http, websocket };
 
+// One finished generation's numbers for the per-request histograms (request_phases: -1 = did not happen).
+struct finished_request {
+  double e2e_seconds = 0;
+  double queue_seconds = -1, prefill_seconds = -1, decode_seconds = -1;
+  int32_t prompt_tokens = 0, generation_tokens = 0;
+};
+
 class server_metrics {
  public:
   server_metrics();
@@ -54,13 +68,18 @@ class server_metrics {
   void record_finish(finish_reason reason);
   void record_rejected(int status);
   void record_http(int status);
+  // At a generation's first token (not at its end: a long stream shows its TTFT while it runs).
   void observe_ttft(double s) { ttft_.observe(s); }
   void observe_itl(double s) { itl_.observe(s); }
-  void observe_e2e(double s) { e2e_.observe(s); }
-  // Prometheus text exposition format 0.0.4.
-  std::string render(const actors::engine_facade& engine) const;
+  void observe_finished(const finished_request& r);
+  uint64_t num_ttft_observed() const { return ttft_.count(); }
+  // Prometheus text exposition format 0.0.4; `model_name` labels the vLLM-style set.
+  std::string render(const actors::engine_facade& engine, const std::string& model_name = "") const;
 
  private:
+  void render_vllm_names(prometheus_text& out, const actors::facade_stats& s, const std::string& model_name) const;
+  void write_finished(prometheus_text& out, const char* name) const;  // request_success_total{finished_reason}
+
   std::array<std::atomic<uint64_t>, 5> finished_{};  // by finish_reason
   std::atomic<uint64_t> rejected_429_{0}, rejected_503_{0};
   std::array<std::atomic<uint64_t>, 6> http_by_class_{};  // 1xx..5xx, index = status / 100
@@ -68,6 +87,8 @@ class server_metrics {
   std::array<std::atomic<int64_t>, 2> open_{};  // by connection_kind
   std::atomic<uint64_t> exceptions_{0};
   histogram ttft_, itl_, e2e_;
+  histogram queue_, prefill_, decode_;           // request phases (seconds)
+  histogram prompt_tokens_, generation_tokens_;  // per request
 };
 
 // Counts one open connection of its kind in the metrics for as long as it lives (a session member).

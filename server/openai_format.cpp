@@ -29,10 +29,8 @@ json::array tool_calls_json(const std::vector<parsed_tool_call>& calls, int32_t 
   return out;
 }
 
-json::object timings_json(const actors::stream_final& f) {
-  json::object t;
-  double queue = -1, prefill = -1;
-  int64_t preemptions = 0, swaps = 0;
+request_phases phases_of(const actors::stream_final& f) {
+  request_phases p;
   if (!f.choices.empty()) {
     const auto& tl = f.choices.front().timeline;
     auto at = [&](lifecycle_stage stage) {
@@ -41,28 +39,39 @@ json::object timings_json(const actors::stream_final& f) {
     };
     const auto queued = at(lifecycle_stage::queued), scheduled = at(lifecycle_stage::scheduled),
                first = at(lifecycle_stage::first_token);
-    if (queued && scheduled) queue = std::chrono::duration<double>(*scheduled - *queued).count();
-    if (scheduled && first) prefill = std::chrono::duration<double>(*first - *scheduled).count();
+    if (queued && scheduled) p.queue_seconds = std::chrono::duration<double>(*scheduled - *queued).count();
+    if (scheduled && first) p.prefill_seconds = std::chrono::duration<double>(*first - *scheduled).count();
     for (const auto& c : f.choices) {
       for (const auto& e : c.timeline) {
-        if (e.stage == lifecycle_stage::preempted_recompute || e.stage == lifecycle_stage::swapped_out) ++preemptions;
-        if (e.stage == lifecycle_stage::swapped_out) ++swaps;
+        if (e.stage == lifecycle_stage::preempted_recompute || e.stage == lifecycle_stage::swapped_out) ++p.num_preemptions;
+        if (e.stage == lifecycle_stage::swapped_out) ++p.num_swaps;
       }
     }
   }
-  const double decode_seconds = f.seconds_to_first_token >= 0 ? f.seconds_total - f.seconds_to_first_token : 0;
+  if (f.seconds_to_first_token >= 0) p.decode_seconds = f.seconds_total - f.seconds_to_first_token;
+  return p;
+}
+
+json::object timings_json(const actors::stream_final& f) {
+  json::object t;
+  const request_phases p = phases_of(f);
+  const double decode_seconds = std::max(p.decode_seconds, 0.0);
   const int32_t per_choice = f.choices.empty() ? f.num_generated_tokens : f.choices.front().num_generated_tokens;
-  t["queue_seconds"] = queue;
-  t["prefill_seconds"] = prefill;
+  t["queue_seconds"] = p.queue_seconds;
+  t["prefill_seconds"] = p.prefill_seconds;
   t["first_token_seconds"] = f.seconds_to_first_token;
   t["total_seconds"] = f.seconds_total;
   t["decode_tokens_per_second"] = per_choice > 1 && decode_seconds > 0 ? (per_choice - 1) / decode_seconds : 0.0;
-  t["num_preemptions"] = preemptions;
-  t["num_swaps"] = swaps;
+  t["num_preemptions"] = p.num_preemptions;
+  t["num_swaps"] = p.num_swaps;
   t["num_cached_prompt_tokens"] = f.num_cached_prompt_tokens;
   t["num_draft_tokens"] = f.num_draft_tokens;
   t["num_accepted_draft_tokens"] = f.num_accepted_draft_tokens;
   return t;
+}
+
+std::string refusal_code(std::string_view param) {
+  return param == "max_tokens" ? "context_length_exceeded" : "invalid_structured_output";
 }
 
 json::object usage_json(const actors::stream_final& f) {

@@ -20,11 +20,27 @@ namespace tessera::server {
 // "stop", "length", "abort", "error"; null while running.
 boost::json::value finish_reason_json(finish_reason reason);
 
+// The phases of a request's lifecycle, read from its final message (choice 0's timeline): what the
+// `timings` object and the /metrics phase histograms both report. -1: the phase did not happen.
+struct request_phases {
+  double queue_seconds = -1;    // queued -> scheduled
+  double prefill_seconds = -1;  // scheduled -> first token
+  double decode_seconds = -1;   // first token -> end
+  int64_t num_preemptions = 0;  // all choices: recomputes and swap-outs
+  int64_t num_swaps = 0;
+};
+request_phases phases_of(const actors::stream_final& final);
+
 // The request's lifecycle from its final message: queue, prefill and first-token times, decode rate,
 // preemptions and swaps.
 boost::json::object timings_json(const actors::stream_final& final);
 
 boost::json::object usage_json(const actors::stream_final& final);
+
+// The error code of a request the engine refused because of its field `param` (stream_final::error_param):
+// "context_length_exceeded" (OpenAI's) for a max_tokens that does not fit, "invalid_structured_output"
+// for a response_format / guided_* the grammar engine refused.
+std::string refusal_code(std::string_view param);
 
 // What the response needs to identify itself.
 struct response_meta {

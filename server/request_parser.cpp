@@ -238,6 +238,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   p.max_tokens = kind == api_kind::chat ? limits.default_chat_max_tokens : limits.default_completion_max_tokens;
   bool have_prompt = false, have_messages = false;
   bool have_max_tokens = false;
+  bool parse_special = true;
   bool have_tools = false;
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
@@ -274,6 +275,9 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       if (kind == api_kind::completion) bad(key, "is not a completions field (use /v1/chat/completions)");
       have_messages = true;
       req.prompt = actors::prompt_input::from_chat(get_messages(value, limits));
+    } else if (key == "parse_special") {
+      if (kind == api_kind::chat) bad(key, "is a completions field (a chat template's special tokens are always parsed)");
+      parse_special = get_bool(value, key);
     } else if (key == "max_tokens" || key == "max_completion_tokens") {
       p.max_tokens = get_int(value, key, 1, limits.max_tokens);
       have_max_tokens = true;
@@ -389,7 +393,9 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   if (have_prompt && req.prompt.type == actors::prompt_input::kind::text && req.prompt.text.empty()) {
     bad("prompt", "must not be empty");
   }
-  (void)have_max_tokens;
+  // vLLM: a max_tokens the client asked for must fit the context with the prompt (else 400, checked
+  // by the engine once the prompt is tokenized); the default one ends at the context instead.
+  p.truncate_to_context = !have_max_tokens;
   if (kind == api_kind::chat) {
     check_tool_request(req.tools, have_tools);
     if (req.tools.choice != tool_choice_mode::none) req.prompt.tools_json = req.tools.tools_json;
@@ -408,6 +414,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     }
   }
   if (p.min_tokens > p.max_tokens) bad("min_tokens", "must not exceed max_tokens");
+  req.prompt.parse_special = parse_special;  // text prompts only (prompt_input::parse_special)
 
   if (kind == api_kind::chat) {
     if (top_logprobs >= 0 && !chat_logprobs) bad("top_logprobs", "needs 'logprobs': true");
@@ -468,6 +475,8 @@ tokenize_request parse_tokenize_request(std::string_view body) {
       req.is_chat = true;
     } else if (key == "add_special_tokens") {
       req.add_special_tokens = get_bool(value, key);
+    } else if (key == "parse_special") {
+      req.parse_special = get_bool(value, key);
     } else if (key == "model" || key == "add_generation_prompt") {
     } else {
       bad(key, "is not a recognized request field");

@@ -59,12 +59,14 @@ int64_t estimated_response_bytes(const generation_request& req, const request_li
 generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,
                                             const request_limits& limits = {});
 
-// /tokenize: {"prompt": string} (or {"messages": [...]} for chat) plus "add_special_tokens".
+// /tokenize: {"prompt": string} (or {"messages": [...]} for chat) plus "add_special_tokens" and
+// "parse_special" (a prompt's special-token text, e.g. "<|im_start|>", becomes the special token).
 struct tokenize_request {
   std::string prompt;
   std::vector<chat_message> messages;
   bool is_chat = false;
   bool add_special_tokens = true;
+  bool parse_special = true;
 };
 tokenize_request parse_tokenize_request(std::string_view body);
 

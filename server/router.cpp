@@ -8,6 +8,7 @@
 #include <string>
 
 #include "server/api_error.hpp"
+#include "server/cors.hpp"
 #include "server/http_checks.hpp"
 #include "server/request_parser.hpp"
 #include "server/static_files.hpp"
@@ -27,19 +28,34 @@ bool keys_equal(std::string_view presented, std::string_view expected) {
   return diff == 0;
 }
 
+namespace {
+
+struct host_and_port {
+  std::string_view name, port;  // name keeps an IPv6 literal's brackets
+  bool valid = true;
+};
+
+host_and_port split_host(std::string_view header) {
+  host_and_port h{header, {}};
+  if (!header.empty() && header.front() == '[') {  // [v6]:port
+    const size_t close = header.find(']');
+    if (close == std::string_view::npos) return {header, {}, false};
+    h.port = close + 1 < header.size() && header[close + 1] == ':' ? header.substr(close + 2) : std::string_view();
+    h.name = header.substr(0, close + 1);
+  } else if (const size_t colon = header.rfind(':'); colon != std::string_view::npos) {
+    h.port = header.substr(colon + 1);
+    h.name = header.substr(0, colon);
+  }
+  return h;
+}
+
+}  // namespace
+
 bool host_allowed(std::string_view header, const server_options& o, uint16_t bound_port) {
   const bool wildcard_bind = o.host == "0.0.0.0" || o.host == "::" || o.host.empty();
   if (wildcard_bind && o.allowed_hosts.empty()) return true;
-  std::string_view name = header, port;
-  if (!name.empty() && name.front() == '[') {  // [v6]:port
-    const size_t close = name.find(']');
-    if (close == std::string_view::npos) return false;
-    port = close + 1 < name.size() && name[close + 1] == ':' ? name.substr(close + 2) : std::string_view();
-    name = name.substr(0, close + 1);
-  } else if (const size_t colon = name.rfind(':'); colon != std::string_view::npos) {
-    port = name.substr(colon + 1);
-    name = name.substr(0, colon);
-  }
+  const auto [name, port, valid] = split_host(header);
+  if (!valid) return false;
   if (!port.empty() && port != std::to_string(bound_port)) return false;
   std::string lower(name);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -80,14 +96,6 @@ std::string_view header_value(const http_request& req, http::field f) {
   return it == req.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
 }
 
-bool origin_allowed(std::string_view origin, const http_request& req, const server_options& o) {
-  for (const auto& a : o.allowed_origins) {
-    if (a == "*" || a == origin) return true;
-  }
-  const std::string_view host = header_value(req, http::field::host);
-  return origin == "http://" + std::string(host) || origin == "https://" + std::string(host);
-}
-
 struct route_entry {
   std::string_view path;
   http::verb method;
@@ -106,6 +114,33 @@ constexpr route_entry routes[] = {
     {"/v1/events", http::verb::get, route::ws_events},
 };
 
+// GET /v1/models/{id}: the id is the rest of the path (ids may hold '/'), percent-decoded.
+constexpr std::string_view k_model_prefix = "/v1/models/";
+
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    int value = 0;
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      std::from_chars(s.data() + i + 1, s.data() + i + 3, value, 16);
+      out += static_cast<char>(value);
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The served model as OpenAI's model object, with the max_model_len the engine enforces.
+json::object model_object(const server_state& s) {
+  json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
+                     {"max_model_len", s.engine.max_model_len()}};
+  if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
+  return model;
+}
+
 http_response detokenize(const http_request& req, server_state& s) {
   const auto& tok = s.engine.tok();
   if (!tok) throw api_error(400, "this model has no tokenizer");
@@ -123,16 +158,28 @@ routing route_request(const http_request& req, const server_state& s) {
   const std::string_view path = target.substr(0, target.find('?'));
   const http::verb method = req.method();
 
-  if (!host_allowed(header_value(req, http::field::host), o, s.bound_port)) {
-    throw api_error(403, "Host header not allowed", "", "host_not_allowed");
+  const std::string_view host = header_value(req, http::field::host);
+  if (!host_allowed(host, o, s.bound_port)) {
+    // Through a reverse proxy or by a LAN name the Host is not one this server knows by itself.
+    throw api_error(403, "Host '" + std::string(host) + "' is not allowed (DNS-rebinding guard): start the server with "
+                             "--allowed-host " + std::string(split_host(host).name) + " to accept it",
+                    "", "host_not_allowed");
   }
   const std::string_view origin = header_value(req, http::field::origin);
-  if (!origin.empty() && !origin_allowed(origin, req, o)) throw api_error(403, "Origin not allowed", "", "origin_not_allowed");
+  if (!origin.empty() && !origin_allowed(origin, host, o.allowed_origins)) {
+    throw api_error(403, "Origin '" + std::string(origin) + "' is not allowed: start the server with --allowed-origins " +
+                             std::string(origin) + " (a comma list, or '*' for any origin) to let it call the API",
+                    "", "origin_not_allowed");
+  }
+  // A browser's preflight before a cross-origin request: answered without the key, which it never carries.
+  if (!origin.empty() && is_preflight(req)) return {route::preflight, true, preflight_response(req, origin)};
 
   const route_entry* found = nullptr;
   for (const auto& r : routes) {
     if (r.path == path) found = &r;
   }
+  static constexpr route_entry model_route{k_model_prefix, http::verb::get, route::model};
+  if (!found && path.starts_with(k_model_prefix) && path.size() > k_model_prefix.size()) found = &model_route;
   if (!found && s.ui && (method == http::verb::get || method == http::verb::head)) {
     if (auto res = s.ui->respond(req, path)) return {route::ui_file, true, std::move(res)};
   }
@@ -174,16 +221,22 @@ http_response answer(route to, const http_request& req, server_state& s) {
       return json_response(R"({"status":"ok"})");
     }
     case route::models: {
-      json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
-                         {"max_model_len", s.engine.max_model_len()}};
-      if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
-      json::object body{{"object", "list"}, {"data", json::array{std::move(model)}}};
+      json::object body{{"object", "list"}, {"data", json::array{model_object(s)}}};
       return json_response(json::serialize(body));
+    }
+    case route::model: {
+      const std::string_view target(req.target().data(), req.target().size());
+      const std::string id = percent_decoded(target.substr(k_model_prefix.size(), target.find('?') - k_model_prefix.size()));
+      if (id != s.opt.model_name) {
+        throw api_error(404, "The model '" + sanitize_utf8(id) + "' does not exist (this server serves '" + s.opt.model_name + "')",
+                        "model", "model_not_found");
+      }
+      return json_response(json::serialize(model_object(s)));
     }
     case route::metrics: {
       http_response res{http::status::ok, 11};
       res.set(http::field::content_type, "text/plain; version=0.0.4");
-      res.body() = s.metrics.render(s.engine);
+      res.body() = s.metrics.render(s.engine, s.opt.model_name);
       return res;
     }
     case route::detokenize: return detokenize(req, s);

@@ -21,6 +21,7 @@ using http_response = boost::beast::http::response<boost::beast::http::string_bo
 enum class route : uint8_t {
   health,
   models,
+  model,        // GET /v1/models/{id}
   metrics,
   completions,
   chat_completions,
@@ -29,19 +30,20 @@ enum class route : uint8_t {
   ws_generate,  // GET /v1/ws (upgrade)
   ws_events,    // GET /v1/events (upgrade)
   ui_file,      // a file of the browser UI (no key needed: the page asks for it and sends it itself)
+  preflight,    // a CORS preflight (OPTIONS) from an allowed origin, answered 204 (server/cors.hpp)
 };
 
 struct routing {
   route to = route::health;
   bool authed = false;                 // the key was checked (or none is needed)
-  std::optional<http_response> file;  // to == ui_file: the answer
+  std::optional<http_response> ready;  // ui_file, preflight: the answer, decided while routing
 };
 
-// Throws api_error: 403 (Host, Origin), 404 (no such route), 405 (method), 401 (key; not for upgrades,
+// Throws api_error: 403 (Host, Origin; the message names the flag that allows it), 404 (no such route), 405 (method), 401 (key; not for upgrades,
 // which authenticate later when the upgrade carried no key).
 routing route_request(const http_request& req, const server_state& state);
 
-// The answer of health, models, metrics or detokenize (status, content type, body; the
+// The answer of health, models, model (/v1/models/{id}), metrics or detokenize (status, content type, body; the
 // session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
 http_response answer(route to, const http_request& req, server_state& state);
 

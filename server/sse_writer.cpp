@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "server/api_error.hpp"
+#include "server/cors.hpp"
 #include "server/stream_format.hpp"
 
 namespace tessera::server {
@@ -21,6 +22,7 @@ void sse_writer::head(std::string& out) {
   res.set(http::field::content_type, "text/event-stream");
   res.set(http::field::cache_control, "no-cache");
   res.set("X-Request-Id", request_id_);
+  if (!cors_origin_.empty()) add_cors_headers(res, cors_origin_);
   res.chunked(chunked_);
   res.keep_alive(keep_alive_);
   std::ostringstream os;

@@ -15,8 +15,9 @@ namespace tessera::server {
 
 class sse_writer {
  public:
-  sse_writer(std::string request_id, bool chunked, bool keep_alive)
-      : request_id_(std::move(request_id)), chunked_(chunked), keep_alive_(keep_alive) {}
+  // cors_origin: an allowed cross-origin request's Origin, echoed in the head (server/cors.hpp); "" none.
+  sse_writer(std::string request_id, bool chunked, bool keep_alive, std::string cors_origin = "")
+      : request_id_(std::move(request_id)), cors_origin_(std::move(cors_origin)), chunked_(chunked), keep_alive_(keep_alive) {}
 
   bool headers_sent() const { return headers_sent_; }
 
@@ -33,6 +34,7 @@ class sse_writer {
   void frame(std::string_view data, std::string& out) const;
 
   std::string request_id_;  // X-Request-Id
+  std::string cors_origin_;
   bool chunked_;
   bool keep_alive_;
   bool headers_sent_ = false;

@@ -9,6 +9,10 @@ bool stream_progress::take_delta(const actors::stream_delta& d, server_metrics& 
   if (o.index < 0 || static_cast<size_t>(o.index) >= last_token_at_.size()) return false;
   if (o.token_ids.empty()) return true;
   num_tokens_ += static_cast<int64_t>(o.token_ids.size());
+  if (!any_token_) {
+    any_token_ = true;
+    metrics.observe_ttft(d.seconds_since_submit);
+  }
   double& prev = last_token_at_[static_cast<size_t>(o.index)];
   if (prev >= 0) metrics.observe_itl((d.seconds_since_submit - prev) / double(o.token_ids.size()));
   prev = d.seconds_since_submit;
@@ -29,8 +33,13 @@ bool stream_progress::first_of_stream() {
 
 void record_final(const actors::stream_final& f, server_metrics& metrics) {
   metrics.record_finish(f.reason);
-  metrics.observe_e2e(f.seconds_total);
-  if (f.seconds_to_first_token >= 0) metrics.observe_ttft(f.seconds_to_first_token);
+  const request_phases p = phases_of(f);
+  metrics.observe_finished({.e2e_seconds = f.seconds_total,
+                            .queue_seconds = p.queue_seconds,
+                            .prefill_seconds = p.prefill_seconds,
+                            .decode_seconds = p.decode_seconds,
+                            .prompt_tokens = f.num_prompt_tokens,
+                            .generation_tokens = f.num_generated_tokens});
 }
 
 namespace {

@@ -26,8 +26,9 @@ class stream_progress {
   explicit stream_progress(int32_t num_choices)
       : last_token_at_(static_cast<size_t>(num_choices), -1.0), started_(static_cast<size_t>(num_choices), false) {}
 
-  // Accounts for a delta: its tokens counted, the gap since its choice's previous token into the
-  // inter-token latency histogram. False for a delta that names no choice of this request.
+  // Accounts for a delta: its tokens counted, the stream's first token into the time-to-first-token
+  // histogram (when it happens, so a long stream is seen while it runs), the gap since its choice's
+  // previous token into the inter-token latency histogram. False for a delta that names no choice of this request.
   bool take_delta(const actors::stream_delta& d, server_metrics& metrics);
   // True the first time a message is sent for choice `index` (a chat chunk then carries the role).
   bool first_of_choice(int32_t index);
@@ -39,6 +40,7 @@ class stream_progress {
   std::vector<double> last_token_at_;  // per choice: its newest token's seconds_since_submit; -1: none yet
   std::vector<bool> started_;
   bool any_started_ = false;
+  bool any_token_ = false;
   int64_t num_tokens_ = 0;
 };
 
@@ -46,8 +48,8 @@ class stream_progress {
 // first message of a stream therefore comes only once its first token exists.
 inline bool has_output(const request_output& o) { return !o.token_ids.empty() || !o.text.empty(); }
 
-// The final's outcome counter and latency histograms (time to first token, end to end), once per
-// generation, whichever transport carried it.
+// The final's outcome counter and per-request histograms (end to end, queue / prefill / decode
+// time, prompt and generated tokens), once per generation, whichever transport carried it.
 void record_final(const actors::stream_final& final, server_metrics& metrics);
 
 // ---- OpenAI stream chunks (the JSON of one SSE event; sse_writer frames them) ----------------------

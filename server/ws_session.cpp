@@ -260,8 +260,9 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
     record_final(f, state_.metrics);
     if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
     if (f.reason == finish_reason::error && !f.error_param.empty()) {
-      // Refused before it reached the engine (its grammar does not compile): the same 400 as over HTTP.
-      messages.push_back(ws_error_message(api_error(400, f.error, f.error_param, "invalid_structured_output"), id));
+      // Refused for one of its fields (a grammar that does not compile, a max_tokens beyond the
+      // context): the same 400 as over HTTP.
+      messages.push_back(ws_error_message(api_error(400, f.error, f.error_param, refusal_code(f.error_param)), id));
       log_generation(400, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
                      f.num_generated_tokens);
       finished = true;

@@ -15,9 +15,15 @@ class load_error : public std::runtime_error {
 };
 
 // A caller passed parameters the engine cannot honour (bad sampling values, prompt too long, ...).
+// `param`: the request field at fault when one is (an API names it in its error), else empty.
 class invalid_request : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit invalid_request(const std::string& message, std::string param = {})
+      : std::runtime_error(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
 };
 
 }  // namespace tessera

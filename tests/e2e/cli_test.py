@@ -7,14 +7,23 @@ continuous-batching engine, and bad inputs that must fail with a clear message. 
 """
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 ENGINE = ["--model", MODEL, "--threads", "2", "--kv-cache-memory", "0.25", "--swap-space", "0.1", "--quiet"]
 results = []
+
+
+def socket_free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(args, stdin=None, timeout=300):
@@ -143,6 +152,99 @@ def inspect_names_architecture_features_and_tensor_types():
     for want in ("architecture: gemma3", "rmsnorm (1+w)", "geglu (tanh gelu)", "q/k norm", "post-norms",
                  "sliding window 8 on 1/2 layers", "BF16 x"):
         assert want in p.stdout, (want, p.stdout[:1500])
+
+
+# ---- vLLM / llama-server conventions (issue #19; app/cli_conventions.hpp) -----------------------------
+
+def run_env(args, env, timeout=300):
+    return subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def decode_tokens(stderr):
+    m = re.search(r"decode: (\d+) tokens", stderr)
+    assert m, stderr
+    return int(m.group(1))
+
+
+LONG_PROMPT = "word " * 1100  # ~1100 tokens: beyond a 1k / 1K context
+
+
+def refused_max_model_len(p):
+    """The max_model_len a too-long prompt was refused with ("more than max_model_len (N)")."""
+    m = re.search(r"more than max_model_len \((\d+)\)", p.stderr)
+    assert p.returncode == 1 and m, (p.returncode, p.stderr[-500:])
+    return int(m.group(1))
+
+
+@case
+def every_flag_also_from_a_tessera_environment_variable():
+    base = ["generate", "--model", MODEL, "--threads", "2", "--temperature", "0", "--prompt", "Hello"]
+    p = run_env(base, {"TESSERA_MAX_TOKENS": "3", "TESSERA_IGNORE_EOS": "true"})
+    assert p.returncode == 0 and decode_tokens(p.stderr) == 3, p.stderr
+    p = run_env(base + ["--max-tokens", "2"], {"TESSERA_MAX_TOKENS": "3", "TESSERA_IGNORE_EOS": "1"})
+    assert p.returncode == 0 and decode_tokens(p.stderr) == 2, p.stderr  # the command line wins
+    p = run_env(base, {"TESSERA_QUIET": "true", "TESSERA_MAX_TOKENS": "2"})
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    p = run_env(["generate", *ENGINE, "--prompt", LONG_PROMPT], {"TESSERA_MAX_MODEL_LEN": "1k"})
+    assert refused_max_model_len(p) == 1000
+    p = run_env(["generate", *ENGINE, "--prompt", "hi"], {"TESSERA_KV_CACHE_DTYPE": "q8_0"})
+    assert p.returncode != 0 and "kv-cache-dtype" in p.stderr, p.stderr  # checked as the flag would be
+
+
+@case
+def llama_server_spellings_and_human_readable_lengths():
+    for flags, expect in ((["--max-model-len", "1k"], 1000), (["-c", "1K"], 1024), (["--ctx-size", "1050"], 1050)):
+        assert refused_max_model_len(run(["generate", *ENGINE, *flags, "--prompt", LONG_PROMPT])) == expect, flags
+    p = run(["generate", *ENGINE, "--parallel", "3", "--max-tokens", "2", "--prompt", "Hi"])  # -np: serve below
+    assert p.returncode == 0, p.stderr
+    p = run(["generate", *ENGINE, "--max-model-len", "4x", "--prompt", "Hi"])
+    assert p.returncode != 0 and "max-model-len" in p.stderr, p.stderr
+    # serve: --alias names the model, -c and -np are the context and the sequences.
+    port = socket_free_port()
+    proc = subprocess.Popen([BIN, "serve", MODEL, "--threads", "2", "--num-kv-blocks", "64", "--port", str(port),
+                             "--alias", "my-model", "-c", "2K", "-np", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, models = time.time() + 120, None
+        while time.time() < deadline and models is None:
+            try:
+                models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read())
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        assert models and models["data"][0]["id"] == "my-model" and models["data"][0]["max_model_len"] == 2048, models
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "max 2 sequences" in err, err[-1500:]
+
+
+@case
+def chat_template_file_replaces_the_models():
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write("{{ messages[-1]['content'] }}")
+    try:
+        base = ["generate", *ENGINE[:-1], "--chat", "--max-tokens", "1", "--prompt", "Hello world"]
+        own = run(base)
+        mine = run(base + ["--chat-template-file", f.name])
+        assert own.returncode == 0 and mine.returncode == 0, (own.stderr, mine.stderr)
+        n_own = int(re.search(r"prompt: (\d+) tokens", own.stderr).group(1))
+        n_mine = int(re.search(r"prompt: (\d+) tokens", mine.stderr).group(1))
+        assert n_mine == 2 and n_own > 10, (n_own, n_mine)  # "Hello world" alone vs the ChatML template
+        p = run(base + ["--chat-template-file", "/nonexistent/template.jinja"])
+        assert p.returncode == 2 and "--chat-template-file" in p.stderr and "no such file" in p.stderr, p.stderr
+    finally:
+        os.unlink(f.name)
+
+
+@case
+def unknown_flags_are_answered_with_the_tessera_name():
+    for flag, expect in (("--ctx", "--max-model-len"), ("--max-model-length", "--max-model-len"),
+                         ("--n-gpu-layers", "--device"), ("--served-model", "--served-model-name"),
+                         ("--cors", "--allowed-origins")):
+        sub = "serve" if flag in ("--served-model", "--cors") else "generate"
+        p = run([sub, flag, "99", "--prompt", "x"] if sub == "generate" else [sub, flag, "99"])
+        assert p.returncode != 0 and f"did you mean {expect}?" in p.stderr, (flag, p.returncode, p.stderr)
 
 
 failed = sum(1 for _, e in results if e)

@@ -301,9 +301,9 @@ def a_full_swap_pool_falls_back_to_recompute():
         recompute = m['tessera_num_preemptions_total{mode="recompute"}']
         swap = m['tessera_num_preemptions_total{mode="swap"}']
         assert swap > 0 and recompute > 0, (swap, recompute)  # some swaps fit, the full pool forced the rest
-        assert 0 < m['tessera_kv_blocks_total{pool="host"}'] < 16, m['tessera_kv_blocks_total{pool="host"}']
+        assert 0 < m['tessera_kv_blocks_capacity{pool="host"}'] < 16, m['tessera_kv_blocks_capacity{pool="host"}']
         assert m["tessera_healthy"] == 1 and srv.request("GET", "/health")[0] == 200
-        host_blocks = int(m['tessera_kv_blocks_total{pool="host"}'])
+        host_blocks = int(m['tessera_kv_blocks_capacity{pool="host"}'])
         print(f"  host pool {host_blocks} blocks: {int(swap)} swap and "
               f"{int(recompute)} recompute preemptions, all {len(prompts)} requests equal the roomy server's")
     finally:

@@ -73,6 +73,19 @@ TEST(request_parser, defaults_and_prompt_forms) {
   EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{4, 5}));
 }
 
+// vLLM: a max_tokens the client gave must fit the context (the engine checks, once the prompt is
+// tokenized); the default one ends where the context does.
+TEST(request_parser, a_requested_max_tokens_must_fit_the_context) {
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"x"})", api_kind::completion, vocab).params.truncate_to_context);
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"x","max_tokens":null})", api_kind::completion, vocab)
+                  .params.truncate_to_context);
+  EXPECT_FALSE(parse_generation_request(R"({"prompt":"x","max_tokens":5})", api_kind::completion, vocab)
+                   .params.truncate_to_context);
+  EXPECT_FALSE(parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":5})",
+                                        api_kind::chat, vocab)
+                   .params.truncate_to_context);
+}
+
 TEST(request_parser, chat_fields) {
   const generation_request r = parse_generation_request(
       R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
@@ -290,6 +303,18 @@ TEST(request_parser, tokenize_and_detokenize) {
   EXPECT_EQ(parse_detokenize_request(R"({"tokens":[1,2]})", vocab), (std::vector<token_id>{1, 2}));
   EXPECT_THROW(parse_detokenize_request(R"({"tokens":[1,99999]})", vocab), api_error);
   EXPECT_THROW(parse_detokenize_request(R"({})", vocab), api_error);
+}
+
+TEST(request_parser, raw_prompts_parse_special_tokens_unless_told_not_to) {
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"<|im_start|>"})", api_kind::completion, vocab).prompt.parse_special);
+  EXPECT_FALSE(parse_generation_request(R"({"parse_special":false,"prompt":"<|im_start|>"})", api_kind::completion, vocab)
+                   .prompt.parse_special)
+      << "the field may come before the prompt";
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"parse_special":false})", api_kind::chat).param,
+            "parse_special");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","parse_special":1})").param, "parse_special");
+  EXPECT_TRUE(parse_tokenize_request(R"({"prompt":"abc"})").parse_special);
+  EXPECT_FALSE(parse_tokenize_request(R"({"prompt":"abc","parse_special":false})").parse_special);
 }
 
 TEST(security, keys_equal_and_host_check) {

@@ -118,8 +118,12 @@ TEST(stream_format, sse_and_websocket_deltas_carry_the_same_content) {
 TEST(stream_format, progress_counts_tokens_and_first_messages) {
   stream_progress p(2);
   server_metrics metrics;
+  EXPECT_TRUE(p.take_delta(make_delta(0, {}, "", 0.05), metrics));
+  EXPECT_EQ(metrics.num_ttft_observed(), 0u) << "no token yet";
   EXPECT_TRUE(p.take_delta(make_delta(0, {1}, "a", 0.1), metrics));
+  EXPECT_EQ(metrics.num_ttft_observed(), 1u) << "observed at the first token, not at the final";
   EXPECT_TRUE(p.take_delta(make_delta(1, {2, 3}, "bc", 0.2), metrics));
+  EXPECT_EQ(metrics.num_ttft_observed(), 1u) << "once per request, not per choice";
   EXPECT_TRUE(p.take_delta(make_delta(0, {}, "", 0.3), metrics)) << "an empty delta of a real choice";
   EXPECT_FALSE(has_output(make_delta(0, {}, "", 0.3).output));
   EXPECT_FALSE(p.take_delta(make_delta(2, {9}, "z", 0.4), metrics)) << "no choice 2 in this request";
