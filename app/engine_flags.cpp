@@ -17,9 +17,8 @@
 #endif
 #include "engine/model/gguf.hpp"
 #include "app/cli_conventions.hpp"
-
-#include <fstream>
-#include <sstream>
+#include "engine/base/regular_file.hpp"
+#include "engine/model/hf_json.hpp"
 
 namespace tessera::app {
 
@@ -146,11 +145,13 @@ chat_template load_chat_template(const std::string& file_or_text) {
   std::string source = file_or_text;
   std::error_code ec;
   if (std::filesystem::is_regular_file(file_or_text, ec)) {
-    std::ifstream in(file_or_text, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!in) throw invalid_request("--chat-template-file " + file_or_text + ": cannot read it");
-    source = text.str();
+    // Through the loaders' reader (bounded, refuses what is not a regular file), as a model
+    // directory's own chat_template.jinja is read.
+    try {
+      source = read_regular_file(file_or_text, hf_json::k_max_json_bytes);
+    } catch (const load_error& e) {
+      throw invalid_request("--chat-template-file " + file_or_text + ": cannot read it (" + e.what() + ")");
+    }
   } else if (file_or_text.find("{%") == std::string::npos && file_or_text.find("{{") == std::string::npos) {
     throw invalid_request("--chat-template-file " + file_or_text + ": no such file (nor a Jinja template text)");
   }
