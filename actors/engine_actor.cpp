@@ -53,9 +53,7 @@ class engine_actor : public caf::event_based_actor {
       std::string what = "unknown exception";
       try {
         std::rethrow_exception(eptr);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
+      } catch (const std::exception& e) { what = e.what(); } catch (...) {
       }
       fatal("scheduler failed: " + what);
       return caf::none;  // keep running (unhealthy): pending callers still get their finals
@@ -118,7 +116,7 @@ class engine_actor : public caf::event_based_actor {
     submit_ptr request;
     caf::actor subscriber;
     request_id engine_request;  // 0 while the prompt is being tokenized
-    bool queued = true;            // counted in shared_->num_queued
+    bool queued = true;         // counted in shared_->num_queued
     // Structured output: the prompt's ids and the compiled grammar are made concurrently (tokenizer
     // actor, grammar compile worker); the request enters the engine when both are there.
     std::optional<std::vector<token_id>> ids;
@@ -157,8 +155,8 @@ class engine_actor : public caf::event_based_actor {
     if (req->params.structured) {
       if (!config_.engine.constraints) {
         close_ticket(ticket, finish_reason::error,
-                     "'" + req->params.structured->field + "': structured output is not available in this build",
-                     false, req->params.structured->field);
+                     "'" + req->params.structured->field + "': structured output is not available in this build", false,
+                     req->params.structured->field);
         return;
       }
       t.grammar_pending = true;
@@ -421,9 +419,12 @@ class engine_actor : public caf::event_based_actor {
     if (t.queued) shared_->num_queued.fetch_sub(1);
     {
       std::lock_guard lock(shared_->mutex);
-      if (reason == finish_reason::error) ++shared_->num_failed;
-      else if (reason == finish_reason::abort) ++shared_->num_aborted;
-      else ++shared_->num_completed;
+      if (reason == finish_reason::error)
+        ++shared_->num_failed;
+      else if (reason == finish_reason::abort)
+        ++shared_->num_aborted;
+      else
+        ++shared_->num_completed;
     }
     const caf::actor subscriber = t.subscriber;
     if (subscriber) {
@@ -479,7 +480,8 @@ class engine_actor : public caf::event_based_actor {
       }
       send(config_.kv_manager, occupy_atom_v, occupancy_ptr(std::move(occupancy)));
     }
-    if (config_.event_bus) send(config_.event_bus, publish_atom_v, record_ptr(std::make_shared<const step_record>(record)));
+    if (config_.event_bus)
+      send(config_.event_bus, publish_atom_v, record_ptr(std::make_shared<const step_record>(record)));
   }
 
   std::string health_message() const {
@@ -508,8 +510,7 @@ class engine_actor : public caf::event_based_actor {
         if (const request_id r = tickets_.at(t).engine_request) engine_->abort(r);
       engine_->step();
       publish();
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
 
   // The executor is gone: every open request ends with an error now, later submits are refused.

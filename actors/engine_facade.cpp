@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -123,7 +123,7 @@ struct facade_internals {
   caf::actor engine;
   std::mutex sinks_mutex;
   std::vector<caf::actor> event_sinks;
-  std::atomic<uint64_t> next_ticket{1};  // ticket_id values, handed out in order
+  std::atomic<uint64_t> next_ticket{1};     // ticket_id values, handed out in order
   std::atomic<uint64_t> next_tokenizer{0};  // tokenize_async: round robin over the pool
   std::atomic<bool> accepting{true};
   std::atomic<uint64_t> num_submitted{0};
@@ -159,7 +159,8 @@ engine_facade::engine_facade(facade_components components, facade_options option
   config_ = components.exec->config();
   kv_cache_dtype_ = components.exec->kv_cache_dtype();
   kv_block_bytes_ = components.exec->kv_block_bytes();
-  in_ = std::make_unique<facade_internals>(options.num_caf_threads > 0 ? options.num_caf_threads : default_caf_threads());
+  in_ =
+      std::make_unique<facade_internals>(options.num_caf_threads > 0 ? options.num_caf_threads : default_caf_threads());
   in_->sys.emplace(in_->cfg);
   caf::actor_system& sys = *in_->sys;
   try {
@@ -231,8 +232,8 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   }
   if (shared_->num_queued.fetch_add(1) >= options_.max_waiting) {
     shared_->num_queued.fetch_sub(1);
-    return reject(submit_error::overloaded, "overloaded: " + std::to_string(options_.max_waiting) +
-                                                " requests are already waiting; retry later");
+    return reject(submit_error::overloaded,
+                  "overloaded: " + std::to_string(options_.max_waiting) + " requests are already waiting; retry later");
   }
   shared_->num_open.fetch_add(1);
   in_->num_submitted.fetch_add(1);
@@ -277,25 +278,28 @@ void engine_facade::tokenize_async(prompt_input prompt, std::function<void(token
   // tok and input travel as spawn arguments, not captures: CAF 0.17 spawns an argument-less function
   // actor by binding a reference through a null shared_ptr<tuple<>> (init_fun_factory), which UBSan
   // reports in the sanitizer stage of scripts/test.
-  in_->sys->spawn([done = std::move(done)](caf::event_based_actor* self, caf::actor tokenizer,
-                                            std::shared_ptr<const prompt_input> shared_prompt) {
-    self->request(tokenizer, caf::infinite, encode_atom_v, shared_prompt)
-        .then(
-            [self, done](std::vector<token_id>& ids) {
-              tokenize_result r;
-              r.ids = std::move(ids);
-              done(std::move(r));
-              self->quit();
-            },
-            [self, done](caf::error& err) {
-              tokenize_result r;
-              // The tokenizer's own message (see tokenizer_actor.cpp) rather than CAF's rendering.
-              const caf::message& context = err.context();
-              r.error = context.match_elements<std::string>() ? context.get_as<std::string>(0) : self->system().render(err);
-              done(std::move(r));
-              self->quit();
-            });
-  }, tok, input);
+  in_->sys->spawn(
+      [done = std::move(done)](caf::event_based_actor* self, caf::actor tokenizer,
+                               std::shared_ptr<const prompt_input> shared_prompt) {
+        self->request(tokenizer, caf::infinite, encode_atom_v, shared_prompt)
+            .then(
+                [self, done](std::vector<token_id>& ids) {
+                  tokenize_result r;
+                  r.ids = std::move(ids);
+                  done(std::move(r));
+                  self->quit();
+                },
+                [self, done](caf::error& err) {
+                  tokenize_result r;
+                  // The tokenizer's own message (see tokenizer_actor.cpp) rather than CAF's rendering.
+                  const caf::message& context = err.context();
+                  r.error = context.match_elements<std::string>() ? context.get_as<std::string>(0)
+                                                                  : self->system().render(err);
+                  done(std::move(r));
+                  self->quit();
+                });
+      },
+      tok, input);
 }
 
 int32_t engine_facade::max_model_len() const {

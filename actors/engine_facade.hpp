@@ -22,9 +22,9 @@
 #include "actors/fault_injection.hpp"
 #include "actors/messages.hpp"
 #include "actors/stream_buffer.hpp"
-#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
+#include "engine/text/chat_template.hpp"
 #include "engine/text/tokenizer.hpp"
 
 namespace tessera::actors {
@@ -34,12 +34,12 @@ struct facade_internals;
 
 struct facade_options {
   engine_options engine;
-  int32_t max_waiting = 256;          // queued (submitted, not yet running) requests; beyond: overloaded
-  int32_t max_buffered_deltas = 256;  // per stream; beyond, new deltas merge into buffered ones
-  int32_t num_tokenizer_actors = 0;   // 0: one per 4 cores, 1..4
-  int32_t num_caf_threads = 0;        // CAF's cooperative scheduler threads; 0: min(cores, 4)
+  int32_t max_waiting = 256;                         // queued (submitted, not yet running) requests; beyond: overloaded
+  int32_t max_buffered_deltas = 256;                 // per stream; beyond, new deltas merge into buffered ones
+  int32_t num_tokenizer_actors = 0;                  // 0: one per 4 cores, 1..4
+  int32_t num_caf_threads = 0;                       // CAF's cooperative scheduler threads; 0: min(cores, 4)
   std::chrono::milliseconds shutdown_timeout{5000};  // running requests may finish this long, then abort
-  bool warm_up = false;               // run one 1-token request before the constructor returns
+  bool warm_up = false;                              // run one 1-token request before the constructor returns
   double kv_snapshot_interval_seconds = 0.1;
 };
 
@@ -98,11 +98,11 @@ struct facade_stats {
   engine_stats engine;
   pool_usage device;
   pool_usage host;
-  int32_t num_waiting = 0;   // engine's waiting queue after the last step
+  int32_t num_waiting = 0;  // engine's waiting queue after the last step
   int32_t num_running = 0;
   int32_t num_swapped = 0;
-  int32_t num_queued = 0;    // submitted, not yet admitted (admission control counts these)
-  int32_t num_open = 0;      // streams whose final message has not been sent
+  int32_t num_queued = 0;  // submitted, not yet admitted (admission control counts these)
+  int32_t num_open = 0;    // streams whose final message has not been sent
   uint64_t num_submitted = 0;
   uint64_t num_rejected = 0;  // overloaded / unhealthy / shutting down / invalid
   uint64_t num_completed = 0;
@@ -114,7 +114,7 @@ struct facade_stats {
 // What tokenize_async() answers: the ids, or why there are none.
 struct tokenize_result {
   std::vector<token_id> ids;
-  std::string error;  // empty: ok
+  std::string error;     // empty: ok
   bool refused = false;  // not tokenized at all: no tokenizer, or the runtime is shutting down
 };
 

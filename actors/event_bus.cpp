@@ -15,8 +15,7 @@ namespace {
 
 class event_bus_actor : public caf::event_based_actor {
  public:
-  event_bus_actor(caf::actor_config& cfg, event_bus_options options)
-      : caf::event_based_actor(cfg), options_(options) {}
+  event_bus_actor(caf::actor_config& cfg, event_bus_options options) : caf::event_based_actor(cfg), options_(options) {}
 
   const char* name() const override { return "event_bus"; }
 
@@ -28,7 +27,8 @@ class event_bus_actor : public caf::event_based_actor {
           subscriber s;
           s.sink = sink;
           if (max_rate_hz > 0)
-            s.min_interval = std::chrono::duration_cast<runtime_clock::duration>(std::chrono::duration<double>(1.0 / max_rate_hz));
+            s.min_interval =
+                std::chrono::duration_cast<runtime_clock::duration>(std::chrono::duration<double>(1.0 / max_rate_hz));
           monitor(sink);
           subscribers_[sink.address()] = std::move(s);
         },

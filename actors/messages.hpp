@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "actors/prompt_input.hpp"
-#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/sampling_params.hpp"
 #include "engine/step_record.hpp"
+#include "engine/text/chat_template.hpp"
 
 namespace tessera::actors {
 
@@ -45,7 +45,7 @@ struct submit_request {
 // subscriber <- engine actor: one choice's news from one engine step (tokens in order, text, logprobs).
 struct stream_delta {
   ticket_id ticket;
-  request_output output;     // output.id is the engine's request id
+  request_output output;  // output.id is the engine's request id
   double seconds_since_submit = 0;
 };
 
@@ -55,7 +55,7 @@ struct choice_result {
   finish_reason reason = finish_reason::none;
   std::string error;
   int32_t num_generated_tokens = 0;
-  int32_t num_draft_tokens = 0;           // speculative decoding: drafts verified, of which accepted
+  int32_t num_draft_tokens = 0;  // speculative decoding: drafts verified, of which accepted
   int32_t num_accepted_draft_tokens = 0;
   std::vector<lifecycle_entry> timeline;
 };
@@ -63,9 +63,9 @@ struct choice_result {
 // subscriber <- engine actor: the one terminal message of a stream, after every delta.
 struct stream_final {
   ticket_id ticket;
-  request_id request;            // 0 when the request never reached the engine
+  request_id request;                          // 0 when the request never reached the engine
   finish_reason reason = finish_reason::none;  // error > abort > choice 0's reason
-  std::string error;                 // reason == error: what failed
+  std::string error;                           // reason == error: what failed
   // reason == error: the runtime failed (the executor, a tokenizer actor, shutdown), not the
   // request; with request == 0 the request was refused (prompt too long, template error) otherwise.
   bool runtime_fault = false;
@@ -75,10 +75,10 @@ struct stream_final {
   std::vector<choice_result> choices;
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
-  int32_t num_generated_tokens = 0;  // all choices
-  int32_t num_draft_tokens = 0;      // speculative decoding, all choices: draft tokens verified
+  int32_t num_generated_tokens = 0;       // all choices
+  int32_t num_draft_tokens = 0;           // speculative decoding, all choices: draft tokens verified
   int32_t num_accepted_draft_tokens = 0;  // of which the target accepted
-  double seconds_to_first_token = -1;  // -1: no token was produced
+  double seconds_to_first_token = -1;     // -1: no token was produced
   double seconds_total = 0;
 };
 
@@ -112,7 +112,7 @@ struct bus_event {
 struct event_batch {
   std::shared_ptr<const step_record> latest;
   std::vector<bus_event> events;
-  uint64_t num_records = 0;        // step records coalesced into this batch
+  uint64_t num_records = 0;  // step records coalesced into this batch
   uint64_t num_dropped_events = 0;
 };
 
@@ -149,7 +149,7 @@ typename Inspector::result_type inspect(Inspector& f, usage_report& x) {
 struct runtime_status {
   bool healthy = true;
   std::string message;
-  int32_t num_tickets = 0;   // requests with a stream still open
+  int32_t num_tickets = 0;  // requests with a stream still open
   int32_t num_waiting = 0;
   int32_t num_running = 0;
   uint64_t num_steps = 0;
@@ -175,27 +175,27 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tessera::actors::compiled_ptr)
 
 // Atom texts are at most 10 characters in CAF 0.17.
 CAF_BEGIN_TYPE_ID_BLOCK(tessera_actors, caf::first_custom_type_id)
-  CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::ticket_id))
-  CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::usage_report))
-  CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::runtime_status))
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, submit_atom, "submit")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, abort_atom, "abort")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, step_atom, "step")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, exec_atom, "exec")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, done_atom, "done")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, encode_atom, "encode")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, delta_atom, "delta")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, final_atom, "final")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, occupy_atom, "occupancy")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, query_atom, "query")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, publish_atom, "publish")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, subscribe_atom, "subscribe")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, events_atom, "events")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, ack_atom, "ack")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, flush_atom, "flush")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, status_atom, "status")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, abort_all_atom, "abort_all")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, stop_atom, "stop")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, usage_atom, "usage")
-  CAF_ADD_ATOM(tessera_actors, tessera::actors, compiled_atom, "compiled")
+CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::ticket_id))
+CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::usage_report))
+CAF_ADD_TYPE_ID(tessera_actors, (tessera::actors::runtime_status))
+CAF_ADD_ATOM(tessera_actors, tessera::actors, submit_atom, "submit")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, abort_atom, "abort")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, step_atom, "step")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, exec_atom, "exec")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, done_atom, "done")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, encode_atom, "encode")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, delta_atom, "delta")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, final_atom, "final")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, occupy_atom, "occupancy")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, query_atom, "query")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, publish_atom, "publish")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, subscribe_atom, "subscribe")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, events_atom, "events")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, ack_atom, "ack")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, flush_atom, "flush")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, status_atom, "status")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, abort_all_atom, "abort_all")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, stop_atom, "stop")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, usage_atom, "usage")
+CAF_ADD_ATOM(tessera_actors, tessera::actors, compiled_atom, "compiled")
 CAF_END_TYPE_ID_BLOCK(tessera_actors)

@@ -19,8 +19,7 @@ std::string prompt_encoder::render(const std::vector<chat_message>& messages, co
 
 std::vector<token_id> prompt_encoder::encode(const prompt_input& prompt) const {
   switch (prompt.type) {
-    case prompt_input::kind::token_ids:
-      return prompt.ids;
+    case prompt_input::kind::token_ids: return prompt.ids;
     case prompt_input::kind::text: {
       if (!tok_) throw invalid_request("this engine has no tokenizer: send token ids");
       encode_options options;

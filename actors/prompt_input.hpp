@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"  // token_id
+#include "engine/text/chat_template.hpp"
 
 namespace tessera::actors {
 

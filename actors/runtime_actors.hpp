@@ -43,7 +43,7 @@ struct runtime_shared {
   std::atomic<bool> healthy{true};
 
   mutable std::mutex mutex;
-  std::condition_variable changed;     // num_open dropped or health changed
+  std::condition_variable changed;  // num_open dropped or health changed
   std::string health_message;
   engine_stats stats;
   pool_usage device;
@@ -51,7 +51,7 @@ struct runtime_shared {
   int32_t num_waiting = 0;
   int32_t num_running = 0;
   int32_t num_swapped = 0;
-  uint64_t num_completed = 0;   // finals with reason stop / length
+  uint64_t num_completed = 0;  // finals with reason stop / length
   uint64_t num_aborted = 0;
   uint64_t num_failed = 0;
   uint64_t num_tokenizer_restarts = 0;  // tokenizer actors that died and were replaced
@@ -129,15 +129,15 @@ struct engine_actor_config {
   std::shared_ptr<const executor> executor_metadata;  // config / kv spec of the executor (read-only)
   std::shared_ptr<const tokenizer> tok;               // for incremental detokenization in the engine
   engine_options engine;
-  std::vector<caf::actor> tokenizers;                 // empty: token-id prompts only
+  std::vector<caf::actor> tokenizers;  // empty: token-id prompts only
   // Set: a tokenizer actor that dies is replaced by one spawned with these (else it is only removed
   // from the pool). tokenizer_exit_when: fault injection, tests only (spawn_tokenizer_actor).
   std::shared_ptr<const prompt_encoder> tokenizer_encoder;
   tokenizer_fault tokenizer_exit_when;
-  caf::actor kv_manager;                              // may be invalid
-  caf::actor event_bus;                               // may be invalid
+  caf::actor kv_manager;  // may be invalid
+  caf::actor event_bus;   // may be invalid
   std::shared_ptr<runtime_shared> shared;
-  double kv_snapshot_interval_seconds = 0.1;          // block-level snapshots at most this often
+  double kv_snapshot_interval_seconds = 0.1;  // block-level snapshots at most this often
 };
 
 // The engine actor, spawned detached: owns the llm_engine (scheduler queues, block manager, sampling,

@@ -4,7 +4,8 @@
 
 namespace tessera::actors {
 
-stream_buffer::stream_buffer(size_t max_buffered_deltas) : max_buffered_deltas_(std::max<size_t>(1, max_buffered_deltas)) {}
+stream_buffer::stream_buffer(size_t max_buffered_deltas)
+    : max_buffered_deltas_(std::max<size_t>(1, max_buffered_deltas)) {}
 
 stream_buffer::hook_ptr stream_buffer::due_hook() {
   if (!hook_ || hook_called_ || items_.empty()) return nullptr;

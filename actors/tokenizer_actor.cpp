@@ -24,9 +24,7 @@ caf::behavior tokenizer_behavior(caf::event_based_actor* self, std::shared_ptr<c
         }
         try {
           return encoder->encode(*prompt);
-        } catch (const std::exception& e) {
-          return caf::make_error(caf::sec::invalid_argument, std::string(e.what()));
-        }
+        } catch (const std::exception& e) { return caf::make_error(caf::sec::invalid_argument, std::string(e.what())); }
       },
   };
 }

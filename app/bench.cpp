@@ -54,12 +54,14 @@ void bench_command::add_to(CLI::App& app) {
   engine_.add_to(*latency_);
   latency_->add_option("--prompt-tokens", prompt_tokens_, "Prompt length")->check(CLI::Range(1, 1 << 20));
   latency_->add_option("--gen-tokens", gen_tokens_, "Tokens to generate")->check(CLI::Range(2, 1 << 20));
-  latency_->add_option("--repeats", repeats_, "Runs (the best is reported, all are listed)")->check(CLI::Range(1, 1000));
+  latency_->add_option("--repeats", repeats_, "Runs (the best is reported, all are listed)")
+      ->check(CLI::Range(1, 1000));
 
   throughput_ = cmd_->add_subcommand("throughput", "Offline workload: all requests submitted at once");
   engine_.add_to(*throughput_);
   throughput_->add_option("--workload", workload_, "JSONL requests {\"id\",\"prompt\",\"max_tokens\"}")->required();
-  throughput_->add_option("--num-requests", num_requests_, "Use the first K requests (0: all)")->check(CLI::Range(0, 1 << 24));
+  throughput_->add_option("--num-requests", num_requests_, "Use the first K requests (0: all)")
+      ->check(CLI::Range(0, 1 << 24));
 
   serve_ = cmd_->add_subcommand(
       "serve", "Serving benchmark against an OpenAI-compatible server (bench/serve_client.py; --help for its flags)");

@@ -13,14 +13,29 @@ namespace {
 
 // Other servers' flags -> Tessera's (those that are not aliases: a different meaning or shape).
 constexpr std::pair<std::string_view, std::string_view> k_foreign_names[] = {
-    {"--n-gpu-layers", "--device"},    {"-ngl", "--device"},           {"--gpu-layers", "--device"},
-    {"--batch-size", "--max-num-batched-tokens"}, {"--ubatch-size", "--max-num-batched-tokens"},
-    {"--threads-batch", "--threads"},  {"--n-predict", "--max-tokens"}, {"--predict", "--max-tokens"},
-    {"--cache-type-k", "--kv-cache-dtype"}, {"--cache-type-v", "--kv-cache-dtype"}, {"--kv-cache-type", "--kv-cache-dtype"},
-    {"--api-key-file", "--api-key"},   {"--model-name", "--served-model-name"}, {"--name", "--served-model-name"},
-    {"--ctx", "--max-model-len"},      {"--context-length", "--max-model-len"}, {"--max-seq-len", "--max-model-len"},
-    {"--num-ctx", "--max-model-len"},  {"--cors", "--allowed-origins"}, {"--cors-allow-origins", "--allowed-origins"},
-    {"--metrics", "(/metrics is always served)"}, {"--no-webui", "--webui-dir none"}, {"--path", "--webui-dir"},
+    {"--n-gpu-layers", "--device"},
+    {"-ngl", "--device"},
+    {"--gpu-layers", "--device"},
+    {"--batch-size", "--max-num-batched-tokens"},
+    {"--ubatch-size", "--max-num-batched-tokens"},
+    {"--threads-batch", "--threads"},
+    {"--n-predict", "--max-tokens"},
+    {"--predict", "--max-tokens"},
+    {"--cache-type-k", "--kv-cache-dtype"},
+    {"--cache-type-v", "--kv-cache-dtype"},
+    {"--kv-cache-type", "--kv-cache-dtype"},
+    {"--api-key-file", "--api-key"},
+    {"--model-name", "--served-model-name"},
+    {"--name", "--served-model-name"},
+    {"--ctx", "--max-model-len"},
+    {"--context-length", "--max-model-len"},
+    {"--max-seq-len", "--max-model-len"},
+    {"--num-ctx", "--max-model-len"},
+    {"--cors", "--allowed-origins"},
+    {"--cors-allow-origins", "--allowed-origins"},
+    {"--metrics", "(/metrics is always served)"},
+    {"--no-webui", "--webui-dir none"},
+    {"--path", "--webui-dir"},
 };
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -96,8 +111,8 @@ std::string suggest_option(const CLI::App& cmd, const std::string& unknown) {
   }
   std::string best;
   size_t best_distance = 4;  // at most 3 edits, else nothing is close enough to suggest
-  const std::string_view bare = name.substr(name.find_first_not_of('-') == std::string_view::npos ? name.size()
-                                                                                                   : name.find_first_not_of('-'));
+  const std::string_view bare =
+      name.substr(name.find_first_not_of('-') == std::string_view::npos ? name.size() : name.find_first_not_of('-'));
   for (const CLI::Option* option : cmd.get_options()) {
     for (const std::string& long_name : option->get_lnames()) {
       const size_t d = edit_distance(bare, long_name);

@@ -106,8 +106,8 @@ class serve_command {
   int request_timeout_s_ = 30;
   int keep_alive_timeout_s_ = 15;
   int ws_idle_timeout_s_ = 300;
-  int write_timeout_s_ = 30;     // no write progress this long: the connection is closed
-  int ws_auth_timeout_s_ = 5;    // an unauthenticated WebSocket must send "auth" this soon
+  int write_timeout_s_ = 30;   // no write progress this long: the connection is closed
+  int ws_auth_timeout_s_ = 5;  // an unauthenticated WebSocket must send "auth" this soon
   int64_t max_response_bytes_ = int64_t{64} << 20;
   int shutdown_timeout_s_ = 2;  // SIGINT/SIGTERM: open requests may finish this long, then are aborted
   size_t ws_max_message_bytes_ = 64 * 1024;

@@ -174,13 +174,11 @@ std::vector<std::string> apply_config(CLI::App& cmd, std::string_view toml_text,
       values.push_back(std::move(*text));
     }
     if (option.count() > 0) return;  // given on the command line: it wins
-    if (values.empty()) return;       // an empty list: the default (no entries)
+    if (values.empty()) return;      // an empty list: the default (no entries)
     try {
       for (std::string& v : values) option.add_result(std::move(v));
       option.run_callback();  // the option's own conversion and checks (ranges, choices)
-    } catch (const CLI::Error& e) {
-      throw config_error(where(source, node) + ": '" + shown + "': " + e.what());
-    }
+    } catch (const CLI::Error& e) { throw config_error(where(source, node) + ": '" + shown + "': " + e.what()); }
   };
 
   for (const auto& [k, node] : doc) {

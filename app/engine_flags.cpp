@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <cstdio>
+#include <limits>
 
 #include "cpu/cpu_executor.hpp"
 #if TESSERA_WITH_CUDA
@@ -15,9 +15,9 @@
 #if TESSERA_WITH_XGRAMMAR
 #include "engine/structured/grammar_backend.hpp"
 #endif
-#include "engine/model/gguf.hpp"
 #include "app/cli_conventions.hpp"
 #include "engine/base/regular_file.hpp"
+#include "engine/model/gguf.hpp"
 #include "engine/model/hf_json.hpp"
 
 namespace tessera::app {
@@ -39,7 +39,8 @@ void fault_in_weights(const model_weights& w, bool show) {
   std::vector<const weight_tensor*> all = {&w.token_embedding, &w.output_norm};
   if (!w.config.tied_embeddings) all.push_back(&w.output);
   for (const auto& l : w.layers) {
-    for (const weight_tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+    for (const weight_tensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
       all.push_back(t);
   }
   int64_t total = 0;
@@ -76,8 +77,9 @@ std::string resolve_device(const std::string& requested) {
   if (requested == "cpu") return "cpu";
   if (requested == "cuda") {
     if (!built) {
-      throw invalid_request("--device cuda: this tessera was built without the CUDA executor (configure with "
-                            "-DTESSERA_CUDA=on where nvcc is installed)");
+      throw invalid_request(
+          "--device cuda: this tessera was built without the CUDA executor (configure with "
+          "-DTESSERA_CUDA=on where nvcc is installed)");
     }
     if (!present) throw invalid_request("--device cuda: no CUDA device is visible (no GPU, or no driver)");
     return "cuda";
@@ -87,7 +89,8 @@ std::string resolve_device(const std::string& requested) {
 }
 
 void engine_flags::add_to(CLI::App& cmd) {
-  cmd.add_option("-m,--model", model, "Model: a .gguf file or a Hugging Face directory (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd.add_option("-m,--model", model,
+                 "Model: a .gguf file or a Hugging Face directory (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   cmd.add_option("-t,--threads", threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("--block-size", block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   cmd.add_option("--kv-cache-memory", kv_cache_memory_gib, "KV cache size in GiB")->check(CLI::Range(0.0, 4096.0));
@@ -96,9 +99,11 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--swap-space", swap_space_gib, "Host swap pool in GiB (0: preempt by recompute only)")
       ->check(CLI::Range(0.0, 4096.0));
   // llama-server's names as aliases (-np is rewritten to --max-num-seqs before parsing: app/cli_conventions.hpp).
-  cmd.add_option("--max-num-seqs,--parallel", max_num_seqs, "Sequences per step at most (llama-server: -np, --parallel)")
+  cmd.add_option("--max-num-seqs,--parallel", max_num_seqs,
+                 "Sequences per step at most (llama-server: -np, --parallel)")
       ->check(CLI::Range(1, 65536));
-  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens, "Tokens per step at most (chunked prefill; 2k: 2000)")
+  cmd.add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                 "Tokens per step at most (chunked prefill; 2k: 2000)")
       ->transform(human_token_count())
       ->check(CLI::Range(1, 1 << 20));
   cmd.add_option("--max-model-len,-c,--ctx-size", max_model_len,
@@ -125,7 +130,8 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
                  "CUDA: share of GPU memory used (weights, activations, then the KV pool fills the rest)")
       ->check(CLI::Range(0.01, 1.0));
-  cmd.add_option("--dtype", dtype, "CUDA compute type: bfloat16 | float32")->check(CLI::IsMember({"bfloat16", "float32"}));
+  cmd.add_option("--dtype", dtype, "CUDA compute type: bfloat16 | float32")
+      ->check(CLI::IsMember({"bfloat16", "float32"}));
   cmd.add_flag("--cuda-graphs", cuda_graphs, "CUDA: replay decode steps from graphs captured per batch-size bucket");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
   cmd.add_option("--speculative", speculative,
@@ -157,9 +163,7 @@ chat_template load_chat_template(const std::string& file_or_text) {
   }
   try {
     return chat_template::parse(std::move(source));
-  } catch (const std::exception& e) {
-    throw invalid_request("--chat-template-file " + file_or_text + ": " + e.what());
-  }
+  } catch (const std::exception& e) { throw invalid_request("--chat-template-file " + file_or_text + ": " + e.what()); }
 }
 
 engine_options to_engine_options(const engine_flags& flags) {
@@ -178,9 +182,7 @@ engine_options to_engine_options(const engine_flags& flags) {
   options.speculative.max_batch = flags.speculative_max_batch;
   try {
     options.speculative.validate();
-  } catch (const invalid_request& e) {
-    throw invalid_request(std::string("--speculative: ") + e.what());
-  }
+  } catch (const invalid_request& e) { throw invalid_request(std::string("--speculative: ") + e.what()); }
   return options;
 }
 
@@ -214,7 +216,8 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   exec_options.num_threads = flags.threads;
   const std::optional<cpu_kv_dtype> kv_dtype = parse_cpu_kv_dtype(flags.kv_cache_dtype);
   if (!kv_dtype) {
-    throw invalid_request("--kv-cache-dtype must be auto, fp32, fp16, bf16 or int8 (got '" + flags.kv_cache_dtype + "')");
+    throw invalid_request("--kv-cache-dtype must be auto, fp32, fp16, bf16 or int8 (got '" + flags.kv_cache_dtype +
+                          "')");
   }
   // Resolved here (not in the executor) so that the pools below are sized for the dtype it will use.
   exec_options.kv_dtype = resolve(*kv_dtype, flags.dequantize_weights);
@@ -242,7 +245,8 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
     b.exec = make_cuda_executor(b.model.weights, cuda);
 #endif
   } else {
-    if (exec_options.kv.num_device_blocks < 1) throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
+    if (exec_options.kv.num_device_blocks < 1)
+      throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
     b.exec = make_cpu_executor(b.model.weights, exec_options);
   }
 
@@ -266,9 +270,11 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   if (!flags.quiet) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const kv_cache_spec& kv = b.exec->kv_spec();
-    std::fprintf(stderr, "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%s, %.0f MiB), swap %d blocks; %.2f s\n",
-                 b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers, config.hidden_size,
-                 config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
+    std::fprintf(stderr,
+                 "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%s, %.0f "
+                 "MiB), swap %d blocks; %.2f s\n",
+                 b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers,
+                 config.hidden_size, config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
                  *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default",
                  double(b.exec->kv_block_bytes()) * kv.num_device_blocks / (1024.0 * 1024.0), kv.num_host_blocks, secs);
   }

@@ -8,40 +8,40 @@
 #include <string>
 
 #include "actors/engine_facade.hpp"
-#include "engine/text/chat_template.hpp"
 #include "engine/executor.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
+#include "engine/text/chat_template.hpp"
 
 namespace tessera::app {
 
 struct engine_flags {
-  std::string model;                 // empty: default_model_path()
-  int threads = 0;                   // 0: all cores
+  std::string model;  // empty: default_model_path()
+  int threads = 0;    // 0: all cores
   int block_size = 16;
   double kv_cache_memory_gib = 1.0;  // device KV pool size
   int num_kv_blocks = 0;             // overrides kv_cache_memory_gib when > 0
   double swap_space_gib = 1.0;       // host swap pool
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
-  int max_model_len = 0;             // 0: the model's context length
+  int max_model_len = 0;  // 0: the model's context length
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
-  bool dequantize_weights = false;   // fp32 weights: exact math (as transformers), slower decode
+  bool dequantize_weights = false;      // fp32 weights: exact math (as transformers), slower decode
   std::string kv_cache_dtype = "auto";  // CPU KV cache elements: auto (fp16) | fp32 | fp16 | bf16 | int8
-  std::string device = "auto";       // auto (CUDA when built and a GPU is visible) | cpu | cuda
-  std::string load_format = "auto";  // auto (read the weights) | dummy (random weights from config.json)
+  std::string device = "auto";          // auto (CUDA when built and a GPU is visible) | cpu | cuda
+  std::string load_format = "auto";     // auto (read the weights) | dummy (random weights from config.json)
   double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights + activations + KV pool
-  std::string dtype = "bfloat16";    // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
-  bool cuda_graphs = false;          // CUDA: replay decode steps from captured graphs (not yet verified)
-  bool quiet = false;                // no progress/stats on stderr
+  std::string dtype = "bfloat16";       // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
+  bool cuda_graphs = false;             // CUDA: replay decode steps from captured graphs (not yet verified)
+  bool quiet = false;                   // no progress/stats on stderr
   // Speculative decoding (docs/speculative.md).
-  std::string speculative = "off";   // off | ngram
-  int num_speculative_tokens = 4;    // draft tokens per sequence and step
-  int ngram_min = 1;                 // n-gram prompt lookup: shortest and longest suffix matched
+  std::string speculative = "off";  // off | ngram
+  int num_speculative_tokens = 4;   // draft tokens per sequence and step
+  int ngram_min = 1;                // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
-  int speculative_max_batch = 4;     // decoding sequences above which a step does not speculate
-  std::string chat_template_file;    // --chat-template-file: a Jinja file (or the template text); "": the model's
+  int speculative_max_batch = 4;   // decoding sequences above which a step does not speculate
+  std::string chat_template_file;  // --chat-template-file: a Jinja file (or the template text); "": the model's
 
   void add_to(CLI::App& cmd);
 };

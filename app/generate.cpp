@@ -5,9 +5,9 @@
 #include <fstream>
 #include <iostream>
 
+#include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
 #include "app/request_json.hpp"
-#include "actors/engine_facade.hpp"
 #include "engine/base/error.hpp"
 
 namespace tessera::app {
@@ -53,7 +53,8 @@ void generate_command::add_to(CLI::App& app) {
   cmd_->add_option("--system", system_, "System message (with --chat)");
   cmd_->add_flag("--no-parse-special", no_parse_special_,
                  "Encode special-token text in the prompt (\"<|im_start|>\") as plain text, not as the special token");
-  auto* input = cmd_->add_option("-i,--input", input_, "JSONL requests: {\"id\", \"prompt\" or \"messages\", params...}");
+  auto* input =
+      cmd_->add_option("-i,--input", input_, "JSONL requests: {\"id\", \"prompt\" or \"messages\", params...}");
   cmd_->add_option("-o,--output", output_, "JSONL results (default: stdout)")->needs(input);
   prompt->excludes(input);
 }
@@ -73,7 +74,8 @@ int generate_command::run_single() {
   const int32_t num_prompt = static_cast<int32_t>(prompt.size());
   std::unique_ptr<actors::engine_facade> runtime = make_facade(b, engine_, /*max_waiting=*/1);
 
-  actors::submit_result submitted = runtime->submit(actors::prompt_input::from_ids(std::move(prompt)), sampling_.to_params());
+  actors::submit_result submitted =
+      runtime->submit(actors::prompt_input::from_ids(std::move(prompt)), sampling_.to_params());
   if (!submitted) throw invalid_request(submitted.message);
   actors::stream_final final;
   while (auto item = submitted.stream.next()) {
@@ -138,9 +140,7 @@ int generate_command::run_batch() {
       j.result.prompt_tokens = static_cast<int64_t>(j.prompt.size());
       j.params = req.params;
       j.priority = req.priority;
-    } catch (const std::exception& e) {
-      j.result.error = e.what();
-    }
+    } catch (const std::exception& e) { j.result.error = e.what(); }
     jobs.push_back(std::move(j));
   }
 
@@ -166,7 +166,8 @@ int generate_command::run_batch() {
       const actors::stream_final final = j.stream.wait(&deltas);
       j.result.texts.resize(std::max<size_t>(1, static_cast<size_t>(j.params.n)));
       j.result.finish_reasons.resize(j.result.texts.size());
-      for (const actors::stream_delta& d : deltas) j.result.texts.at(static_cast<size_t>(d.output.index)) += d.output.text;
+      for (const actors::stream_delta& d : deltas)
+        j.result.texts.at(static_cast<size_t>(d.output.index)) += d.output.text;
       for (const actors::choice_result& c : final.choices) {
         j.result.finish_reasons.at(static_cast<size_t>(c.index)) = std::string(to_string(c.reason));
       }
@@ -181,10 +182,12 @@ int generate_command::run_batch() {
   if (!engine_.quiet) {
     const double secs = seconds_since(start);
     const actors::facade_stats s = runtime->stats();
-    std::fprintf(stderr, "%zu requests (%zu failed) in %.2f s: %.1f generated tokens/s; preemptions: %llu swap, %llu recompute\n",
-                 jobs.size(), num_rejected, secs, secs > 0 ? total_generated / secs : 0.0,
-                 static_cast<unsigned long long>(s.engine.num_preemptions_swap),
-                 static_cast<unsigned long long>(s.engine.num_preemptions_recompute));
+    std::fprintf(
+        stderr,
+        "%zu requests (%zu failed) in %.2f s: %.1f generated tokens/s; preemptions: %llu swap, %llu recompute\n",
+        jobs.size(), num_rejected, secs, secs > 0 ? total_generated / secs : 0.0,
+        static_cast<unsigned long long>(s.engine.num_preemptions_swap),
+        static_cast<unsigned long long>(s.engine.num_preemptions_recompute));
   }
   return num_rejected == 0 ? 0 : 3;
 }

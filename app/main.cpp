@@ -57,12 +57,11 @@ int main(int argc, char** argv) {
     for (const std::string& extra : app.remaining(true)) {
       if (extra.size() < 2 || extra[0] != '-') continue;
       const std::string suggestion = tessera::app::suggest_option(cmd, extra);
-      if (!suggestion.empty()) std::fprintf(stderr, "tessera: unknown option %s: did you mean %s?\n", extra.c_str(), suggestion.c_str());
+      if (!suggestion.empty())
+        std::fprintf(stderr, "tessera: unknown option %s: did you mean %s?\n", extra.c_str(), suggestion.c_str());
     }
     return code;
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  } catch (const CLI::ParseError& e) { return app.exit(e); }
   try {
     if (generate.selected()) return generate.run();
     if (bench.selected()) return bench.run();

@@ -1,8 +1,8 @@
 #include "app/request_json.hpp"
 
+#include <simdjson.h>
 #include <boost/json.hpp>
 #include <cmath>
-#include <simdjson.h>
 
 #include "engine/base/error.hpp"
 
@@ -160,7 +160,8 @@ std::string format_offline_result(const offline_result& r) {
   if (r.texts.size() > 1) {
     boost::json::array choices;
     for (size_t i = 0; i < r.texts.size(); ++i) {
-      choices.push_back(boost::json::object{{"index", i}, {"text", r.texts[i]}, {"finish_reason", r.finish_reasons[i]}});
+      choices.push_back(
+          boost::json::object{{"index", i}, {"text", r.texts[i]}, {"finish_reason", r.finish_reasons[i]}});
     }
     out["choices"] = std::move(choices);
   }

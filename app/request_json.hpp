@@ -8,14 +8,14 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/text/chat_template.hpp"
 #include "engine/sampling_params.hpp"
+#include "engine/text/chat_template.hpp"
 
 namespace tessera::app {
 
 struct offline_request {
-  std::string id;                                 // echoed back; defaults to the line number
-  std::optional<std::string> prompt;              // completion-style text
+  std::string id;                                     // echoed back; defaults to the line number
+  std::optional<std::string> prompt;                  // completion-style text
   std::optional<std::vector<chat_message>> messages;  // chat-style conversation
   sampling_params params;
   int32_t priority = 0;
@@ -34,7 +34,7 @@ struct offline_result {
   std::vector<std::string> finish_reasons;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  std::string error;               // non-empty: the request failed
+  std::string error;  // non-empty: the request failed
 };
 
 // One JSON object: {"id","text","finish_reason","usage":{...}} (plus "choices" when n > 1, "error").

@@ -10,8 +10,8 @@
 
 #include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
-#include "engine/base/error.hpp"
 #include "app/config.hpp"
+#include "engine/base/error.hpp"
 #include "server/cors.hpp"
 #include "server/http_server.hpp"
 #include "server/logging.hpp"
@@ -50,11 +50,15 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--host", host_, "Address to bind (default 127.0.0.1: loopback only)");
   cmd_->add_option("--port", port_, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd_->add_option("--api-key", api_key_, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd_->add_option("--served-model-name,--alias", model_name_, "Model id for /v1/models and responses (llama-server: --alias)");
-  cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")->check(CLI::Range(1024, 1 << 30));
-  cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 20));
+  cmd_->add_option("--served-model-name,--alias", model_name_,
+                   "Model id for /v1/models and responses (llama-server: --alias)");
+  cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")
+      ->check(CLI::Range(1024, 1 << 30));
+  cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")
+      ->check(CLI::Range(1, 1 << 20));
   cmd_->add_option("--server-threads", server_threads_, "I/O threads")->check(CLI::Range(1, 64));
-  cmd_->add_option("--request-timeout", request_timeout_s_, "Seconds a client has to send a whole request (else closed)")
+  cmd_->add_option("--request-timeout", request_timeout_s_,
+                   "Seconds a client has to send a whole request (else closed)")
       ->check(CLI::Range(1, 3600));
   cmd_->add_option("--keep-alive-timeout", keep_alive_timeout_s_, "Seconds an idle keep-alive connection stays open")
       ->check(CLI::Range(1, 3600));
@@ -81,12 +85,16 @@ void serve_command::add_to(CLI::App& app) {
                    "a comma list, repeatable, or vLLM's JSON list; '*': any");
   cmd_->add_option("--allowed-host", allowed_hosts_,
                    "Extra accepted Host header name (behind a reverse proxy, or a LAN name), repeatable");
-  cmd_->add_option("--webui-dir", webui_dir_, "Browser UI directory served at / (default: the built-in webui/; 'none': no UI)");
-  cmd_->add_option("--tool-call-parser", tool_call_parser_,
-                   "How tool calls are read from chat outputs: auto (from the chat template) | none | hermes | llama3 | mistral")
-      ->check(CLI::IsMember({"auto", "none", "hermes", "qwen", "qwen2_5", "qwen3", "llama3", "llama3_json", "llama", "mistral"}));
+  cmd_->add_option("--webui-dir", webui_dir_,
+                   "Browser UI directory served at / (default: the built-in webui/; 'none': no UI)");
+  cmd_->add_option(
+          "--tool-call-parser", tool_call_parser_,
+          "How tool calls are read from chat outputs: auto (from the chat template) | none | hermes | llama3 | mistral")
+      ->check(CLI::IsMember(
+          {"auto", "none", "hermes", "qwen", "qwen2_5", "qwen3", "llama3", "llama3_json", "llama", "mistral"}));
   cmd_->add_option("--reasoning-parser", reasoning_parser_,
-                   "How <think> reasoning is split into reasoning_content: auto (from the chat template) | none | qwen3 | deepseek_r1")
+                   "How <think> reasoning is split into reasoning_content: auto (from the chat template) | none | "
+                   "qwen3 | deepseek_r1")
       ->check(CLI::IsMember({"auto", "none", "qwen3", "deepseek_r1", "deepseek-r1"}));
 }
 
@@ -192,9 +200,10 @@ int serve_command::run() {
   spdlog::info("model {} ({}): {} layers, hidden {}, vocab {}, context {}", so.model_name, b.model.path.string(),
                mc.num_layers, mc.hidden_size, mc.vocab_size, mc.context_length);
   spdlog::info("executor {}: {} compute threads{}; KV pool {} blocks x {} tokens ({}), swap pool {} blocks",
-               executor_name, engine_.threads > 0 ? engine_.threads : static_cast<int>(std::thread::hardware_concurrency()),
-               engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size,
-               kv_dtype, kv.num_host_blocks);
+               executor_name,
+               engine_.threads > 0 ? engine_.threads : static_cast<int>(std::thread::hardware_concurrency()),
+               engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size, kv_dtype,
+               kv.num_host_blocks);
   spdlog::info("scheduler: max {} sequences, {} tokens per step, max model length {}, preemption {}, prefix caching {}",
                eo.max_num_seqs, eo.max_num_batched_tokens, eo.max_model_len > 0 ? eo.max_model_len : mc.context_length,
                engine_.preemption_mode, eo.enable_prefix_caching ? "on" : "off");
@@ -226,7 +235,8 @@ int serve_command::run() {
   server->stop_accepting();
   facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
   if (!server->wait_for_responses(k_final_write_timeout)) {
-    spdlog::warn("some clients did not take their final message within {} s; closing them", k_final_write_timeout.count());
+    spdlog::warn("some clients did not take their final message within {} s; closing them",
+                 k_final_write_timeout.count());
   }
   server->stop();
   spdlog::info("stopped");

@@ -93,7 +93,8 @@ run_result run_actors(actors::engine_facade& engine, const loaded_model& m, cons
   const double c0 = cpu_seconds();
   const auto t0 = clock_type::now();
   std::vector<actors::stream_handle> streams;
-  for (const auto& p : prompts(m, a.requests)) streams.push_back(engine.submit(actors::prompt_input::from_ids(p), params(a)).stream);
+  for (const auto& p : prompts(m, a.requests))
+    streams.push_back(engine.submit(actors::prompt_input::from_ids(p), params(a)).stream);
   int64_t tokens = 0;
   for (auto& s : streams) {
     std::vector<actors::stream_delta> deltas;
@@ -116,11 +117,16 @@ int main(int argc, char** argv) {
   bench_args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--model") a.model = argv[i + 1];
-    else if (k == "--requests") a.requests = std::atoi(argv[i + 1]);
-    else if (k == "--tokens") a.tokens = std::atoi(argv[i + 1]);
-    else if (k == "--pairs" || k == "--repeats") a.pairs = std::max(1, std::atoi(argv[i + 1]));
-    else if (k == "--threads") a.threads = std::atoi(argv[i + 1]);
+    if (k == "--model")
+      a.model = argv[i + 1];
+    else if (k == "--requests")
+      a.requests = std::atoi(argv[i + 1]);
+    else if (k == "--tokens")
+      a.tokens = std::atoi(argv[i + 1]);
+    else if (k == "--pairs" || k == "--repeats")
+      a.pairs = std::max(1, std::atoi(argv[i + 1]));
+    else if (k == "--threads")
+      a.threads = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -157,7 +163,9 @@ int main(int argc, char** argv) {
       direct_cpu.push_back(dr.tokens_per_cpu_second);
       actor_cpu.push_back(ar.tokens_per_cpu_second);
       overhead.push_back(100.0 * (dr.tokens_per_second - ar.tokens_per_second) / dr.tokens_per_second);
-      std::fprintf(stderr, "pair %d (%s first): direct %.1f tok/s (%.1f tok/cpu-s), actors %.1f tok/s (%.1f tok/cpu-s), overhead %+.2f%%\n",
+      std::fprintf(stderr,
+                   "pair %d (%s first): direct %.1f tok/s (%.1f tok/cpu-s), actors %.1f tok/s (%.1f tok/cpu-s), "
+                   "overhead %+.2f%%\n",
                    r, r % 2 == 0 ? "direct" : "actors", dr.tokens_per_second, dr.tokens_per_cpu_second,
                    ar.tokens_per_second, ar.tokens_per_cpu_second, overhead.back());
     }
@@ -168,10 +176,11 @@ int main(int argc, char** argv) {
                 a.requests, a.tokens, a.pairs, a.threads);
     std::printf("direct llm_engine: %.1f tok/s wall, %.1f tok/cpu-s (medians)\n", d, dc);
     std::printf("actor runtime:     %.1f tok/s wall, %.1f tok/cpu-s (medians)\n", x, xc);
-    std::printf("overhead (wall throughput, median of pairs): %.2f%% (pairs range %.2f%% .. %.2f%%)\n", median(overhead),
-                sorted.front(), sorted.back());
+    std::printf("overhead (wall throughput, median of pairs): %.2f%% (pairs range %.2f%% .. %.2f%%)\n",
+                median(overhead), sorted.front(), sorted.back());
     // The fastest run of each path is the one other processes disturbed least.
-    const double db = *std::max_element(direct.begin(), direct.end()), xb = *std::max_element(actor.begin(), actor.end());
+    const double db = *std::max_element(direct.begin(), direct.end()),
+                 xb = *std::max_element(actor.begin(), actor.end());
     std::printf("overhead (wall throughput, best run of each path: %.1f vs %.1f tok/s): %.2f%%\n", db, xb,
                 100.0 * (db - xb) / db);
     std::printf("overhead (CPU per token, medians): %.2f%%\n", 100.0 * (dc - xc) / dc);

@@ -15,12 +15,12 @@
 // Token ids are synthetic (the timing of a LLaMA forward does not depend on which ids they are).
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
-#include <cstdint>
 #include <vector>
 
 #include <immintrin.h>
@@ -109,8 +109,8 @@ struct types_options {
   double seconds = 0.3;          // per measurement (at least one call)
   std::vector<tessera::ggml_type> only;
   std::string kernels;
-  int shapes = 3;  // bit 0: decode, bit 1: prefill
-  int layouts = 3;  // quantized types: bit 0 as stored (matmul_q), bit 1 packed at load (matmul_packed)
+  int shapes = 3;      // bit 0: decode, bit 1: prefill
+  int layouts = 3;     // quantized types: bit 0 as stored (matmul_q), bit 1 packed at load (matmul_packed)
   bool count = false;  // exactly one call per measurement, no warm-up: for valgrind --tool=callgrind
 };
 
@@ -121,8 +121,13 @@ uint32_t lcg(uint32_t& state) { return state = state * 1664525u + 1013904223u; }
 std::vector<int> half_fields(tessera::ggml_type t) {
   using tessera::ggml_type;
   switch (t) {
-    case ggml_type::q4_0: case ggml_type::q5_0: case ggml_type::q8_0: return {0};
-    case ggml_type::q4_1: case ggml_type::q5_1: case ggml_type::q4_k: case ggml_type::q5_k: return {0, 2};
+    case ggml_type::q4_0:
+    case ggml_type::q5_0:
+    case ggml_type::q8_0: return {0};
+    case ggml_type::q4_1:
+    case ggml_type::q5_1:
+    case ggml_type::q4_k:
+    case ggml_type::q5_k: return {0, 2};
     case ggml_type::q2_k: return {80, 82};
     case ggml_type::q3_k: return {108};
     case ggml_type::q6_k: return {208};
@@ -196,9 +201,10 @@ double measure_read_gbs(tessera::cpu::thread_pool& pool, const std::vector<std::
 void bench_types(const types_options& o) {
   using namespace tessera;
   using namespace tessera::cpu;
-  const std::vector<ggml_type> all = {ggml_type::f32,  ggml_type::f16,  ggml_type::bf16, ggml_type::q8_0, ggml_type::q4_0,
-                                      ggml_type::q4_1, ggml_type::q5_0, ggml_type::q5_1, ggml_type::q2_k, ggml_type::q3_k,
-                                      ggml_type::q4_k, ggml_type::q5_k, ggml_type::q6_k};
+  const std::vector<ggml_type> all = {ggml_type::f32,  ggml_type::f16,  ggml_type::bf16, ggml_type::q8_0,
+                                      ggml_type::q4_0, ggml_type::q4_1, ggml_type::q5_0, ggml_type::q5_1,
+                                      ggml_type::q2_k, ggml_type::q3_k, ggml_type::q4_k, ggml_type::q5_k,
+                                      ggml_type::q6_k};
   const std::vector<ggml_type>& types = o.only.empty() ? all : o.only;
   std::vector<const kernel_table*> tables;
   for (const kernel_table* k : available_kernels()) {
@@ -211,10 +217,11 @@ void bench_types(const types_options& o) {
     std::vector<std::byte> buf(static_cast<size_t>(ws_bytes), std::byte{1});
     bw = measure_read_gbs(pool, buf);
   }
-  std::printf("matmul %lld x %lld, %d thread(s), working set %.0f MB per type (weights rotate through copies, so\n"
-              "decode streams them from memory); read bandwidth %.1f GB/s (%s)\n",
-              static_cast<long long>(o.rows), static_cast<long long>(o.cols), o.threads, o.working_set_mb, bw,
-              o.roofline_gbs > 0 ? "--roofline-gbs" : "measured here, roofline's read kernel");
+  std::printf(
+      "matmul %lld x %lld, %d thread(s), working set %.0f MB per type (weights rotate through copies, so\n"
+      "decode streams them from memory); read bandwidth %.1f GB/s (%s)\n",
+      static_cast<long long>(o.rows), static_cast<long long>(o.cols), o.threads, o.working_set_mb, bw,
+      o.roofline_gbs > 0 ? "--roofline-gbs" : "measured here, roofline's read kernel");
   std::printf("%-5s %-14s %6s | %-32s | %-32s\n", "type", "table (+pk: packed)", "B/w", "decode (1 token)",
               "prefill (64 tokens)");
   std::printf("%-5s %-14s %6s | %8s %6s %8s %8s | %8s %6s %8s %8s\n", "", "", "", "GB/s", "%bw", "GMAC/s", "ms", "GB/s",
@@ -236,7 +243,8 @@ void bench_types(const types_options& o) {
     if (quantized && (o.layouts & 2) != 0) {
       packed.resize(static_cast<size_t>(packed_matrix_bytes(type, rows, cols) * copies));
       for (int64_t c = 0; c < copies; ++c) {
-        pack_weights(type, w.data() + c * mat_bytes, rb, rows, cols, packed.data() + c * packed_matrix_bytes(type, rows, cols));
+        pack_weights(type, w.data() + c * mat_bytes, rb, rows, cols,
+                     packed.data() + c * packed_matrix_bytes(type, rows, cols));
       }
     }
     for (int run = 0; run < 2 * static_cast<int>(tables.size()); ++run) {
@@ -269,8 +277,8 @@ void bench_types(const types_options& o) {
         std::vector<float> out(static_cast<size_t>(tokens * rows));
         // Rows split into one contiguous range per thread, as the executor's chunks do.
         auto call = [&](int64_t copy) {
-          const std::byte* wc = use_packed ? packed.data() + copy * packed_matrix_bytes(type, rows, cols)
-                                           : w.data() + copy * mat_bytes;
+          const std::byte* wc =
+              use_packed ? packed.data() + copy * packed_matrix_bytes(type, rows, cols) : w.data() + copy * mat_bytes;
           pool.run([&](int i) {
             const int64_t per = (rows + pool.size() - 1) / pool.size();
             const int64_t r0 = std::min(rows, i * per), r1 = std::min(rows, r0 + per);
@@ -322,8 +330,9 @@ void bench_types(const types_options& o) {
       }
       const std::string table = std::string(k->name) + (use_packed ? "+pk" : "");
       std::printf("%-5s %-14s %6.3f | %8.2f %5.0f%% %8.2f %8.3f | %8.2f %5.0f%% %8.2f %8.3f\n",
-                  std::string(info.name).c_str(), table.c_str(), static_cast<double>(info.block_bytes) / info.block_elems,
-                  gbs[0], 100 * gbs[0] / bw, gmacs[0], ms[0], gbs[1], 100 * gbs[1] / bw, gmacs[1], ms[1]);
+                  std::string(info.name).c_str(), table.c_str(),
+                  static_cast<double>(info.block_bytes) / info.block_elems, gbs[0], 100 * gbs[0] / bw, gmacs[0], ms[0],
+                  gbs[1], 100 * gbs[1] / bw, gmacs[1], ms[1]);
       std::fflush(stdout);
     }
   }
@@ -339,11 +348,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--threads") threads = std::atoi(next());
-    else if (a == "--prompt") prompt = std::atoi(next());
-    else if (a == "--decode") decode = std::atoi(next());
-    else if (a == "--batch") batch = std::atoi(next());
-    else if (a == "--kernels") kernels = next();
+    if (a == "--threads")
+      threads = std::atoi(next());
+    else if (a == "--prompt")
+      prompt = std::atoi(next());
+    else if (a == "--decode")
+      decode = std::atoi(next());
+    else if (a == "--batch")
+      batch = std::atoi(next());
+    else if (a == "--kernels")
+      kernels = next();
     else if (a == "--matmul-only") {
       bench_matmul();
       return 0;
@@ -351,13 +365,20 @@ int main(int argc, char** argv) {
       types_options o;
       for (++i; i < argc; ++i) {
         const std::string b = argv[i];
-        if (b == "--rows") o.rows = std::atoll(next());
-        else if (b == "--cols") o.cols = std::atoll(next());
-        else if (b == "--threads") o.threads = std::atoi(next());
-        else if (b == "--working-set") o.working_set_mb = std::atof(next());
-        else if (b == "--roofline-gbs") o.roofline_gbs = std::atof(next());
-        else if (b == "--seconds") o.seconds = std::atof(next());
-        else if (b == "--kernels") o.kernels = next();
+        if (b == "--rows")
+          o.rows = std::atoll(next());
+        else if (b == "--cols")
+          o.cols = std::atoll(next());
+        else if (b == "--threads")
+          o.threads = std::atoi(next());
+        else if (b == "--working-set")
+          o.working_set_mb = std::atof(next());
+        else if (b == "--roofline-gbs")
+          o.roofline_gbs = std::atof(next());
+        else if (b == "--seconds")
+          o.seconds = std::atof(next());
+        else if (b == "--kernels")
+          o.kernels = next();
         else if (b == "--shape") {
           const std::string v = next();
           o.shapes = v == "decode" ? 1 : v == "prefill" ? 2 : 3;
@@ -366,8 +387,7 @@ int main(int argc, char** argv) {
           o.layouts = v == "stored" ? 1 : v == "packed" ? 2 : 3;
         } else if (b == "--count") {
           o.count = true;
-        }
-        else if (b == "--only") {
+        } else if (b == "--only") {
           std::stringstream list(next());
           for (std::string name; std::getline(list, name, ',');) {
             bool found = false;
@@ -390,8 +410,8 @@ int main(int argc, char** argv) {
       }
       bench_types(o);
       return 0;
-    }
-    else path = a;
+    } else
+      path = a;
   }
   try {
     const auto weights = load_gguf_weights(gguf_file::open(path));
@@ -432,7 +452,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < decode; ++i) {
       const auto row = out.row(0);
       token_id best = 0;
-      for (int32_t v = 1; v < c.vocab_size; ++v) best = row[static_cast<size_t>(v)] > row[static_cast<size_t>(best)] ? v : best;
+      for (int32_t v = 1; v < c.vocab_size; ++v)
+        best = row[static_cast<size_t>(v)] > row[static_cast<size_t>(best)] ? v : best;
       b.seqs[0].tokens = {best};
       b.seqs[0].num_computed = prompt + i;
       ex->execute(b, out);

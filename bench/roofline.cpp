@@ -54,13 +54,11 @@ double timed_parallel(int n, Fn fn) {
   for (int t = 0; t < n; ++t) {
     threads.emplace_back([&, t] {
       ready.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) {
-      }
+      while (!go.load(std::memory_order_acquire)) {}
       fn(t);
     });
   }
-  while (ready.load() < n) {
-  }
+  while (ready.load() < n) {}
   const auto t0 = clock_type::now();
   go.store(true, std::memory_order_release);
   for (auto& th : threads) th.join();
@@ -189,8 +187,7 @@ double measure_peak(Loop loop, int threads, int repeats) {
   double best = 0;
   std::vector<double> ops(static_cast<size_t>(threads));
   for (int rep = 0; rep < repeats; ++rep) {
-    const double secs =
-        timed_parallel(threads, [&](int t) { ops[static_cast<size_t>(t)] = loop(compute_iterations); });
+    const double secs = timed_parallel(threads, [&](int t) { ops[static_cast<size_t>(t)] = loop(compute_iterations); });
     double total = 0;
     for (double v : ops) total += v;
     best = std::max(best, total / secs);
@@ -277,20 +274,31 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") model = value();
-    else if (a == "--threads") threads = std::atoi(value().c_str());
-    else if (a == "--tessera") tessera = value();
-    else if (a == "--prompt-tokens") prompt_tokens = std::atoi(value().c_str());
-    else if (a == "--gen-tokens") gen_tokens = std::atoi(value().c_str());
-    else if (a == "--repeats") repeats = std::atoi(value().c_str());
-    else if (a == "--decode-tps") decode_tps = std::atof(value().c_str());
-    else if (a == "--prefill-tps") prefill_tps = std::atof(value().c_str());
-    else if (a == "--json") json_path = value();
-    else if (a == "--skip-tessera") skip_tessera = true;
+    if (a == "--model")
+      model = value();
+    else if (a == "--threads")
+      threads = std::atoi(value().c_str());
+    else if (a == "--tessera")
+      tessera = value();
+    else if (a == "--prompt-tokens")
+      prompt_tokens = std::atoi(value().c_str());
+    else if (a == "--gen-tokens")
+      gen_tokens = std::atoi(value().c_str());
+    else if (a == "--repeats")
+      repeats = std::atoi(value().c_str());
+    else if (a == "--decode-tps")
+      decode_tps = std::atof(value().c_str());
+    else if (a == "--prefill-tps")
+      prefill_tps = std::atof(value().c_str());
+    else if (a == "--json")
+      json_path = value();
+    else if (a == "--skip-tessera")
+      skip_tessera = true;
     else {
-      std::fprintf(stderr, "usage: roofline [--model M] [--threads N] [--tessera PATH] [--prompt-tokens N] "
-                           "[--gen-tokens N] [--repeats N] [--decode-tps X] [--prefill-tps Y] [--json FILE] "
-                           "[--skip-tessera]\n");
+      std::fprintf(stderr,
+                   "usage: roofline [--model M] [--threads N] [--tessera PATH] [--prompt-tokens N] "
+                   "[--gen-tokens N] [--repeats N] [--decode-tps X] [--prefill-tps Y] [--json FILE] "
+                   "[--skip-tessera]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -307,8 +315,7 @@ int main(int argc, char** argv) {
     }
   }
   if (model.empty()) {
-    std::fprintf(stderr, "roofline: no --model and no models/SmolLM2-135M-Instruct.Q4_1.gguf above %s\n",
-                 bin.c_str());
+    std::fprintf(stderr, "roofline: no --model and no models/SmolLM2-135M-Instruct.Q4_1.gguf above %s\n", bin.c_str());
     return 2;
   }
   if (tessera.empty()) tessera = (bin / "tessera").string();
@@ -331,21 +338,22 @@ int main(int argc, char** argv) {
   const bandwidth bw_dram = measure_bandwidth(dram_floats, threads, repeats);
   const bool has_avx512 = __builtin_cpu_supports("avx512f");
   const bool has_vnni = __builtin_cpu_supports("avx512vnni");
-  const double fp32_peak =
-      has_avx512 ? measure_peak(fma_loop_avx512, threads, 3 * repeats) : measure_peak(fma_loop_avx2, threads, 3 * repeats);
+  const double fp32_peak = has_avx512 ? measure_peak(fma_loop_avx512, threads, 3 * repeats)
+                                      : measure_peak(fma_loop_avx2, threads, 3 * repeats);
   const double int8_peak = has_vnni ? measure_peak(vnni_loop, threads, 3 * repeats) : 0.0;
 
   std::string tessera_json;
   if (!skip_tessera && (decode_tps <= 0 || prefill_tps <= 0)) {
     const std::string command = shell_quote(tessera) + " bench latency --model " + shell_quote(model) +
                                 " --prompt-tokens " + std::to_string(prompt_tokens) + " --gen-tokens " +
-                                std::to_string(gen_tokens) + " --threads " + std::to_string(threads) +
-                                " --repeats " + std::to_string(repeats) + " --quiet 2>/dev/null";
+                                std::to_string(gen_tokens) + " --threads " + std::to_string(threads) + " --repeats " +
+                                std::to_string(repeats) + " --quiet 2>/dev/null";
     std::fprintf(stderr, "roofline: %s\n", command.c_str());
     tessera_json = run_capture(command);
     if (decode_tps <= 0) decode_tps = json_number(tessera_json, "decode_tps");
     if (prefill_tps <= 0) prefill_tps = json_number(tessera_json, "prompt_tps");
-    if (decode_tps <= 0) std::fprintf(stderr, "roofline: no decode_tps from Tessera (output: %s)\n", tessera_json.c_str());
+    if (decode_tps <= 0)
+      std::fprintf(stderr, "roofline: no decode_tps from Tessera (output: %s)\n", tessera_json.c_str());
   }
 
   // Decode: every step reads all weights and the KV cache of its context (mean over the run).
@@ -358,10 +366,10 @@ int main(int argc, char** argv) {
   const double int8_or_fp32_peak = int8_peak > 0 ? int8_peak : fp32_peak;
 
   std::printf("roofline (%d threads, model %s)\n", threads, std::filesystem::path(model).filename().c_str());
-  std::printf("  bandwidth, model-sized set (3 x %.0f MB): triad %.1f GB/s, read %.1f GB/s\n",
-              model_floats * 4 / 1e6, bw_model.triad_gbs, bw_model.read_gbs);
-  std::printf("  bandwidth, DRAM-sized set  (3 x %.0f MB): triad %.1f GB/s, read %.1f GB/s\n",
-              dram_floats * 4 / 1e6, bw_dram.triad_gbs, bw_dram.read_gbs);
+  std::printf("  bandwidth, model-sized set (3 x %.0f MB): triad %.1f GB/s, read %.1f GB/s\n", model_floats * 4 / 1e6,
+              bw_model.triad_gbs, bw_model.read_gbs);
+  std::printf("  bandwidth, DRAM-sized set  (3 x %.0f MB): triad %.1f GB/s, read %.1f GB/s\n", dram_floats * 4 / 1e6,
+              bw_dram.triad_gbs, bw_dram.read_gbs);
   std::printf("  peak fp32 FMA: %.1f GFLOP/s%s\n", fp32_peak / 1e9, has_avx512 ? " (AVX-512)" : " (AVX2)");
   if (int8_peak > 0) std::printf("  peak int8 dot product (VNNI vpdpbusd): %.1f GOP/s\n", int8_peak / 1e9);
   std::printf("  per decoded token: %.1f MB weights + %.1f MB KV (mean context %.0f) = %.1f MB\n",
@@ -373,9 +381,8 @@ int main(int argc, char** argv) {
     std::printf("  Tessera decode: %.1f tok/s = %.1f%% of the model-sized limit, %.1f%% of the DRAM limit\n",
                 decode_tps, 100 * decode_tps / bw_limit_model, 100 * decode_tps / bw_limit_dram);
   if (prefill_tps > 0)
-    std::printf("  Tessera prefill: %.1f tok/s = %.1f GOP/s = %.1f%% of int8 peak, %.1f%% of fp32 peak\n",
-                prefill_tps, prefill_flops / 1e9, 100 * prefill_flops / int8_or_fp32_peak,
-                100 * prefill_flops / fp32_peak);
+    std::printf("  Tessera prefill: %.1f tok/s = %.1f GOP/s = %.1f%% of int8 peak, %.1f%% of fp32 peak\n", prefill_tps,
+                prefill_flops / 1e9, 100 * prefill_flops / int8_or_fp32_peak, 100 * prefill_flops / fp32_peak);
 
   char json[2048];
   std::snprintf(
@@ -388,11 +395,10 @@ int main(int argc, char** argv) {
       "\"decode_fraction_dram\":%.4f,\"prefill_tps\":%.3f,\"prefill_gops\":%.3f,\"prefill_fraction_int8\":%.4f,"
       "\"prefill_fraction_fp32\":%.4f,\"prompt_tokens\":%d,\"gen_tokens\":%d}",
       threads, std::filesystem::path(model).filename().c_str(), bw_model.triad_gbs, bw_model.read_gbs,
-      model_floats * 12.0, bw_dram.triad_gbs, bw_dram.read_gbs, dram_floats * 12.0, fp32_peak / 1e9,
-      int8_peak / 1e9, costs.weight_bytes_per_token, costs.kv_bytes_per_position, mean_context, bytes_per_token,
-      costs.matmul_params, bw_limit_model, bw_limit_dram, decode_tps, decode_tps / bw_limit_model,
-      decode_tps / bw_limit_dram, prefill_tps, prefill_flops / 1e9, prefill_flops / int8_or_fp32_peak,
-      prefill_flops / fp32_peak, prompt_tokens, gen_tokens);
+      model_floats * 12.0, bw_dram.triad_gbs, bw_dram.read_gbs, dram_floats * 12.0, fp32_peak / 1e9, int8_peak / 1e9,
+      costs.weight_bytes_per_token, costs.kv_bytes_per_position, mean_context, bytes_per_token, costs.matmul_params,
+      bw_limit_model, bw_limit_dram, decode_tps, decode_tps / bw_limit_model, decode_tps / bw_limit_dram, prefill_tps,
+      prefill_flops / 1e9, prefill_flops / int8_or_fp32_peak, prefill_flops / fp32_peak, prompt_tokens, gen_tokens);
   std::printf("%s\n", json);
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");

@@ -38,7 +38,7 @@ struct matrix {
   ggml_type type = ggml_type::f32;
   const std::byte* data = nullptr;
   bool packed = false;  // data is pack_weights' panel layout (matmul_packed), else rows (matmul_q / matmul_f32)
-  int64_t stride = 0;  // bytes per row (of the ggml layout)
+  int64_t stride = 0;   // bytes per row (of the ggml layout)
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -110,8 +110,7 @@ const kernel_table& pick_kernels(const std::string& want) {
   for (const kernel_table* t : cpu::available_kernels()) {
     if (std::string_view(t->name) == want) return *t;
   }
-  throw invalid_request("cpu executor: kernel table '" + want +
-                        "' is unknown or not supported by this CPU");
+  throw invalid_request("cpu executor: kernel table '" + want + "' is unknown or not supported by this CPU");
 }
 
 class cpu_executor final : public executor {
@@ -180,13 +179,15 @@ class cpu_executor final : public executor {
   std::byte* kv_tile(block_id block, int32_t layer, int kind, int32_t kv_head) const {
     // step_layout refuses a freed entry inside the window; reaching one here is a bug in the key
     // ranges below, and reading through it would read another block's memory: stop.
-    if (block < 0) [[unlikely]] freed_block_touched(block, layer);
+    if (block < 0) [[unlikely]]
+      freed_block_touched(block, layer);
     return kv_device_.get() + static_cast<int64_t>(block) * block_bytes_ +
            ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) * tile_bytes_;
   }
 
   [[noreturn]] static void freed_block_touched(block_id block, int32_t layer) {
-    std::fprintf(stderr, "cpu executor: layer %d touched block-table entry %d (a freed block): aborting\n", layer, block);
+    std::fprintf(stderr, "cpu executor: layer %d touched block-table entry %d (a freed block): aborting\n", layer,
+                 block);
     std::abort();
   }
 
@@ -236,7 +237,7 @@ class cpu_executor final : public executor {
   float* logits_out_ = nullptr;
   std::vector<std::vector<float>> rope_cos_, rope_sin_;  // per table: [T, rope_dims / 2]
   std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_, tmp_;
-  std::vector<act_block> xq_;      // the current matmul input in the formats its matrices need
+  std::vector<act_block> xq_;  // the current matmul input in the formats its matrices need
   std::vector<act_block_k> xqk_;
   std::vector<float> xbf_;
   std::vector<uint16_t> xbf16_;
@@ -800,8 +801,8 @@ std::unique_ptr<executor> make_cpu_executor(std::shared_ptr<const model_weights>
 }
 
 std::optional<cpu_kv_dtype> parse_cpu_kv_dtype(std::string_view name) {
-  for (const cpu_kv_dtype d : {cpu_kv_dtype::automatic, cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16,
-                               cpu_kv_dtype::int8}) {
+  for (const cpu_kv_dtype d :
+       {cpu_kv_dtype::automatic, cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16, cpu_kv_dtype::int8}) {
     if (name == to_string(d)) return d;
   }
   return std::nullopt;

@@ -60,11 +60,11 @@ act_format act_format_of(ggml_type t) noexcept;
 struct qmatmul_args {
   ggml_type type = ggml_type::q8_0;  // a type whose act_format is q8 or q8_k
   const std::byte* weights = nullptr;
-  int64_t weight_stride = 0;  // bytes per weight row
-  int64_t num_blocks = 0;     // blocks of the weight type per row (32 values, or 256 for K-quants)
+  int64_t weight_stride = 0;           // bytes per weight row
+  int64_t num_blocks = 0;              // blocks of the weight type per row (32 values, or 256 for K-quants)
   const act_block* act = nullptr;      // act_format q8
   const act_block_k* act_k = nullptr;  // act_format q8_k
-  int64_t act_stride = 0;     // act_blocks (act_block_ks) between consecutive tokens
+  int64_t act_stride = 0;              // act_blocks (act_block_ks) between consecutive tokens
   int32_t num_tokens = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
@@ -79,9 +79,9 @@ struct fmatmul_args {
   const void* weights = nullptr;    // [rows, cols] of `type`
   int64_t weight_stride = 0;        // bytes between rows; 0: dense (cols * element size)
   int64_t cols = 0;
-  const float* x = nullptr;         // for bf16 weights: values rounded to bf16 (round_act_bf16)
-  const uint16_t* x_bf16 = nullptr; // bf16 weights: the same values as bf16 bits, same strides; lets
-                                    // the kernels use vdpbf16ps (null: they widen the weights, FMA)
+  const float* x = nullptr;          // for bf16 weights: values rounded to bf16 (round_act_bf16)
+  const uint16_t* x_bf16 = nullptr;  // bf16 weights: the same values as bf16 bits, same strides; lets
+                                     // the kernels use vdpbf16ps (null: they widen the weights, FMA)
   int64_t x_stride = 0;
   int32_t num_tokens = 0;
   int64_t row_begin = 0;
@@ -136,16 +136,20 @@ int64_t kv_elem_bytes(kv_dtype d) noexcept;
 int64_t kv_tile_bytes(kv_dtype d, int32_t block_size, int32_t head_dim) noexcept;
 // Writes one token's K or V head vector (head_dim floats) into `slot` of a tile (f16 / bf16: round to
 // nearest even; int8: the slot's scale and round-to-nearest-even values).
-void kv_store_k(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept;
-void kv_store_v(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept;
+void kv_store_k(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot,
+                std::byte* tile) noexcept;
+void kv_store_v(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot,
+                std::byte* tile) noexcept;
 // The stored element e of a tile before its int8 scale (f16 / bf16 widened exactly), and the int8 tile's
 // per-slot scales: what the kernels compute with (scores: fma over d of q[d] * element, times scale x the
 // slot's scale; accumulate: fma of probability x the slot's scale times element, over slots in order).
 float kv_element(kv_dtype d, const std::byte* tile, int64_t e) noexcept;
 const float* kv_slot_scales(const std::byte* tile, int32_t block_size, int32_t head_dim) noexcept;
 // The value the kernels read for element (slot, d) (tests and references).
-float kv_load_k(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept;
-float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept;
+float kv_load_k(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot,
+                int32_t i) noexcept;
+float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot,
+                int32_t i) noexcept;
 
 // Attention over slots [0, n) of one tile for `rows` query rows.
 //   attn_scores:     s[m * ld + j] = scale * dot(q[m], k_j) for m < rows, j < n (K tile);
@@ -166,7 +170,7 @@ struct attn_block_args {
   float scale = 1.0f;
   float* s = nullptr;
   int32_t ld = 0;
-  float* o = nullptr;               // attn_accumulate
+  float* o = nullptr;  // attn_accumulate
   int32_t o_ld = 0;
 };
 

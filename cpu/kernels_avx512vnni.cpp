@@ -4,10 +4,9 @@
 #define TESSERA_SIMD_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define TESSERA_SIMD_NAME "avx512vnni"
 #define TESSERA_SIMD_GETTER avx512vnni_kernels
-#define TESSERA_SIMD_SUPPORTED                                                              \
-  __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&                        \
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx512vl") &&               \
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")
+#define TESSERA_SIMD_SUPPORTED                                                                         \
+  __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && \
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")
 #define TESSERA_DPBUSD(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
 #define TESSERA_SIMD_512 1
 // BF16 weights use vdpbf16ps where the CPU has AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4),

@@ -23,16 +23,16 @@ struct block_fields {
 
 block_fields fields_of(ggml_type t) {
   switch (t) {
-    case ggml_type::q4_0: return {2, {{0, 2}, {2, 16}}};                            // d, qs
-    case ggml_type::q4_1: return {3, {{0, 2}, {2, 2}, {4, 16}}};                    // d, m, qs
-    case ggml_type::q5_0: return {3, {{0, 2}, {2, 4}, {6, 16}}, 2};                 // d, qh, qs
-    case ggml_type::q5_1: return {4, {{0, 2}, {2, 2}, {4, 4}, {8, 16}}, 4};         // d, m, qh, qs
-    case ggml_type::q8_0: return {2, {{0, 2}, {2, 32}}};                            // d, qs
-    case ggml_type::q2_k: return {4, {{0, 16}, {16, 64}, {80, 2}, {82, 2}}};        // scales, qs, d, dmin
-    case ggml_type::q3_k: return {4, {{0, 32}, {32, 64}, {96, 12}, {108, 2}}};      // hmask, qs, scales, d
-    case ggml_type::q4_k: return {4, {{0, 2}, {2, 2}, {4, 12}, {16, 128}}};         // d, dmin, scales, qs
+    case ggml_type::q4_0: return {2, {{0, 2}, {2, 16}}};                               // d, qs
+    case ggml_type::q4_1: return {3, {{0, 2}, {2, 2}, {4, 16}}};                       // d, m, qs
+    case ggml_type::q5_0: return {3, {{0, 2}, {2, 4}, {6, 16}}, 2};                    // d, qh, qs
+    case ggml_type::q5_1: return {4, {{0, 2}, {2, 2}, {4, 4}, {8, 16}}, 4};            // d, m, qh, qs
+    case ggml_type::q8_0: return {2, {{0, 2}, {2, 32}}};                               // d, qs
+    case ggml_type::q2_k: return {4, {{0, 16}, {16, 64}, {80, 2}, {82, 2}}};           // scales, qs, d, dmin
+    case ggml_type::q3_k: return {4, {{0, 32}, {32, 64}, {96, 12}, {108, 2}}};         // hmask, qs, scales, d
+    case ggml_type::q4_k: return {4, {{0, 2}, {2, 2}, {4, 12}, {16, 128}}};            // d, dmin, scales, qs
     case ggml_type::q5_k: return {5, {{0, 2}, {2, 2}, {4, 12}, {16, 32}, {48, 128}}};  // d, dmin, scales, qh, qs
-    case ggml_type::q6_k: return {4, {{0, 128}, {128, 64}, {192, 16}, {208, 2}}};   // ql, qh, scales, d
+    case ggml_type::q6_k: return {4, {{0, 128}, {128, 64}, {192, 16}, {208, 2}}};      // ql, qh, scales, d
     default: return {};
   }
 }

@@ -139,8 +139,7 @@ legacy_block unpack_legacy(ggml_type t, const uint8_t* blk) {
       unpack_q4(blk + 8, b.u);
       add_fifth_bits(blk + 4, b.u);
       break;
-    default:
-      break;
+    default: break;
   }
   return b;
 }
@@ -230,8 +229,7 @@ void unpack_k(ggml_type t, const uint8_t* blk, k_block& k) {
       k.fb = -32.0f * k.fa;
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -288,9 +286,7 @@ void matmul_q_scalar(const qmatmul_args& a) {
 // Q5_1); per K-quant super-block the exact int32 sums S1 = sum_j c1_j dot_j and S2 = sum_j c2_j bsums_j,
 // then acc = fma(float(S1 - 2^k S2), fa * d_a, acc) for Q3_K / Q6_K (fb = -2^k fa) or
 // acc = fma(float(S1), fa * d_a, acc), acc = fma(float(S2), fb * d_a, acc) for the others.
-int legacy_offset(ggml_type t) {
-  return t == ggml_type::q4_0 ? 8 : t == ggml_type::q5_0 ? 16 : 0;
-}
+int legacy_offset(ggml_type t) { return t == ggml_type::q4_0 ? 8 : t == ggml_type::q5_0 ? 16 : 0; }
 
 int k_fold_shift(ggml_type t) { return t == ggml_type::q3_k ? 2 : t == ggml_type::q6_k ? 5 : -1; }
 
@@ -407,8 +403,8 @@ void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) 
 }
 
 constexpr kernel_table scalar_table{
-    "scalar",           quantize_act_scalar,    quantize_act_k_scalar, matmul_q_scalar,  matmul_packed_scalar,
-    matmul_f32_scalar,  attn_scores_scalar,     attn_accumulate_scalar, softmax_exp_scalar, silu_mul_scalar,
+    "scalar",          quantize_act_scalar, quantize_act_k_scalar,  matmul_q_scalar,    matmul_packed_scalar,
+    matmul_f32_scalar, attn_scores_scalar,  attn_accumulate_scalar, softmax_exp_scalar, silu_mul_scalar,
 };
 
 }  // namespace
@@ -416,25 +412,20 @@ constexpr kernel_table scalar_table{
 act_format act_format_of(ggml_type t) noexcept {
   switch (t) {
     case ggml_type::f32:
-    case ggml_type::f16:
-      return act_format::f32;
-    case ggml_type::bf16:
-      return act_format::bf16;
+    case ggml_type::f16: return act_format::f32;
+    case ggml_type::bf16: return act_format::bf16;
     case ggml_type::q4_0:
     case ggml_type::q4_1:
     case ggml_type::q5_0:
     case ggml_type::q5_1:
-    case ggml_type::q8_0:
-      return act_format::q8;
+    case ggml_type::q8_0: return act_format::q8;
     case ggml_type::q2_k:
     case ggml_type::q3_k:
     case ggml_type::q4_k:
     case ggml_type::q5_k:
-    case ggml_type::q6_k:
-      return act_format::q8_k;
+    case ggml_type::q6_k: return act_format::q8_k;
     case ggml_type::q8_1:
-    case ggml_type::q8_k:
-      break;
+    case ggml_type::q8_k: break;
   }
   return act_format::none;
 }

@@ -79,22 +79,22 @@ const char* to_string(kv_dtype d) noexcept {
   return "?";
 }
 
-int64_t kv_elem_bytes(kv_dtype d) noexcept {
-  return d == kv_dtype::f32 ? 4 : d == kv_dtype::i8 ? 1 : 2;
-}
+int64_t kv_elem_bytes(kv_dtype d) noexcept { return d == kv_dtype::f32 ? 4 : d == kv_dtype::i8 ? 1 : 2; }
 
 int64_t kv_tile_bytes(kv_dtype d, int32_t block_size, int32_t head_dim) noexcept {
   const int64_t elems = round4(int64_t{block_size} * head_dim * kv_elem_bytes(d));
   return elems + (d == kv_dtype::i8 ? 4 * int64_t{block_size} : 0);
 }
 
-void kv_store_k(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept {
+void kv_store_k(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot,
+                std::byte* tile) noexcept {
   float inv = 0.0f;
   if (d == kv_dtype::i8) tile_scales(tile, block_size, head_dim)[slot] = int8_scale(x, head_dim, inv);
   for (int32_t i = 0; i < head_dim; ++i) put(d, tile, int64_t{i} * block_size + slot, x[i], inv);
 }
 
-void kv_store_v(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot, std::byte* tile) noexcept {
+void kv_store_v(kv_dtype d, const float* x, int32_t block_size, int32_t head_dim, int32_t slot,
+                std::byte* tile) noexcept {
   float inv = 0.0f;
   if (d == kv_dtype::i8) tile_scales(tile, block_size, head_dim)[slot] = int8_scale(x, head_dim, inv);
   for (int32_t i = 0; i < head_dim; ++i) put(d, tile, int64_t{slot} * head_dim + i, x[i], inv);
@@ -113,17 +113,20 @@ void attn_accumulate_dims(const attn_block_args& a, int32_t d0) noexcept {
     for (int32_t j = 0; j < a.n; ++j) {
       const float p = a.s[int64_t{m} * a.ld + j];
       const float w = a.dtype == kv_dtype::i8 ? p * vscale[j] : p;
-      for (int32_t d = d0; d < a.head_dim; ++d) o[d] = std::fmaf(w, get(a.dtype, a.tile, int64_t{j} * a.head_dim + d), o[d]);
+      for (int32_t d = d0; d < a.head_dim; ++d)
+        o[d] = std::fmaf(w, get(a.dtype, a.tile, int64_t{j} * a.head_dim + d), o[d]);
     }
   }
 }
 
-float kv_load_k(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept {
+float kv_load_k(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot,
+                int32_t i) noexcept {
   const float v = get(d, tile, int64_t{i} * block_size + slot);
   return d == kv_dtype::i8 ? v * tile_scales(tile, block_size, head_dim)[slot] : v;
 }
 
-float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot, int32_t i) noexcept {
+float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t head_dim, int32_t slot,
+                int32_t i) noexcept {
   const float v = get(d, tile, int64_t{slot} * head_dim + i);
   return d == kv_dtype::i8 ? v * tile_scales(tile, block_size, head_dim)[slot] : v;
 }

@@ -37,8 +37,7 @@ void wait_for(std::atomic<T>& word, T seen, Ready ready) {
 }  // namespace
 
 thread_pool::thread_pool(int num_threads)
-    : num_threads_(num_threads > 0 ? num_threads
-                                   : static_cast<int>(std::thread::hardware_concurrency())) {
+    : num_threads_(num_threads > 0 ? num_threads : static_cast<int>(std::thread::hardware_concurrency())) {
   if (num_threads_ < 1) num_threads_ = 1;
   workers_.reserve(static_cast<size_t>(num_threads_ - 1));
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });

@@ -32,9 +32,7 @@ block_manager::block_manager(const block_manager_options& options)
   for (int32_t b = options.num_host_blocks - 1; b >= 0; --b) free_host_.push_back(b);
 }
 
-int32_t block_manager::num_free_blocks() const {
-  return static_cast<int32_t>(free_.size() + lru_.size());
-}
+int32_t block_manager::num_free_blocks() const { return static_cast<int32_t>(free_.size() + lru_.size()); }
 
 pool_usage block_manager::device_usage() const {
   pool_usage u;
@@ -78,7 +76,8 @@ int32_t block_manager::num_logical_blocks(seq_id seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
   const seq_state& s = it->second;
-  return s.num_freed + static_cast<int32_t>(s.swapped ? s.host.size() : s.device.size() - static_cast<size_t>(s.num_freed));
+  return s.num_freed +
+         static_cast<int32_t>(s.swapped ? s.host.size() : s.device.size() - static_cast<size_t>(s.num_freed));
 }
 
 int32_t block_manager::num_host_blocks_of(seq_id seq) const {
@@ -187,7 +186,8 @@ int32_t block_manager::blocks_needed(seq_id seq, std::span<const token_id> token
     std::vector<block_id> hits;
     const int32_t num_hit_blocks = num_computed / block_size_;
     if (num_hit_blocks > 0)
-      cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits, nullptr);
+      cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits,
+                           nullptr);
     int32_t revived = 0;  // hit blocks outside the window (no_block) are not taken: they cost nothing
     for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(hits.size()); ++i) {
       const block_id b = hits[static_cast<size_t>(i)];
@@ -200,13 +200,14 @@ int32_t block_manager::blocks_needed(seq_id seq, std::span<const token_id> token
   int32_t need = std::max(0, total_blocks - have);
   // Copy-on-write: the next write lands in an existing, shared block.
   const int32_t write_block = num_computed / block_size_;
-  if (num_new > 0 && write_block < have && blocks_[static_cast<size_t>(s.device[static_cast<size_t>(write_block)])].ref_count > 1)
+  if (num_new > 0 && write_block < have &&
+      blocks_[static_cast<size_t>(s.device[static_cast<size_t>(write_block)])].ref_count > 1)
     ++need;
   return need;
 }
 
-bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens, int32_t num_computed,
-                                   int32_t num_new, int32_t reserve_blocks, std::vector<block_copy>& copies) {
+bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens, int32_t num_computed, int32_t num_new,
+                                   int32_t reserve_blocks, std::vector<block_copy>& copies) {
   if (num_computed < 0 || num_new < 0 || num_computed + num_new > static_cast<int32_t>(tokens.size()))
     throw std::logic_error("block_manager::allocate_slots: token range out of bounds");
   auto it = seqs_.find(seq);
@@ -224,7 +225,8 @@ bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens,
     if (num_hit_blocks > 0) {
       std::vector<block_id> hits;
       std::vector<uint64_t> hashes;
-      cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits, &hashes);
+      cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits,
+                           &hashes);
       if (static_cast<int32_t>(hits.size()) < num_hit_blocks)
         throw std::logic_error("block_manager::allocate_slots: claimed prefix is not cached");
       for (int32_t i = 0; i < num_hit_blocks; ++i) {
@@ -266,7 +268,8 @@ void block_manager::commit_computed(seq_id seq, std::span<const token_id> tokens
   seq_state& s = it->second;
   if (s.swapped) throw std::logic_error("block_manager::commit_computed: sequence is swapped out");
   s.num_computed = num_computed;
-  const int32_t num_full = prefix_caching_ ? std::min(num_computed / block_size_, static_cast<int32_t>(s.device.size())) : 0;
+  const int32_t num_full =
+      prefix_caching_ ? std::min(num_computed / block_size_, static_cast<int32_t>(s.device.size())) : 0;
   while (static_cast<int32_t>(s.hashes.size()) < num_full) {
     const size_t i = s.hashes.size();
     auto block_tokens = tokens.subspan(i * static_cast<size_t>(block_size_), static_cast<size_t>(block_size_));
@@ -431,7 +434,8 @@ std::string block_manager::check_invariants() const {
   std::vector<int32_t> refs(blocks_.size(), 0);
   std::vector<int32_t> host_refs(static_cast<size_t>(num_host_blocks_), 0);
   for (const auto& [id, s] : seqs_) {
-    if (s.swapped && !s.device.empty()) return "swapped sequence " + std::to_string(id.value()) + " holds device blocks";
+    if (s.swapped && !s.device.empty())
+      return "swapped sequence " + std::to_string(id.value()) + " holds device blocks";
     if (!s.swapped && !s.host.empty()) return "resident sequence " + std::to_string(id.value()) + " holds host blocks";
     const std::string seq_name = "sequence " + std::to_string(id.value());
     // The window: exactly the blocks no later query reads are freed, all of them leading entries.
@@ -439,12 +443,13 @@ std::string block_manager::check_invariants() const {
       return seq_name + ": " + std::to_string(s.num_freed) + " blocks freed for the window, expected " +
              std::to_string(blocks_outside_window(s.num_computed)) + " at " + std::to_string(s.num_computed) +
              " computed tokens";
-    if (!s.swapped && static_cast<int32_t>(s.device.size()) < s.num_freed) return seq_name + ": table shorter than its freed entries";
+    if (!s.swapped && static_cast<int32_t>(s.device.size()) < s.num_freed)
+      return seq_name + ": table shorter than its freed entries";
     for (size_t i = 0; i < s.device.size(); ++i) {
       const block_id b = s.device[i];
       if ((b == no_block) != (static_cast<int32_t>(i) < s.num_freed))
-        return seq_name + ": table entry " + std::to_string(i) + (b == no_block ? " is freed" : " is held") +
-               " but " + std::to_string(s.num_freed) + " leading entries are freed";
+        return seq_name + ": table entry " + std::to_string(i) + (b == no_block ? " is freed" : " is held") + " but " +
+               std::to_string(s.num_freed) + " leading entries are freed";
       if (b == no_block) continue;
       if (b < 0 || b >= num_device_blocks()) return "block id out of range";
       ++refs[static_cast<size_t>(b)];
@@ -465,11 +470,13 @@ std::string block_manager::check_invariants() const {
     const std::string name = "block " + std::to_string(b);
     if (m.ref_count != refs[b])
       return name + ": ref_count " + std::to_string(m.ref_count) + " but " + std::to_string(refs[b]) + " table entries";
-    if (m.ref_count == 0 && on_free[b] != 1) return name + ": free but on " + std::to_string(on_free[b]) + " free lists";
+    if (m.ref_count == 0 && on_free[b] != 1)
+      return name + ": free but on " + std::to_string(on_free[b]) + " free lists";
     if (m.ref_count > 0 && on_free[b] != 0) return name + ": in use and on a free list";
     if (m.cached) {
       auto it = hash_to_block_.find(m.hash);
-      if (it == hash_to_block_.end() || it->second != static_cast<block_id>(b)) return name + ": cached but not indexed";
+      if (it == hash_to_block_.end() || it->second != static_cast<block_id>(b))
+        return name + ": cached but not indexed";
       if (static_cast<int32_t>(m.tokens.size()) != block_size_) return name + ": cached block is not full";
     }
   }

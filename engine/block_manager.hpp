@@ -78,9 +78,9 @@ class block_manager {
   // Device block table (empty for an unknown or swapped sequence); its leading
   // num_freed_blocks(seq) entries are no_block (outside the attention window).
   const std::vector<block_id>& block_table(seq_id seq) const;
-  int32_t num_blocks(seq_id seq) const;         // device blocks it holds (freed entries not counted)
-  int32_t num_freed_blocks(seq_id seq) const;   // leading entries freed for the window (also while swapped)
-  int32_t num_logical_blocks(seq_id seq) const; // table length: freed + held (device or host)
+  int32_t num_blocks(seq_id seq) const;          // device blocks it holds (freed entries not counted)
+  int32_t num_freed_blocks(seq_id seq) const;    // leading entries freed for the window (also while swapped)
+  int32_t num_logical_blocks(seq_id seq) const;  // table length: freed + held (device or host)
   int32_t num_host_blocks_of(seq_id seq) const;
   // Blocks freed because they fell outside the attention window, since construction.
   int64_t num_window_freed_blocks() const { return num_window_freed_; }
@@ -147,17 +147,17 @@ class block_manager {
  private:
   struct block_meta {
     int32_t ref_count = 0;
-    bool cached = false;                     // indexed in hash_to_block_
+    bool cached = false;  // indexed in hash_to_block_
     uint64_t hash = 0;
-    std::vector<token_id> tokens;            // the block's tokens while cached (collision check)
+    std::vector<token_id> tokens;             // the block's tokens while cached (collision check)
     std::list<block_id>::iterator lru_pos{};  // valid while cached and ref_count == 0
   };
   struct seq_state {
-    std::vector<block_id> device;     // the table: num_freed leading no_block entries, then held blocks
-    std::vector<block_id> host;       // non-empty only while swapped out: copies of device[num_freed..]
-    std::vector<uint64_t> hashes;     // hash chain of its first hashes.size() full blocks
+    std::vector<block_id> device;  // the table: num_freed leading no_block entries, then held blocks
+    std::vector<block_id> host;    // non-empty only while swapped out: copies of device[num_freed..]
+    std::vector<uint64_t> hashes;  // hash chain of its first hashes.size() full blocks
     int32_t num_computed = 0;
-    int32_t num_freed = 0;            // leading table entries released for the attention window
+    int32_t num_freed = 0;  // leading table entries released for the attention window
     bool swapped = false;
   };
 
@@ -181,8 +181,8 @@ class block_manager {
   int32_t window_;
   int64_t num_window_freed_ = 0;
   std::vector<block_meta> blocks_;
-  std::vector<block_id> free_;        // plain free blocks (no cached content), used as a stack
-  std::list<block_id> lru_;           // cached free blocks, least recently freed first
+  std::vector<block_id> free_;  // plain free blocks (no cached content), used as a stack
+  std::list<block_id> lru_;     // cached free blocks, least recently freed first
   std::unordered_map<uint64_t, block_id> hash_to_block_;
   std::vector<block_id> free_host_;
   std::unordered_map<seq_id, seq_state> seqs_;

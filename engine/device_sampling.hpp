@@ -15,17 +15,17 @@ namespace tessera {
 // sampler::device_request() with the semantics of sampler::sample() (docs/sampling.md). Token ids
 // outside the vocabulary are ignored.
 struct device_sampling {
-  bool greedy = false;                 // argmax, lowest id on ties (temperature below 1e-5)
+  bool greedy = false;  // argmax, lowest id on ties (temperature below 1e-5)
   float temperature = 1.0f;
   float top_p = 1.0f;
-  int32_t top_k = -1;                  // <= 0: off
+  int32_t top_k = -1;  // <= 0: off
   float min_p = 0.0f;
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  int32_t num_logprobs = -1;           // -1: none; else the token's raw logprob plus that many top ones
-  uint64_t stream_key = 0;             // the draw is sampler::uniform_draw(stream_key, position)
-  uint64_t position = 0;               // output position of the token to choose
+  int32_t num_logprobs = -1;                           // -1: none; else the token's raw logprob plus that many top ones
+  uint64_t stream_key = 0;                             // the draw is sampler::uniform_draw(stream_key, position)
+  uint64_t position = 0;                               // output position of the token to choose
   std::vector<std::pair<token_id, float>> logit_bias;  // distinct ids, added first
   std::vector<token_id> masked;                        // set to -inf (min_tokens not reached yet)
   std::vector<token_id> penalized;                     // distinct ids: repetition penalty

@@ -19,7 +19,7 @@ namespace tessera {
 
 // Geometry of one KV block (every layer's K and V for `block_size` consecutive positions).
 struct kv_cache_spec {
-  int32_t block_size = 16;     // tokens per block
+  int32_t block_size = 16;        // tokens per block
   int32_t num_device_blocks = 0;  // blocks in the compute pool
   int32_t num_host_blocks = 0;    // blocks in the host swap pool (0: no swap)
 };

@@ -18,8 +18,8 @@ double seconds_since(engine_clock::time_point t0) {
 scheduler_options make_scheduler_options(const executor& exec, const engine_options& o) {
   const kv_cache_spec& spec = exec.kv_spec();
   if (o.block_size != spec.block_size)
-    throw invalid_request("engine block_size " + std::to_string(o.block_size) + " differs from the executor's KV block size " +
-                          std::to_string(spec.block_size));
+    throw invalid_request("engine block_size " + std::to_string(o.block_size) +
+                          " differs from the executor's KV block size " + std::to_string(spec.block_size));
   if (o.num_kv_blocks < 0 || o.num_kv_blocks > spec.num_device_blocks)
     throw invalid_request("num_kv_blocks " + std::to_string(o.num_kv_blocks) + " exceeds the executor's " +
                           std::to_string(spec.num_device_blocks) + " device blocks");
@@ -74,14 +74,15 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   }
   for (token_id t : prompt)
     if (t < 0 || t >= vocab)
-      throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
-                            " tokens)");
+      throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" +
+                            std::to_string(vocab) + " tokens)");
   const int64_t limit = sched_.options().max_model_len, num_prompt = static_cast<int64_t>(prompt.size());
   if (!params.truncate_to_context && limit > 0 && num_prompt <= limit && num_prompt + params.max_tokens > limit) {
     // vLLM's wording, so that clients which parse it (to retry with a smaller max_tokens) keep working.
-    throw invalid_request("This model's maximum context length is " + std::to_string(limit) + " tokens. However, you requested " +
-                              std::to_string(num_prompt + params.max_tokens) + " tokens (" + std::to_string(num_prompt) +
-                              " in the prompt, " + std::to_string(params.max_tokens) +
+    throw invalid_request("This model's maximum context length is " + std::to_string(limit) +
+                              " tokens. However, you requested " + std::to_string(num_prompt + params.max_tokens) +
+                              " tokens (" + std::to_string(num_prompt) + " in the prompt, " +
+                              std::to_string(params.max_tokens) +
                               " in the completion). Please reduce the length of the prompt or max_tokens.",
                           "max_tokens");
   }
@@ -368,7 +369,8 @@ std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& 
     stats_.num_preemptions_swap += e.kind == event_kind::preempted_swap;
     stats_.num_preemptions_recompute += e.kind == event_kind::preempted_recompute;
     if (e.kind == event_kind::prefix_cache_hit)
-      stats_.num_cached_prompt_tokens += static_cast<uint64_t>(e.num_blocks) * static_cast<uint64_t>(options_.block_size);
+      stats_.num_cached_prompt_tokens +=
+          static_cast<uint64_t>(e.num_blocks) * static_cast<uint64_t>(options_.block_size);
   }
   ++stats_.num_steps;
   record_.step_seconds = seconds_since(ctx.start);
@@ -468,7 +470,8 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
     drop_if_done(r.id);
     return;
   }
-  const auto row = device_token ? std::span<const float>() : logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
+  const auto row =
+      device_token ? std::span<const float>() : logits_.row(logits_.first_row[i] + logits_.num_rows[i] - 1);
   std::vector<choice_state*> samplers{r.choices[static_cast<size_t>(choice)].get()};
   if (!r.forked && r.params.n > 1) {
     std::vector<choice_state*> forked = fork_choices(r, s.id, p);
@@ -520,8 +523,9 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
     draft.resize(walked);
   }
   const auto allowed = [&](int32_t j) {
-    return j == 0 || !c.constraint ? mask_of(ctx, i)
-                                   : std::span<const uint32_t>(draft_masks.data() + static_cast<size_t>(j - 1) * words, words);
+    return j == 0 || !c.constraint
+               ? mask_of(ctx, i)
+               : std::span<const uint32_t>(draft_masks.data() + static_cast<size_t>(j - 1) * words, words);
   };
   c.num_draft_tokens += s.num_draft_tokens;
   stats_.num_draft_tokens += static_cast<uint64_t>(s.num_draft_tokens);
@@ -529,7 +533,10 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
   request_output& out = output_for(ctx.outs, ctx.index, r, c);
   const int32_t first = logits_.first_row[i];
   ctx.accepted[i] = verify_draft(
-      c.samp, draft, [&](int32_t j) { return verify_row{logits_.row(first + j), allowed(j)}; },
+      c.samp, draft,
+      [&](int32_t j) {
+        return verify_row{logits_.row(first + j), allowed(j)};
+      },
       [&](const sample_result& res, bool from_draft) {
         if (from_draft) {
           ++c.num_accepted_draft_tokens;

@@ -33,9 +33,9 @@
 namespace tessera {
 
 struct engine_options {
-  int32_t block_size = 16;        // must equal the executor's kv_spec().block_size
-  int32_t num_kv_blocks = 0;      // 0: all of the executor's device blocks (at most that many)
-  int32_t num_host_blocks = -1;   // -1: all of the executor's host blocks (at most that many)
+  int32_t block_size = 16;       // must equal the executor's kv_spec().block_size
+  int32_t num_kv_blocks = 0;     // 0: all of the executor's device blocks (at most that many)
+  int32_t num_host_blocks = -1;  // -1: all of the executor's host blocks (at most that many)
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;  // per step; long prompts are prefilled in chunks
   preemption_mode preemption = preemption_mode::automatic;
@@ -45,7 +45,7 @@ struct engine_options {
   // that never reads outside it (executor::reads_only_window): free each sequence's KV blocks once no
   // layer's window reaches them. Off: keep them (the same outputs, more memory); for comparisons.
   bool free_window_blocks = true;
-  int32_t max_model_len = 0;      // 0: the model's context_length
+  int32_t max_model_len = 0;  // 0: the model's context_length
   sampling_limits limits;
   // Constrained decoding (engine/structured/): compiles specs and fills the masks off the engine
   // thread. Null: requests with sampling_params::structured are refused.
@@ -63,13 +63,13 @@ struct token_logprob {
 // What one choice of one request produced in one step (only choices with news are reported).
 struct request_output {
   request_id id;
-  int32_t index = 0;                  // choice index, 0..n-1
-  std::vector<token_id> token_ids;    // new tokens this step
-  std::string text;                   // new text (valid UTF-8; possible stop-string prefixes held back)
+  int32_t index = 0;                    // choice index, 0..n-1
+  std::vector<token_id> token_ids;      // new tokens this step
+  std::string text;                     // new text (valid UTF-8; possible stop-string prefixes held back)
   std::vector<token_logprob> logprobs;  // one per new token when params.logprobs >= 0
   bool finished = false;
   finish_reason reason = finish_reason::none;
-  std::string error;                  // reason == error: what failed
+  std::string error;  // reason == error: what failed
   // Usage so far.
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache
@@ -85,7 +85,7 @@ struct engine_stats {
   uint64_t num_steps = 0;
   uint64_t num_requests = 0;
   uint64_t num_generated_tokens = 0;
-  uint64_t num_prefill_tokens = 0;     // computed prompt / recompute tokens
+  uint64_t num_prefill_tokens = 0;  // computed prompt / recompute tokens
   uint64_t num_cached_prompt_tokens = 0;
   uint64_t num_preemptions_swap = 0;
   uint64_t num_preemptions_recompute = 0;
@@ -93,8 +93,8 @@ struct engine_stats {
   uint64_t num_blocks_swapped_out = 0;  // device -> host block copies
   uint64_t num_failed_steps = 0;
   uint64_t num_window_freed_blocks = 0;  // KV blocks freed because no layer's window reached them
-  double kv_waste = 0;                 // now: allocated-but-unused slots / allocated slots
-  uint64_t num_token_masks = 0;        // grammar masks computed (one per constrained sequence and step)
+  double kv_waste = 0;                   // now: allocated-but-unused slots / allocated slots
+  uint64_t num_token_masks = 0;          // grammar masks computed (one per constrained sequence and step)
   // Time the step waited for grammar masks after the executor returned: ~0 while the masks are
   // computed within the forward pass, as designed.
   double mask_wait_seconds = 0;
@@ -203,8 +203,8 @@ class llm_engine {
   std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
   const choice_ref* owner_of(seq_id s) const;
 
-  request_output& output_for(std::vector<request_output>& outs, output_index& index,
-                             const request_state& r, const choice_state& c);
+  request_output& output_for(std::vector<request_output>& outs, output_index& index, const request_state& r,
+                             const choice_state& c);
   void accept_token(request_state& r, choice_state& c, const sample_result& s, request_output& out);
   void finish_choice(request_state& r, choice_state& c, finish_reason reason, request_output& out,
                      lifecycle_stage stage, event_kind kind);
@@ -220,7 +220,7 @@ class llm_engine {
   std::unique_ptr<draft_proposer> proposer_;  // null: speculative decoding off
   std::unordered_map<request_id, request_state> requests_;
   std::unordered_map<seq_id, choice_ref> seq_owner_;
-  std::vector<request_output> pending_;  // abort outputs waiting for the next step()
+  std::vector<request_output> pending_;       // abort outputs waiting for the next step()
   std::vector<engine_event> pending_events_;  // queued / aborted between steps, then the step's own
   request_id next_request_{1};
   seq_id next_seq_{1};

@@ -105,8 +105,8 @@ void select_top_radix(std::span<const float> logits, size_t count, std::vector<c
     }
   }
   if (out.size() > count) {
-    std::nth_element(out.begin() + static_cast<ptrdiff_t>(sure),
-                     out.begin() + static_cast<ptrdiff_t>(count), out.end(), ranks_before);
+    std::nth_element(out.begin() + static_cast<ptrdiff_t>(sure), out.begin() + static_cast<ptrdiff_t>(count), out.end(),
+                     ranks_before);
     out.resize(count);
   }
 }
@@ -132,8 +132,7 @@ size_t weight_bucket(float w) {
 // target are all kept and those below it all dropped, without sorting; only the boundary bucket is
 // resolved exactly, by bisecting on rank with nth_element (expected linear in its size). Leaves the
 // kept candidates first, in a deterministic order.
-void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucket_mass,
-                 double target) {
+void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucket_mass, double target) {
   double above = 0.0;  // mass of the buckets above `boundary`
   size_t boundary = num_weight_buckets;
   for (size_t b = num_weight_buckets; b-- > 0;) {
@@ -145,12 +144,10 @@ void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucke
   }
   if (boundary == num_weight_buckets) return;  // rounding: the whole mass is just short: keep all
 
-  const auto sure_end = std::partition(cands.begin(), cands.end(), [boundary](const candidate& c) {
-    return weight_bucket(c.score) > boundary;
-  });
-  const auto boundary_end = std::partition(sure_end, cands.end(), [boundary](const candidate& c) {
-    return weight_bucket(c.score) == boundary;
-  });
+  const auto sure_end = std::partition(cands.begin(), cands.end(),
+                                       [boundary](const candidate& c) { return weight_bucket(c.score) > boundary; });
+  const auto boundary_end = std::partition(
+      sure_end, cands.end(), [boundary](const candidate& c) { return weight_bucket(c.score) == boundary; });
   cands.erase(boundary_end, cands.end());
 
   double remaining = target - above;  // target minus the mass ranked above position lo
@@ -159,8 +156,7 @@ void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucke
   constexpr size_t small_range = 64;
   while (hi - lo > small_range) {
     const size_t mid = lo + (hi - lo) / 2;
-    std::nth_element(cands.begin() + static_cast<ptrdiff_t>(lo),
-                     cands.begin() + static_cast<ptrdiff_t>(mid),
+    std::nth_element(cands.begin() + static_cast<ptrdiff_t>(lo), cands.begin() + static_cast<ptrdiff_t>(mid),
                      cands.begin() + static_cast<ptrdiff_t>(hi), ranks_before);
     double mass = 0.0;
     for (size_t j = lo; j < mid; ++j) mass += cands[j].score;
@@ -171,8 +167,7 @@ void apply_top_p(std::vector<candidate>& cands, const std::vector<double>& bucke
       lo = mid;
     }
   }
-  std::sort(cands.begin() + static_cast<ptrdiff_t>(lo), cands.begin() + static_cast<ptrdiff_t>(hi),
-            ranks_before);
+  std::sort(cands.begin() + static_cast<ptrdiff_t>(lo), cands.begin() + static_cast<ptrdiff_t>(hi), ranks_before);
   double within = 0.0;
   for (size_t j = lo; j < hi; ++j) {
     if (within >= remaining) {
@@ -206,7 +201,11 @@ token_id walk_cdf(size_t count, Entry entry, double total, double uniform) {
 // walk_cdf() over weights indexed by token id.
 token_id pick_weights(std::span<const float> weights, double total, double uniform) {
   return walk_cdf(
-      weights.size(), [&](size_t i) { return std::pair{static_cast<token_id>(i), weights[i]}; }, total, uniform);
+      weights.size(),
+      [&](size_t i) {
+        return std::pair{static_cast<token_id>(i), weights[i]};
+      },
+      total, uniform);
 }
 
 // walk_cdf() over a candidate list: the CDF runs in token id order whatever order truncation left the
@@ -226,7 +225,11 @@ token_id pick(std::vector<candidate>& cands, size_t vocab, double uniform) {
   }
   std::sort(cands.begin(), cands.end(), [](const candidate& a, const candidate& b) { return a.id < b.id; });
   return walk_cdf(
-      cands.size(), [&](size_t i) { return std::pair{cands[i].id, cands[i].score}; }, total, uniform);
+      cands.size(),
+      [&](size_t i) {
+        return std::pair{cands[i].id, cands[i].score};
+      },
+      total, uniform);
 }
 
 // Sampling without top-k/top-p (min-p at most): weights in place, in id order, no candidate list.
@@ -244,8 +247,7 @@ token_id sample_whole_vocabulary(std::span<float> work, float min_p, double unif
 }
 
 // Top-k, then top-p on the top-k distribution, then min-p; `work` holds processed logits.
-token_id sample_truncated(std::span<const float> work, const sampling_params& params,
-                          double uniform) {
+token_id sample_truncated(std::span<const float> work, const sampling_params& params, double uniform) {
   thread_local std::vector<candidate> tls_cands;
   std::vector<candidate>& cands = tls_cands;
   const size_t vocab = work.size();
@@ -289,19 +291,15 @@ uint64_t sampler::derive_stream_key(uint64_t seed, uint64_t fork_index) {
   return sampling_math::derive_stream_key(seed, fork_index);
 }
 
-double sampler::uniform_draw(uint64_t key, uint64_t position) {
-  return sampling_math::uniform_draw(key, position);
-}
+double sampler::uniform_draw(uint64_t key, uint64_t position) { return sampling_math::uniform_draw(key, position); }
 
-sampler::sampler(const sampling_params& params, uint64_t fork_index,
-                 std::span<const token_id> prompt, std::span<const token_id> eos_token_ids)
-    : params_(params),
-      stream_key_(derive_stream_key(params.seed ? *params.seed : random_seed(), fork_index)) {
+sampler::sampler(const sampling_params& params, uint64_t fork_index, std::span<const token_id> prompt,
+                 std::span<const token_id> eos_token_ids)
+    : params_(params), stream_key_(derive_stream_key(params.seed ? *params.seed : random_seed(), fork_index)) {
   if (params_.repetition_penalty != 1.0f) {
     prompt_unique_.assign(prompt.begin(), prompt.end());
     std::sort(prompt_unique_.begin(), prompt_unique_.end());
-    prompt_unique_.erase(std::unique(prompt_unique_.begin(), prompt_unique_.end()),
-                         prompt_unique_.end());
+    prompt_unique_.erase(std::unique(prompt_unique_.begin(), prompt_unique_.end()), prompt_unique_.end());
   }
   if (params_.min_tokens > 0) {
     min_tokens_mask_ = params_.stop_token_ids;
@@ -336,9 +334,7 @@ void sampler::process_logits(std::span<float> logits) const {
     };
     for (token_id token : prompt_unique_) penalize(token);
     for (const auto& entry : output_counts_) {
-      if (!std::binary_search(prompt_unique_.begin(), prompt_unique_.end(), entry.first)) {
-        penalize(entry.first);
-      }
+      if (!std::binary_search(prompt_unique_.begin(), prompt_unique_.end(), entry.first)) { penalize(entry.first); }
     }
   }
 
@@ -401,10 +397,9 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const uin
     if (!(work[static_cast<size_t>(result.token)] > neg_inf)) result.token = -1;
   } else {
     const double uniform = uniform_draw(stream_key_, static_cast<uint64_t>(num_generated_));
-    const bool truncating = (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) ||
-                            params_.top_p < 1.0f;
-    result.token = truncating ? sample_truncated(work, params_, uniform)
-                              : sample_whole_vocabulary(work, params_.min_p, uniform);
+    const bool truncating = (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) || params_.top_p < 1.0f;
+    result.token =
+        truncating ? sample_truncated(work, params_, uniform) : sample_whole_vocabulary(work, params_.min_p, uniform);
   }
   // Everything was masked (e.g. min_tokens over a vocabulary of stop tokens): fall back to the raw
   // argmax (within the grammar's tokens) rather than fail the request.

@@ -84,9 +84,9 @@ class sampler {
   sampling_params params_;
   uint64_t stream_key_ = 0;
   int32_t num_generated_ = 0;
-  std::vector<token_id> prompt_unique_;              // sorted; only kept for repetition_penalty != 1
+  std::vector<token_id> prompt_unique_;  // sorted; only kept for repetition_penalty != 1
   std::unordered_map<token_id, int32_t> output_counts_;
-  std::vector<token_id> min_tokens_mask_;            // ids masked while num_generated_ < min_tokens
+  std::vector<token_id> min_tokens_mask_;  // ids masked while num_generated_ < min_tokens
 };
 
 }  // namespace tessera

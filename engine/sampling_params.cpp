@@ -24,9 +24,7 @@ void require_finite(std::string_view field, float v) {
 
 void require_in(std::string_view field, float v, float lo, float hi) {
   require_finite(field, v);
-  if (v < lo || v > hi) {
-    reject(field, "must be in [" + show(lo) + ", " + show(hi) + "], got " + show(v));
-  }
+  if (v < lo || v > hi) { reject(field, "must be in [" + show(lo) + ", " + show(hi) + "], got " + show(v)); }
 }
 
 // RFC 3629 well-formedness: no overlongs, no surrogates, nothing above U+10FFFF. Stop strings must be
@@ -77,14 +75,10 @@ void sampling_params::validate(int32_t vocab_size, const sampling_limits& limits
   if (temperature < 0.0f) reject("temperature", "must be >= 0, got " + show(temperature));
   require_finite("top_p", top_p);
   if (!(top_p > 0.0f && top_p <= 1.0f)) reject("top_p", "must be in (0, 1], got " + show(top_p));
-  if (top_k < -1) {
-    reject("top_k", "must be -1 or 0 (disabled) or a positive count, got " + std::to_string(top_k));
-  }
+  if (top_k < -1) { reject("top_k", "must be -1 or 0 (disabled) or a positive count, got " + std::to_string(top_k)); }
   require_in("min_p", min_p, 0.0f, 1.0f);
   require_finite("repetition_penalty", repetition_penalty);
-  if (!(repetition_penalty > 0.0f)) {
-    reject("repetition_penalty", "must be > 0, got " + show(repetition_penalty));
-  }
+  if (!(repetition_penalty > 0.0f)) { reject("repetition_penalty", "must be > 0, got " + show(repetition_penalty)); }
   require_in("presence_penalty", presence_penalty, -2.0f, 2.0f);
   require_in("frequency_penalty", frequency_penalty, -2.0f, 2.0f);
 
@@ -99,16 +93,16 @@ void sampling_params::validate(int32_t vocab_size, const sampling_limits& limits
     }
     if (!std::isfinite(bias) || std::fabs(bias) > limits.max_abs_logit_bias) {
       reject("logit_bias", "bias for token " + std::to_string(token) + " must be in [-" +
-                               show(limits.max_abs_logit_bias) + ", " +
-                               show(limits.max_abs_logit_bias) + "], got " + show(bias));
+                               show(limits.max_abs_logit_bias) + ", " + show(limits.max_abs_logit_bias) + "], got " +
+                               show(bias));
     }
   }
 
   if (max_tokens < 1) reject("max_tokens", "must be >= 1, got " + std::to_string(max_tokens));
   if (min_tokens < 0) reject("min_tokens", "must be >= 0, got " + std::to_string(min_tokens));
   if (min_tokens > max_tokens) {
-    reject("min_tokens", "(" + std::to_string(min_tokens) + ") must not exceed max_tokens (" +
-                             std::to_string(max_tokens) + ")");
+    reject("min_tokens",
+           "(" + std::to_string(min_tokens) + ") must not exceed max_tokens (" + std::to_string(max_tokens) + ")");
   }
 
   if (std::ssize(stop) > limits.max_stop_strings) {
@@ -132,15 +126,14 @@ void sampling_params::validate(int32_t vocab_size, const sampling_limits& limits
   }
   for (token_id token : stop_token_ids) {
     if (token < 0 || token >= vocab_size) {
-      reject("stop_token_ids", "token id " + std::to_string(token) +
-                                   " is outside the vocabulary [0, " + std::to_string(vocab_size) +
-                                   ")");
+      reject("stop_token_ids", "token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                                   std::to_string(vocab_size) + ")");
     }
   }
 
   if (logprobs < -1 || logprobs > limits.max_logprobs) {
-    reject("logprobs", "must be -1 (none) or in [0, " + std::to_string(limits.max_logprobs) +
-                           "], got " + std::to_string(logprobs));
+    reject("logprobs",
+           "must be -1 (none) or in [0, " + std::to_string(limits.max_logprobs) + "], got " + std::to_string(logprobs));
   }
 
   if (structured) {

@@ -246,7 +246,8 @@ void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output&
 
 int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan) {
   // The last real token and the drafts fit the budget; the bonus token after them fits max_seq_len.
-  const int32_t d = std::min({static_cast<int32_t>(seq->draft.size()), budget - 1, max_seq_len_ - seq->num_tokens() - 1});
+  const int32_t d =
+      std::min({static_cast<int32_t>(seq->draft.size()), budget - 1, max_seq_len_ - seq->num_tokens() - 1});
   if (d <= 0) {
     seq->draft.clear();
     return 0;
@@ -271,8 +272,8 @@ scheduler_output scheduler::schedule() {
   scheduled_now_.clear();
   int32_t budget = options_.max_num_batched_tokens;
   const int32_t watermark = watermark_blocks();
-  bool kv_preempted = false;    // a running sequence had to make room this step
-  bool swapped_out = false;     // anything went to the host pool this step (blocks swap-ins)
+  bool kv_preempted = false;  // a running sequence had to make room this step
+  bool swapped_out = false;   // anything went to the host pool this step (blocks swap-ins)
   bool priority_preempted = false;
 
   // 0. Priority preemption for the most important waiting sequence.
@@ -332,14 +333,24 @@ scheduler_output scheduler::schedule() {
   if (!swapped_out && !kv_preempted) {
     while (!swapped_.empty()) {
       sequence* seq = swapped_.front();
-      if (num_running() >= options_.max_num_seqs) { blocked = waiting_reason::max_seqs; break; }
-      if (budget <= 0) { blocked = waiting_reason::token_budget; break; }
+      if (num_running() >= options_.max_num_seqs) {
+        blocked = waiting_reason::max_seqs;
+        break;
+      }
+      if (budget <= 0) {
+        blocked = waiting_reason::token_budget;
+        break;
+      }
       const int32_t num_new = std::min(seq->num_uncomputed(), budget);
       // Blocks beyond the restored table (its freed window entries stay freed, nothing to restore).
-      const int32_t extra = std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id));
+      const int32_t extra =
+          std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id));
       const int32_t reserve = (running_.empty() ? 0 : watermark) + extra;
       const size_t first = plan.swap_in.size();
-      if (!blocks_.swap_in(seq->id, reserve, plan.swap_in)) { blocked = waiting_reason::kv_full; break; }
+      if (!blocks_.swap_in(seq->id, reserve, plan.swap_in)) {
+        blocked = waiting_reason::kv_full;
+        break;
+      }
       if (!blocks_.allocate_slots(seq->id, seq->tokens, seq->num_computed, num_new, 0, plan.copies))
         throw std::logic_error("scheduler: reserved blocks vanished after swap-in");
       swapped_.erase(swapped_.begin());
@@ -364,8 +375,14 @@ scheduler_output scheduler::schedule() {
     blocked = waiting_reason::none;
     while (!waiting_.empty()) {
       sequence* seq = waiting_.front();
-      if (num_running() >= options_.max_num_seqs) { blocked = waiting_reason::max_seqs; break; }
-      if (budget <= 0) { blocked = waiting_reason::token_budget; break; }
+      if (num_running() >= options_.max_num_seqs) {
+        blocked = waiting_reason::max_seqs;
+        break;
+      }
+      if (budget <= 0) {
+        blocked = waiting_reason::token_budget;
+        break;
+      }
       const int32_t cached = blocks_.cached_prefix_tokens(seq->tokens);
       const int32_t num_new = std::min(seq->num_tokens() - cached, budget);
       // With nothing running there is nobody to protect, and the watermark must not keep a
@@ -419,7 +436,7 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
 
 void scheduler::commit(const scheduler_output& plan) {
   for (const scheduled_sequence& s : plan.scheduled) {
-    if (seqs_.count(s.id) == 0) continue;  // finished meanwhile
+    if (seqs_.count(s.id) == 0) continue;                          // finished meanwhile
     s.seq->num_computed += s.num_new_tokens - s.num_draft_tokens;  // drafts: accept_draft()
     blocks_.commit_computed(s.seq->id, s.seq->tokens, s.seq->num_computed);
   }
@@ -451,7 +468,8 @@ void scheduler::fill_record(const scheduler_output& plan, step_record& r) const 
   r.running.clear();
   r.running.reserve(running_.size());
   for (const sequence* s : running_)
-    r.running.push_back({s->id, s->request, blocks_.num_blocks(s->id), s->num_tokens(), blocks_.num_freed_blocks(s->id)});
+    r.running.push_back(
+        {s->id, s->request, blocks_.num_blocks(s->id), s->num_tokens(), blocks_.num_freed_blocks(s->id)});
   r.num_batch_seqs = static_cast<int32_t>(plan.scheduled.size());
   r.num_prefill_tokens = plan.num_prefill_tokens;
   r.num_decode_tokens = plan.num_decode_tokens;
@@ -478,7 +496,8 @@ std::string scheduler::check_invariants() const {
   auto check_queue = [&](const std::vector<sequence*>& q, sequence_status status, const char* name) -> std::string {
     for (size_t i = 0; i < q.size(); ++i) {
       const sequence* s = q[i];
-      if (s->status != status) return std::string("sequence in ") + name + " queue has status " + std::string(to_string(s->status));
+      if (s->status != status)
+        return std::string("sequence in ") + name + " queue has status " + std::string(to_string(s->status));
       if (i > 0 && more_important(*s, *q[i - 1])) return std::string(name) + " queue out of order";
       // Table length (freed window entries included); which of them are freed is the block manager's check.
       const int32_t nb = blocks_.num_logical_blocks(s->id);
@@ -488,8 +507,8 @@ std::string scheduler::check_invariants() const {
       if (status == sequence_status::running &&
           blocks_.num_freed_blocks(s->id) != blocks_.blocks_outside_window(s->num_computed))
         return "running sequence " + std::to_string(s->id.value()) + " freed " +
-               std::to_string(blocks_.num_freed_blocks(s->id)) + " window blocks at " + std::to_string(s->num_computed) +
-               " computed tokens";
+               std::to_string(blocks_.num_freed_blocks(s->id)) + " window blocks at " +
+               std::to_string(s->num_computed) + " computed tokens";
       if (status == sequence_status::waiting && (blocks_.has(s->id) || s->num_computed != 0))
         return "waiting sequence " + std::to_string(s->id.value()) + " holds KV";
       if (status == sequence_status::swapped && !blocks_.is_swapped(s->id))

@@ -44,7 +44,7 @@ struct scheduler_options {
 };
 
 struct scheduled_sequence {
-  sequence* seq = nullptr;     // valid until the sequence is finished
+  sequence* seq = nullptr;  // valid until the sequence is finished
   seq_id id;
   request_id request;
   int32_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) this step

@@ -57,7 +57,7 @@ struct sequence {
 
   std::vector<token_id> tokens;  // prompt followed by generated tokens
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed = 0;      // leading tokens whose K/V are in the cache
+  int32_t num_computed = 0;  // leading tokens whose K/V are in the cache
   // Speculative decoding: the proposer's guess of the tokens after `tokens`, set by the engine before
   // a step is planned. Not part of the sequence: the scheduler verifies (a prefix of) it with the next
   // decode, or drops it; only the tokens the target model accepts are appended to `tokens`.

@@ -43,9 +43,9 @@ struct engine_event {
   seq_id seq;
   int32_t num_blocks = 0;  // blocks reused (cache hit), swapped (swap) or freed (recompute)
   preemption_reason reason = preemption_reason::none;
-  int64_t swap_bytes = 0;         // preempted_swap / swapped_in: bytes moved one way
-  int32_t recompute_tokens = 0;   // preempted_recompute: tokens that must be prefilled again
-  double estimated_seconds = 0;   // cost-model estimate of the chosen preemption
+  int64_t swap_bytes = 0;        // preempted_swap / swapped_in: bytes moved one way
+  int32_t recompute_tokens = 0;  // preempted_recompute: tokens that must be prefilled again
+  double estimated_seconds = 0;  // cost-model estimate of the chosen preemption
   // When it happened (the step's start for scheduling decisions): lets a viewer that receives events
   // in coalesced batches still place them in time. Default (epoch) when unknown.
   engine_clock::time_point at{};
@@ -63,9 +63,9 @@ struct pool_usage {
 struct sequence_blocks {
   seq_id seq;
   request_id request;
-  int32_t num_blocks = 0;         // device blocks it holds
+  int32_t num_blocks = 0;  // device blocks it holds
   int32_t num_tokens = 0;
-  int32_t num_window_freed = 0;   // leading blocks freed because no layer's window reaches them
+  int32_t num_window_freed = 0;  // leading blocks freed because no layer's window reaches them
 };
 
 struct step_record {
@@ -83,11 +83,11 @@ struct step_record {
   int32_t num_decode_tokens = 0;   // one per decoding sequence
   int32_t num_swap_in_blocks = 0;
   int32_t num_swap_out_blocks = 0;
-  int32_t num_copy_blocks = 0;     // copy-on-write copies
+  int32_t num_copy_blocks = 0;  // copy-on-write copies
   double schedule_seconds = 0;
   double execute_seconds = 0;
-  double step_seconds = 0;         // whole step: plan + execute + sample + detokenize
-  double kv_waste = 0;             // allocated-but-unused slots / allocated slots, after the step
+  double step_seconds = 0;  // whole step: plan + execute + sample + detokenize
+  double kv_waste = 0;      // allocated-but-unused slots / allocated slots, after the step
   std::vector<engine_event> events;
 };
 
@@ -95,9 +95,9 @@ struct step_record {
 struct block_info {
   block_id id = 0;
   int32_t ref_count = 0;
-  int32_t num_filled = 0;   // tokens with computed K/V (max over the sequences sharing it)
-  bool cached = false;      // indexed by the prefix cache (full, hashed)
-  seq_id owner;         // first sequence holding it (valid when ref_count > 0)
+  int32_t num_filled = 0;  // tokens with computed K/V (max over the sequences sharing it)
+  bool cached = false;     // indexed by the prefix cache (full, hashed)
+  seq_id owner;            // first sequence holding it (valid when ref_count > 0)
   request_id owner_request;
 };
 

@@ -16,11 +16,8 @@ stop_checker::stop_checker(const sampling_params& params, std::span<const token_
 }
 
 bool stop_checker::is_stop_token(token_id token) const {
-  if (std::find(stop_token_ids_.begin(), stop_token_ids_.end(), token) != stop_token_ids_.end()) {
-    return true;
-  }
-  return !ignore_eos_ &&
-         std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
+  if (std::find(stop_token_ids_.begin(), stop_token_ids_.end(), token) != stop_token_ids_.end()) { return true; }
+  return !ignore_eos_ && std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
 }
 
 void stop_checker::release(std::string& out, size_t num_bytes) {
@@ -42,9 +39,7 @@ size_t stop_checker::held_suffix_bytes() const {
   for (size_t start = size - window; start < size; ++start) {
     const std::string_view suffix(pending_.data() + start, size - start);
     for (const std::string& s : stops_) {
-      if (s.size() > suffix.size() && s.compare(0, suffix.size(), suffix) == 0) {
-        return suffix.size();
-      }
+      if (s.size() > suffix.size() && s.compare(0, suffix.size(), suffix) == 0) { return suffix.size(); }
     }
   }
   return 0;

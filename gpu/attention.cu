@@ -19,9 +19,9 @@ using detail::merge_splits;
 using detail::warp_max;
 using detail::warp_sum;
 
-constexpr int kThreads = 128;  // per CTA
-constexpr int kTile = kThreads; // positions per tile: one per thread for Q.K
-constexpr int kMaxGroup = 8;   // query heads per CTA (larger GQA groups take several CTAs)
+constexpr int kThreads = 128;    // per CTA
+constexpr int kTile = kThreads;  // positions per tile: one per thread for Q.K
+constexpr int kMaxGroup = 8;     // query heads per CTA (larger GQA groups take several CTAs)
 
 // Query heads one CTA serves, G, is a template parameter: the smallest of 1, 2, 4, 8 that holds the
 // GQA group (kMaxGroup for larger groups). The per-head registers (accumulators, scores) and the
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
       for (int w = 1; w < kThreads / 32; ++w) tile_max = fmaxf(tile_max, red_s[w][g]);
       const float m_new = fmaxf(m[g], tile_max);  // finite: the tile has at least one position
-      corr[g] = expf(m[g] - m_new);                // 0 on the first tile (m = -inf)
+      corr[g] = expf(m[g] - m_new);               // 0 on the first tile (m = -inf)
       m[g] = m_new;
       s[g] = tid < n ? expf(s[g] - m_new) : 0.0f;
       p_s[g][tid] = s[g];

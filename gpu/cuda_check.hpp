@@ -14,8 +14,9 @@ namespace tessera::gpu {
 
 }  // namespace tessera::gpu
 
-#define CUDA_CHECK(expr)                                                                        \
-  do {                                                                                          \
-    cudaError_t tessera_cuda_err_ = (expr);                                                     \
-    if (tessera_cuda_err_ != cudaSuccess) ::tessera::gpu::throw_cuda_error(tessera_cuda_err_, #expr, __FILE__, __LINE__); \
+#define CUDA_CHECK(expr)                                                              \
+  do {                                                                                \
+    cudaError_t tessera_cuda_err_ = (expr);                                           \
+    if (tessera_cuda_err_ != cudaSuccess)                                             \
+      ::tessera::gpu::throw_cuda_error(tessera_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)

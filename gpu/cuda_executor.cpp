@@ -41,13 +41,13 @@
 #include "gpu/sampling.hpp"
 #include "gpu/sampling_batch.hpp"
 
-#define CUBLAS_CHECK(expr)                                                                                   \
-  do {                                                                                                       \
-    const cublasStatus_t tessera_cublas_status_ = (expr);                                                    \
-    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+#define CUBLAS_CHECK(expr)                                                                                  \
+  do {                                                                                                      \
+    const cublasStatus_t tessera_cublas_status_ = (expr);                                                   \
+    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                                  \
       throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(tessera_cublas_status_) + \
-                               " in " #expr " at " __FILE__ ":" + std::to_string(__LINE__));                 \
-    }                                                                                                        \
+                               " in " #expr " at " __FILE__ ":" + std::to_string(__LINE__));                \
+    }                                                                                                       \
   } while (0)
 
 namespace tessera {
@@ -122,17 +122,17 @@ struct gpu_layer {
   const float* ffn_norm = nullptr;
   const float* post_attn_norm = nullptr;  // post_norms, else null
   const float* post_ffn_norm = nullptr;
-  const float* q_norm = nullptr;          // qk_norm, else null: [head_dim] each
+  const float* q_norm = nullptr;  // qk_norm, else null: [head_dim] each
   const float* k_norm = nullptr;
-  const float* qkv_bias = nullptr;        // qkv_bias, else null: Q|K|V biases, as the fused GEMM's columns
-  const void* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]
-  const void* wo = nullptr;       // [hidden, q_dim]
-  const void* gate_up = nullptr;  // [2 ffn, hidden]
-  const void* down = nullptr;     // [hidden, ffn]
+  const float* qkv_bias = nullptr;  // qkv_bias, else null: Q|K|V biases, as the fused GEMM's columns
+  const void* qkv = nullptr;        // [q_dim + 2 kv_dim, hidden]
+  const void* wo = nullptr;         // [hidden, q_dim]
+  const void* gate_up = nullptr;    // [2 ffn, hidden]
+  const void* down = nullptr;       // [hidden, ffn]
   const float* inv_freq = nullptr;  // this layer's RoPE table (layers with equal tables share one)
   float attention_factor = 1.0f;
-  int32_t window = 0;               // sliding window (0: full causal)
-  int32_t window_class = 0;         // index into cuda_executor::window_classes_ (its split plans)
+  int32_t window = 0;        // sliding window (0: full causal)
+  int32_t window_class = 0;  // index into cuda_executor::window_classes_ (its split plans)
 };
 
 // What the CUDA kernels still lack is refused at load by name rather than computed as another model.
@@ -152,7 +152,10 @@ class cuda_executor final : public executor {
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
 
   cuda_executor(std::shared_ptr<const model_weights> weights, const cuda_executor_options& options)
-      : weights_(std::move(weights)), spec_(options.kv), device_(options.device), use_graphs_(options.cuda_graphs),
+      : weights_(std::move(weights)),
+        spec_(options.kv),
+        device_(options.device),
+        use_graphs_(options.cuda_graphs),
         use_small_batch_gemm_(options.small_batch_gemm.value_or(gpu::small_batch_gemm_from_env())) {
     config_ = weights_->config;
     config_.validate();
@@ -193,15 +196,18 @@ class cuda_executor final : public executor {
       const double budget = options.gpu_memory_utilization * static_cast<double>(total_bytes) -
                             static_cast<double>(total_bytes - free_bytes) - reserve;
       const double blocks = budget / static_cast<double>(block_bytes_);
-      spec_.num_device_blocks = static_cast<int32_t>(std::clamp(blocks, 0.0, double(std::numeric_limits<int32_t>::max())));
+      spec_.num_device_blocks =
+          static_cast<int32_t>(std::clamp(blocks, 0.0, double(std::numeric_limits<int32_t>::max())));
       if (spec_.num_device_blocks < 1) {
-        throw invalid_request("cuda executor: no KV block fits in GPU memory after the weights (raise --gpu-memory-utilization)");
+        throw invalid_request(
+            "cuda executor: no KV block fits in GPU memory after the weights (raise --gpu-memory-utilization)");
       }
     }
     // One block more than the engine sees: the padding tokens of graph-replayed steps write there.
     pad_block_ = spec_.num_device_blocks;
     kv_.reserve(static_cast<size_t>(block_bytes_) * (static_cast<size_t>(spec_.num_device_blocks) + 1));
-    if (spec_.num_host_blocks > 0) host_pool_.reserve(static_cast<size_t>(block_bytes_) * static_cast<size_t>(spec_.num_host_blocks));
+    if (spec_.num_host_blocks > 0)
+      host_pool_.reserve(static_cast<size_t>(block_bytes_) * static_cast<size_t>(spec_.num_host_blocks));
   }
 
   ~cuda_executor() override {
@@ -240,10 +246,12 @@ class cuda_executor final : public executor {
       char* host = host_pool_.as<char>();
       const auto bytes = static_cast<size_t>(block_bytes_);
       for (const block_copy& c : batch.swap_in) {
-        CUDA_CHECK(cudaMemcpyAsync(dev + bytes * c.dst, host + bytes * c.src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+        CUDA_CHECK(
+            cudaMemcpyAsync(dev + bytes * c.dst, host + bytes * c.src, bytes, cudaMemcpyHostToDevice, copy_stream_));
       }
       for (const block_copy& c : batch.swap_out) {
-        CUDA_CHECK(cudaMemcpyAsync(host + bytes * c.dst, dev + bytes * c.src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+        CUDA_CHECK(
+            cudaMemcpyAsync(host + bytes * c.dst, dev + bytes * c.src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
       }
       CUDA_CHECK(cudaEventRecord(swap_done_, copy_stream_));
     }
@@ -253,7 +261,8 @@ class cuda_executor final : public executor {
     }
     if (swaps) CUDA_CHECK(cudaStreamWaitEvent(stream_, swap_done_, 0));
     if (!batch.copies.empty()) {
-      gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()), stream_);
+      gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()),
+                      stream_);
     }
     if (graph_step_) {
       CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));
@@ -314,7 +323,8 @@ class cuda_executor final : public executor {
       T* dst = buf.as<T>() + row0 * cols;
       const bool same_type = (is_bf16 && w->type == ggml_type::bf16) || (!is_bf16 && w->type == ggml_type::f32);
       if (same_type && w->row_stride_bytes == cols * static_cast<int64_t>(sizeof(T))) {
-        CUDA_CHECK(cudaMemcpy(dst, w->data, static_cast<size_t>(w->rows * w->row_stride_bytes), cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(dst, w->data, static_cast<size_t>(w->rows * w->row_stride_bytes), cudaMemcpyHostToDevice));
       } else {
         host.resize(static_cast<size_t>(w->rows * cols));
         row.resize(static_cast<size_t>(cols));
@@ -435,7 +445,8 @@ class cuda_executor final : public executor {
     const auto T_ = static_cast<size_t>(n);
     const auto hidden = static_cast<size_t>(config_.hidden_size);
     const size_t q_dim = static_cast<size_t>(config_.num_heads) * static_cast<size_t>(config_.head_dim);
-    const size_t qkv_cols = q_dim + 2 * static_cast<size_t>(config_.num_kv_heads) * static_cast<size_t>(config_.head_dim);
+    const size_t qkv_cols =
+        q_dim + 2 * static_cast<size_t>(config_.num_kv_heads) * static_cast<size_t>(config_.head_dim);
     const auto ffn = static_cast<size_t>(config_.intermediate_size);
     x_.reserve(T_ * hidden * sizeof(float));
     xn_.reserve(T_ * hidden * sizeof(T));
@@ -571,8 +582,8 @@ class cuda_executor final : public executor {
       const int32_t walk = window > 0 ? std::min(widest_context, window) : widest_context;
       split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, walk, num_sms_);
       if (split_[c].num_splits > 1) {
-        workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads, config_.head_dim,
-                                                                        split_[c].num_splits));
+        workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads,
+                                                                        config_.head_dim, split_[c].num_splits));
       }
       // The prefill kernel runs after paged_attention on the same stream: it reuses the workspace. A
       // tile reads from its first row's window start (0 without a window) to its last row.
@@ -614,7 +625,9 @@ class cuda_executor final : public executor {
         const sequence_slice& sl = batch.seqs[s];
         const auto n = static_cast<int32_t>(sl.tokens.size());
         if (is_prefill(sl) == prefill) {
-          if (prefill) prefill_chunks_.push_back({static_cast<int32_t>(row_order_.size()), n, sl.num_computed, static_cast<int32_t>(s)});
+          if (prefill)
+            prefill_chunks_.push_back(
+                {static_cast<int32_t>(row_order_.size()), n, sl.num_computed, static_cast<int32_t>(s)});
           for (int32_t i = 0; i < n; ++i) row_order_.push_back(row + i);
         }
         row += n;
@@ -684,9 +697,9 @@ class cuda_executor final : public executor {
   };
 
   std::vector<const void*> graph_buffers() const {
-    return {x_.as<void>(),      xn_.as<void>(),     qkv_.as<void>(),    attn_.as<void>(),
-            gu_.as<void>(),     mlp_.as<void>(),    tmp_.as<void>(),    lx_.as<void>(),
-            logits_.as<void>(), attn_workspace_.as<void>(), meta_dev_.as<void>()};
+    return {x_.as<void>(),       xn_.as<void>(),  qkv_.as<void>(), attn_.as<void>(),   gu_.as<void>(),
+            mlp_.as<void>(),     tmp_.as<void>(), lx_.as<void>(),  logits_.as<void>(), attn_workspace_.as<void>(),
+            meta_dev_.as<void>()};
   }
 
   // The graph for this step's (bucket, width), captured now if missing or if a buffer it uses moved.
@@ -928,12 +941,12 @@ class cuda_executor final : public executor {
   step_layout step_layout_;  // the validated, flattened batch (engine/step_layout.hpp)
   std::vector<int32_t> ids_, positions_, slots_, context_, token_seq_, logit_rows_;
   int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_blocks_ = 1;
-  bool graph_step_ = false;       // this step replays a captured graph (padded to its bucket)
-  size_t num_table_rows_ = 0;     // block-table rows uploaded (sequences, plus padding rows)
+  bool graph_step_ = false;                     // this step replays a captured graph (padded to its bucket)
+  size_t num_table_rows_ = 0;                   // block-table rows uploaded (sequences, plus padding rows)
   std::vector<gpu::split_plan> split_;          // per window class: decode rows
   std::vector<gpu::split_plan> prefill_split_;  // per window class: prefill tiles
-  int32_t prefill_tile_tokens_ = 0;  // query tokens per prefill tile for this model's heads
-  int32_t num_prefill_tokens_ = 0;   // the step's last rows, handled by prefill_attention
+  int32_t prefill_tile_tokens_ = 0;             // query tokens per prefill tile for this model's heads
+  int32_t num_prefill_tokens_ = 0;              // the step's last rows, handled by prefill_attention
   std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;
   std::vector<int32_t> row_order_, row_scratch_;
   meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,

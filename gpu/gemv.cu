@@ -168,7 +168,8 @@ void launch_shape(const T* w, int64_t n, int64_t k, const T* in, float* out, int
 template <class T, int R>
 void launch_rows(const T* w, int64_t n, int64_t k, const T* in, float* out, int64_t ldc, bool accumulate,
                  const small_batch_gemm_tuning& t, cudaStream_t stream) {
-  if (t.columns_per_warp == 2) return launch_shape<T, R, 2>(w, n, k, in, out, ldc, accumulate, t.warps_per_column, stream);
+  if (t.columns_per_warp == 2)
+    return launch_shape<T, R, 2>(w, n, k, in, out, ldc, accumulate, t.warps_per_column, stream);
   return launch_shape<T, R, 1>(w, n, k, in, out, ldc, accumulate, t.warps_per_column, stream);
 }
 
@@ -231,12 +232,12 @@ void small_batch_gemm(const bf16* w, int64_t n, int64_t k, const bf16* in, int32
                       bool accumulate, cudaStream_t stream) {
   launch(w, n, k, in, rows, out, ldc, accumulate, small_batch_gemm_default_tuning(n, k, rows, sizeof(bf16)), stream);
 }
-void small_batch_gemm_with(const float* w, int64_t n, int64_t k, const float* in, int32_t rows, float* out,
-                           int64_t ldc, bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream) {
+void small_batch_gemm_with(const float* w, int64_t n, int64_t k, const float* in, int32_t rows, float* out, int64_t ldc,
+                           bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream) {
   launch(w, n, k, in, rows, out, ldc, accumulate, tuning, stream);
 }
-void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, int32_t rows, float* out,
-                           int64_t ldc, bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream) {
+void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, int32_t rows, float* out, int64_t ldc,
+                           bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream) {
   launch(w, n, k, in, rows, out, ldc, accumulate, tuning, stream);
 }
 

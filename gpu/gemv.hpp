@@ -48,12 +48,13 @@ struct small_batch_gemm_tuning {
   int32_t columns_per_warp = 1;
 };
 // What small_batch_gemm picks for the shape (elem_bytes: sizeof(T)).
-small_batch_gemm_tuning small_batch_gemm_default_tuning(int64_t n, int64_t k, int32_t rows, int32_t elem_bytes) noexcept;
+small_batch_gemm_tuning small_batch_gemm_default_tuning(int64_t n, int64_t k, int32_t rows,
+                                                        int32_t elem_bytes) noexcept;
 // small_batch_gemm with the tuning forced (std::invalid_argument when out of range).
-void small_batch_gemm_with(const float* w, int64_t n, int64_t k, const float* in, int32_t rows, float* out,
-                           int64_t ldc, bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream);
-void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, int32_t rows, float* out,
-                           int64_t ldc, bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream);
+void small_batch_gemm_with(const float* w, int64_t n, int64_t k, const float* in, int32_t rows, float* out, int64_t ldc,
+                           bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream);
+void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, int32_t rows, float* out, int64_t ldc,
+                           bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream);
 
 // Whether the CUDA executor uses small_batch_gemm for steps of <= kMaxGemvRows rows when its options
 // leave it unset: the environment variable TESSERA_GEMV ("1" on; anything else or unset: off, i.e.

@@ -5,8 +5,8 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
-#include "gpu/launch.cuh"
 #include "gpu/kernels.hpp"
+#include "gpu/launch.cuh"
 
 namespace tessera::gpu {
 
@@ -20,8 +20,8 @@ using detail::warp_sum;
 constexpr int kThreads = 256;
 
 template <class T>
-__global__ void embedding_gather_kernel(float* out, const T* table, const int32_t* ids, int32_t hidden,
-                                        int32_t vocab, float scale) {
+__global__ void embedding_gather_kernel(float* out, const T* table, const int32_t* ids, int32_t hidden, int32_t vocab,
+                                        float scale) {
   const int32_t row = blockIdx.x;
   const int32_t id = ids[row];
   float* dst = out + static_cast<int64_t>(row) * hidden;
@@ -150,10 +150,10 @@ __global__ void __launch_bounds__(kThreads)
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T>
-bool norm_fits_vec4(const T* out, const float* residual, const float* x, const float* post_weight,
-                    const float* weight, int32_t hidden) {
-  return hidden % 4 == 0 && hidden <= kNormMaxHidden && aligned16(residual) && aligned16(weight) &&
-         aligned16(x) && aligned16(post_weight) && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
+bool norm_fits_vec4(const T* out, const float* residual, const float* x, const float* post_weight, const float* weight,
+                    int32_t hidden) {
+  return hidden % 4 == 0 && hidden <= kNormMaxHidden && aligned16(residual) && aligned16(weight) && aligned16(x) &&
+         aligned16(post_weight) && reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
 }
 
 enum class gated_act { silu, gelu_tanh };
@@ -338,11 +338,11 @@ void launch_rms_norm(T* out, float* residual, const float* x, const float* post_
                      const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   if (norm_fits_vec4(out, residual, x, post_weight, weight, hidden)) {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)(out, residual, x, post_weight, row_index, weight,
-                                                                       hidden, eps);
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)
+    (out, residual, x, post_weight, row_index, weight, hidden, eps);
   } else {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)(out, residual, x, post_weight, row_index, weight,
-                                                                  hidden, eps);
+    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)
+    (out, residual, x, post_weight, row_index, weight, hidden, eps);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -374,8 +374,8 @@ void launch_rope_kv_write(const rope_kv_args& a, T* kv, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const int64_t items = int64_t{a.num_heads + nkv} * (a.rope_dims / 2) + int64_t{nkv} * (hd - a.rope_dims) +
-                        int64_t{nkv} * hd;
+  const int64_t items =
+      int64_t{a.num_heads + nkv} * (a.rope_dims / 2) + int64_t{nkv} * (hd - a.rope_dims) + int64_t{nkv} * hd;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>((items + 127) / 128));
   TESSERA_LAUNCH(grid, 128, 0, stream, rope_kv_write_kernel)(a, kv);
   CUDA_CHECK(cudaGetLastError());
@@ -410,12 +410,12 @@ void add_rms_norm(bf16* out, float* residual, const float* x, const float* weigh
   launch_rms_norm(out, residual, x, nullptr, nullptr, weight, rows, hidden, eps, stream);
 }
 
-void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight,
-                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight, const float* weight,
+                            int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   launch_rms_norm(out, residual, y, post_weight, nullptr, weight, rows, hidden, eps, stream);
 }
-void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight,
-                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight, const float* weight,
+                            int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   launch_rms_norm(out, residual, y, post_weight, nullptr, weight, rows, hidden, eps, stream);
 }
 
@@ -451,8 +451,12 @@ void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream) { launch_rope_kv_write(a, kv_cache, stream); }
-void rope_kv_write(const rope_kv_args& a, bf16* kv_cache, cudaStream_t stream) { launch_rope_kv_write(a, kv_cache, stream); }
+void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream) {
+  launch_rope_kv_write(a, kv_cache, stream);
+}
+void rope_kv_write(const rope_kv_args& a, bf16* kv_cache, cudaStream_t stream) {
+  launch_rope_kv_write(a, kv_cache, stream);
+}
 
 void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32_t num_copies, cudaStream_t stream) {
   if (num_copies == 0) return;
@@ -463,7 +467,8 @@ void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32
   for (int32_t first = 0; first < num_copies; first += max_grid_y) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((words + per_cta - 1) / per_cta, 1024)),
                     static_cast<unsigned>(std::min(max_grid_y, num_copies - first)));
-    TESSERA_LAUNCH(grid, 256, 0, stream, block_copy_kernel)(static_cast<uint4*>(kv_cache), pairs + 2 * int64_t{first}, words);
+    TESSERA_LAUNCH(grid, 256, 0, stream, block_copy_kernel)
+    (static_cast<uint4*>(kv_cache), pairs + 2 * int64_t{first}, words);
     CUDA_CHECK(cudaGetLastError());
   }
 }

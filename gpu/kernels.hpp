@@ -28,10 +28,10 @@ int device_count() noexcept;
 // Ids outside [0, vocab) produce a zero row (ids are validated by the executor before this point).
 // scale: Gemma's sqrt(hidden) embedding multiplier (1 for the others), applied in fp32 as the CPU
 // executor does.
-void embedding_gather(float* out, const float* table, const int32_t* ids, int32_t rows, int32_t hidden,
-                      int32_t vocab, cudaStream_t stream, float scale = 1.0f);
-void embedding_gather(float* out, const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden,
-                      int32_t vocab, cudaStream_t stream, float scale = 1.0f);
+void embedding_gather(float* out, const float* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
+                      cudaStream_t stream, float scale = 1.0f);
+void embedding_gather(float* out, const bf16* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
+                      cudaStream_t stream, float scale = 1.0f);
 
 // Fused residual add + RMSNorm: residual[r] += x[r]; out[r] = residual[r] / rms(residual[r]) * weight.
 // x may be null (plain RMSNorm of residual). Shapes [rows, hidden]; one block per row.
@@ -44,10 +44,10 @@ void add_rms_norm(bf16* out, float* residual, const float* x, const float* weigh
 // post_feedforward_layernorm), fused with the next pre-norm:
 //   residual[r] += rms_norm(y[r]) * post_weight;  out[r] = rms_norm(residual[r]) * weight.
 // out may be null (only the residual update). One launch instead of two, and y is read once.
-void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight,
-                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
-void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight,
-                            const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
+void post_norm_add_rms_norm(float* out, float* residual, const float* y, const float* post_weight, const float* weight,
+                            int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
+void post_norm_add_rms_norm(bf16* out, float* residual, const float* y, const float* post_weight, const float* weight,
+                            int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
 
 // out[r] = rms_norm(x[row_index[r]]) * weight for r < rows: the final norm of only the rows whose
 // logits were asked for. With y and post_weight (post-norm models, after the last layer), the row is
@@ -84,10 +84,12 @@ struct kv_layout {
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;
   int32_t head_dim = 0;
-  TESSERA_HOST_DEVICE int64_t block_elems() const { return int64_t{num_layers} * 2 * num_kv_heads * block_size * head_dim; }
+  TESSERA_HOST_DEVICE int64_t block_elems() const {
+    return int64_t{num_layers} * 2 * num_kv_heads * block_size * head_dim;
+  }
   TESSERA_HOST_DEVICE int64_t offset(int64_t block, int32_t layer, int32_t kind, int32_t kv_head, int32_t slot) const {
-    return block * block_elems() +
-           ((int64_t{layer} * 2 + kind) * num_kv_heads + kv_head) * block_size * head_dim + int64_t{slot} * head_dim;
+    return block * block_elems() + ((int64_t{layer} * 2 + kind) * num_kv_heads + kv_head) * block_size * head_dim +
+           int64_t{slot} * head_dim;
   }
 };
 
@@ -98,9 +100,9 @@ struct kv_layout {
 // output) to `workspace`, which a second kernel merges).
 template <class T>
 struct paged_attention_common {
-  T* out = nullptr;            // [tokens, out_stride], head h at columns h*head_dim
+  T* out = nullptr;  // [tokens, out_stride], head h at columns h*head_dim
   int64_t out_stride = 0;
-  const float* q = nullptr;    // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
+  const float* q = nullptr;  // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
   int64_t q_stride = 0;
   const T* kv_cache = nullptr;
   kv_layout layout;
@@ -108,7 +110,7 @@ struct paged_attention_common {
   int32_t num_heads = 0;
   const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
-  float scale = 1.0f;                     // 1/sqrt(head_dim), or the model's (Gemma: query_pre_attn_scalar^-1/2)
+  float scale = 1.0f;  // 1/sqrt(head_dim), or the model's (Gemma: query_pre_attn_scalar^-1/2)
   // Scores soft-capping: s = softcap * tanh(s / softcap) after the scale (Gemma 2's
   // attn_logit_softcapping); 0 is off.
   float softcap = 0.0f;
@@ -148,10 +150,10 @@ struct rope_kv_args {
   const int32_t* slot_mapping = nullptr;
   const float* inv_freq = nullptr;  // [rope_dims / 2]
   float attention_factor = 1.0f;
-  const float* bias = nullptr;      // [(num_heads + 2 num_kv_heads) * head_dim] or null
-  const float* q_norm = nullptr;    // [head_dim] multipliers, or null (then k_norm is null too)
+  const float* bias = nullptr;    // [(num_heads + 2 num_kv_heads) * head_dim] or null
+  const float* q_norm = nullptr;  // [head_dim] multipliers, or null (then k_norm is null too)
   const float* k_norm = nullptr;
-  float eps = 1e-6f;                // of the q/k norms
+  float eps = 1e-6f;  // of the q/k norms
   int32_t num_tokens = 0;
   int32_t num_heads = 0;
   int32_t rope_dims = 0;

@@ -15,10 +15,10 @@
 #if defined(TESSERA_CUDA_EMULATION)
 // The emulation's include/ folder is on the include path only in its own build (a test tool).
 #include <cuda_emu/launch.hpp>
-#define TESSERA_LAUNCH(grid, block, shared_bytes, stream, ...)                                              \
-  ::tessera::gpu::emu::launcher(                                                                            \
+#define TESSERA_LAUNCH(grid, block, shared_bytes, stream, ...)                                               \
+  ::tessera::gpu::emu::launcher(                                                                             \
       ::tessera::gpu::emu::launch_config{dim3(grid), dim3(block), static_cast<size_t>(shared_bytes), stream, \
-                                         #__VA_ARGS__},                                                     \
+                                         #__VA_ARGS__},                                                      \
       [=](const auto&... tessera_emu_args) { __VA_ARGS__(tessera_emu_args...); })
 #define TESSERA_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::tessera::gpu::emu::dynamic_shared_memory())
 #else

@@ -90,11 +90,10 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
   constexpr int RPT = R / (NT / KL);  // rows per thread
   constexpr int KPT = K / KL;         // keys per thread (scores)
   constexpr int CPT = D4 / KL;        // float4 output columns per thread
-  static_assert(RPT >= 1 && KPT >= 1 && CPT >= 1 && R % (NT / KL) == 0 && K % KL == 0 && D4 % KL == 0,
-                "tile shape");
-  __shared__ float4 q_s[R][D4];        // scaled Q rows: read as broadcasts (one row per half-warp)
-  __shared__ float4 kv_s[K][D4 + 1];   // the K tile, then the V tile; +1: keys start in different banks
-  __shared__ float p_s[R][K + 1];      // this tile's probabilities exp(s - m)
+  static_assert(RPT >= 1 && KPT >= 1 && CPT >= 1 && R % (NT / KL) == 0 && K % KL == 0 && D4 % KL == 0, "tile shape");
+  __shared__ float4 q_s[R][D4];       // scaled Q rows: read as broadcasts (one row per half-warp)
+  __shared__ float4 kv_s[K][D4 + 1];  // the K tile, then the V tile; +1: keys start in different banks
+  __shared__ float p_s[R][K + 1];     // this tile's probabilities exp(s - m)
 
   const prefill_tile tile = a.tiles[blockIdx.y];
   const int32_t nkv = a.layout.num_kv_heads;
@@ -110,8 +109,8 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     const int i = r / heads_per_cta, g = r % heads_per_cta;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i < tile.num_tokens && g < num_heads_here) {
-      const float* src = a.q + static_cast<int64_t>(tile.token_begin + i) * a.q_stride +
-                         static_cast<int64_t>(head0 + g) * D + 4 * c4;
+      const float* src =
+          a.q + static_cast<int64_t>(tile.token_begin + i) * a.q_stride + static_cast<int64_t>(head0 + g) * D + 4 * c4;
       v = make_float4(src[0] * a.scale, src[1] * a.scale, src[2] * a.scale, src[3] * a.scale);
     }
     q_s[r][c4] = v;
@@ -266,8 +265,8 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     const int i = r / heads_per_cta, g = r % heads_per_cta;
     if (a.num_splits > 1) {
       // The partial state, -inf / 0 / zeros for a row that saw nothing here (the merge skips it).
-      const int64_t part = ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) *
-                               a.num_splits + split;
+      const int64_t part =
+          ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) * a.num_splits + split;
       const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
       float* o = a.workspace + part * D;
 #pragma unroll
@@ -323,8 +322,8 @@ void launch_for_dim(const prefill_attention_args<T>& a, cudaStream_t stream) {
     part.num_tiles = std::min(max_tiles, a.num_tiles - first);
     const dim3 grid(static_cast<unsigned>(nkv * group_chunks), static_cast<unsigned>(part.num_tiles),
                     static_cast<unsigned>(a.num_splits));
-    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T>)(part, heads_per_cta,
-                                                                                            group_chunks);
+    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T>)
+    (part, heads_per_cta, group_chunks);
     CUDA_CHECK(cudaGetLastError());
     if (a.num_splits > 1) {  // the workspace is indexed by tile within this launch: merge before the next
       TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T>)(part);
@@ -350,7 +349,8 @@ void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
   if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
     throw std::invalid_argument("prefill_attention: bad split (num_splits, partition_size, workspace)");
   }
-  if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("prefill_attention: negative window or soft-cap");
+  if (a.window < 0 || !(a.softcap >= 0.0f))
+    throw std::invalid_argument("prefill_attention: negative window or soft-cap");
   switch (a.layout.head_dim) {
     case 32: return launch_for_dim<32>(a, stream);
     case 64: return launch_for_dim<64>(a, stream);
@@ -368,7 +368,7 @@ int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_
 }
 
 split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                             int32_t max_context, int32_t num_sms) {
+                              int32_t max_context, int32_t num_sms) {
   split_plan p;
   if (prefill_tile_tokens(head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
   // As plan_attention_split: partitions of >= 512 positions, and only when the unsplit grid (at about
@@ -400,7 +400,8 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
   std::vector<prefill_tile> tiles;
   for (const prefill_tile& c : chunks) {
     for (int32_t t0 = 0; t0 < c.num_tokens; t0 += tile_tokens) {
-      tiles.push_back({c.token_begin + t0, std::min(tile_tokens, c.num_tokens - t0), c.first_position + t0, c.table_row});
+      tiles.push_back(
+          {c.token_begin + t0, std::min(tile_tokens, c.num_tokens - t0), c.first_position + t0, c.table_row});
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const prefill_tile& x, const prefill_tile& y) {

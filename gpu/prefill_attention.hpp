@@ -47,7 +47,7 @@ template <class T>
 struct prefill_attention_args : paged_attention_common<T> {
   const prefill_tile* tiles = nullptr;  // [num_tiles], from plan_prefill_tiles with prefill_tile_tokens
   int32_t num_tiles = 0;
-  int32_t tile_tokens = 0;              // prefill_tile_tokens(...) the tiles were cut with
+  int32_t tile_tokens = 0;  // prefill_tile_tokens(...) the tiles were cut with
 };
 
 // Query tokens per tile for this shape: the CTA's rows (64 for head_dim 32/64/128, 24 for 256) divided
@@ -65,7 +65,7 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
 // the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
 // prefix: few tiles, long walks, so split).
 split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                             int32_t max_context, int32_t num_sms);
+                              int32_t max_context, int32_t num_sms);
 
 // Floats of workspace a split launch needs.
 int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,

@@ -247,7 +247,7 @@ __device__ uint32_t search_threshold(const float* work, int32_t vocab, uint32_t 
       double value = 0.0;
       contrib(work[i], key, value);
       if (value == 0.0 || key <= lo) continue;  // key <= t_0: above no threshold
-      const uint32_t d = min(key, hi) - lo;      // thresholds below key: j * step < d
+      const uint32_t d = min(key, hi) - lo;     // thresholds below key: j * step < d
       const uint32_t c = d / step + (d % step != 0 ? 1u : 0u);
       bins[c < kSearchWays ? c : kSearchWays] += value;
     }

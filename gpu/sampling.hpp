@@ -29,9 +29,9 @@ namespace tessera::gpu {
 struct sampling_row {
   uint64_t stream_key = 0;
   uint64_t position = 0;
-  int32_t logits_row = 0;      // row of `logits` to read
+  int32_t logits_row = 0;  // row of `logits` to read
   int32_t top_k = -1;
-  int32_t num_logprobs = -1;   // -1: none
+  int32_t num_logprobs = -1;  // -1: none
   int32_t greedy = 0;
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -49,7 +49,7 @@ struct sampling_row {
 struct sampling_kernel_args {
   const float* logits = nullptr;  // [*, vocab] fp32, not modified
   int32_t vocab = 0;
-  float* work = nullptr;          // [num_rows, vocab] scratch
+  float* work = nullptr;  // [num_rows, vocab] scratch
   const sampling_row* rows = nullptr;
   int32_t num_rows = 0;
   const int32_t* ids = nullptr;
@@ -58,11 +58,11 @@ struct sampling_kernel_args {
   // t / 32: token t allowed). Disallowed logits become -inf before anything else, raw logprobs included.
   const uint32_t* allowed = nullptr;
   int32_t mask_words = 0;
-  int32_t* out_tokens = nullptr;        // [num_rows]
-  float* out_logprobs = nullptr;        // [num_rows] (rows with num_logprobs >= 0)
-  int32_t max_top = 0;                  // top logprob slots per row
-  int32_t* out_top_ids = nullptr;       // [num_rows, max_top]; -1 past the last one found
-  float* out_top_logprobs = nullptr;    // [num_rows, max_top]
+  int32_t* out_tokens = nullptr;      // [num_rows]
+  float* out_logprobs = nullptr;      // [num_rows] (rows with num_logprobs >= 0)
+  int32_t max_top = 0;                // top logprob slots per row
+  int32_t* out_top_ids = nullptr;     // [num_rows, max_top]; -1 past the last one found
+  float* out_top_logprobs = nullptr;  // [num_rows, max_top]
 };
 
 // Samples every row; asynchronous on `stream`. Throws (CUDA_CHECK) when the launch fails.

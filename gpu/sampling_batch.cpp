@@ -45,7 +45,8 @@ void sampling_batch::add(const device_sampling& d, int32_t logits_row) {
   r.rep_count = mark() - r.rep_begin;
   r.count_begin = mark();
   // The host multiplies by static_cast<float>(count): the same float.
-  for (const auto& [token, count] : d.output_counts) ids_.push_back(token), values_.push_back(static_cast<float>(count));
+  for (const auto& [token, count] : d.output_counts)
+    ids_.push_back(token), values_.push_back(static_cast<float>(count));
   r.count_count = mark() - r.count_begin;
   if (!d.allowed_tokens.empty()) {
     r.mask_row = static_cast<int32_t>(masks_.size());

@@ -34,8 +34,8 @@ class sampling_batch {
   size_t output_bytes() const;
 
   // Kernel arguments for device copies of the packed inputs and the outputs buffer.
-  sampling_kernel_args kernel_args(const void* device_inputs, void* device_outputs, const float* logits,
-                                   int32_t vocab, float* work) const;
+  sampling_kernel_args kernel_args(const void* device_inputs, void* device_outputs, const float* logits, int32_t vocab,
+                                   float* work) const;
   // The results from a host copy of the outputs buffer, one per add(), in order.
   std::vector<sampled_token> unpack_outputs(const void* host) const;
 

@@ -214,7 +214,9 @@ int main(int argc, char** argv) {
   }
   if (argc == 3 && std::strcmp(argv[1], "tokenize") == 0) return tokenize(argv[2]);
   if (argc == 5 && std::strcmp(argv[1], "greedy") == 0) return greedy(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
-  std::fprintf(stderr, "usage: %s quantize IN OUT FTYPE | logits MODEL N_CTX N_NEW ID... | tokenize MODEL | greedy MODEL N_CTX N_NEW\n",
-               argv[0]);
+  std::fprintf(
+      stderr,
+      "usage: %s quantize IN OUT FTYPE | logits MODEL N_CTX N_NEW ID... | tokenize MODEL | greedy MODEL N_CTX N_NEW\n",
+      argv[0]);
   return 2;
 }

@@ -23,7 +23,10 @@ struct api_error : std::runtime_error {
   // The error type OpenAI's API uses for each status we send.
   static std::string type_for(int status_code) {
     switch (status_code) {
-      case 400: case 413: case 417: case 431: return "invalid_request_error";
+      case 400:
+      case 413:
+      case 417:
+      case 431: return "invalid_request_error";
       case 401: return "authentication_error";
       case 403: return "permission_error";
       case 404: return "not_found_error";

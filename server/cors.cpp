@@ -37,9 +37,10 @@ void add_cors_headers(http::fields& fields, std::string_view origin) {
   fields.set(http::field::access_control_allow_origin, origin);
   fields.set(http::field::vary, "Origin");
   // Without this a page's fetch() sees only the CORS-safelisted response headers.
-  fields.set(http::field::access_control_expose_headers, "X-Request-Id, X-Tessera-Queue-Seconds, "
-                                                         "X-Tessera-Prefill-Seconds, X-Tessera-First-Token-Seconds, "
-                                                         "X-Tessera-Total-Seconds, X-Tessera-Decode-Tokens-Per-Second");
+  fields.set(http::field::access_control_expose_headers,
+             "X-Request-Id, X-Tessera-Queue-Seconds, "
+             "X-Tessera-Prefill-Seconds, X-Tessera-First-Token-Seconds, "
+             "X-Tessera-Total-Seconds, X-Tessera-Decode-Tokens-Per-Second");
 }
 
 bool is_preflight(const http::request_header<>& req) {

@@ -16,7 +16,6 @@
 
 namespace tessera::server {
 
-
 // Whether a request from `origin` may use the API: the same origin as the Host it names, or one of
 // `allowed` ("*": any).
 bool origin_allowed(std::string_view origin, std::string_view host_header, const std::vector<std::string>& allowed);

@@ -68,8 +68,8 @@ std::optional<std::string> event_hub::next_block_view(bool settled) {
   const size_t num_blocks = sent_device_.size() + sent_host_.size();
   // Larger pools get views less often, so bytes per second stay bounded whatever the pool size.
   const auto interval = std::max<std::chrono::milliseconds>(
-      options_.block_interval,
-      std::chrono::milliseconds(static_cast<int64_t>(1000.0 * double(num_blocks) / std::max(1, options_.blocks_per_second_budget))));
+      options_.block_interval, std::chrono::milliseconds(static_cast<int64_t>(
+                                   1000.0 * double(num_blocks) / std::max(1, options_.blocks_per_second_budget))));
   if (have_sent_ && !full && !settled && now - last_view_ < interval) return std::nullopt;
   const actors::occupancy_ptr occupancy = source_();
   if (!occupancy || !occupancy->blocks) return std::nullopt;

@@ -23,7 +23,7 @@ namespace tessera::server {
 
 // One block as the dashboard sees it (the compared and encoded unit).
 struct block_tile {
-  request_id owner;   // 0: no owner (free, possibly cached)
+  request_id owner;  // 0: no owner (free, possibly cached)
   int32_t ref_count = 0;
   int32_t num_filled = 0;
   bool cached = false;

@@ -24,9 +24,7 @@ class guarded_handlers {
   void run_guarded(Fn&& fn) noexcept {
     try {
       fn();
-    } catch (const std::exception& e) {
-      static_cast<Session&>(*this).fail(e.what());
-    } catch (...) {
+    } catch (const std::exception& e) { static_cast<Session&>(*this).fail(e.what()); } catch (...) {
       static_cast<Session&>(*this).fail("an exception that is not a std::exception");
     }
   }

@@ -158,7 +158,9 @@ size_t read_buffer_limit(uint32_t max_header_bytes) {
   return std::clamp<size_t>(size_t{2} * max_header_bytes, 8 * 1024, 60000);
 }
 
-size_t count_fields(const http::fields& fields) { return static_cast<size_t>(std::distance(fields.begin(), fields.end())); }
+size_t count_fields(const http::fields& fields) {
+  return static_cast<size_t>(std::distance(fields.begin(), fields.end()));
+}
 
 size_t take_trailer_section(http::fields& fields, size_t num_header_fields) {
   size_t bytes = 0, index = 0;

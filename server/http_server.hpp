@@ -13,18 +13,18 @@
 #include <vector>
 
 #include "actors/engine_facade.hpp"
-#include "server/request_parser.hpp"
 #include "server/chat_output.hpp"
+#include "server/request_parser.hpp"
 
 namespace tessera::server {
 
 struct server_options {
   std::string host = "127.0.0.1";
-  uint16_t port = 8000;                      // 0: any free port (see http_server::port())
-  std::string api_key;                       // empty: no auth
-  std::string model_name = "tessera";        // the id /v1/models lists and responses echo
-  size_t max_body_bytes = 2 * 1024 * 1024;   // /v1/* bodies; larger: 413
-  uint32_t max_header_bytes = 8 * 1024;      // larger: 431
+  uint16_t port = 8000;                     // 0: any free port (see http_server::port())
+  std::string api_key;                      // empty: no auth
+  std::string model_name = "tessera";       // the id /v1/models lists and responses echo
+  size_t max_body_bytes = 2 * 1024 * 1024;  // /v1/* bodies; larger: 413
+  uint32_t max_header_bytes = 8 * 1024;     // larger: 431
   int num_threads = 2;
   std::vector<std::string> allowed_hosts;    // extra Host names accepted (DNS-rebinding guard)
   std::vector<std::string> allowed_origins;  // Origins accepted besides the same origin (CORS, WebSockets); "*": any
@@ -38,7 +38,7 @@ struct server_options {
   // valid "auth" message this soon is closed (1008).
   std::chrono::milliseconds ws_auth_timeout{5000};
   size_t ws_max_message_bytes = 64 * 1024;
-  size_t ws_max_queued_messages = 4096;      // per socket; a reader slower than this is disconnected
+  size_t ws_max_queued_messages = 4096;  // per socket; a reader slower than this is disconnected
   request_limits limits;
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
   // empty: none (see find_webui_dir in server/static_files.hpp).
@@ -66,7 +66,7 @@ class http_server {
   // Blocks until every generation's final message has been written (or its client is gone), at most
   // `timeout`; false on timeout. With the engine shut down first, this is how long finals take to send.
   bool wait_for_responses(std::chrono::milliseconds timeout);
-  void wait();            // blocks until stop() (e.g. from a signal handler thread)
+  void wait();  // blocks until stop() (e.g. from a signal handler thread)
 
  private:
   struct impl;

@@ -1,7 +1,7 @@
 #include "server/http_session.hpp"
 
-#include <boost/json.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/json.hpp>
 
 #include <cctype>
 #include <cstdio>
@@ -139,9 +139,7 @@ void http_session::on_header(beast::error_code ec, size_t n) {
     send_continue = parse_expect(parser_->get()) == expectation::continue_100 && !parser_->is_done();
     // RFC 9110 §10.1.1: a request that will be refused anyway gets its final status instead of 100.
     if (send_continue) route_request(parser_->get(), state_);
-  } catch (const api_error& e) {
-    return send_error(e, false);
-  }
+  } catch (const api_error& e) { return send_error(e, false); }
   if (send_continue) queue_write("HTTP/1.1 100 Continue\r\n\r\n");
   if (parser_->is_done()) return on_read({}, 0);
   http::async_read(stream_, buffer_, *parser_, guarded(&http_session::on_read));
@@ -152,21 +150,21 @@ void http_session::on_read(beast::error_code ec, size_t) {
   // The trailer section counts against the same limit as the header section, and is dropped.
   const size_t trailer_bytes = take_trailer_section(parser_->get(), num_header_fields_);
   if (header_bytes_ + trailer_bytes > state_.opt.max_header_bytes) {
-    return send_error(api_error(431, "request header and trailer sections exceed " +
-                                         std::to_string(state_.opt.max_header_bytes) + " bytes",
-                                "", "header_too_large"),
-                      false);
+    return send_error(
+        api_error(
+            431, "request header and trailer sections exceed " + std::to_string(state_.opt.max_header_bytes) + " bytes",
+            "", "header_too_large"),
+        false);
   }
   ++num_requests_;
   // The read timer also covers the time a handler takes; keep the connection open while we answer.
   stream_.expires_never();
   request_ = parser_->release();
   try {
-    if (state_.opt.before_route) state_.opt.before_route(std::string_view(request_.target().data(), request_.target().size()));
+    if (state_.opt.before_route)
+      state_.opt.before_route(std::string_view(request_.target().data(), request_.target().size()));
     handle();
-  } catch (const api_error& e) {
-    send_error(e, request_.keep_alive());
-  } catch (const std::exception& e) {
+  } catch (const api_error& e) { send_error(e, request_.keep_alive()); } catch (const std::exception& e) {
     spdlog::error("{} {}: internal error: {}", log_method_, log_path_, e.what());
     send_error(api_error(500, std::string("internal error: ") + e.what()), false);
   }
@@ -189,8 +187,8 @@ void http_session::handle() {
       buffer_.consume(buffer_.size());
       closed_ = true;
       write_timer_.cancel();
-      start_ws_session(state_, r.to == route::ws_generate ? ws_kind::generate : ws_kind::events, stream_.release_socket(),
-                       std::move(request_), r.authed, std::move(early));
+      start_ws_session(state_, r.to == route::ws_generate ? ws_kind::generate : ws_kind::events,
+                       stream_.release_socket(), std::move(request_), r.authed, std::move(early));
       return;
     }
     default: return send_message(answer(r.to, request_, state_), keep_alive);
@@ -216,22 +214,21 @@ void http_session::start_tokenize(bool keep_alive) {
   std::weak_ptr<http_session> weak = shared_from_this();
   const bool chat = t.is_chat;
   const int32_t max_model_len = state_.engine.max_model_len();
-  state_.engine.tokenize_async(
-      std::move(prompt), [poster = state_.poster, weak, serial = tokenize_serial_, chat, max_model_len](
-                             actors::tokenize_result r) {
-        int status = 200;
-        std::string body;
-        if (r.error.empty()) {
-          body = tokenize_body(r.ids, max_model_len);
-        } else {
-          status = r.refused ? 503 : 400;
-          body = r.error;
-          if (chat && !r.refused) body = "cannot render the conversation: " + body;
-        }
-        poster->post(weak, [serial, status, chat, body = std::move(body)](http_session& s) mutable {
-          s.run_guarded([&] { s.on_tokenized(serial, status, chat ? "messages" : "prompt", std::move(body)); });
-        });
-      });
+  state_.engine.tokenize_async(std::move(prompt), [poster = state_.poster, weak, serial = tokenize_serial_, chat,
+                                                   max_model_len](actors::tokenize_result r) {
+    int status = 200;
+    std::string body;
+    if (r.error.empty()) {
+      body = tokenize_body(r.ids, max_model_len);
+    } else {
+      status = r.refused ? 503 : 400;
+      body = r.error;
+      if (chat && !r.refused) body = "cannot render the conversation: " + body;
+    }
+    poster->post(weak, [serial, status, chat, body = std::move(body)](http_session& s) mutable {
+      s.run_guarded([&] { s.on_tokenized(serial, status, chat ? "messages" : "prompt", std::move(body)); });
+    });
+  });
 }
 
 void http_session::on_tokenized(uint64_t serial, int status, const char* param, std::string body) {
@@ -250,7 +247,8 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   const int32_t vocab = state_.engine.config().vocab_size;
   generation_request req = parse_generation_request(request_.body(), kind, vocab, state_.opt.limits);
   if (!req.model.empty() && req.model != state_.opt.model_name) {
-    throw api_error(404, "the model '" + req.model + "' does not exist (this server serves '" + state_.opt.model_name + "')",
+    throw api_error(404,
+                    "the model '" + req.model + "' does not exist (this server serves '" + state_.opt.model_name + "')",
                     "model", "model_not_found");
   }
   actors::stream_handle stream = state_.submit(req);
@@ -314,7 +312,8 @@ void http_session::on_delta(const stream_delta& d, std::string& out) {
     const int32_t calls_before = parser.num_calls();
     chat_piece piece = parser.feed(o.text);
     if (g.sse && (has_output(o) || !piece.empty())) {
-      const bool first = !piece.empty() || (g.req.want_logprobs && !o.logprobs.empty()) ? g.progress.first_of_choice(o.index) : false;
+      const bool first =
+          !piece.empty() || (g.req.want_logprobs && !o.logprobs.empty()) ? g.progress.first_of_choice(o.index) : false;
       for (std::string& chunk : parsed_delta_chunks(g.req, g.meta, o.index, piece, first, calls_before, &o.logprobs,
                                                     state_.engine.tok().get())) {
         g.sse->event(chunk, out);
@@ -477,7 +476,8 @@ void http_session::send_error(const api_error& e, bool keep_alive) {
   if (e.status == 405) res.set(http::field::allow, "GET, POST");
   if (e.status == 401) res.set(http::field::www_authenticate, "Bearer");
   res.body() = error_body(e);
-  if (e.status == 413 || e.status == 431 || (e.status == 400 && (e.code == "bad_http" || e.code == "bad_websocket_key"))) {
+  if (e.status == 413 || e.status == 431 ||
+      (e.status == 400 && (e.code == "bad_http" || e.code == "bad_websocket_key"))) {
     keep_alive = false;
   }
   send_message(std::move(res), keep_alive);
@@ -496,8 +496,10 @@ void http_session::send_message(http_response res, bool keep_alive) {
   state_.metrics.record_http(static_cast<int>(res.result_int()));
   log_response(static_cast<int>(res.result_int()));
   std::ostringstream os;
-  if (request_.method() == http::verb::head) os << res.base();
-  else os << res;
+  if (request_.method() == http::verb::head)
+    os << res.base();
+  else
+    os << res;
   response_done_ = true;
   close_after_write_ = !keep_alive;
   queue_write(os.str());
@@ -554,7 +556,8 @@ void http_session::arm_write_timer() {
   write_timer_.async_wait([self = shared_from_this(), serial](beast::error_code ec) {
     self->run_guarded([&] {
       if (ec || self->closed_ || serial != self->write_timer_serial_ || !self->write_in_flight_) return;
-      spdlog::warn("connection {}: no write progress for {} s; closing it", self->peer_, self->state_.opt.write_timeout.count());
+      spdlog::warn("connection {}: no write progress for {} s; closing it", self->peer_,
+                   self->state_.opt.write_timeout.count());
       self->state_.metrics.record_closed(close_reason::write_timeout);
       self->abort_generation();
       self->do_close();
@@ -658,7 +661,8 @@ void http_session::note_request() {
   const auto origin = m.find(http::field::origin), host = m.find(http::field::host);
   if (origin != m.end()) {
     const std::string_view o(origin->value().data(), origin->value().size());
-    const std::string_view h = host == m.end() ? std::string_view() : std::string_view(host->value().data(), host->value().size());
+    const std::string_view h =
+        host == m.end() ? std::string_view() : std::string_view(host->value().data(), host->value().size());
     if (origin_allowed(o, h, state_.opt.allowed_origins)) cors_origin_ = o;
   }
 }

@@ -30,8 +30,8 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
-#include "server/guarded_handlers.hpp"
 #include "server/chat_output.hpp"
+#include "server/guarded_handlers.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/router.hpp"
@@ -58,7 +58,7 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
     // Chat with output parsers: one per choice, splitting reasoning / content / tool calls as the
     // text arrives; empty: the text passes as is.
     std::vector<chat_output_stream> outputs;
-    std::optional<sse_writer> sse;            // req.stream only
+    std::optional<sse_writer> sse;  // req.stream only
     bool keep_alive = true;
   };
 

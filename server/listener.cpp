@@ -43,7 +43,8 @@ void listener::run_thread() {
       spdlog::error("I/O thread: uncaught exception from a connection's handler: {}; the thread goes on", e.what());
     } catch (...) {
       state_.metrics.record_exception();
-      spdlog::error("I/O thread: uncaught exception (not a std::exception) from a connection's handler; the thread goes on");
+      spdlog::error(
+          "I/O thread: uncaught exception (not a std::exception) from a connection's handler; the thread goes on");
     }
   }
 }

@@ -11,9 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
-#include <thread>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/text/tokenizer.hpp"
 
@@ -40,7 +40,8 @@ class json_message_flag final : public spdlog::custom_flag_formatter {
       dest.append(msg.payload.data(), msg.payload.data() + msg.payload.size());
       return;
     }
-    const std::string text = json::serialize(json::string(sanitize_utf8(std::string(msg.payload.data(), msg.payload.size()))));
+    const std::string text =
+        json::serialize(json::string(sanitize_utf8(std::string(msg.payload.data(), msg.payload.size()))));
     dest.append(std::string_view("\"msg\":"));
     dest.append(text.data(), text.data() + text.size());
   }
@@ -49,8 +50,8 @@ class json_message_flag final : public spdlog::custom_flag_formatter {
 
 spdlog::level::level_enum parse_level(const std::string& text) {
   static const std::pair<const char*, spdlog::level::level_enum> levels[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},    {"info", spdlog::level::info},
-      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn},   {"error", spdlog::level::err},
+      {"trace", spdlog::level::trace},       {"debug", spdlog::level::debug},  {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},         {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
       {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
   for (const auto& [name, level] : levels) {
     if (text == name) return level;
@@ -104,7 +105,8 @@ void setup_logging(const log_options& options) {
     // A terminal or pipe that stops reading must not stall the I/O threads: lines go through a queue
     // to one writer thread, and when the queue is full the oldest lines are dropped, not waited for.
     if (!g_pool) g_pool = std::make_shared<spdlog::details::thread_pool>(8192, 1);
-    main_logger = std::make_shared<spdlog::async_logger>("tessera", sink, g_pool, spdlog::async_overflow_policy::overrun_oldest);
+    main_logger =
+        std::make_shared<spdlog::async_logger>("tessera", sink, g_pool, spdlog::async_overflow_policy::overrun_oldest);
     access = std::make_shared<spdlog::async_logger>(std::string(access_logger_name), sink, g_pool,
                                                     spdlog::async_overflow_policy::overrun_oldest);
   } else {
@@ -178,7 +180,8 @@ bool shutdown_logging(std::chrono::milliseconds max_wait) {
   std::shared_ptr<spdlog::details::thread_pool> pool = std::move(g_pool);
   std::shared_ptr<spdlog::logger> access = std::move(g_access);
   spdlog::drop_all();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("tessera", std::make_shared<spdlog::sinks::stderr_sink_mt>()));
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("tessera", std::make_shared<spdlog::sinks::stderr_sink_mt>()));
   auto drained = std::make_shared<std::promise<void>>();
   std::future<void> done = drained->get_future();
   std::thread([pool = std::move(pool), access = std::move(access), drained]() mutable {

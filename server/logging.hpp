@@ -15,8 +15,8 @@ enum class log_format : uint8_t { text, json };
 struct log_options {
   std::string level = "info";  // trace | debug | info | warn | error | critical | off
   log_format format = log_format::text;
-  bool access_log = true;      // false: no per-request lines (the level still applies to the rest)
-  bool asynchronous = true;    // lines are written by a background thread (see setup_logging)
+  bool access_log = true;    // false: no per-request lines (the level still applies to the rest)
+  bool asynchronous = true;  // lines are written by a background thread (see setup_logging)
 };
 
 // Installs the loggers (replacing spdlog's default logger with "tessera"). Throws std::invalid_argument

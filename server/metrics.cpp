@@ -17,7 +17,9 @@ std::vector<double> token_bounds() {
 }
 
 // Request latencies and their phases, in seconds.
-std::vector<double> seconds_bounds() { return {0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240}; }
+std::vector<double> seconds_bounds() {
+  return {0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240};
+}
 
 double ratio(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
@@ -138,7 +140,8 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
   gauge(out, "tessera_healthy", "1 when the engine runtime is healthy", h.healthy ? 1 : 0);
 
   write_finished(out, "tessera_request_success_total");
-  out.family("tessera_requests_rejected_total", metric_type::counter, "Requests refused before they reached the engine");
+  out.family("tessera_requests_rejected_total", metric_type::counter,
+             "Requests refused before they reached the engine");
   out.sample({{"status", "429"}}, double(rejected_429_.load()));
   out.sample({{"status", "503"}}, double(rejected_503_.load()));
   out.family("tessera_http_responses_total", metric_type::counter, "HTTP responses by status class");
@@ -150,7 +153,8 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
   out.family("tessera_connections_open", metric_type::gauge, "Open client connections by protocol");
   out.sample({{"protocol", "http"}}, double(open_[static_cast<size_t>(connection_kind::http)].load()));
   out.sample({{"protocol", "websocket"}}, double(open_[static_cast<size_t>(connection_kind::websocket)].load()));
-  out.family("tessera_connections_closed_total", metric_type::counter, "Connections the server closed itself, by reason");
+  out.family("tessera_connections_closed_total", metric_type::counter,
+             "Connections the server closed itself, by reason");
   for (size_t i = 0; i < num_close_reasons; ++i) {
     out.sample({{"reason", to_string(static_cast<close_reason>(i))}}, double(closed_[i].load()));
   }
@@ -165,7 +169,9 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
 
   out.family("tessera_kv_cache_info", metric_type::gauge, "The KV cache's element type and bytes per block (value 1)");
   const std::string block_bytes = std::to_string(engine.kv_block_bytes());
-  out.sample({{"dtype", engine.kv_cache_dtype().empty() ? "unknown" : engine.kv_cache_dtype()}, {"block_bytes", block_bytes}}, 1);
+  out.sample(
+      {{"dtype", engine.kv_cache_dtype().empty() ? "unknown" : engine.kv_cache_dtype()}, {"block_bytes", block_bytes}},
+      1);
   // One family per quantity, each with a sample per pool (device, host swap).
   struct pool_gauge {
     const char* name;
@@ -173,9 +179,12 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
     double (*of)(const pool_usage&);
   };
   for (const pool_gauge& g : {
-           pool_gauge{"tessera_kv_blocks_capacity", "KV blocks in the pool", [](const pool_usage& u) { return double(u.num_total); }},
-           pool_gauge{"tessera_kv_blocks_used", "KV blocks held by sequences", [](const pool_usage& u) { return double(u.num_used); }},
-           pool_gauge{"tessera_kv_blocks_free", "KV blocks free", [](const pool_usage& u) { return double(u.num_free); }},
+           pool_gauge{"tessera_kv_blocks_capacity", "KV blocks in the pool",
+                      [](const pool_usage& u) { return double(u.num_total); }},
+           pool_gauge{"tessera_kv_blocks_used", "KV blocks held by sequences",
+                      [](const pool_usage& u) { return double(u.num_used); }},
+           pool_gauge{"tessera_kv_blocks_free", "KV blocks free",
+                      [](const pool_usage& u) { return double(u.num_free); }},
            pool_gauge{"tessera_kv_blocks_cached", "Free KV blocks that still hold a cached prefix",
                       [](const pool_usage& u) { return double(u.num_cached); }},
            pool_gauge{"tessera_kv_cache_usage_perc", "Used / capacity (0..1)", usage},
@@ -193,19 +202,23 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
   out.sample({{"mode", "recompute"}}, double(e.num_preemptions_recompute));
   swapped_blocks(out, "tessera_kv_blocks_swapped_total", e);
   counter(out, "tessera_kv_blocks_window_freed_total",
-          "KV blocks freed early because no layer's sliding window reached them any more", double(e.num_window_freed_blocks));
-  counter(out, "tessera_prompt_tokens_total", "Prompt tokens computed (prefill and recompute)", double(e.num_prefill_tokens));
-  counter(out, "tessera_cached_prompt_tokens_total", "Prompt tokens served by the prefix cache", double(e.num_cached_prompt_tokens));
+          "KV blocks freed early because no layer's sliding window reached them any more",
+          double(e.num_window_freed_blocks));
+  counter(out, "tessera_prompt_tokens_total", "Prompt tokens computed (prefill and recompute)",
+          double(e.num_prefill_tokens));
+  counter(out, "tessera_cached_prompt_tokens_total", "Prompt tokens served by the prefix cache",
+          double(e.num_cached_prompt_tokens));
   counter(out, "tessera_generation_tokens_total", "Generated tokens", double(e.num_generated_tokens));
   counter(out, "tessera_engine_steps_total", "Engine steps", double(e.num_steps));
   counter(out, "tessera_failed_steps_total", "Engine steps whose execution failed", double(e.num_failed_steps));
-  counter(out, "tessera_tokenizer_restarts_total", "Tokenizer actors that died and were replaced", double(s.num_tokenizer_restarts));
+  counter(out, "tessera_tokenizer_restarts_total", "Tokenizer actors that died and were replaced",
+          double(s.num_tokenizer_restarts));
   // Constrained decoding: the masks are computed while the forward pass runs, so the wait stays ~0
   // unless the grammar workers fall behind (docs/structured_output.md).
   counter(out, "tessera_grammar_masks_total", "Grammar token masks computed (constrained sequences x steps)",
           double(e.num_token_masks));
-  counter(out, "tessera_grammar_mask_wait_seconds_total", "Time steps waited for grammar masks after the forward pass (host sampling)",
-          e.mask_wait_seconds);
+  counter(out, "tessera_grammar_mask_wait_seconds_total",
+          "Time steps waited for grammar masks after the forward pass (host sampling)", e.mask_wait_seconds);
   // Speculative decoding (docs/speculative.md), named as vLLM's spec_decode metrics.
   counter(out, "tessera_spec_decode_num_drafts_total", "Drafts verified (one per sequence and speculative step)",
           double(e.num_spec_verifications));
@@ -242,10 +255,12 @@ void server_metrics::render_vllm_names(prometheus_text& out, const actors::facad
   gauge(out, "tessera:cpu_cache_usage_perc", "Host swap pool usage (0..1)", usage(s.host));
   counter(out, "tessera:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
           double(e.num_cached_prompt_tokens) + double(e.num_prefill_tokens));
-  counter(out, "tessera:prefix_cache_hits_total", "Prompt tokens found in the prefix cache", double(e.num_cached_prompt_tokens));
+  counter(out, "tessera:prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
+          double(e.num_cached_prompt_tokens));
   counter(out, "tessera:num_preemptions_total", "Preemptions (swap and recompute)",
           double(e.num_preemptions_swap) + double(e.num_preemptions_recompute));
-  counter(out, "tessera:prompt_tokens_total", "Prompt tokens computed (prefill and recompute)", double(e.num_prefill_tokens));
+  counter(out, "tessera:prompt_tokens_total", "Prompt tokens computed (prefill and recompute)",
+          double(e.num_prefill_tokens));
   counter(out, "tessera:generation_tokens_total", "Generated tokens", double(e.num_generated_tokens));
   write_finished(out, "tessera:request_success_total");
   swapped_blocks(out, "tessera:kv_blocks_swapped_total", e);

@@ -23,7 +23,8 @@ json::array tool_calls_json(const std::vector<parsed_tool_call>& calls, int32_t 
     if (first_index >= 0) c["index"] = first_index + static_cast<int64_t>(k);
     c["id"] = calls[k].id;
     c["type"] = "function";
-    c["function"] = json::object{{"name", sanitize_utf8(calls[k].name)}, {"arguments", sanitize_utf8(calls[k].arguments)}};
+    c["function"] =
+        json::object{{"name", sanitize_utf8(calls[k].name)}, {"arguments", sanitize_utf8(calls[k].arguments)}};
     out.push_back(std::move(c));
   }
   return out;
@@ -43,7 +44,8 @@ request_phases phases_of(const actors::stream_final& f) {
     if (scheduled && first) p.prefill_seconds = std::chrono::duration<double>(*first - *scheduled).count();
     for (const auto& c : f.choices) {
       for (const auto& e : c.timeline) {
-        if (e.stage == lifecycle_stage::preempted_recompute || e.stage == lifecycle_stage::swapped_out) ++p.num_preemptions;
+        if (e.stage == lifecycle_stage::preempted_recompute || e.stage == lifecycle_stage::swapped_out)
+          ++p.num_preemptions;
         if (e.stage == lifecycle_stage::swapped_out) ++p.num_swaps;
       }
     }
@@ -104,7 +106,8 @@ json::value logprob_value(float lp) { return std::isfinite(lp) ? json::value(lp)
 
 }  // namespace
 
-json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, const tokenizer* tok, size_t text_offset) {
+json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, const tokenizer* tok,
+                          size_t text_offset) {
   if (kind == api_kind::chat) {
     json::array content;
     for (const auto& lp : lps) {
@@ -112,7 +115,8 @@ json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, 
       json::array top;
       for (const auto& [id, l] : lp.top) {
         const std::string r = piece(tok, id);
-        top.push_back(json::object{{"token", sanitize_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
+        top.push_back(
+            json::object{{"token", sanitize_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
       }
       content.push_back(json::object{{"token", sanitize_utf8(raw)},
                                      {"logprob", logprob_value(lp.logprob)},
@@ -139,8 +143,8 @@ json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, 
 }
 
 json::object response_envelope(const generation_request& req, const response_meta& meta, bool chunk) {
-  const char* object = req.kind == api_kind::chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                  : "text_completion";
+  const char* object =
+      req.kind == api_kind::chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   return json::object{{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
 }
 
@@ -159,8 +163,10 @@ std::string full_response(const generation_request& req, const response_meta& me
     if (req.kind == api_kind::chat && c.parsed) {
       // OpenAI's shape: content null when the turn is only calls; tool_calls only when there are calls.
       json::object message{{"role", "assistant"}};
-      message["content"] = c.calls.empty() || !c.content.empty() ? json::value(sanitize_utf8(c.content)) : json::value(nullptr);
-      message["reasoning_content"] = c.reasoning.empty() ? json::value(nullptr) : json::value(sanitize_utf8(c.reasoning));
+      message["content"] =
+          c.calls.empty() || !c.content.empty() ? json::value(sanitize_utf8(c.content)) : json::value(nullptr);
+      message["reasoning_content"] =
+          c.reasoning.empty() ? json::value(nullptr) : json::value(sanitize_utf8(c.reasoning));
       if (!c.calls.empty()) message["tool_calls"] = tool_calls_json(c.calls);
       choice["message"] = std::move(message);
     } else if (req.kind == api_kind::chat) {

@@ -44,7 +44,7 @@ std::string refusal_code(std::string_view param);
 
 // What the response needs to identify itself.
 struct response_meta {
-  std::string id;      // "cmpl-..." / "chatcmpl-..."
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;
   std::string model;
 };

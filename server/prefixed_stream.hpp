@@ -43,7 +43,8 @@ class prefixed_stream {
             offset_ = 0;
           }
           // Never complete inline (an Asio operation's contract): post, on the handler's executor.
-          boost::asio::post(get_executor(), boost::beast::bind_front_handler(std::move(h), boost::beast::error_code{}, n));
+          boost::asio::post(get_executor(),
+                            boost::beast::bind_front_handler(std::move(h), boost::beast::error_code{}, n));
         },
         handler, buffers);
   }

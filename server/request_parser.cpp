@@ -1,7 +1,7 @@
 #include "server/request_parser.hpp"
 
-#include <boost/json.hpp>
 #include <simdjson.h>
+#include <boost/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -36,10 +36,14 @@ using element = sj::dom::element;
 
 double get_number(element v, std::string_view field) {
   double d = 0;
-  if (v.is_double()) d = double(v);
-  else if (v.is_int64()) d = double(int64_t(v));
-  else if (v.is_uint64()) d = double(uint64_t(v));
-  else bad(field, "must be a number");
+  if (v.is_double())
+    d = double(v);
+  else if (v.is_int64())
+    d = double(int64_t(v));
+  else if (v.is_uint64())
+    d = double(uint64_t(v));
+  else
+    bad(field, "must be a number");
   if (!std::isfinite(d)) bad(field, "must be finite");
   return d;
 }
@@ -83,7 +87,8 @@ bool get_bool(element v, std::string_view field) {
 token_id get_token(element v, std::string_view field, int32_t vocab_size) {
   const int64_t x = get_integer(v, field);
   if (x < 0 || x >= vocab_size) {
-    bad(field, "holds token id " + std::to_string(x) + " outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    bad(field,
+        "holds token id " + std::to_string(x) + " outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
   }
   return static_cast<token_id>(x);
 }
@@ -92,7 +97,8 @@ std::vector<token_id> get_token_ids(element v, std::string_view field, int32_t v
   if (!v.is_array()) bad(field, "must be an array of token ids");
   std::vector<token_id> ids;
   for (element t : sj::dom::array(v)) {
-    if (static_cast<int64_t>(ids.size()) >= max_count) bad(field, "holds more than " + std::to_string(max_count) + " token ids");
+    if (static_cast<int64_t>(ids.size()) >= max_count)
+      bad(field, "holds more than " + std::to_string(max_count) + " token ids");
     ids.push_back(get_token(t, field, vocab_size));
   }
   return ids;
@@ -117,7 +123,8 @@ std::string get_content(element v) {
     element type, text;
     if (!part.is_object() || part["type"].get(type) || !type.is_string() || std::string_view(type) != "text" ||
         part["text"].get(text) || !text.is_string()) {
-      bad("messages.content", "parts must be {\"type\": \"text\", \"text\": string} (other content types are not supported)");
+      bad("messages.content",
+          "parts must be {\"type\": \"text\", \"text\": string} (other content types are not supported)");
     }
     out += std::string_view(text);
   }
@@ -135,7 +142,8 @@ std::vector<chat_tool_call> get_tool_calls(element v, size_t message_index) {
     if (static_cast<int32_t>(calls.size()) >= k_max_tools) bad(at, "holds too many calls");
     const std::string ci = at + "[" + std::to_string(calls.size()) + "]";
     element id, fn, name, arguments, type;
-    if (!c.is_object() || c["function"].get(fn) || !fn.is_object()) bad(at, "items must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+    if (!c.is_object() || c["function"].get(fn) || !fn.is_object())
+      bad(at, "items must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
     if (!c["type"].get(type) && !type.is_null() && (!type.is_string() || std::string_view(type) != "function")) {
       bad(ci + ".type", "must be \"function\"");
     }
@@ -182,7 +190,8 @@ std::vector<chat_message> get_messages(element v, const request_limits& limits) 
       if (msg.role != "assistant") bad("messages.tool_calls", "is only allowed on assistant messages");
       msg.tool_calls = get_tool_calls(calls, index);
     }
-    if (!m["tool_call_id"].get(field) && !field.is_null()) msg.tool_call_id = get_string(field, "messages.tool_call_id");
+    if (!m["tool_call_id"].get(field) && !field.is_null())
+      msg.tool_call_id = get_string(field, "messages.tool_call_id");
     if (!m["name"].get(field) && !field.is_null()) msg.name = get_string(field, "messages.name");
     if (msg.role == "tool" && msg.tool_call_id.empty()) bad("messages.tool_call_id", "is required on tool messages");
     if (m["content"].get(content) || content.is_null()) {
@@ -213,9 +222,12 @@ void get_stop(element v, sampling_params& p, const request_limits& limits) {
     }
     p.stop.push_back(std::move(text));
   };
-  if (v.is_string()) add(v);
-  else if (v.is_array()) for (element s : sj::dom::array(v)) add(s);
-  else bad("stop", "must be a string or an array of strings");
+  if (v.is_string())
+    add(v);
+  else if (v.is_array())
+    for (element s : sj::dom::array(v)) add(s);
+  else
+    bad("stop", "must be a string or an array of strings");
 }
 
 // Fields some clients send that change nothing here.
@@ -263,11 +275,14 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
           req.prompt = actors::prompt_input::from_text(std::string(std::string_view(first)));
         } else if (first.is_array()) {
           if (arr.size() != 1) bad(key, "batches of several prompts are not supported (send one request per prompt)");
-          req.prompt = actors::prompt_input::from_ids(get_token_ids(first, key, vocab_size, limits.max_prompt_token_ids));
+          req.prompt =
+              actors::prompt_input::from_ids(get_token_ids(first, key, vocab_size, limits.max_prompt_token_ids));
         } else {
-          req.prompt = actors::prompt_input::from_ids(get_token_ids(value, key, vocab_size, limits.max_prompt_token_ids));
+          req.prompt =
+              actors::prompt_input::from_ids(get_token_ids(value, key, vocab_size, limits.max_prompt_token_ids));
         }
-        if (req.prompt.type == actors::prompt_input::kind::token_ids && req.prompt.ids.empty()) bad(key, "must not be empty");
+        if (req.prompt.type == actors::prompt_input::kind::token_ids && req.prompt.ids.empty())
+          bad(key, "must not be empty");
       } else {
         bad(key, "must be a string, an array of one string, or an array of token ids");
       }
@@ -276,7 +291,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       have_messages = true;
       req.prompt = actors::prompt_input::from_chat(get_messages(value, limits));
     } else if (key == "parse_special") {
-      if (kind == api_kind::chat) bad(key, "is a completions field (a chat template's special tokens are always parsed)");
+      if (kind == api_kind::chat)
+        bad(key, "is a completions field (a chat template's special tokens are always parsed)");
       parse_special = get_bool(value, key);
     } else if (key == "max_tokens" || key == "max_completion_tokens") {
       p.max_tokens = get_int(value, key, 1, limits.max_tokens);
@@ -326,8 +342,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
                                std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
         const long long id = canonical ? std::stoll(std::string(text)) : -1;
         if (!canonical || id >= vocab_size) {
-          bad(key, "keys must be token ids in [0, " + std::to_string(vocab_size) + ") written as plain integers (got '" +
-                       std::string(text) + "')");
+          bad(key, "keys must be token ids in [0, " + std::to_string(vocab_size) +
+                       ") written as plain integers (got '" + std::string(text) + "')");
         }
         const double lim = limits.sampling.max_abs_logit_bias;
         p.logit_bias.emplace_back(static_cast<token_id>(id), get_float(bias, key, -lim, lim));
@@ -347,8 +363,10 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     } else if (key == "stream_options") {
       if (!value.is_object()) bad(key, "must be an object");
       for (auto [k, v] : sj::dom::object(value)) {
-        if (k == "include_usage") req.include_usage = get_bool(v, "stream_options.include_usage");
-        else if (k != "continuous_usage_stats") bad("stream_options." + std::string(k), "is not supported");
+        if (k == "include_usage")
+          req.include_usage = get_bool(v, "stream_options.include_usage");
+        else if (k != "continuous_usage_stats")
+          bad("stream_options." + std::string(k), "is not supported");
       }
     } else if (key == "ignore_eos") {
       p.ignore_eos = get_bool(value, key);
@@ -444,8 +462,10 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   const int64_t response_bytes = estimated_response_bytes(req, limits);
   if (response_bytes > limits.max_response_bytes) {
     throw api_error(400,
-                    "the response could take " + std::to_string(response_bytes) + " bytes (n x max_tokens x logprobs), "
-                        "more than this server's limit of " + std::to_string(limits.max_response_bytes) +
+                    "the response could take " + std::to_string(response_bytes) +
+                        " bytes (n x max_tokens x logprobs), "
+                        "more than this server's limit of " +
+                        std::to_string(limits.max_response_bytes) +
                         " (--max-response-bytes): lower n, max_tokens or the number of logprobs",
                     "max_tokens", "response_too_large");
   }
@@ -455,8 +475,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
 int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits) {
   int64_t tokens = req.params.max_tokens;
   if (limits.max_model_len > 0) tokens = std::min<int64_t>(tokens, limits.max_model_len);
-  const int64_t per_token =
-      k_response_bytes_per_token + (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
+  const int64_t per_token = k_response_bytes_per_token +
+                            (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
   return int64_t{req.params.n} * tokens * per_token;
 }
 
@@ -486,7 +506,8 @@ tokenize_request parse_tokenize_request(std::string_view body) {
   return req;
 }
 
-std::vector<token_id> parse_detokenize_request(std::string_view body, int32_t vocab_size, const request_limits& limits) {
+std::vector<token_id> parse_detokenize_request(std::string_view body, int32_t vocab_size,
+                                               const request_limits& limits) {
   sj::dom::parser parser;
   const sj::padded_string padded(body);
   element doc = parse_object(parser, padded);

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "actors/prompt_input.hpp"
-#include "engine/text/chat_template.hpp"
 #include "engine/sampling_params.hpp"
+#include "engine/text/chat_template.hpp"
 #include "server/api_error.hpp"
 #include "server/tool_request.hpp"
 
@@ -19,13 +19,13 @@ enum class api_kind : uint8_t { completion, chat };
 // Bounds on what a request may ask for, on top of sampling_limits (reference-notes, default limits).
 struct request_limits {
   sampling_limits sampling;
-  int32_t max_tokens = 1 << 20;              // generated tokens per choice at most
+  int32_t max_tokens = 1 << 20;                // generated tokens per choice at most
   int32_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
   int32_t default_chat_max_tokens = 512;
-  int32_t max_prompt_token_ids = 1 << 20;    // token-id prompts
+  int32_t max_prompt_token_ids = 1 << 20;  // token-id prompts
   int32_t max_messages = 4096;
-  int32_t max_completion_logprobs = 5;       // /v1/completions "logprobs" (OpenAI's bound)
-  int32_t max_priority = 1 << 20;            // |priority|
+  int32_t max_completion_logprobs = 5;  // /v1/completions "logprobs" (OpenAI's bound)
+  int32_t max_priority = 1 << 20;       // |priority|
   // One response's estimated size at most (estimated_response_bytes); larger: 400. It bounds what
   // n x max_tokens x logprobs can make the server build and send for one request.
   int64_t max_response_bytes = int64_t{64} << 20;

@@ -135,7 +135,10 @@ std::string percent_decoded(std::string_view s) {
 
 // The served model as OpenAI's model object, with the max_model_len the engine enforces.
 json::object model_object(const server_state& s) {
-  json::object model{{"id", s.opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"},
+  json::object model{{"id", s.opt.model_name},
+                     {"object", "model"},
+                     {"created", 0},
+                     {"owned_by", "tessera"},
                      {"max_model_len", s.engine.max_model_len()}};
   if (!s.engine.kv_cache_dtype().empty()) model["kv_cache_dtype"] = s.engine.kv_cache_dtype();
   return model;
@@ -161,14 +164,18 @@ routing route_request(const http_request& req, const server_state& s) {
   const std::string_view host = header_value(req, http::field::host);
   if (!host_allowed(host, o, s.bound_port)) {
     // Through a reverse proxy or by a LAN name the Host is not one this server knows by itself.
-    throw api_error(403, "Host '" + std::string(host) + "' is not allowed (DNS-rebinding guard): start the server with "
-                             "--allowed-host " + std::string(split_host(host).name) + " to accept it",
+    throw api_error(403,
+                    "Host '" + std::string(host) +
+                        "' is not allowed (DNS-rebinding guard): start the server with "
+                        "--allowed-host " +
+                        std::string(split_host(host).name) + " to accept it",
                     "", "host_not_allowed");
   }
   const std::string_view origin = header_value(req, http::field::origin);
   if (!origin.empty() && !origin_allowed(origin, host, o.allowed_origins)) {
-    throw api_error(403, "Origin '" + std::string(origin) + "' is not allowed: start the server with --allowed-origins " +
-                             std::string(origin) + " (a comma list, or '*' for any origin) to let it call the API",
+    throw api_error(403,
+                    "Origin '" + std::string(origin) + "' is not allowed: start the server with --allowed-origins " +
+                        std::string(origin) + " (a comma list, or '*' for any origin) to let it call the API",
                     "", "origin_not_allowed");
   }
   // A browser's preflight before a cross-origin request: answered without the key, which it never carries.
@@ -226,10 +233,12 @@ http_response answer(route to, const http_request& req, server_state& s) {
     }
     case route::model: {
       const std::string_view target(req.target().data(), req.target().size());
-      const std::string id = percent_decoded(target.substr(k_model_prefix.size(), target.find('?') - k_model_prefix.size()));
+      const std::string id =
+          percent_decoded(target.substr(k_model_prefix.size(), target.find('?') - k_model_prefix.size()));
       if (id != s.opt.model_name) {
-        throw api_error(404, "The model '" + sanitize_utf8(id) + "' does not exist (this server serves '" + s.opt.model_name + "')",
-                        "model", "model_not_found");
+        throw api_error(
+            404, "The model '" + sanitize_utf8(id) + "' does not exist (this server serves '" + s.opt.model_name + "')",
+            "model", "model_not_found");
       }
       return json_response(json::serialize(model_object(s)));
     }

@@ -21,7 +21,7 @@ using http_response = boost::beast::http::response<boost::beast::http::string_bo
 enum class route : uint8_t {
   health,
   models,
-  model,        // GET /v1/models/{id}
+  model,  // GET /v1/models/{id}
   metrics,
   completions,
   chat_completions,
@@ -39,8 +39,8 @@ struct routing {
   std::optional<http_response> ready;  // ui_file, preflight: the answer, decided while routing
 };
 
-// Throws api_error: 403 (Host, Origin; the message names the flag that allows it), 404 (no such route), 405 (method), 401 (key; not for upgrades,
-// which authenticate later when the upgrade carried no key).
+// Throws api_error: 403 (Host, Origin; the message names the flag that allows it), 404 (no such route), 405 (method),
+// 401 (key; not for upgrades, which authenticate later when the upgrade carried no key).
 routing route_request(const http_request& req, const server_state& state);
 
 // The answer of health, models, model (/v1/models/{id}), metrics or detokenize (status, content type, body; the

@@ -27,7 +27,9 @@ std::string server_state::new_id(const char* prefix) {
 actors::stream_handle server_state::submit(const generation_request& req) {
   actors::submit_result r = engine.submit(req.prompt, req.params, req.priority);
   if (!r) {
-    const int status = r.error == actors::submit_error::overloaded ? 429 : r.error == actors::submit_error::invalid ? 400 : 503;
+    const int status = r.error == actors::submit_error::overloaded ? 429
+                       : r.error == actors::submit_error::invalid  ? 400
+                                                                   : 503;
     if (status != 400) metrics.record_rejected(status);
     throw api_error(status, r.message.empty() ? std::string(actors::to_string(r.error)) : r.message, "",
                     std::string(actors::to_string(r.error)));

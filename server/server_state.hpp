@@ -75,7 +75,7 @@ struct server_state {
   std::shared_ptr<event_hub> hub = std::make_shared<event_hub>();
   std::unique_ptr<static_files> ui;  // the browser UI; null: none
   std::shared_ptr<session_poster> poster = std::make_shared<session_poster>();
-  uint16_t bound_port = 0;           // set by the listener once bound
+  uint16_t bound_port = 0;  // set by the listener once bound
 
  private:
   friend class busy_token;

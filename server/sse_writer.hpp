@@ -17,7 +17,10 @@ class sse_writer {
  public:
   // cors_origin: an allowed cross-origin request's Origin, echoed in the head (server/cors.hpp); "" none.
   sse_writer(std::string request_id, bool chunked, bool keep_alive, std::string cors_origin = "")
-      : request_id_(std::move(request_id)), cors_origin_(std::move(cors_origin)), chunked_(chunked), keep_alive_(keep_alive) {}
+      : request_id_(std::move(request_id)),
+        cors_origin_(std::move(cors_origin)),
+        chunked_(chunked),
+        keep_alive_(keep_alive) {}
 
   bool headers_sent() const { return headers_sent_; }
 

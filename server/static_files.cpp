@@ -1,10 +1,10 @@
 #include "server/static_files.hpp"
 
+#include <unistd.h>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <system_error>
-#include <unistd.h>
 
 namespace tessera::server {
 
@@ -16,8 +16,7 @@ namespace {
 constexpr size_t max_ui_file_bytes = 8 * 1024 * 1024;
 
 bool safe_segment_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 // FNV-1a: the ETag only has to change when the content does.
@@ -85,7 +84,8 @@ fs::path find_webui_dir(const std::string& configured) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& p : {exe.parent_path().parent_path() / "share" / "tessera" / "webui", exe.parent_path() / "webui"}) {
+    for (const fs::path& p :
+         {exe.parent_path().parent_path() / "share" / "tessera" / "webui", exe.parent_path() / "webui"}) {
       if (has_index(p)) return p;
     }
   }

@@ -78,8 +78,8 @@ std::vector<std::string> parsed_delta_chunks(const generation_request& req, cons
   std::vector<std::string> chunks;
   auto chunk = [&](json::object delta, json::value lp) {
     json::object body = response_envelope(req, meta, true);
-    body["choices"] = json::array{json::object{{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
-                                               {"finish_reason", nullptr}}};
+    body["choices"] = json::array{json::object{
+        {"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}};
     if (req.include_usage) body["usage"] = nullptr;
     chunks.push_back(json::serialize(body));
   };
@@ -97,9 +97,11 @@ std::vector<std::string> parsed_delta_chunks(const generation_request& req, cons
     const int64_t call_index = first_call_index + static_cast<int64_t>(k);
     json::object header{{"role", "assistant"}, {"content", nullptr}};
     if (!first_of_choice) header = json::object{};
-    header["tool_calls"] = json::array{json::object{
-        {"index", call_index}, {"id", c.id}, {"type", "function"},
-        {"function", json::object{{"name", sanitize_utf8(c.name)}, {"arguments", ""}}}}};
+    header["tool_calls"] =
+        json::array{json::object{{"index", call_index},
+                                 {"id", c.id},
+                                 {"type", "function"},
+                                 {"function", json::object{{"name", sanitize_utf8(c.name)}, {"arguments", ""}}}}};
     chunk(std::move(header), nullptr);
     first_of_choice = false;
     json::object fragment{{"index", call_index}, {"function", json::object{{"arguments", sanitize_utf8(c.arguments)}}}};
@@ -112,8 +114,10 @@ std::string finish_chunk(const generation_request& req, const response_meta& met
                          const json::object* timings, bool made_calls) {
   json::object body = response_envelope(req, meta, true);
   json::object choice{{"index", index}};
-  if (req.kind == api_kind::chat) choice["delta"] = json::object{};
-  else choice["text"] = "";
+  if (req.kind == api_kind::chat)
+    choice["delta"] = json::object{};
+  else
+    choice["text"] = "";
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = choice_finish_json(reason, made_calls);
   body["choices"] = json::array{std::move(choice)};
@@ -133,13 +137,18 @@ std::string ws_started_message(std::string_view id, std::string_view request_id)
   return json::serialize(json::object{{"type", "started"}, {"id", id}, {"request_id", request_id}});
 }
 
-std::string ws_delta_message(std::string_view id, const actors::stream_delta& d, bool with_logprobs, bool with_engine_id,
-                             const tokenizer* tok, const chat_piece* piece, int32_t first_call_index) {
+std::string ws_delta_message(std::string_view id, const actors::stream_delta& d, bool with_logprobs,
+                             bool with_engine_id, const tokenizer* tok, const chat_piece* piece,
+                             int32_t first_call_index) {
   const request_output& o = d.output;
   json::array ids;
   for (token_id t : o.token_ids) ids.push_back(t);
-  json::object m{{"type", "delta"}, {"id", id}, {"index", o.index}, {"token_ids", std::move(ids)},
-                 {"text", piece ? json::string(sanitize_utf8(piece->content)) : delta_text(o)}, {"t", d.seconds_since_submit}};
+  json::object m{{"type", "delta"},
+                 {"id", id},
+                 {"index", o.index},
+                 {"token_ids", std::move(ids)},
+                 {"text", piece ? json::string(sanitize_utf8(piece->content)) : delta_text(o)},
+                 {"t", d.seconds_since_submit}};
   if (piece && !piece->reasoning.empty()) m["reasoning_content"] = sanitize_utf8(piece->reasoning);
   if (piece && !piece->calls.empty()) m["tool_calls"] = tool_calls_json(piece->calls, first_call_index);
   // The chat shape whatever the endpoint: one schema for every /v1/ws client.
@@ -148,16 +157,23 @@ std::string ws_delta_message(std::string_view id, const actors::stream_delta& d,
   return json::serialize(m);
 }
 
-std::string ws_final_message(std::string_view id, const actors::stream_final& f, const std::vector<int32_t>* calls_per_choice) {
+std::string ws_final_message(std::string_view id, const actors::stream_final& f,
+                             const std::vector<int32_t>* calls_per_choice) {
   json::array choices;
   for (const auto& c : f.choices) {
-    const bool made_calls = calls_per_choice && c.index >= 0 && static_cast<size_t>(c.index) < calls_per_choice->size() &&
+    const bool made_calls = calls_per_choice && c.index >= 0 &&
+                            static_cast<size_t>(c.index) < calls_per_choice->size() &&
                             (*calls_per_choice)[static_cast<size_t>(c.index)] > 0;
-    choices.push_back(json::object{{"index", c.index}, {"finish_reason", choice_finish_json(c.reason, made_calls)},
+    choices.push_back(json::object{{"index", c.index},
+                                   {"finish_reason", choice_finish_json(c.reason, made_calls)},
                                    {"num_generated_tokens", c.num_generated_tokens}});
   }
-  json::object m{{"type", "final"}, {"id", id}, {"finish_reason", finish_reason_json(f.reason)},
-                 {"choices", std::move(choices)}, {"usage", usage_json(f)}, {"timings", timings_json(f)}};
+  json::object m{{"type", "final"},
+                 {"id", id},
+                 {"finish_reason", finish_reason_json(f.reason)},
+                 {"choices", std::move(choices)},
+                 {"usage", usage_json(f)},
+                 {"timings", timings_json(f)}};
   if (f.request) m["engine_request_id"] = f.request.value();
   if (f.reason == finish_reason::error) m["error"] = f.error;
   return json::serialize(m);

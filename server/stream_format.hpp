@@ -13,10 +13,10 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
+#include "server/chat_output.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
 #include "server/request_parser.hpp"
-#include "server/chat_output.hpp"
 
 namespace tessera::server {
 
@@ -66,8 +66,8 @@ std::vector<std::string> parsed_delta_chunks(const generation_request& req, cons
                                              const std::vector<token_logprob>* logprobs, const tokenizer* tok);
 // The chunk that closes choice `index` with its finish reason (timings attached when given);
 // made_calls: "tool_calls" instead of "stop".
-std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index,
-                         finish_reason reason, const boost::json::object* timings, bool made_calls = false);
+std::string finish_chunk(const generation_request& req, const response_meta& meta, int32_t index, finish_reason reason,
+                         const boost::json::object* timings, bool made_calls = false);
 // stream_options.include_usage: the last chunk, no choices, with usage.
 std::string usage_chunk(const generation_request& req, const response_meta& meta, const actors::stream_final& final);
 

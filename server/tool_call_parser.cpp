@@ -38,13 +38,18 @@ size_t json_value_end(std::string_view s, size_t start) {
   for (size_t i = start; i < s.size(); ++i) {
     const char c = s[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') ++depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '{' || c == '[')
+      ++depth;
     else if (c == '}' || c == ']') {
       if (--depth == 0) return i + 1;
     }
@@ -160,7 +165,10 @@ tool_parse_step tool_call_stream::feed(std::string_view text) {
   tool_parse_step out;
   buffer_.append(text);
   switch (kind_) {
-    case tool_parser_kind::none: emit_content(out, buffer_); buffer_.clear(); break;
+    case tool_parser_kind::none:
+      emit_content(out, buffer_);
+      buffer_.clear();
+      break;
     case tool_parser_kind::hermes: feed_hermes(out, false); break;
     case tool_parser_kind::llama3: feed_llama3(out, false); break;
     case tool_parser_kind::mistral: feed_mistral(out, false); break;
@@ -171,7 +179,10 @@ tool_parse_step tool_call_stream::feed(std::string_view text) {
 tool_parse_step tool_call_stream::finish() {
   tool_parse_step out;
   switch (kind_) {
-    case tool_parser_kind::none: emit_content(out, buffer_); buffer_.clear(); break;
+    case tool_parser_kind::none:
+      emit_content(out, buffer_);
+      buffer_.clear();
+      break;
     case tool_parser_kind::hermes: feed_hermes(out, true); break;
     case tool_parser_kind::llama3: feed_llama3(out, true); break;
     case tool_parser_kind::mistral: feed_mistral(out, true); break;
@@ -208,7 +219,8 @@ void tool_call_stream::feed_hermes(tool_parse_step& out, bool at_end) {
     }
     const size_t close = buffer_.find(hermes_close, search_from);
     if (close == std::string::npos && !at_end) return;
-    const std::string_view body = std::string_view(buffer_).substr(0, close == std::string::npos ? buffer_.size() : close);
+    const std::string_view body =
+        std::string_view(buffer_).substr(0, close == std::string::npos ? buffer_.size() : close);
     std::string name, arguments;
     if (parse_call_object(trim(body), &name, &arguments)) {
       add_call(out, std::move(name), std::move(arguments));

@@ -33,7 +33,7 @@ std::optional<tool_parser_kind> tool_parser_from_name(std::string_view name);
 tool_parser_kind detect_tool_parser(std::string_view template_source);
 
 struct parsed_tool_call {
-  std::string id;         // "call_" + 24 alphanumerics; Mistral: 9 alphanumerics (its templates require it)
+  std::string id;  // "call_" + 24 alphanumerics; Mistral: 9 alphanumerics (its templates require it)
   std::string name;
   std::string arguments;  // a JSON object, serialized compactly
 

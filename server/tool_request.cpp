@@ -18,7 +18,8 @@ namespace json = boost::json;
 bool valid_function_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+          c == '.'))
       return false;
   }
   return true;
@@ -76,10 +77,15 @@ void parse_tool_choice(std::string_view choice_json, tool_request& out) {
   const json::value v = parse_json(choice_json, "tool_choice");
   if (v.is_string()) {
     const std::string_view s = v.get_string();
-    if (s == "none") out.choice = tool_choice_mode::none;
-    else if (s == "auto") out.choice = tool_choice_mode::auto_;
-    else if (s == "required") out.choice = tool_choice_mode::required;
-    else bad("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (s == "none")
+      out.choice = tool_choice_mode::none;
+    else if (s == "auto")
+      out.choice = tool_choice_mode::auto_;
+    else if (s == "required")
+      out.choice = tool_choice_mode::required;
+    else
+      bad("tool_choice",
+          "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     return;
   }
   const json::object* o = v.if_object();
@@ -87,7 +93,8 @@ void parse_tool_choice(std::string_view choice_json, tool_request& out) {
   const json::value* fn = o ? o->if_contains("function") : nullptr;
   const json::value* name = fn && fn->is_object() ? fn->get_object().if_contains("name") : nullptr;
   if (!type || !type->is_string() || type->get_string() != "function" || !name || !name->is_string()) {
-    bad("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    bad("tool_choice",
+        "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
   out.choice = tool_choice_mode::named;
   out.named_function = std::string(name->get_string());
@@ -95,13 +102,15 @@ void parse_tool_choice(std::string_view choice_json, tool_request& out) {
 
 void check_tool_request(const tool_request& t, bool tools_given) {
   if (t.choice == tool_choice_mode::named) {
-    if (!tools_given) bad("tool_choice", "names the function '" + t.named_function + "' but the request has no 'tools'");
+    if (!tools_given)
+      bad("tool_choice", "names the function '" + t.named_function + "' but the request has no 'tools'");
     for (const auto& f : t.functions) {
       if (f.name == t.named_function) return;
     }
     bad("tool_choice", "names the function '" + t.named_function + "', which is not in 'tools'");
   }
-  if (t.choice == tool_choice_mode::required && t.functions.empty()) bad("tool_choice", "is \"required\" but the request has no 'tools'");
+  if (t.choice == tool_choice_mode::required && t.functions.empty())
+    bad("tool_choice", "is \"required\" but the request has no 'tools'");
 }
 
 std::string forced_call_schema(const tool_request& t) {
@@ -117,8 +126,9 @@ std::string forced_call_schema(const tool_request& t) {
   for (const auto& f : t.functions) {
     any_of.push_back(json::object{
         {"type", "object"},
-        {"properties", json::object{{"name", json::object{{"type", "string"}, {"enum", json::array{json::string(f.name)}}}},
-                                    {"parameters", parameters(f)}}},
+        {"properties",
+         json::object{{"name", json::object{{"type", "string"}, {"enum", json::array{json::string(f.name)}}}},
+                      {"parameters", parameters(f)}}},
         {"required", json::array{"name", "parameters"}},
         {"additionalProperties", false}});
   }

@@ -27,7 +27,9 @@ struct tool_request {
   // The output is parsed for calls: tools given and tool_choice not "none".
   bool calls_possible() const { return !functions.empty() && choice != tool_choice_mode::none; }
   // The output is forced (by the grammar) to be calls: required, or a named function.
-  bool forced() const { return !functions.empty() && (choice == tool_choice_mode::required || choice == tool_choice_mode::named); }
+  bool forced() const {
+    return !functions.empty() && (choice == tool_choice_mode::required || choice == tool_choice_mode::named);
+  }
 };
 
 inline constexpr int32_t k_max_tools = 128;  // OpenAI's bound

@@ -45,8 +45,7 @@ void ws_session::fail(const char* what) noexcept {
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().close(ec);
     begin_close();
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 void ws_session::run(http_request req) {
@@ -57,8 +56,8 @@ void ws_session::run(http_request req) {
   t.keep_alive_pings = true;
   ws_.set_option(t);
   ws_.read_message_max(state_.opt.ws_max_message_bytes);
-  ws_.set_option(
-      websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "tessera"); }));
+  ws_.set_option(websocket::stream_base::decorator(
+      [](websocket::response_type& res) { res.set(http::field::server, "tessera"); }));
   ws_.async_accept(req_, guarded(&ws_session::on_accept));
 }
 
@@ -93,8 +92,9 @@ void ws_session::on_accept(beast::error_code ec) {
       self->run_guarded([&] {
         if (wait_ec || self->authed_ || self->closing_) return;
         self->state_.metrics.record_closed(close_reason::ws_auth_timeout);
-        self->send_error(api_error(401, "no valid {\"type\": \"auth\"} message within " +
-                                            std::to_string(self->state_.opt.ws_auth_timeout.count()) + " ms",
+        self->send_error(api_error(401,
+                                   "no valid {\"type\": \"auth\"} message within " +
+                                       std::to_string(self->state_.opt.ws_auth_timeout.count()) + " ms",
                                    "", "invalid_api_key"),
                          "");
         self->close(websocket::close_code::policy_error);
@@ -115,9 +115,7 @@ void ws_session::on_authed() {
   if (auto hello = state_.hub->initial_message()) send(std::move(*hello));
 }
 
-void ws_session::do_read() {
-  ws_.async_read(buffer_, guarded(&ws_session::on_read));
-}
+void ws_session::do_read() { ws_.async_read(buffer_, guarded(&ws_session::on_read)); }
 
 void ws_session::on_read(beast::error_code ec, size_t) {
   if (ec) return begin_close();
@@ -157,7 +155,8 @@ void ws_session::handle(const std::string& text) {
       return send(R"({"type":"auth_ok"})");
     }
     if (!authed_) {
-      send_error(api_error(401, "authenticate first: {\"type\": \"auth\", \"api_key\": KEY}", "", "invalid_api_key"), id);
+      send_error(api_error(401, "authenticate first: {\"type\": \"auth\", \"api_key\": KEY}", "", "invalid_api_key"),
+                 id);
       return close(websocket::close_code::policy_error);
     }
     if (type == "ping") return send(R"({"type":"pong"})");
@@ -170,9 +169,7 @@ void ws_session::handle(const std::string& text) {
       return;
     }
     throw api_error(400, "unknown message type '" + std::string(type) + "'", "type");
-  } catch (const api_error& e) {
-    send_error(e, id);
-  } catch (const std::exception& e) {
+  } catch (const api_error& e) { send_error(e, id); } catch (const std::exception& e) {
     send_error(api_error(500, std::string("internal error: ") + e.what()), id);
   }
 }
@@ -183,7 +180,8 @@ void ws_session::start(simdjson::dom::element doc, const std::string& id) {
   if (gens_.count(id)) throw api_error(400, "a generation with id '" + id + "' is already running", "id");
   if (gens_.size() >= 64) throw api_error(429, "too many generations on this socket (64)", "", "too_many");
   simdjson::dom::element body;
-  if (doc["request"].get(body) || !body.is_object()) throw api_error(400, "'request' (an object) is required", "request");
+  if (doc["request"].get(body) || !body.is_object())
+    throw api_error(400, "'request' (an object) is required", "request");
   std::string_view endpoint = "auto";
   if (doc["endpoint"].get(endpoint)) endpoint = "auto";
   simdjson::dom::element probe;
@@ -239,7 +237,8 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
         const int32_t calls_before = g.outputs[i].num_calls();
         const chat_piece piece = g.outputs[i].feed(d->output.text);
         g.calls_per_choice[i] = g.outputs[i].num_calls();
-        messages.push_back(ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok, &piece, calls_before));
+        messages.push_back(
+            ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok, &piece, calls_before));
         continue;
       }
       messages.push_back(ws_delta_message(id, *d, g.req.want_logprobs, g.progress.first_of_stream(), tok));
@@ -269,7 +268,8 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
       continue;
     }
     messages.push_back(ws_final_message(id, f, g.outputs.empty() ? nullptr : &g.calls_per_choice));
-    log_generation(200, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens, f.num_generated_tokens);
+    log_generation(200, g.request_id, f.seconds_total, to_string(f.reason), f.num_prompt_tokens,
+                   f.num_generated_tokens);
     finished = true;
   }
   if (finished) gens_.erase(it);

@@ -36,13 +36,13 @@
 
 #include "actors/engine_facade.hpp"
 #include "server/api_error.hpp"
-#include "server/guarded_handlers.hpp"
+#include "server/chat_output.hpp"
 #include "server/event_hub.hpp"
+#include "server/guarded_handlers.hpp"
 #include "server/metrics.hpp"
 #include "server/prefixed_stream.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
-#include "server/chat_output.hpp"
 #include "server/stream_format.hpp"
 
 namespace tessera::server {
@@ -68,7 +68,7 @@ class ws_session : public std::enable_shared_from_this<ws_session>, guarded_hand
     generation_request req;
     actors::stream_handle stream;
     std::string request_id;
-    stream_progress progress{0};  // its tokens so far count in the access line of an aborted one
+    stream_progress progress{0};              // its tokens so far count in the access line of an aborted one
     std::vector<chat_output_stream> outputs;  // chat with output parsers: one per choice
     std::vector<int32_t> calls_per_choice;
     std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
@@ -92,7 +92,7 @@ class ws_session : public std::enable_shared_from_this<ws_session>, guarded_hand
   void on_write(boost::beast::error_code ec, size_t);
   void update_busy();
   void close(boost::beast::websocket::close_code code);  // a close frame after the message being written
-  void begin_close();                                     // marks closing, posts teardown()
+  void begin_close();                                    // marks closing, posts teardown()
   void teardown();
   // One access-log line per generation on the socket ("WS /v1/ws").
   void log_generation(int status, const std::string& request_id, double seconds, std::string_view outcome,
@@ -104,7 +104,7 @@ class ws_session : public std::enable_shared_from_this<ws_session>, guarded_hand
   boost::beast::websocket::stream<prefixed_stream<boost::beast::tcp_stream>> ws_;
   boost::asio::steady_timer write_timer_;  // armed while a message or the close frame is being written
   uint64_t write_timer_serial_ = 0;
-  bool closing_write_ = false;             // the close frame is being written
+  bool closing_write_ = false;  // the close frame is being written
   boost::asio::steady_timer auth_timer_;
   boost::beast::flat_buffer buffer_;
   http_request req_;

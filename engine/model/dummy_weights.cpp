@@ -30,7 +30,8 @@ struct dummy_storage {
 class filler {
  public:
   filler(const dummy_weights_options& options, dummy_storage& storage)
-      : options_(options), storage_(storage),
+      : options_(options),
+        storage_(storage),
         threads_(options.num_threads > 0 ? options.num_threads
                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
@@ -123,7 +124,8 @@ std::shared_ptr<const model_weights> make_dummy_weights(const model_config& conf
 
   w->token_embedding = fill.matrix("token_embd.weight", config.vocab_size, hidden, 0.5f);
   w->output_norm = fill.ones("output_norm.weight", hidden);
-  w->output = config.tied_embeddings ? w->token_embedding : fill.matrix("output.weight", config.vocab_size, hidden, in_hidden);
+  w->output =
+      config.tied_embeddings ? w->token_embedding : fill.matrix("output.weight", config.vocab_size, hidden, in_hidden);
   w->layers.resize(static_cast<size_t>(config.num_layers));
   for (int32_t i = 0; i < config.num_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";

@@ -221,12 +221,8 @@ void dequant_q5_k(const uint8_t* b, float* y, int64_t nb) {
       scale_min_k4(g + 1, scales, sc, mn);
       const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
       const uint8_t u1 = static_cast<uint8_t>(1u << g), u2 = static_cast<uint8_t>(2u << g);
-      for (int l = 0; l < 32; ++l) {
-        *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
-      }
-      for (int l = 0; l < 32; ++l) {
-        *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
-      }
+      for (int l = 0; l < 32; ++l) { *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1; }
+      for (int l = 0; l < 32; ++l) { *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2; }
     }
   }
 }
@@ -287,9 +283,7 @@ void dequantize_row(ggml_type t, const void* src, float* dst, int64_t n) {
   const auto* p = static_cast<const uint8_t*>(src);
   const int64_t nb = n / info.block_elems;
   switch (t) {
-    case ggml_type::f32:
-      std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
-      return;
+    case ggml_type::f32: std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float)); return;
     case ggml_type::f16:
       for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(p + 2 * i));
       return;
@@ -307,8 +301,7 @@ void dequantize_row(ggml_type t, const void* src, float* dst, int64_t n) {
     case ggml_type::q5_k: return dequant_q5_k(p, dst, nb);
     case ggml_type::q6_k: return dequant_q6_k(p, dst, nb);
     case ggml_type::q8_1:
-    case ggml_type::q8_k:
-      break;
+    case ggml_type::q8_k: break;
   }
   throw std::invalid_argument("dequantize_row: unsupported type");
 }
@@ -352,7 +345,7 @@ uint16_t fp32_to_fp16(float f) noexcept {
     if (abs < 0x33000000u) return sign;  // below 2^-25: rounds to 0 (2^-25 itself is a tie -> 0)
     const uint32_t e = abs >> 23;        // 102..112
     const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
-    const uint32_t shift = 126 - e;      // 14..24: mant * 2^(e-150) / 2^-24 = mant >> (126 - e)
+    const uint32_t shift = 126 - e;  // 14..24: mant * 2^(e-150) / 2^-24 = mant >> (126 - e)
     uint32_t q = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);

@@ -41,7 +41,7 @@ constexpr uint64_t default_alignment = 32;                     // GGUF_DEFAULT_A
 constexpr size_t data_buffer_alignment = 64;                   // from_bytes copy: cache-line aligned
 
 // Smallest encodings, used to bound counts by the bytes that remain.
-constexpr uint64_t min_kv_bytes = 8 + 4 + 1;                   // empty key, u8 value (keys must be non-empty, still a bound)
+constexpr uint64_t min_kv_bytes = 8 + 4 + 1;  // empty key, u8 value (keys must be non-empty, still a bound)
 constexpr uint64_t min_tensor_info_bytes = 8 + 4 + 8 + 4 + 8;  // empty name, one dim
 
 const char* value_type_name(uint32_t t) {
@@ -151,7 +151,7 @@ class file_bytes {
   void copy(std::span<const std::byte> bytes) {
     reset();
     auto* p = static_cast<std::byte*>(
-        ::operator new(std::max<size_t>(bytes.size(), 1), std::align_val_t{data_buffer_alignment}));
+        ::operator new (std::max<size_t>(bytes.size(), 1), std::align_val_t{data_buffer_alignment}));
     if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
     data_ = p;
     size_ = bytes.size();
@@ -165,7 +165,7 @@ class file_bytes {
     if (mapped_) {
       ::munmap(const_cast<std::byte*>(data_), size_);
     } else {
-      ::operator delete(const_cast<std::byte*>(data_), std::align_val_t{data_buffer_alignment});
+      ::operator delete (const_cast<std::byte*>(data_), std::align_val_t{data_buffer_alignment});
     }
     data_ = nullptr;
     size_ = 0;
@@ -186,8 +186,8 @@ struct gguf_file::impl {
     uint64_t value_offset = 0;  // of the value's encoding, for error messages
   };
   std::deque<kv_entry> kvs;
-  std::unordered_map<std::string_view, size_t> kv_index;       // views into kvs' keys
-  std::unordered_map<std::string_view, size_t> tensor_index;   // views into tensors_' names
+  std::unordered_map<std::string_view, size_t> kv_index;      // views into kvs' keys
+  std::unordered_map<std::string_view, size_t> tensor_index;  // views into tensors_' names
 };
 
 namespace {
@@ -208,8 +208,8 @@ class cursor {
   // Throws unless n more bytes exist at the cursor; `what` names the field being read.
   void need(uint64_t n, const char* what) const {
     if (n > remaining()) {
-      fail(pos_, std::string("file truncated: ") + what + " needs " + std::to_string(n) +
-                     " bytes but only " + std::to_string(remaining()) + " remain");
+      fail(pos_, std::string("file truncated: ") + what + " needs " + std::to_string(n) + " bytes but only " +
+                     std::to_string(remaining()) + " remain");
     }
   }
 
@@ -296,13 +296,13 @@ class parser {
     const uint64_t elem_min = min_elem_bytes(v.elem_type);
     uint64_t need = 0;
     if (__builtin_mul_overflow(count, elem_min, &need) || need > cur_.remaining()) {
-      cur_.fail(count_at, "array of " + std::to_string(count) + " " + value_type_name(static_cast<uint32_t>(v.elem_type)) +
-                              " elements in key '" + key + "' needs more than the " +
-                              std::to_string(cur_.remaining()) + " bytes that remain");
+      cur_.fail(count_at, "array of " + std::to_string(count) + " " +
+                              value_type_name(static_cast<uint32_t>(v.elem_type)) + " elements in key '" + key +
+                              "' needs more than the " + std::to_string(cur_.remaining()) + " bytes that remain");
     }
     if (count > max_array_elems) {
-      cur_.fail(count_at, "array of " + std::to_string(count) + " elements in key '" + key +
-                              "' exceeds the limit of " + std::to_string(max_array_elems));
+      cur_.fail(count_at, "array of " + std::to_string(count) + " elements in key '" + key + "' exceeds the limit of " +
+                              std::to_string(max_array_elems));
     }
     if (count > max_total_array_elems - num_array_elems_) {
       cur_.fail(count_at, "array of " + std::to_string(count) + " elements in key '" + key +
@@ -337,8 +337,8 @@ class parser {
         read_ints<uint8_t>(v.ints, n);
         for (size_t i = 0; i < n; ++i) {
           if (v.ints[i] > 1) {
-            cur_.fail(first_at + i, "bool array element " + std::to_string(v.ints[i]) + " of key '" + key +
-                                        "' is not 0 or 1");
+            cur_.fail(first_at + i,
+                      "bool array element " + std::to_string(v.ints[i]) + " of key '" + key + "' is not 0 or 1");
           }
         }
         break;
@@ -348,9 +348,8 @@ class parser {
       case gguf_value_type::string:
         v.strings.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-          v.strings.push_back(cur_.read_string([&] {
-            return "string element " + std::to_string(i) + " of key '" + key + "'";
-          }));
+          v.strings.push_back(
+              cur_.read_string([&] { return "string element " + std::to_string(i) + " of key '" + key + "'"; }));
         }
         break;
       case gguf_value_type::array:
@@ -408,8 +407,8 @@ gguf_file::~gguf_file() = default;
 
 // The whole parse of a file image (mapped or copied). It fills the impl and, through the
 // references, gguf_file's private fields; `tensors[i].data` point into `image`.
-static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, uint32_t& version,
-                        uint64_t& alignment, std::vector<gguf_tensor_info>& tensors) {
+static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, uint32_t& version, uint64_t& alignment,
+                        std::vector<gguf_tensor_info>& tensors) {
   parser p(image);
   cursor& cur = p.cur();
 
@@ -426,8 +425,9 @@ static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, u
   version = cur.read<uint32_t>("version");
   if (version != 2 && version != 3) {
     const bool swapped = version == 0x02000000u || version == 0x03000000u;
-    cur.fail(version_at, "unsupported version " + std::to_string(version) +
-                             (swapped ? " (a big-endian GGUF file; only little endian is supported)" : " (supported: 2, 3)"));
+    cur.fail(version_at,
+             "unsupported version " + std::to_string(version) +
+                 (swapped ? " (a big-endian GGUF file; only little endian is supported)" : " (supported: 2, 3)"));
   }
   const uint64_t tensor_count_at = cur.offset();
   const auto tensor_count = cur.read<uint64_t>("tensor count");
@@ -469,7 +469,8 @@ static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, u
     }
     const uint64_t a = v.type == gguf_value_type::u64 ? v.u : (v.i > 0 ? static_cast<uint64_t>(v.i) : 0);
     if (a == 0 || (a & (a - 1)) != 0) {
-      cur.fail(kv.value_offset, "general.alignment " + (v.type == gguf_value_type::u64 ? std::to_string(v.u) : std::to_string(v.i)) +
+      cur.fail(kv.value_offset, "general.alignment " +
+                                    (v.type == gguf_value_type::u64 ? std::to_string(v.u) : std::to_string(v.i)) +
                                     " is not a non-zero power of two");
     }
     // Larger alignments are legal but absurd; refusing them keeps padding arithmetic trivially safe.
@@ -498,12 +499,12 @@ static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, u
       const uint64_t dim_at = cur.offset();
       const auto ne = cur.read<uint64_t>("tensor dimension");
       if (ne == 0 || ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        cur.fail(dim_at, who + ": dimension " + std::to_string(d) + " is " + std::to_string(ne) +
-                             " (must be in 1..2^63-1)");
+        cur.fail(dim_at,
+                 who + ": dimension " + std::to_string(d) + " is " + std::to_string(ne) + " (must be in 1..2^63-1)");
       }
       if (__builtin_mul_overflow(num_elements, static_cast<int64_t>(ne), &num_elements)) {
-        cur.fail(dim_at, who + ": element count overflows (dimension " + std::to_string(d) + " is " +
-                             std::to_string(ne) + ")");
+        cur.fail(dim_at,
+                 who + ": element count overflows (dimension " + std::to_string(d) + " is " + std::to_string(ne) + ")");
       }
       info.dims.push_back(static_cast<int64_t>(ne));
     }
@@ -527,8 +528,8 @@ static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, u
     const uint64_t offset_at = cur.offset();
     info.offset = cur.read<uint64_t>("tensor offset");
     if (info.offset % alignment != 0) {
-      cur.fail(offset_at, who + ": data offset " + std::to_string(info.offset) + " is not a multiple of the alignment " +
-                              std::to_string(alignment));
+      cur.fail(offset_at, who + ": data offset " + std::to_string(info.offset) +
+                              " is not a multiple of the alignment " + std::to_string(alignment));
     }
     tensors.push_back(std::move(info));
     info_offsets.push_back(info_at);
@@ -560,21 +561,20 @@ static void parse_image(gguf_file::impl& im, std::span<const std::byte> image, u
   for (const auto& t : tensors) {
     uint64_t end = 0;
     if (__builtin_add_overflow(t.offset, t.num_bytes, &end) || end > data_size) {
-      throw load_error("GGUF: tensor '" + t.name + "' " + format_dims(t.dims) + " of " +
-                       std::to_string(t.num_bytes) + " bytes at data offset " + std::to_string(t.offset) +
-                       " (file offset " + std::to_string(data_start) + " + " + std::to_string(t.offset) +
+      throw load_error("GGUF: tensor '" + t.name + "' " + format_dims(t.dims) + " of " + std::to_string(t.num_bytes) +
+                       " bytes at data offset " + std::to_string(t.offset) + " (file offset " +
+                       std::to_string(data_start) + " + " + std::to_string(t.offset) +
                        ") runs past the end of the file (" + std::to_string(cur.size()) + " bytes)");
     }
   }
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return tensors[a].offset < tensors[b].offset; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].offset < tensors[b].offset; });
   for (size_t i = 1; i < order.size(); ++i) {
     const auto& prev = tensors[order[i - 1]];
     const auto& next = tensors[order[i]];
     if (prev.offset + prev.num_bytes > next.offset) {
       throw load_error("GGUF: tensor '" + next.name + "' at data offset " + std::to_string(next.offset) +
-                       " overlaps tensor '" + prev.name + "' (data offsets " + std::to_string(prev.offset) +
-                       ".." + std::to_string(prev.offset + prev.num_bytes) + ")");
+                       " overlaps tensor '" + prev.name + "' (data offsets " + std::to_string(prev.offset) + ".." +
+                       std::to_string(prev.offset + prev.num_bytes) + ")");
     }
   }
   for (auto& t : tensors) t.data = image.data() + data_start + t.offset;
@@ -607,9 +607,7 @@ std::shared_ptr<const gguf_file> gguf_file::open(const std::filesystem::path& pa
   f->path_ = path;
   try {
     parse_image(*f->impl_, f->impl_->bytes.span(), f->version_, f->alignment_, f->tensors_);
-  } catch (const load_error& e) {
-    throw load_error(where + ": " + e.what());
-  }
+  } catch (const load_error& e) { throw load_error(where + ": " + e.what()); }
   return f;
 }
 
@@ -630,7 +628,8 @@ std::vector<std::string> gguf_file::keys() const {
 namespace {
 [[noreturn]] void wrong_type(std::string_view key, const gguf_value& v, const char* expected) {
   std::string got = value_type_name(static_cast<uint32_t>(v.type));
-  if (v.type == gguf_value_type::array) got += std::string(" of ") + value_type_name(static_cast<uint32_t>(v.elem_type));
+  if (v.type == gguf_value_type::array)
+    got += std::string(" of ") + value_type_name(static_cast<uint32_t>(v.elem_type));
   throw load_error("GGUF: key '" + std::string(key) + "' has type " + got + ", expected " + expected);
 }
 }  // namespace
@@ -706,11 +705,16 @@ std::string describe_value(const gguf_value& v) {
       const size_t n = static_cast<size_t>(v.array_size);
       for (size_t i = 0; i < n && i < max_shown; ++i) {
         if (i) out << ", ";
-        if (is_integer(v.elem_type)) out << v.ints[i];
-        else if (v.elem_type == gguf_value_type::boolean) out << (v.ints[i] ? "true" : "false");
-        else if (is_float(v.elem_type)) out << v.floats[i];
-        else if (v.elem_type == gguf_value_type::string) out << quote_string(v.strings[i], 40);
-        else out << describe_value(v.arrays[i]);
+        if (is_integer(v.elem_type))
+          out << v.ints[i];
+        else if (v.elem_type == gguf_value_type::boolean)
+          out << (v.ints[i] ? "true" : "false");
+        else if (is_float(v.elem_type))
+          out << v.floats[i];
+        else if (v.elem_type == gguf_value_type::string)
+          out << quote_string(v.strings[i], 40);
+        else
+          out << describe_value(v.arrays[i]);
       }
       if (n > max_shown) out << ", ... (" << n << " elements)";
       out << "]";

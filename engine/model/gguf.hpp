@@ -20,8 +20,19 @@ namespace tessera {
 
 // GGUF metadata value types (on-disk numbering).
 enum class gguf_value_type : uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
-  u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 
 // One metadata value. Scalars use one of i/u/f/b/s; arrays keep their elements in the typed vector
@@ -30,8 +41,8 @@ enum class gguf_value_type : uint32_t {
 struct gguf_value {
   gguf_value_type type = gguf_value_type::u8;
   gguf_value_type elem_type = gguf_value_type::u8;  // arrays only
-  int64_t i = 0;      // signed integers, and unsigned ones that fit
-  uint64_t u = 0;     // unsigned integers (also set for signed >= 0)
+  int64_t i = 0;                                    // signed integers, and unsigned ones that fit
+  uint64_t u = 0;                                   // unsigned integers (also set for signed >= 0)
   double f = 0.0;
   bool b = false;
   std::string s;
@@ -47,7 +58,7 @@ struct gguf_tensor_info {
   ggml_type type = ggml_type::f32;
   std::vector<int64_t> dims;  // ne[0] first: ne[0] is the contiguous (fastest) dimension
   int64_t num_elements = 0;
-  uint64_t offset = 0;        // from the start of the tensor data section
+  uint64_t offset = 0;  // from the start of the tensor data section
   uint64_t num_bytes = 0;
   const std::byte* data = nullptr;  // inside the mapping
 };

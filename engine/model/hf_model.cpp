@@ -365,9 +365,7 @@ model_config read_hf_config(const fs::path& dir, std::vector<std::string>* warni
   }
   try {
     c.validate();
-  } catch (const load_error& e) {
-    f->fail(e.what());
-  }
+  } catch (const load_error& e) { f->fail(e.what()); }
   return c;
 }
 

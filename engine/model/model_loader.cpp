@@ -42,9 +42,7 @@ loaded_model load_hf(const fs::path& dir) {
   }
   try {
     model.tok = std::make_shared<const tokenizer>(std::move(vocab));
-  } catch (const load_error& e) {
-    throw load_error((dir / "tokenizer.json").string() + ": " + e.what());
-  }
+  } catch (const load_error& e) { throw load_error((dir / "tokenizer.json").string() + ": " + e.what()); }
   for (const auto& w : model.tok->warnings()) model.warnings.push_back(w);
   model.chat_template = read_hf_chat_template(dir);
   return model;
@@ -54,7 +52,8 @@ loaded_model load_dummy(const fs::path& path) {
   std::error_code ec;
   const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
   if (!is_hf_model_dir(dir)) {
-    throw load_error(path.string() + ": --load-format dummy needs a Hugging Face config.json (a directory holding one, or the file)");
+    throw load_error(path.string() +
+                     ": --load-format dummy needs a Hugging Face config.json (a directory holding one, or the file)");
   }
   loaded_model model;
   model.path = dir;
@@ -65,7 +64,8 @@ loaded_model load_dummy(const fs::path& path) {
     model.chat_template = read_hf_chat_template(dir);
   } else {
     model.tok = make_byte_tokenizer(config.vocab_size);
-    model.warnings.push_back(dir.string() + ": no tokenizer.json; dummy model uses a byte-level placeholder vocabulary");
+    model.warnings.push_back(dir.string() +
+                             ": no tokenizer.json; dummy model uses a byte-level placeholder vocabulary");
   }
   return model;
 }

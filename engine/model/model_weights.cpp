@@ -56,8 +56,8 @@ std::string shape_string(const std::vector<int64_t>& dims) {
 weight_tensor bind(const gguf_file& f, const std::string& name, int64_t rows, int64_t cols, bool one_d) {
   const gguf_tensor_info* t = f.tensor(name);
   if (t == nullptr) throw load_error("GGUF: tensor '" + name + "' is missing");
-  const std::string expected = one_d ? "[" + std::to_string(cols) + "]"
-                                     : "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]";
+  const std::string expected =
+      one_d ? "[" + std::to_string(cols) + "]" : "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]";
   const size_t want_dims = one_d ? 1 : 2;
   bool ok = t->dims.size() >= want_dims && t->dims[0] == cols && (one_d || t->dims[1] == rows);
   for (size_t i = want_dims; ok && i < t->dims.size(); ++i) ok = t->dims[i] == 1;
@@ -263,8 +263,8 @@ model_config read_gguf_config(const gguf_file& f) {
       // local layers use llama_hparams' default 10000 for Gemma 3 (models/gemma3.cpp reads the key only
       // when present) but the global base for Gemma 2 (models/gemma2.cpp copies it). Falling back to the
       // global 1e6 on Gemma 3 ran its local layers with the wrong rotary frequencies.
-      const float local_theta = optional_float(f, a + ".rope.freq_base_swa",
-                                               c.architecture == model_arch::gemma3 ? 10000.0f : c.rope_theta);
+      const float local_theta =
+          optional_float(f, a + ".rope.freq_base_swa", c.architecture == model_arch::gemma3 ? 10000.0f : c.rope_theta);
       c.layers.resize(static_cast<size_t>(c.num_layers));
       for (int32_t i = 0; i < c.num_layers; ++i) {
         // A pattern of 0 makes every layer local (llama_hparams::set_swa_pattern).

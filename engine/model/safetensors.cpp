@@ -28,15 +28,12 @@ struct dtype_info {
 };
 
 constexpr dtype_info k_dtypes[] = {
-    {"F32", 32, true, ggml_type::f32},     {"F16", 16, true, ggml_type::f16},
-    {"BF16", 16, true, ggml_type::bf16},   {"F64", 64, false, ggml_type::f32},
-    {"I64", 64, false, ggml_type::f32},    {"U64", 64, false, ggml_type::f32},
-    {"I32", 32, false, ggml_type::f32},    {"U32", 32, false, ggml_type::f32},
-    {"I16", 16, false, ggml_type::f32},    {"U16", 16, false, ggml_type::f32},
-    {"I8", 8, false, ggml_type::f32},      {"U8", 8, false, ggml_type::f32},
-    {"BOOL", 8, false, ggml_type::f32},    {"F8_E4M3", 8, false, ggml_type::f32},
-    {"F8_E5M2", 8, false, ggml_type::f32}, {"F8_E8M0", 8, false, ggml_type::f32},
-    {"F6_E2M3", 6, false, ggml_type::f32}, {"F6_E3M2", 6, false, ggml_type::f32},
+    {"F32", 32, true, ggml_type::f32},     {"F16", 16, true, ggml_type::f16},     {"BF16", 16, true, ggml_type::bf16},
+    {"F64", 64, false, ggml_type::f32},    {"I64", 64, false, ggml_type::f32},    {"U64", 64, false, ggml_type::f32},
+    {"I32", 32, false, ggml_type::f32},    {"U32", 32, false, ggml_type::f32},    {"I16", 16, false, ggml_type::f32},
+    {"U16", 16, false, ggml_type::f32},    {"I8", 8, false, ggml_type::f32},      {"U8", 8, false, ggml_type::f32},
+    {"BOOL", 8, false, ggml_type::f32},    {"F8_E4M3", 8, false, ggml_type::f32}, {"F8_E5M2", 8, false, ggml_type::f32},
+    {"F8_E8M0", 8, false, ggml_type::f32}, {"F6_E2M3", 6, false, ggml_type::f32}, {"F6_E3M2", 6, false, ggml_type::f32},
     {"F4", 4, false, ggml_type::f32},
 };
 

@@ -26,10 +26,10 @@ namespace tessera {
 
 struct safetensors_tensor {
   std::string name;
-  std::string dtype;             // as written: "F32", "BF16", "I64", ...
-  bool supported = false;        // dtype is F32, F16 or BF16 (the types `type` can name)
+  std::string dtype;                // as written: "F32", "BF16", "I64", ...
+  bool supported = false;           // dtype is F32, F16 or BF16 (the types `type` can name)
   ggml_type type = ggml_type::f32;  // meaningful only when supported
-  std::vector<int64_t> shape;    // outermost first (PyTorch order); empty for a scalar
+  std::vector<int64_t> shape;       // outermost first (PyTorch order); empty for a scalar
   const std::byte* data = nullptr;
   int64_t num_bytes = 0;
 
@@ -47,8 +47,8 @@ class safetensors_file {
   safetensors_file(const safetensors_file&) = delete;
   safetensors_file& operator=(const safetensors_file&) = delete;
 
-  const std::string& name() const noexcept;  // the path or the name given to from_bytes
-  std::span<const safetensors_tensor> tensors() const noexcept;  // in header order
+  const std::string& name() const noexcept;                                // the path or the name given to from_bytes
+  std::span<const safetensors_tensor> tensors() const noexcept;            // in header order
   const safetensors_tensor* tensor(std::string_view name) const noexcept;  // nullptr when absent
   const std::map<std::string, std::string>& metadata() const noexcept;
 

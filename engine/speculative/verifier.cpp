@@ -2,8 +2,7 @@
 
 namespace tessera {
 
-int32_t verify_draft(sampler& samp, std::span<const token_id> draft,
-                     const std::function<verify_row(int32_t row)>& row,
+int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::function<verify_row(int32_t row)>& row,
                      const std::function<bool(const sample_result&, bool accepted)>& commit) {
   int32_t accepted = 0;
   for (size_t j = 0;; ++j) {

@@ -40,8 +40,7 @@ struct verify_row {
 // ends there (a stop, the length limit). Goes on while t_j == draft[j], the sequence goes on and a row
 // is left (rows 0..draft.size()). Returns how many draft tokens were accepted; commit() got that many
 // plus one tokens, unless it ended earlier.
-int32_t verify_draft(sampler& samp, std::span<const token_id> draft,
-                     const std::function<verify_row(int32_t row)>& row,
+int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::function<verify_row(int32_t row)>& row,
                      const std::function<bool(const sample_result&, bool accepted)>& commit);
 
 }  // namespace tessera

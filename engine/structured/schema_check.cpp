@@ -69,10 +69,20 @@ const std::unordered_set<std::string_view>& value_keywords() {
 
 // The string formats the grammar engine generates (xgrammar's built-in regexes); others are ignored.
 const std::unordered_set<std::string_view>& known_formats() {
-  static const std::unordered_set<std::string_view> k = {
-      "date",     "date-time", "time", "duration",     "email",         "hostname",         "ipv4",
-      "ipv6",     "uri",       "uuid", "json-pointer", "uri-reference", "relative-json-pointer",
-      "uri-template"};
+  static const std::unordered_set<std::string_view> k = {"date",
+                                                         "date-time",
+                                                         "time",
+                                                         "duration",
+                                                         "email",
+                                                         "hostname",
+                                                         "ipv4",
+                                                         "ipv6",
+                                                         "uri",
+                                                         "uuid",
+                                                         "json-pointer",
+                                                         "uri-reference",
+                                                         "relative-json-pointer",
+                                                         "uri-template"};
   return k;
 }
 
@@ -97,16 +107,18 @@ class checker {
     // minLength / maxLength: refused in strict mode, ignored (like other unenforced keywords) otherwise.
     element all_of;
     if (!obj["allOf"].get(all_of) && all_of.is_array() && sj::dom::array(all_of).size() > 1) {
-      fail(pointer + "/allOf", "combines several subschemas with 'allOf', which the grammar engine does not enforce "
-                               "(merge them into one schema)");
+      fail(pointer + "/allOf",
+           "combines several subschemas with 'allOf', which the grammar engine does not enforce "
+           "(merge them into one schema)");
     }
     if (o_.strict) {
       element unused;
       const bool shaped = !obj["pattern"].get(unused) || !obj["format"].get(unused);
       const bool bounded = !obj["minLength"].get(unused) || !obj["maxLength"].get(unused);
       if (shaped && bounded) {
-        fail(pointer, "combines 'pattern' or 'format' with 'minLength' / 'maxLength', which strict mode does not "
-                      "support (the length bounds would not be enforced; put them in the pattern)");
+        fail(pointer,
+             "combines 'pattern' or 'format' with 'minLength' / 'maxLength', which strict mode does not "
+             "support (the length bounds would not be enforced; put them in the pattern)");
       }
       element format;
       if (!obj["format"].get(format) && format.is_string() && !known_formats().count(std::string_view(format))) {

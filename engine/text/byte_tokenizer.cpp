@@ -8,7 +8,8 @@
 namespace tessera {
 
 std::shared_ptr<const tokenizer> make_byte_tokenizer(int32_t vocab_size) {
-  if (vocab_size < 256) throw load_error("byte tokenizer: a vocabulary of " + std::to_string(vocab_size) + " < 256 tokens");
+  if (vocab_size < 256)
+    throw load_error("byte tokenizer: a vocabulary of " + std::to_string(vocab_size) + " < 256 tokens");
   vocab_data v;
   v.kind = vocab_kind::bpe;
   v.pre = "gpt2";

@@ -76,7 +76,8 @@ jinja::value message_value(const chat_message& m, size_t index, simdjson::dom::p
     std::vector<value> calls;
     for (size_t j = 0; j < m.tool_calls.size(); ++j) {
       const chat_tool_call& c = m.tool_calls[j];
-      const std::string what = "messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(j) + "].function.arguments";
+      const std::string what =
+          "messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(j) + "].function.arguments";
       value function = value::make_dict({{value::string("name"), value::string(c.name)},
                                          {value::string("arguments"), parse_json_value(parser, c.arguments, what)}});
       calls.push_back(value::make_dict({{value::string("id"), value::string(c.id)},
@@ -160,7 +161,8 @@ std::string chat_template::render(const std::vector<chat_message>& messages, con
   std::vector<jinja::value> items;
   items.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) items.push_back(message_value(messages[i], i, parser));
-  jinja::value tools = options.tools_json.empty() ? jinja::value::none() : parse_json_value(parser, options.tools_json, "tools");
+  jinja::value tools =
+      options.tools_json.empty() ? jinja::value::none() : parse_json_value(parser, options.tools_json, "tools");
   const jinja::context variables = {
       {"messages", jinja::value::make_list(std::move(items))},
       {"add_generation_prompt", jinja::value::boolean(options.add_generation_prompt)},
@@ -169,9 +171,11 @@ std::string chat_template::render(const std::vector<chat_message>& messages, con
       {"tools", std::move(tools)},
       {"documents", jinja::value::none()},
   };
-  const int64_t now = options.now_unix_seconds
-                          ? *options.now_unix_seconds
-                          : std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t now =
+      options.now_unix_seconds
+          ? *options.now_unix_seconds
+          : std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
   return program_->render(variables, options.limits, now);
 }
 

@@ -24,7 +24,7 @@ struct chat_tool_call {
 };
 
 struct chat_message {
-  std::string role;     // "system", "user", "assistant", "tool", ...
+  std::string role;  // "system", "user", "assistant", "tool", ...
   std::string content;
   // "content": null (an assistant turn that only calls tools): the template sees None, as in
   // transformers, so a template that concatenates content fails exactly as it does there.
@@ -38,7 +38,7 @@ struct render_options {
   bool add_generation_prompt = true;  // end with the header that opens the assistant's turn
   std::string bos_token;
   std::string eos_token;
-  jinja::limits limits;               // bounds for the untrusted template
+  jinja::limits limits;  // bounds for the untrusted template
   // The request's tool definitions as JSON text (a JSON array, OpenAI's `tools`); empty: the template
   // sees tools = none. Parsed like Python's json.loads (key order kept, ints vs floats).
   std::string tools_json;

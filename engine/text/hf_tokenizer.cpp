@@ -332,8 +332,9 @@ vocab_data read_hf_vocab(const fs::path& dir, int32_t min_vocab_size, std::vecto
   if (!spm) v.pre = detect_pre(steps);
   if (!spm && v.pre.empty()) {
     v.pre = "gpt2";
-    note(warnings, f->name + ": pre_tokenizer not recognised (not GPT-2, SmolLM digits, LLaMA-3 or Qwen2); "
-                             "falling back to the GPT-2 split, so some texts may tokenize differently");
+    note(warnings, f->name +
+                       ": pre_tokenizer not recognised (not GPT-2, SmolLM digits, LLaMA-3 or Qwen2); "
+                       "falling back to the GPT-2 split, so some texts may tokenize differently");
   }
   if (!spm && std::any_of(steps.begin(), steps.end(), [](const auto& s) { return s.add_prefix_space; })) {
     note(warnings, f->name + ": ByteLevel add_prefix_space is ignored");

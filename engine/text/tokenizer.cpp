@@ -70,15 +70,15 @@ pre_info classify_pre(std::string_view pre) {
   if (in({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"})) {
     return {pretokenizer_kind::digits_then_gpt2, false, false, true};
   }
-  if (in({"gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
-          "mellum", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "exaone4", "trillion",
+  if (in({"gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+          "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "exaone4", "trillion",
           "granite-docling"})) {
     return {pretokenizer_kind::gpt2, false, false, true};
   }
   return {pretokenizer_kind::gpt2, false, false, false};
 }
 
-constexpr uint64_t k_empty_key = ~uint64_t{0};  // no token pair has both ids = -1
+constexpr uint64_t k_empty_key = ~uint64_t{0};          // no token pair has both ids = -1
 constexpr uint64_t k_hash_mul = 0x9E3779B97F4A7C15ull;  // Fibonacci hashing (Knuth, TAOCP 6.4)
 
 uint64_t pair_key(token_id left, token_id right) {
@@ -183,12 +183,12 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   if (n == 0) throw load_error("tokenizer: the vocabulary is empty");
   if (n > static_cast<size_t>(INT32_MAX)) throw load_error("tokenizer: the vocabulary is too large");
   if (!data.types.empty() && data.types.size() != n) {
-    throw load_error("tokenizer: " + std::to_string(data.types.size()) + " token types for " +
-                     std::to_string(n) + " tokens");
+    throw load_error("tokenizer: " + std::to_string(data.types.size()) + " token types for " + std::to_string(n) +
+                     " tokens");
   }
   if (!data.scores.empty() && data.scores.size() != n) {
-    throw load_error("tokenizer: " + std::to_string(data.scores.size()) + " token scores for " +
-                     std::to_string(n) + " tokens");
+    throw load_error("tokenizer: " + std::to_string(data.scores.size()) + " token scores for " + std::to_string(n) +
+                     " tokens");
   }
   tokens_ = std::move(data.tokens);
   types_ = data.types.empty() ? std::vector<tessera::token_type>(n, token_type::normal) : std::move(data.types);
@@ -224,9 +224,7 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
 
   if (kind_ == vocab_kind::bpe) {
     const pre_info pre = classify_pre(pre_);
-    if (!pre.known) {
-      warnings_.push_back("unknown pre-tokenizer '" + pre_ + "', using the GPT-2 split");
-    }
+    if (!pre.known) { warnings_.push_back("unknown pre-tokenizer '" + pre_ + "', using the GPT-2 split"); }
     pre_kind_ = static_cast<int>(pre.kind);
     ignore_merges_ = pre.ignore_merges;
     add_bos_ = data.add_bos.value_or(pre.add_bos);
@@ -303,17 +301,27 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   };
   if (!eot_) {
     eot_ = find_first({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-                       "<EOT>", "_<EOT>", "[EOT]", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                       "<EOT>", "_<EOT>", "[EOT]",
+                       "<\xEF\xBD\x9C"
+                       "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                        "<end_of_utterance>"});
     if (eot_) make_control(*eot_);
   }
   const std::optional<token_id> eom = find_first({"<|eom_id|>"});
   std::vector<std::optional<token_id>> fim = {
-      find_first({"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+      find_first({"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+                  "<\xEF\xBD\x9C"
+                  "fim\xE2\x96\x81"
+                  "begin\xEF\xBD\x9C>",
                   "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"}),
-      find_first({"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+      find_first({"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                  "<\xEF\xBD\x9C"
+                  "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
                   "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"}),
-      find_first({"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
+      find_first({"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+                  "<\xEF\xBD\x9C"
+                  "fim\xE2\x96\x81"
+                  "end\xEF\xBD\x9C>",
                   "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"}),
   };
   const std::optional<token_id> fim_pad = find_first({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
@@ -329,11 +337,29 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
   add_eog(fim_pad);
   add_eog(fim_rep);
   add_eog(fim_sep);
-  for (std::string_view name :
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-        "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-        "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-        "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["}) {
+  for (std::string_view name : {"<|eot_id|>",
+                                "<|im_end|>",
+                                "<|end|>",
+                                "<|return|>",
+                                "<|call|>",
+                                "<|flush|>",
+                                "<|calls|>",
+                                "<end_of_turn>",
+                                "<|endoftext|>",
+                                "</s>",
+                                "<|eom_id|>",
+                                "<EOT>",
+                                "_<EOT>",
+                                "[EOT]",
+                                "[EOS]",
+                                "<|end_of_text|>",
+                                "<end_of_utterance>",
+                                "<eos>",
+                                "<turn|>",
+                                "<|tool_response>",
+                                "<\xEF\xBD\x9C"
+                                "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                                "[e~["}) {
     if (auto it = text_to_id_.find(name); it != text_to_id_.end()) {
       add_eog(it->second);
       make_control(it->second);
@@ -393,7 +419,8 @@ tokenizer::tokenizer(vocab_data data) : kind_(data.kind), pre_(std::move(data.pr
         }
       }
     } else if (t == token_type::byte && text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
-               std::isxdigit(static_cast<unsigned char>(text[3])) && std::isxdigit(static_cast<unsigned char>(text[4]))) {
+               std::isxdigit(static_cast<unsigned char>(text[3])) &&
+               std::isxdigit(static_cast<unsigned char>(text[4]))) {
       piece.push_back(static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
     } else {
       for (size_t p = 0; p < text.size();) {

@@ -32,7 +32,7 @@ enum class token_type : uint8_t {
   control = 3,       // <|im_start|>, <s>, ...: never produced from plain text, skipped by decode(skip_special)
   user_defined = 4,  // added tokens; always matched in text, like llama.cpp
   unused = 5,
-  byte = 6,          // SentencePiece <0xXX>
+  byte = 6,  // SentencePiece <0xXX>
 };
 
 enum class vocab_kind {
@@ -43,11 +43,11 @@ enum class vocab_kind {
 // Everything a tokenizer is built from; what from_gguf reads, and what tests fill by hand.
 struct vocab_data {
   vocab_kind kind = vocab_kind::bpe;
-  std::string pre = "gpt2";          // tokenizer.ggml.pre (BPE only)
-  std::vector<std::string> tokens;   // id -> text (BPE: in the GPT-2 byte alphabet)
-  std::vector<token_type> types;     // empty: all normal
-  std::vector<float> scores;         // empty: all 0 (SPM merges by score)
-  std::vector<std::string> merges;   // BPE: "left right", rank = index
+  std::string pre = "gpt2";         // tokenizer.ggml.pre (BPE only)
+  std::vector<std::string> tokens;  // id -> text (BPE: in the GPT-2 byte alphabet)
+  std::vector<token_type> types;    // empty: all normal
+  std::vector<float> scores;        // empty: all 0 (SPM merges by score)
+  std::vector<std::string> merges;  // BPE: "left right", rank = index
   std::optional<token_id> bos, eos, eot, unk, pad;
   std::optional<bool> add_bos, add_eos, add_space_prefix;  // unset: the defaults llama.cpp uses
 };
@@ -72,8 +72,8 @@ class tokenizer {
   // Reads tokenizer.ggml.* from a GGUF file. Throws load_error.
   static std::shared_ptr<const tokenizer> from_gguf(const gguf_file& file);
 
-  // Text -> ids. Any byte string up to 512 MiB (larger: invalid_request) is accepted: invalid UTF-8 is handled like llama.cpp (each bad
-  // byte stands for U+FFFD in BPE; SPM falls back to byte tokens).
+  // Text -> ids. Any byte string up to 512 MiB (larger: invalid_request) is accepted: invalid UTF-8 is handled like
+  // llama.cpp (each bad byte stands for U+FFFD in BPE; SPM falls back to byte tokens).
   std::vector<token_id> encode(std::string_view text, encode_options options = {}) const;
   // Ids -> text: the concatenated pieces. skip_special drops control and unknown tokens.
   // The result can hold broken UTF-8 where the ids split a character. Throws invalid_request on an
@@ -130,15 +130,15 @@ class tokenizer {
   std::vector<tessera::token_type> types_;
   std::vector<float> scores_;
   std::unordered_map<std::string_view, token_id> text_to_id_;  // views into tokens_
-  std::vector<merge_rule> merge_rules_;                         // by rank
+  std::vector<merge_rule> merge_rules_;                        // by rank
   // Open-addressing hash table (linear probing) from (left << 32 | right) to rank: the merge loop's
   // hottest lookup.
   std::vector<uint64_t> merge_keys_;
   std::vector<int32_t> merge_ranks_;
   int merge_shift_ = 64;
-  std::vector<token_id> special_by_length_;                     // matchable in text, longest first
-  std::vector<token_id> byte_to_token_;                         // 256 entries, -1 where missing
-  std::vector<std::string> pieces_;                             // decoded bytes per token
+  std::vector<token_id> special_by_length_;  // matchable in text, longest first
+  std::vector<token_id> byte_to_token_;      // 256 entries, -1 where missing
+  std::vector<std::string> pieces_;          // decoded bytes per token
   std::vector<token_id> eog_;
   std::optional<token_id> bos_, eos_, eot_, unk_, pad_;
   bool add_bos_ = false;

@@ -29,8 +29,8 @@ vocab_data vocab_from_gguf(const gguf_file& file) {
 
   if (const std::vector<int64_t>* types = file.get_int_array("tokenizer.ggml.token_type")) {
     if (types->size() != num_tokens) {
-      throw load_error("tokenizer: tokenizer.ggml.token_type has " + std::to_string(types->size()) +
-                       " entries for " + std::to_string(num_tokens) + " tokens");
+      throw load_error("tokenizer: tokenizer.ggml.token_type has " + std::to_string(types->size()) + " entries for " +
+                       std::to_string(num_tokens) + " tokens");
     }
     data.types.reserve(num_tokens);
     for (int64_t t : *types) {
@@ -40,8 +40,8 @@ vocab_data vocab_from_gguf(const gguf_file& file) {
   }
   if (const std::vector<double>* scores = file.get_float_array("tokenizer.ggml.scores")) {
     if (scores->size() != num_tokens) {
-      throw load_error("tokenizer: tokenizer.ggml.scores has " + std::to_string(scores->size()) +
-                       " entries for " + std::to_string(num_tokens) + " tokens");
+      throw load_error("tokenizer: tokenizer.ggml.scores has " + std::to_string(scores->size()) + " entries for " +
+                       std::to_string(num_tokens) + " tokens");
     }
     data.scores.assign(scores->begin(), scores->end());
   }

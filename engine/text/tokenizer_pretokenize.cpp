@@ -25,8 +25,8 @@ uint16_t flags_of(uint32_t cpt) {
 // One segment being split: emits pieces as their end positions are found.
 class segment_splitter {
  public:
-  segment_splitter(std::span<const uint32_t> cpts, std::span<const uint16_t> flags, size_t begin,
-                   size_t end, std::vector<uint32_t>& lengths)
+  segment_splitter(std::span<const uint32_t> cpts, std::span<const uint16_t> flags, size_t begin, size_t end,
+                   std::vector<uint32_t>& lengths)
       : cpts_(cpts), flags_(flags), begin_(begin), end_(end), prev_end_(begin), lengths_(lengths) {}
 
   static constexpr uint32_t k_none = 0xFFFFFFFF;

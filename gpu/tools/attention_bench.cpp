@@ -63,7 +63,8 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   a.partition_size = plan.partition_size;
   float* ws = nullptr;
   if (plan.num_splits > 1) {
-    CUDA_CHECK(cudaMalloc(&ws, size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)) * sizeof(float)));
+    CUDA_CHECK(
+        cudaMalloc(&ws, size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)) * sizeof(float)));
     a.workspace = ws;
   }
   for (int i = 0; i < 3; ++i) paged_attention(a, nullptr);
@@ -79,9 +80,10 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
   const double secs = ms / 1e3 / iters;
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * 2 /*bf16*/;
-  std::printf("{\"bench\": \"paged_attention\", \"batch\": %d, \"context\": %d, \"splits\": %d, \"us\": %.1f, "
-              "\"GBps\": %.0f, \"pct_of_4800GBps\": %.1f}\n",
-              batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9, bytes / secs / 4.8e12 * 100);
+  std::printf(
+      "{\"bench\": \"paged_attention\", \"batch\": %d, \"context\": %d, \"splits\": %d, \"us\": %.1f, "
+      "\"GBps\": %.0f, \"pct_of_4800GBps\": %.1f}\n",
+      batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9, bytes / secs / 4.8e12 * 100);
   cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws);
   cudaFree(const_cast<int32_t*>(a.context_lens)), cudaFree(const_cast<int32_t*>(a.token_seq));
   cudaFree(const_cast<int32_t*>(a.block_tables));
@@ -158,7 +160,8 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   float* tiled_ws = nullptr;
   if (tiled_plan.num_splits > 1) {
     CUDA_CHECK(cudaMalloc(&tiled_ws, size_t(prefill_workspace_floats(p.num_tiles, tile_tokens, num_heads, head_dim,
-                                                                    tiled_plan.num_splits)) * sizeof(float)));
+                                                                     tiled_plan.num_splits)) *
+                                         sizeof(float)));
     p.workspace = tiled_ws;
   }
   const double tiled = time_calls([&] { prefill_attention(p, nullptr); });
@@ -182,7 +185,8 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   a.partition_size = plan.partition_size;
   float* ws = nullptr;
   if (plan.num_splits > 1) {
-    CUDA_CHECK(cudaMalloc(&ws, size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(
+        &ws, size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
     a.workspace = ws;
   }
   const double per_token = time_calls([&] { paged_attention(a, nullptr); });
@@ -190,11 +194,12 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   // Visible (query, position) pairs: query i of the chunk sees cached + i + 1 positions.
   const double pairs = double(chunk) * cached + double(chunk) * (chunk + 1) / 2;
   const double flops = 4.0 * head_dim * num_heads * pairs;
-  std::printf("{\"bench\": \"prefill_attention\", \"cached\": %d, \"chunk\": %d, \"tile_tokens\": %d, "
-              "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"paged_splits\": %d, "
-              "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f}\n",
-              cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, plan.num_splits,
-              per_token * 1e6, flops / per_token / 1e12, per_token / tiled);
+  std::printf(
+      "{\"bench\": \"prefill_attention\", \"cached\": %d, \"chunk\": %d, \"tile_tokens\": %d, "
+      "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"paged_splits\": %d, "
+      "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f}\n",
+      cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, plan.num_splits,
+      per_token * 1e6, flops / per_token / 1e12, per_token / tiled);
   cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(tiled_ws);
   for (void* d : owned) cudaFree(d);
 }
@@ -212,8 +217,8 @@ int main() {
   bench(8, 32768, num_sms);
   bench(64, 4096, num_sms);
   bench(256, 1024, num_sms);
-  bench_prefill(0, 4096, num_sms);     // a 4k-token prompt
-  bench_prefill(3584, 512, num_sms);   // a 512-token chunk after 3.5k cached positions (chunked prefill / prefix hit)
-  bench_prefill(16384, 64, num_sms);   // 64 new tokens after a 16k cached prefix (multi-turn chat): split
+  bench_prefill(0, 4096, num_sms);    // a 4k-token prompt
+  bench_prefill(3584, 512, num_sms);  // a 512-token chunk after 3.5k cached positions (chunked prefill / prefix hit)
+  bench_prefill(16384, 64, num_sms);  // 64 new tokens after a 16k cached prefix (multi-turn chat): split
   return 0;
 }

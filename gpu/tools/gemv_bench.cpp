@@ -116,15 +116,16 @@ int main() {
   cublas_check(cublasSetWorkspace(h, workspace, workspace_bytes), "cublasSetWorkspace");
 
   const std::vector<shape> shapes = {
-      {"qkv", 6144, 4096, 32}, {"o", 4096, 4096, 32}, {"gate_up", 28672, 4096, 32},
+      {"qkv", 6144, 4096, 32},   {"o", 4096, 4096, 32},        {"gate_up", 28672, 4096, 32},
       {"down", 4096, 14336, 32}, {"lm_head", 128256, 4096, 1},
   };
   const std::vector<int32_t> row_counts = {1, 2, 4, 8};
   std::printf("### Small-batch GEMM vs cuBLAS (Llama-3-8B decode GEMMs, bf16 in, fp32 out) on %s\n\n", prop.name);
-  std::printf("µs per call; %% of %.1f TB/s for weights + inputs + outputs. gemv = small_batch_gemm with its\n"
-              "automatic tuning (in brackets: w = warps per column, c = columns per warp); wXcY = that tuning\n"
-              "forced.\n\n",
-              kPeakBytesPerSecond / 1e12);
+  std::printf(
+      "µs per call; %% of %.1f TB/s for weights + inputs + outputs. gemv = small_batch_gemm with its\n"
+      "automatic tuning (in brackets: w = warps per column, c = columns per warp); wXcY = that tuning\n"
+      "forced.\n\n",
+      kPeakBytesPerSecond / 1e12);
   std::printf("| GEMM | n x k | rows | cuBLAS µs (%%) | gemv µs (%%) |");
   for (const small_batch_gemm_tuning t : kTunings) std::printf(" w%dc%d µs |", t.warps_per_column, t.columns_per_warp);
   std::printf(" cuBLAS / gemv | max rel diff |\n|---|---|---|---|---|");
@@ -153,10 +154,10 @@ int main() {
       const double bytes = double(w_bytes) + double(rows) * double(s.k) * 2 + double(rows) * double(s.n) * 4;
       const float alpha = 1.0f, beta = 0.0f;
       auto cublas = [&](int c) {
-        cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), rows, static_cast<int>(s.k), &alpha,
-                                  w[static_cast<size_t>(c)], CUDA_R_16BF, static_cast<int>(s.k), in, CUDA_R_16BF,
-                                  static_cast<int>(s.k), &beta, out_cublas, CUDA_R_32F, static_cast<int>(s.n),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), rows, static_cast<int>(s.k),
+                                  &alpha, w[static_cast<size_t>(c)], CUDA_R_16BF, static_cast<int>(s.k), in,
+                                  CUDA_R_16BF, static_cast<int>(s.k), &beta, out_cublas, CUDA_R_32F,
+                                  static_cast<int>(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
       };
       const timing tc = time_calls(cublas, copies, bytes);
@@ -164,14 +165,18 @@ int main() {
       std::string variants;
       for (const small_batch_gemm_tuning t : kTunings) {
         const timing tv = time_calls(
-            [&](int c) { small_batch_gemm_with(w[static_cast<size_t>(c)], s.n, s.k, in, rows, out_gemv, s.n, false, t, nullptr); },
+            [&](int c) {
+              small_batch_gemm_with(w[static_cast<size_t>(c)], s.n, s.k, in, rows, out_gemv, s.n, false, t, nullptr);
+            },
             copies, bytes);
         char cell[32];
         std::snprintf(cell, sizeof cell, " %.1f |", tv.us);
         variants += cell;
       }
       const timing tg = time_calls(
-          [&](int c) { small_batch_gemm(w[static_cast<size_t>(c)], s.n, s.k, in, rows, out_gemv, s.n, false, nullptr); },
+          [&](int c) {
+            small_batch_gemm(w[static_cast<size_t>(c)], s.n, s.k, in, rows, out_gemv, s.n, false, nullptr);
+          },
           copies, bytes);
       const small_batch_gemm_tuning chosen = small_batch_gemm_default_tuning(s.n, s.k, rows, sizeof(bf16));
       // Same weights for both, then compare.

@@ -4,8 +4,8 @@
 // of deltas then one final, abort, subscriber down -> abort, executor failure or death -> error
 // finals within a second, the executor off CAF's worker threads, and an abort in every state a
 // request can be in: being tokenized, queued, prefilling, swapped out).
-#include <caf/all.hpp>
 #include <gtest/gtest.h>
+#include <caf/all.hpp>
 
 #include <chrono>
 #include <map>
@@ -268,10 +268,11 @@ struct engine_actor_fixture : actor_test {
             final = *f;
             done = true;
           },
-          caf::after(10s) >> [&] {
-            ADD_FAILURE() << "stream " << ticket << " hangs";
-            done = true;
-          });
+          caf::after(10s) >>
+              [&] {
+                ADD_FAILURE() << "stream " << ticket << " hangs";
+                done = true;
+              });
     }
     return {tokens, final};
   }
@@ -310,7 +311,8 @@ TEST_F(engine_actor_fixture, a_text_request_streams_the_oracle_tokens_then_one_f
 TEST_F(engine_actor_fixture, abort_and_subscriber_down_end_requests_and_free_their_blocks) {
   start();
   caf::scoped_actor self{sys};
-  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000), caf::actor(self));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3, 4, 5}), 100000),
+             caf::actor(self));
   // Let it decode a few tokens, then abort.
   int deltas = 0;
   self->receive_for(deltas, 3)([&](delta_atom, delta_ptr&) {});
@@ -321,7 +323,8 @@ TEST_F(engine_actor_fixture, abort_and_subscriber_down_end_requests_and_free_the
   // A subscriber that goes away: its request is aborted (no one else is told).
   {
     caf::scoped_actor gone{sys};
-    gone->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({9, 9, 9}), 100000), caf::actor(gone));
+    gone->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({9, 9, 9}), 100000),
+               caf::actor(gone));
     gone->receive([&](delta_atom, delta_ptr&) {});
   }  // `gone` terminates here
   runtime_status status;
@@ -375,7 +378,8 @@ TEST_F(engine_actor_fixture, an_executor_actor_killed_mid_stream_errors_every_st
   start();
   caf::scoped_actor self{sys};
   for (uint64_t t = 1; t <= 4; ++t)
-    self->send(engine, submit_atom_v, make_submit(ticket_id{t}, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
+    self->send(engine, submit_atom_v,
+               make_submit(ticket_id{t}, prompt_input::from_ids({3, static_cast<token_id>(t)}), 1 << 20),
                caf::actor(self));
   int deltas = 0;
   self->receive_for(deltas, 8)([&](delta_atom, delta_ptr&) {});  // streaming
@@ -470,7 +474,8 @@ TEST_F(engine_actor_fixture, an_abort_of_a_queued_request_ends_it_before_it_is_e
   caf::scoped_actor self{sys}, first{sys}, second{sys};
   self->send(engine, submit_atom_v, make_submit(ticket_id{1}, prompt_input::from_ids({1, 2, 3}), 6), caf::actor(first));
   ASSERT_TRUE(held->wait_held(10s));
-  self->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({4, 5, 6}), 6), caf::actor(second));
+  self->send(engine, submit_atom_v, make_submit(ticket_id{2}, prompt_input::from_ids({4, 5, 6}), 6),
+             caf::actor(second));
   self->send(engine, abort_atom_v, ticket_id{2});
   held->release();
   auto [tokens2, final2] = collect(second, ticket_id{2});
@@ -500,8 +505,8 @@ TEST_F(engine_actor_fixture, an_abort_during_a_chunked_prefill_ends_it_before_it
   auto [tokens, final] = collect(self, ticket_id{1});
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(final.reason, finish_reason::abort);
-  EXPECT_EQ(stages_of(final),
-            (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::scheduled, lifecycle_stage::aborted}));
+  EXPECT_EQ(stages_of(final), (std::vector<lifecycle_stage>{lifecycle_stage::queued, lifecycle_stage::scheduled,
+                                                            lifecycle_stage::aborted}));
   EXPECT_EQ(held->sim().num_steps(), 2) << "no prefill step ran after the abort";
   usage_report usage;
   for (int i = 0; i < 100; ++i) {

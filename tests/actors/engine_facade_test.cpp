@@ -166,8 +166,10 @@ TEST(engine_facade, abort_storm_frees_every_block_and_hangs_no_stream) {
     std::mt19937 r2(3);
     for (int i : aborted) {
       if (r2() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(r2() % 2000));
-      if (i % 2) streams[static_cast<size_t>(i)].abort();
-      else engine.abort(streams[static_cast<size_t>(i)].id());
+      if (i % 2)
+        streams[static_cast<size_t>(i)].abort();
+      else
+        engine.abort(streams[static_cast<size_t>(i)].id());
     }
   });
   std::vector<collected> results;
@@ -313,7 +315,8 @@ TEST(engine_facade, ready_hooks_drive_many_streams_without_a_blocking_read) {
     size_t i;
     {
       std::unique_lock lock(mutex);
-      ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return !woken.empty(); })) << num_done << " streams ended, a wake-up was lost";
+      ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return !woken.empty(); }))
+          << num_done << " streams ended, a wake-up was lost";
       i = woken.front();
       woken.pop_front();
     }
@@ -340,7 +343,8 @@ TEST(engine_facade, shutdown_aborts_what_does_not_finish_in_time) {
   auto exec = std::make_unique<sim_executor>(16, num_blocks, 0, test_vocab);
   engine_facade engine(sim_components(std::move(exec)), small_options());
   std::vector<stream_handle> streams;
-  for (int i = 0; i < 8; ++i) streams.push_back(engine.submit(prompt_input::from_ids({7, 8}), seeded(1, 1 << 20)).stream);
+  for (int i = 0; i < 8; ++i)
+    streams.push_back(engine.submit(prompt_input::from_ids({7, 8}), seeded(1, 1 << 20)).stream);
   submit_result quick = engine.submit(prompt_input::from_ids({7, 8}), seeded(2, 2));
   ASSERT_TRUE(quick);
   engine.shutdown(200ms);

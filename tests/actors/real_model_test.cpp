@@ -34,8 +34,8 @@ TEST(real_model, sixty_four_concurrent_streams_equal_the_offline_engine) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
   const loaded_model model = load_model(path);
   const std::vector<std::string> texts = {
-      "The capital of France is", "def fibonacci(n):", "List three primary colors:", "The quick brown fox",
-      "Water boils at", "In 1969, astronauts", "My favourite food is", "1, 2, 3, 4, 5,",
+      "The capital of France is", "def fibonacci(n):",   "List three primary colors:", "The quick brown fox",
+      "Water boils at",           "In 1969, astronauts", "My favourite food is",       "1, 2, 3, 4, 5,",
   };
 
   facade_options options;

@@ -45,9 +45,7 @@ struct fake_command {
   std::string error_of(const std::string& toml) {
     try {
       apply(toml);
-    } catch (const config_error& e) {
-      return e.what();
-    }
+    } catch (const config_error& e) { return e.what(); }
     return "";
   }
 };
@@ -55,8 +53,9 @@ struct fake_command {
 TEST(config, fills_options_the_command_line_left_unset) {
   fake_command c;
   c.parse();
-  const auto keys = c.apply("port = 9000\nkv_cache_memory = 2.5\npreemption_mode = \"swap\"\nquiet = true\n"
-                            "served_model_name = \"mine\"\nallowed_host = [\"a.example\", \"b.example\"]\n");
+  const auto keys = c.apply(
+      "port = 9000\nkv_cache_memory = 2.5\npreemption_mode = \"swap\"\nquiet = true\n"
+      "served_model_name = \"mine\"\nallowed_host = [\"a.example\", \"b.example\"]\n");
   EXPECT_EQ(c.port, 9000);
   EXPECT_DOUBLE_EQ(c.memory, 2.5);
   EXPECT_EQ(c.mode, "swap");
@@ -208,7 +207,8 @@ TEST(config, shipped_file_lists_every_serve_option_with_its_default) {
     if (!configurable(*option)) continue;
     const std::string& name = option->get_lnames().front();
     ++num_checked;
-    EXPECT_TRUE(in_file.count(name)) << "config/tessera.toml lacks '" << name << "' (in [" << config_table_of(*option) << "])";
+    EXPECT_TRUE(in_file.count(name)) << "config/tessera.toml lacks '" << name << "' (in [" << config_table_of(*option)
+                                     << "])";
     std::string set_to;
     for (const std::string& r : option->results()) set_to += r;
     EXPECT_EQ(canonical(set_to), canonical(option->get_default_str()))

@@ -11,8 +11,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
@@ -187,7 +187,8 @@ TEST_P(engine_invariance, after_preemption_by_swap_and_by_recompute) {
     for (int i = 0; i < 3; ++i) engine.add_request(encode(other_texts()[static_cast<size_t>(i) + 1]), greedy());
     const request_id id = engine.add_request(target, greedy());
     auto r = run(engine);
-    const event_kind expected = mode == preemption_mode::swap ? event_kind::preempted_swap : event_kind::preempted_recompute;
+    const event_kind expected =
+        mode == preemption_mode::swap ? event_kind::preempted_swap : event_kind::preempted_recompute;
     int target_preempted = 0;
     for (const auto& e : r.events) target_preempted += e.kind == expected && e.request == id;
     EXPECT_GT(target_preempted, 0) << "the target was never preempted (" << to_string(mode) << ")";
@@ -233,8 +234,11 @@ TEST_P(engine_invariance, with_the_prefix_from_the_cache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(kv_dtypes, engine_invariance,
-                         ::testing::Values(cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16, cpu_kv_dtype::int8),
-                         [](const ::testing::TestParamInfo<cpu_kv_dtype>& i) { return std::string(to_string(i.param)); });
+                         ::testing::Values(cpu_kv_dtype::fp32, cpu_kv_dtype::fp16, cpu_kv_dtype::bf16,
+                                           cpu_kv_dtype::int8),
+                         [](const ::testing::TestParamInfo<cpu_kv_dtype>& i) {
+                           return std::string(to_string(i.param));
+                         });
 
 }  // namespace
 }  // namespace tessera

@@ -45,8 +45,10 @@ struct tiny_options {
 // a row is no whole super-block) plus every other type once, so that each fused input (Q|K|V,
 // gate|up) feeds matrices of several activation formats in one step. Per layer: wq wk wv wo gate up down.
 constexpr ggml_type mixed_types[2][7] = {
-    {ggml_type::q4_k, ggml_type::q5_0, ggml_type::q6_k, ggml_type::q4_k, ggml_type::q3_k, ggml_type::q5_k, ggml_type::q6_k},
-    {ggml_type::q2_k, ggml_type::q8_0, ggml_type::bf16, ggml_type::f16, ggml_type::q4_1, ggml_type::q5_1, ggml_type::q4_0},
+    {ggml_type::q4_k, ggml_type::q5_0, ggml_type::q6_k, ggml_type::q4_k, ggml_type::q3_k, ggml_type::q5_k,
+     ggml_type::q6_k},
+    {ggml_type::q2_k, ggml_type::q8_0, ggml_type::bf16, ggml_type::f16, ggml_type::q4_1, ggml_type::q5_1,
+     ggml_type::q4_0},
 };
 
 std::shared_ptr<const model_weights> make_tiny_model(const tiny_options& o) {
@@ -131,7 +133,8 @@ std::vector<std::vector<double>> reference_forward(const model_weights& w, const
     const auto cols = static_cast<int64_t>(x.size());
     std::vector<double> y(static_cast<size_t>(rows), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t k = 0; k < cols; ++k) y[static_cast<size_t>(r)] += m[static_cast<size_t>(r * cols + k)] * x[static_cast<size_t>(k)];
+      for (int64_t k = 0; k < cols; ++k)
+        y[static_cast<size_t>(r)] += m[static_cast<size_t>(r * cols + k)] * x[static_cast<size_t>(k)];
     }
     return y;
   };
@@ -161,8 +164,17 @@ std::vector<std::vector<double>> reference_forward(const model_weights& w, const
   };
   std::vector<layer> layers;
   for (const layer_weights& lw : w.layers) {
-    layers.push_back({dequant(lw.attn_norm), dequant(lw.ffn_norm), dequant(lw.wq), dequant(lw.wk), dequant(lw.wv),
-                      dequant(lw.wo), dequant(lw.w_gate), dequant(lw.w_up), dequant(lw.w_down), {}, {}});
+    layers.push_back({dequant(lw.attn_norm),
+                      dequant(lw.ffn_norm),
+                      dequant(lw.wq),
+                      dequant(lw.wk),
+                      dequant(lw.wv),
+                      dequant(lw.wo),
+                      dequant(lw.w_gate),
+                      dequant(lw.w_up),
+                      dequant(lw.w_down),
+                      {},
+                      {}});
   }
   const std::vector<double> emb = dequant(w.token_embedding), onorm = dequant(w.output_norm);
   const std::vector<double> out = dequant(w.output.empty() ? w.token_embedding : w.output);
@@ -183,14 +195,16 @@ std::vector<std::vector<double>> reference_forward(const model_weights& w, const
         double mx = -1e300;
         for (size_t j = 0; j <= p; ++j) {
           double d = 0.0;
-          for (int64_t i = 0; i < hd; ++i) d += q[static_cast<size_t>(h * hd + i)] * L.kcache[j][static_cast<size_t>(kh * hd + i)];
+          for (int64_t i = 0; i < hd; ++i)
+            d += q[static_cast<size_t>(h * hd + i)] * L.kcache[j][static_cast<size_t>(kh * hd + i)];
           s[j] = d / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, s[j]);
         }
         double sum = 0.0;
         for (double& e : s) sum += (e = std::exp(e - mx));
         for (size_t j = 0; j <= p; ++j) {
-          for (int64_t i = 0; i < hd; ++i) attn[static_cast<size_t>(h * hd + i)] += s[j] / sum * L.vcache[j][static_cast<size_t>(kh * hd + i)];
+          for (int64_t i = 0; i < hd; ++i)
+            attn[static_cast<size_t>(h * hd + i)] += s[j] / sum * L.vcache[j][static_cast<size_t>(kh * hd + i)];
         }
       }
       const std::vector<double> o = matvec(L.wo, attn, H);
@@ -198,7 +212,9 @@ std::vector<std::vector<double>> reference_forward(const model_weights& w, const
       const std::vector<double> xn2 = norm(x, L.fn);
       const std::vector<double> g = matvec(L.wg, xn2, F), u = matvec(L.wu, xn2, F);
       std::vector<double> m(static_cast<size_t>(F));
-      for (int64_t i = 0; i < F; ++i) m[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1.0 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
+      for (int64_t i = 0; i < F; ++i)
+        m[static_cast<size_t>(i)] =
+            g[static_cast<size_t>(i)] / (1.0 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
       const std::vector<double> d = matvec(L.wd, m, H);
       for (int64_t i = 0; i < H; ++i) x[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
     }
@@ -255,7 +271,8 @@ double max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<
   double m = 0.0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     EXPECT_EQ(a[i].size(), b[i].size());
-    for (size_t j = 0; j < std::min(a[i].size(), b[i].size()); ++j) m = std::max(m, std::fabs(static_cast<double>(a[i][j]) - b[i][j]));
+    for (size_t j = 0; j < std::min(a[i].size(), b[i].size()); ++j)
+      m = std::max(m, std::fabs(static_cast<double>(a[i][j]) - b[i][j]));
   }
   return m;
 }
@@ -353,21 +370,27 @@ tiny_options mixed_model() {
 INSTANTIATE_TEST_SUITE_P(
     cases, forward_vs_reference,
     ::testing::Values(
-        reference_case{"f32_interleaved", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
+        reference_case{"f32_interleaved", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "",
+                       2e-5},
         reference_case{"f32_half", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
-        reference_case{"f32_half_partial_rope", model(rope_style::half, 8, ggml_type::f32, ggml_type::f32, false), "", 2e-5},
-        reference_case{"f32_interleaved_partial_rope_scalar", model(rope_style::interleaved, 10, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-5},
+        reference_case{"f32_half_partial_rope", model(rope_style::half, 8, ggml_type::f32, ggml_type::f32, false), "",
+                       2e-5},
+        reference_case{"f32_interleaved_partial_rope_scalar",
+                       model(rope_style::interleaved, 10, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-5},
         reference_case{"f16", model(rope_style::interleaved, 16, ggml_type::f16, ggml_type::f16, false), "", 2e-5},
         reference_case{"q8_0", model(rope_style::interleaved, 16, ggml_type::q8_0, ggml_type::q8_0, true), "", 3e-2},
         reference_case{"q4_1", model(rope_style::interleaved, 16, ggml_type::q4_1, ggml_type::q8_0, true), "", 3e-2},
-        reference_case{"q4_0_scalar", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "scalar", 3e-2},
+        reference_case{"q4_0_scalar", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "scalar",
+                       3e-2},
         reference_case{"q4_0", model(rope_style::half, 16, ggml_type::q4_0, ggml_type::q8_0, false), "", 3e-2},
         reference_case{"q5_0", model(rope_style::half, 16, ggml_type::q5_0, ggml_type::q5_0, false), "", 3e-2},
         reference_case{"q5_1", model(rope_style::interleaved, 16, ggml_type::q5_1, ggml_type::q8_0, true), "", 3e-2},
-        reference_case{"q5_1_scalar", model(rope_style::interleaved, 16, ggml_type::q5_1, ggml_type::q8_0, true), "scalar", 3e-2},
+        reference_case{"q5_1_scalar", model(rope_style::interleaved, 16, ggml_type::q5_1, ggml_type::q8_0, true),
+                       "scalar", 3e-2},
         // bf16-rounded activations (the BF16 weights' format): errors of ~2^-9 per activation.
         reference_case{"bf16", model(rope_style::interleaved, 16, ggml_type::bf16, ggml_type::bf16, false), "", 1e-2},
-        reference_case{"bf16_scalar", model(rope_style::half, 16, ggml_type::bf16, ggml_type::f32, true), "scalar", 1e-2},
+        reference_case{"bf16_scalar", model(rope_style::half, 16, ggml_type::bf16, ggml_type::f32, true), "scalar",
+                       1e-2},
         reference_case{"f16_wide", wide_model(ggml_type::f16), "", 2e-5},
         reference_case{"q2_k", wide_model(ggml_type::q2_k), "", 3e-2},
         reference_case{"q3_k", wide_model(ggml_type::q3_k, rope_style::half), "", 3e-2},
@@ -379,11 +402,16 @@ INSTANTIATE_TEST_SUITE_P(
         reference_case{"mixed_types_scalar", mixed_model(), "scalar", 3e-2},
         // Exact f32 weights with a reduced-precision KV cache: the error is the cache's rounding alone
         // (fp16 2^-11, bf16 2^-8 relative per element; int8 half a step of max|x|/127 per token and head).
-        reference_case{"f32_kv_fp16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-3, cpu_kv_dtype::fp16},
-        reference_case{"f32_kv_fp16_scalar", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-3, cpu_kv_dtype::fp16},
-        reference_case{"f32_kv_bf16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "", 1e-2, cpu_kv_dtype::bf16},
-        reference_case{"f32_kv_int8", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-2, cpu_kv_dtype::int8},
-        reference_case{"f32_kv_int8_scalar", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, true), "scalar", 2e-2, cpu_kv_dtype::int8},
+        reference_case{"f32_kv_fp16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "",
+                       2e-3, cpu_kv_dtype::fp16},
+        reference_case{"f32_kv_fp16_scalar", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, true),
+                       "scalar", 2e-3, cpu_kv_dtype::fp16},
+        reference_case{"f32_kv_bf16", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false), "",
+                       1e-2, cpu_kv_dtype::bf16},
+        reference_case{"f32_kv_int8", model(rope_style::half, 16, ggml_type::f32, ggml_type::f32, false), "", 2e-2,
+                       cpu_kv_dtype::int8},
+        reference_case{"f32_kv_int8_scalar", model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, true),
+                       "scalar", 2e-2, cpu_kv_dtype::int8},
         reference_case{"q4_k_kv_int8", wide_model(ggml_type::q4_k), "", 3e-2, cpu_kv_dtype::int8}),
     [](const ::testing::TestParamInfo<reference_case>& p) { return std::string(p.param.name); });
 
@@ -440,26 +468,31 @@ TEST_P(paging_test, batching_with_other_sequences_matches) {
     step_batch b;
     if (other_done < other.size()) {
       const size_t m = std::min<size_t>(other.size() - other_done, step == 0 ? 20 : 1);
-      b.seqs.push_back(slice(2, {other.begin() + static_cast<long>(other_done), other.begin() + static_cast<long>(other_done + m)},
-                             static_cast<int32_t>(other_done), other_table, sequence_slice::logits_mode::all));
+      b.seqs.push_back(
+          slice(2, {other.begin() + static_cast<long>(other_done), other.begin() + static_cast<long>(other_done + m)},
+                static_cast<int32_t>(other_done), other_table, sequence_slice::logits_mode::all));
       other_done += m;
     }
     b.seqs.push_back(slice(3, {tokens_[0]}, 0, {63}, sequence_slice::logits_mode::none));  // a throwaway seq
-    b.seqs.push_back(slice(1, {tokens_.begin() + static_cast<long>(done), tokens_.begin() + static_cast<long>(done + n)},
+    b.seqs.push_back(slice(1,
+                           {tokens_.begin() + static_cast<long>(done), tokens_.begin() + static_cast<long>(done + n)},
                            static_cast<int32_t>(done), my_table));
     step_output out;
     ex_->execute(b, out);
     const size_t me = b.seqs.size() - 1;
     EXPECT_EQ(out.num_rows[me - 1], 0);
-    for (int32_t r = 0; r < out.num_rows[me]; ++r) mine.emplace_back(out.row(out.first_row[me] + r).begin(), out.row(out.first_row[me] + r).end());
+    for (int32_t r = 0; r < out.num_rows[me]; ++r)
+      mine.emplace_back(out.row(out.first_row[me] + r).begin(), out.row(out.first_row[me] + r).end());
     if (me == 2) {
-      for (int32_t r = 0; r < out.num_rows[0]; ++r) others.emplace_back(out.row(out.first_row[0] + r).begin(), out.row(out.first_row[0] + r).end());
+      for (int32_t r = 0; r < out.num_rows[0]; ++r)
+        others.emplace_back(out.row(out.first_row[0] + r).begin(), out.row(out.first_row[0] + r).end());
     }
     done += n;
   }
   EXPECT_LE(max_abs_diff(mine, baseline_), paging_tolerance);
   others.resize(std::min(others.size(), other_alone.size()));
-  EXPECT_LE(max_abs_diff(others, {other_alone.begin(), other_alone.begin() + static_cast<long>(others.size())}), paging_tolerance);
+  EXPECT_LE(max_abs_diff(others, {other_alone.begin(), other_alone.begin() + static_cast<long>(others.size())}),
+            paging_tolerance);
 }
 
 TEST_P(paging_test, copies_and_swap_round_trips_preserve_the_cache) {
@@ -471,7 +504,8 @@ TEST_P(paging_test, copies_and_swap_round_trips_preserve_the_cache) {
     step_output out;
     ex_->execute(first, out);
     std::vector<std::vector<float>> rows;
-    for (int32_t r = 0; r < out.num_rows[0]; ++r) rows.emplace_back(out.row(out.first_row[0] + r).begin(), out.row(out.first_row[0] + r).end());
+    for (int32_t r = 0; r < out.num_rows[0]; ++r)
+      rows.emplace_back(out.row(out.first_row[0] + r).begin(), out.row(out.first_row[0] + r).end());
     return rows;
   };
   const std::vector<std::vector<float>> want(baseline_.begin() + 20, baseline_.end());
@@ -501,9 +535,11 @@ TEST_P(paging_test, copies_and_swap_round_trips_preserve_the_cache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(types, paging_test,
-                         ::testing::Values(ggml_type::f32, ggml_type::q4_1, ggml_type::q5_0, ggml_type::f16, ggml_type::bf16,
-                                           ggml_type::q4_k, ggml_type::q6_k),
-                         [](const ::testing::TestParamInfo<ggml_type>& p) { return std::string(type_info(p.param).name); });
+                         ::testing::Values(ggml_type::f32, ggml_type::q4_1, ggml_type::q5_0, ggml_type::f16,
+                                           ggml_type::bf16, ggml_type::q4_k, ggml_type::q6_k),
+                         [](const ::testing::TestParamInfo<ggml_type>& p) {
+                           return std::string(type_info(p.param).name);
+                         });
 
 // ---- interface details ---------------------------------------------------------------------------
 
@@ -581,7 +617,7 @@ TEST(cpu_executor, a_rejected_step_leaves_the_cache_untouched) {
   auto ex = make_cpu_executor(w, opts(1, 4, 8, 2));
   const auto want = run_chunked(*ex, tokens, {0, 1}, {7});
   run_chunked(*ex, {tokens.begin(), tokens.end() - 1}, {0, 1}, {6});  // cache holds tokens[0..6)
-  run_chunked(*ex, random_tokens(8, 22), {2, 3}, {8});                 // another sequence
+  run_chunked(*ex, random_tokens(8, 22), {2, 3}, {8});                // another sequence
   step_batch bad;
   bad.copies.push_back({2, 0});   // valid, would clobber block 0 ...
   bad.copies.push_back({99, 1});  // ... but the step is rejected

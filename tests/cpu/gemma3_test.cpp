@@ -59,12 +59,12 @@ bool in_ci() {
   return ci != nullptr && std::string(ci) == "true";
 }
 
-#define REQUIRE_GEMMA()                                                                                          \
-  do {                                                                                                           \
-    if (!fs::exists(k_model)) {                                                                                  \
+#define REQUIRE_GEMMA()                                                                                            \
+  do {                                                                                                             \
+    if (!fs::exists(k_model)) {                                                                                    \
       if (in_ci()) FAIL() << k_model << " is missing in CI: scripts/test runs scripts/setup --models gemma3-270m"; \
-      GTEST_SKIP() << k_model << " is missing: `scripts/setup --models gemma3-270m` fetches it (~253 MB)";     \
-    }                                                                                                            \
+      GTEST_SKIP() << k_model << " is missing: `scripts/setup --models gemma3-270m` fetches it (~253 MB)";         \
+    }                                                                                                              \
   } while (0)
 
 const loaded_model& gemma() {
@@ -191,14 +191,15 @@ TEST(Gemma3, TeacherForcedArgmaxEqualsLlamaCppWhereItsMarginIsClear) {
       if (c.margins[s] < k_clear_margin) continue;
       ++clear;
       equal_clear += ours == c.greedy[s];
-      EXPECT_EQ(ours, c.greedy[s])
-          << ::testing::PrintToString(c.text) << " step " << s << ": llama.cpp margin " << c.margins[s];
+      EXPECT_EQ(ours, c.greedy[s]) << ::testing::PrintToString(c.text) << " step " << s << ": llama.cpp margin "
+                                   << c.margins[s];
     }
   }
   EXPECT_GE(clear, 500u) << "the fixture must have enough clear steps to mean something";
-  std::printf("  gemma3 270M Q4_K_M vs llama.cpp, teacher-forced: %zu of %zu steps with a clear margin (>= %.2f) "
-              "equal; %zu of %zu steps equal overall\n",
-              equal_clear, clear, k_clear_margin, equal_all, steps);
+  std::printf(
+      "  gemma3 270M Q4_K_M vs llama.cpp, teacher-forced: %zu of %zu steps with a clear margin (>= %.2f) "
+      "equal; %zu of %zu steps equal overall\n",
+      equal_clear, clear, k_clear_margin, equal_all, steps);
 }
 
 TEST(Gemma3, GreedyEqualsLlamaCppWhereItsMarginIsClear) {
@@ -261,11 +262,12 @@ TEST(Gemma3, GreedyEqualsLlamaCppWhereItsMarginIsClear) {
   EXPECT_GE(compared, 200u) << "the fixture must have enough leading clear steps to mean something";
   // Where a near-tie comes first the continuations may part; most do not (49 of 64 when measured).
   EXPECT_GE(identical, 30u);
-  std::printf("  gemma3 270M Q4_K_M vs llama.cpp: %zu prompts; %zu greedy steps with a clear margin (>= %.2f, smallest "
-              "%.2f) all equal; %zu of %zu prompts clear throughout and equal; %zu of %zu continuations equal in full; "
-              "largest |our margin - llama.cpp's| on the compared steps %.3f\n",
-              cases.size(), compared, k_clear_margin, smallest_clear, clear_identical, fully_clear, identical, cases.size(),
-              worst_margin_diff);
+  std::printf(
+      "  gemma3 270M Q4_K_M vs llama.cpp: %zu prompts; %zu greedy steps with a clear margin (>= %.2f, smallest "
+      "%.2f) all equal; %zu of %zu prompts clear throughout and equal; %zu of %zu continuations equal in full; "
+      "largest |our margin - llama.cpp's| on the compared steps %.3f\n",
+      cases.size(), compared, k_clear_margin, smallest_clear, clear_identical, fully_clear, identical, cases.size(),
+      worst_margin_diff);
 }
 
 }  // namespace

@@ -42,16 +42,16 @@ struct models {
 };
 
 const models* load_or_null() {
-  static const models* m = [] () -> const models* {
+  static const models* m = []() -> const models* {
     if (!fs::exists(gguf_path) || !fs::exists(hf_dir / "config.json")) return nullptr;
     return new models{load_model(gguf_path), load_model(hf_dir)};
   }();
   return m;
 }
 
-#define SKIP_WITHOUT_MODELS(m)                                                                                     \
-  if ((m) == nullptr)                                                                                              \
-  GTEST_SKIP() << "needs " << gguf_path << " and " << hf_dir                                                      \
+#define SKIP_WITHOUT_MODELS(m)                               \
+  if ((m) == nullptr)                                        \
+  GTEST_SKIP() << "needs " << gguf_path << " and " << hf_dir \
                << " (scripts/setup, then python3 scripts/make_hf_fixture.py)"
 
 TEST(hf_model, config_matches_the_gguf_except_rope_pairing) {
@@ -216,7 +216,6 @@ TEST(hf_model, logits_match_the_gguf_through_rotate_half_rope) {
   EXPECT_GT(bad.max_abs, 1.0);
 }
 
-
 // ---- tiny synthetic checkpoints: the loader's choices and refusals without the real model ----------
 
 namespace tiny {
@@ -284,14 +283,14 @@ std::vector<tensor_spec> llama_tensors(const std::string& dtype, bool lm_head) {
   std::vector<tensor_spec> t = {{"model.embed_tokens.weight", dtype, {k_vocab, k_hidden}},
                                 {"model.norm.weight", dtype, {k_hidden}}};
   const std::string p = "model.layers.0.";
-  for (const auto& [name, rows, cols] : std::vector<std::tuple<std::string, int, int>>{
-           {"self_attn.q_proj", k_heads * k_head_dim, k_hidden},
-           {"self_attn.k_proj", k_kv_heads * k_head_dim, k_hidden},
-           {"self_attn.v_proj", k_kv_heads * k_head_dim, k_hidden},
-           {"self_attn.o_proj", k_hidden, k_heads * k_head_dim},
-           {"mlp.gate_proj", k_ffn, k_hidden},
-           {"mlp.up_proj", k_ffn, k_hidden},
-           {"mlp.down_proj", k_hidden, k_ffn}}) {
+  for (const auto& [name, rows, cols] :
+       std::vector<std::tuple<std::string, int, int>>{{"self_attn.q_proj", k_heads * k_head_dim, k_hidden},
+                                                      {"self_attn.k_proj", k_kv_heads * k_head_dim, k_hidden},
+                                                      {"self_attn.v_proj", k_kv_heads * k_head_dim, k_hidden},
+                                                      {"self_attn.o_proj", k_hidden, k_heads * k_head_dim},
+                                                      {"mlp.gate_proj", k_ffn, k_hidden},
+                                                      {"mlp.up_proj", k_ffn, k_hidden},
+                                                      {"mlp.down_proj", k_hidden, k_ffn}}) {
     t.push_back({p + name + ".weight", dtype, {rows, cols}});
   }
   t.push_back({p + "input_layernorm.weight", dtype, {k_hidden}});
@@ -304,10 +303,12 @@ void write_text(const fs::path& path, const std::string& text) { std::ofstream(p
 
 std::string config_json(const std::string& arch, bool tied, const std::string& extra = "") {
   return "{\"architectures\":[\"" + arch + "\"],\"hidden_size\":" + std::to_string(k_hidden) +
-         ",\"intermediate_size\":" + std::to_string(k_ffn) + ",\"num_hidden_layers\":1,\"num_attention_heads\":" +
-         std::to_string(k_heads) + ",\"num_key_value_heads\":" + std::to_string(k_kv_heads) +
+         ",\"intermediate_size\":" + std::to_string(k_ffn) +
+         ",\"num_hidden_layers\":1,\"num_attention_heads\":" + std::to_string(k_heads) +
+         ",\"num_key_value_heads\":" + std::to_string(k_kv_heads) +
          ",\"head_dim\":null,\"rope_theta\":500000.0,\"rms_norm_eps\":1e-05,\"max_position_embeddings\":2048,"
-         "\"vocab_size\":" + std::to_string(k_vocab) + ",\"tie_word_embeddings\":" + (tied ? "true" : "false") +
+         "\"vocab_size\":" +
+         std::to_string(k_vocab) + ",\"tie_word_embeddings\":" + (tied ? "true" : "false") +
          ",\"hidden_act\":\"silu\",\"bos_token_id\":256" + extra + "}";
 }
 
@@ -332,8 +333,9 @@ std::string tokenizer_json(const std::string& pre_tokenizer, bool pair_merges) {
 
 const std::string k_llama3_pre =
     R"({"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":)" +
-    json_escape("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-                "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+") +
+    json_escape(
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+        "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+") +
     R"(},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]})";
 const std::string k_gpt2_pre = R"({"type":"ByteLevel","add_prefix_space":false,"use_regex":true})";
 
@@ -361,9 +363,7 @@ void write_model(const fs::path& dir, const std::string& dtype = "BF16") {
 std::string load_error_of(const fs::path& dir) {
   try {
     load_model(dir);
-  } catch (const load_error& e) {
-    return e.what();
-  }
+  } catch (const load_error& e) { return e.what(); }
   return "";
 }
 
@@ -422,11 +422,10 @@ TEST(hf_model_tiny, string_merges_gpt2_pre_tokenizer_and_f32) {
 TEST(hf_model_tiny, unknown_pre_tokenizer_warns_and_falls_back_to_gpt2) {
   tiny::temp_dir d("unknown_pre");
   tiny::write_model(d.path);
-  tiny::write_text(d.path / "tokenizer.json",
-                   tiny::tokenizer_json(R"({"type":"Sequence","pretokenizers":[)"
-                                        R"({"type":"Split","pattern":{"Regex":"\\d+"}},)"
-                                        R"({"type":"ByteLevel","use_regex":false}]})",
-                                        true));
+  tiny::write_text(d.path / "tokenizer.json", tiny::tokenizer_json(R"({"type":"Sequence","pretokenizers":[)"
+                                                                   R"({"type":"Split","pattern":{"Regex":"\\d+"}},)"
+                                                                   R"({"type":"ByteLevel","use_regex":false}]})",
+                                                                   true));
   const loaded_model m = load_model(d.path);
   EXPECT_EQ(m.tok->pre_tokenizer(), "gpt2");
   ASSERT_FALSE(m.warnings.empty());

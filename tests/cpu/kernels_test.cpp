@@ -38,11 +38,15 @@ void put_half(std::byte* p, float v) {
 // Offsets of a block's f16 scale fields (ggml-common.h): d first, then dmin/m where the type has one.
 std::vector<int> half_fields(ggml_type t) {
   switch (t) {
-    case ggml_type::q4_0: case ggml_type::q5_0: case ggml_type::q8_0: return {0};
-    case ggml_type::q4_1: case ggml_type::q5_1: return {0, 2};
+    case ggml_type::q4_0:
+    case ggml_type::q5_0:
+    case ggml_type::q8_0: return {0};
+    case ggml_type::q4_1:
+    case ggml_type::q5_1: return {0, 2};
     case ggml_type::q2_k: return {80, 82};
     case ggml_type::q3_k: return {108};
-    case ggml_type::q4_k: case ggml_type::q5_k: return {0, 2};
+    case ggml_type::q4_k:
+    case ggml_type::q5_k: return {0, 2};
     case ggml_type::q6_k: return {208};
     default: return {};
   }
@@ -56,7 +60,7 @@ float draw_scale(regime g, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   switch (g) {
     case regime::typical: return 0.001f + 0.05f * u(rng);
-    case regime::huge: return (u(rng) < 0.5f ? -1.0f : 1.0f) * (30000.0f + 35504.0f * u(rng));  // up to f16 max
+    case regime::huge: return (u(rng) < 0.5f ? -1.0f : 1.0f) * (30000.0f + 35504.0f * u(rng));    // up to f16 max
     case regime::tiny: return 6.0e-8f * static_cast<float>(1 + static_cast<int>(u(rng) * 1000));  // f16 subnormals
     case regime::zero_or_negative: return u(rng) < 0.3f ? 0.0f : -(0.001f + 0.05f * u(rng));
     case regime::mixed: break;
@@ -250,8 +254,8 @@ void expect_rows_match_reference(ggml_type type, const std::vector<std::byte>& w
           reference_dot(type, w.data() + r * rb, cols, in.seen.data() + static_cast<int64_t>(t) * cols);
       const double want = ref.value + (accumulate ? 0.5 : 0.0);
       EXPECT_NEAR(got, want, matmul_rel_tolerance * ref.magnitude + abs_tolerance)
-          << what << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t
-          << " (regime " << r % 5 << ")";
+          << what << " cols " << cols << " tokens " << num_tokens << " row " << r << " token " << t << " (regime "
+          << r % 5 << ")";
     }
   }
 }
@@ -374,8 +378,8 @@ TEST_P(kernels_test, quantized_matmul_matches_dequantized_reference) {
           const bool accumulate = (num_tokens % 2) == 1;
           const int64_t row_begin = 3;
           run_matmul(k, type, w, cols, in, num_tokens, row_begin, rows, out.data(), out_stride, accumulate);
-          expect_rows_match_reference(type, w, cols, in, out, out_stride, num_tokens, row_begin, rows, accumulate,
-                                      1e-5, bf16_bits ? type_info(type).name : "BF16 (no bf16 bits)");
+          expect_rows_match_reference(type, w, cols, in, out, out_stride, num_tokens, row_begin, rows, accumulate, 1e-5,
+                                      bf16_bits ? type_info(type).name : "BF16 (no bf16 bits)");
         }
       }
     }
@@ -446,7 +450,8 @@ TEST_P(kernels_test, matmul_results_do_not_depend_on_row_ranges_or_token_batches
     for (int32_t t = 0; t < num_tokens; ++t) {
       const prepared_input one = prepare_input(k, type, {x.begin() + t * cols, x.begin() + (t + 1) * cols}, 1, cols);
       std::vector<float> part(static_cast<size_t>(rows));
-      for (int64_t r0 = 0; r0 < rows; r0 += 7) run_matmul(k, type, w, cols, one, 1, r0, std::min(rows, r0 + 7), part.data(), rows, false);
+      for (int64_t r0 = 0; r0 < rows; r0 += 7)
+        run_matmul(k, type, w, cols, one, 1, r0, std::min(rows, r0 + 7), part.data(), rows, false);
       for (int64_t r = 0; r < rows; ++r) {
         EXPECT_EQ(part[static_cast<size_t>(r)], whole[static_cast<size_t>(t * rows + r)])
             << type_info(type).name << " row " << r << " token " << t;
@@ -639,7 +644,8 @@ TEST_P(kernels_test, f32_matmul_matches_double_reference) {
         for (int64_t r = 0; r < rows; ++r) {
           double ref = a.accumulate ? 1.0 : 0.0;
           for (int64_t c = 0; c < cols; ++c) {
-            ref += static_cast<double>(w[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * a.x_stride + c)];
+            ref +=
+                static_cast<double>(w[static_cast<size_t>(r * cols + c)]) * x[static_cast<size_t>(t * a.x_stride + c)];
           }
           EXPECT_NEAR(out[static_cast<size_t>(t * rows + r)], ref, 1e-4) << "cols " << cols;
         }
@@ -755,7 +761,8 @@ TEST_P(kernels_test, attention_block_kernels_match_reference_for_every_kv_dtype)
           }
           // Probabilities (a zero among them: it must add exactly nothing), then the accumulation.
           for (int32_t m = 0; m < rows; ++m) {
-            for (int32_t j = 0; j < ld; ++j) s[static_cast<size_t>(m * ld + j)] = j == 1 ? 0.0f : 0.1f + 0.05f * static_cast<float>(j);
+            for (int32_t j = 0; j < ld; ++j)
+              s[static_cast<size_t>(m * ld + j)] = j == 1 ? 0.0f : 0.1f + 0.05f * static_cast<float>(j);
           }
           std::vector<float> o(static_cast<size_t>(rows * hd));
           for (auto& x : o) x = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
@@ -819,8 +826,10 @@ TEST_P(kernels_test, attention_rows_do_not_depend_on_their_neighbours) {
     for (int32_t m = 0; m < rows; ++m) {
       std::vector<float> s_one(s_all.size()), o_one(o_all.size(), 0.0f);
       run(m, 1, s_one, o_one);
-      for (int32_t j = 0; j < n; ++j) EXPECT_EQ(s_one[static_cast<size_t>(m * 16 + j)], s_all[static_cast<size_t>(m * 16 + j)]);
-      for (int32_t d = 0; d < hd; ++d) EXPECT_EQ(o_one[static_cast<size_t>(m * hd + d)], o_all[static_cast<size_t>(m * hd + d)]);
+      for (int32_t j = 0; j < n; ++j)
+        EXPECT_EQ(s_one[static_cast<size_t>(m * 16 + j)], s_all[static_cast<size_t>(m * 16 + j)]);
+      for (int32_t d = 0; d < hd; ++d)
+        EXPECT_EQ(o_one[static_cast<size_t>(m * hd + d)], o_all[static_cast<size_t>(m * hd + d)]);
     }
   }
 }

@@ -184,48 +184,46 @@ TEST_F(LogitParity, ExactModeKeepsAnFp32Cache) {
 // use its default F16 cache too).
 TEST_F(LogitParity, FastPathIsAsCloseAsLlamaCpp) {
   {
-  const cpu_kv_dtype kv = cpu_kv_dtype::automatic;
-  auto ex = make(/*exact=*/false, kv);
-  for (const prompt_fixture& f : fixtures_) {
-    std::vector<std::vector<float>> logits;
-    const std::vector<token_id> greedy = run(*ex, f.ids, 64, &logits);
-    for (const reference_row& r : f.rows) {
-      const std::vector<float>& ours = logits.at(size_t(r.position));
-      const diff_stats d = compare(ours, r.logits);
-      const std::string where = f.name + " position " + std::to_string(r.position) + " vs " + r.source;
-      std::printf("  %-44s max |diff| %.3f  mean |diff| %.3f\n", where.c_str(), d.max_abs, d.mean_abs);
-      // Both quantized paths sit within a couple of logits of the exact math (logits span ~40).
-      EXPECT_LT(d.max_abs, 3.0) << where;
-      EXPECT_LT(d.mean_abs, 1.0) << where;
-      if (top2_margin(r.logits) > 0.5) {
-        EXPECT_EQ(argmax(ours), argmax(r.logits)) << where;
+    const cpu_kv_dtype kv = cpu_kv_dtype::automatic;
+    auto ex = make(/*exact=*/false, kv);
+    for (const prompt_fixture& f : fixtures_) {
+      std::vector<std::vector<float>> logits;
+      const std::vector<token_id> greedy = run(*ex, f.ids, 64, &logits);
+      for (const reference_row& r : f.rows) {
+        const std::vector<float>& ours = logits.at(size_t(r.position));
+        const diff_stats d = compare(ours, r.logits);
+        const std::string where = f.name + " position " + std::to_string(r.position) + " vs " + r.source;
+        std::printf("  %-44s max |diff| %.3f  mean |diff| %.3f\n", where.c_str(), d.max_abs, d.mean_abs);
+        // Both quantized paths sit within a couple of logits of the exact math (logits span ~40).
+        EXPECT_LT(d.max_abs, 3.0) << where;
+        EXPECT_LT(d.mean_abs, 1.0) << where;
+        if (top2_margin(r.logits) > 0.5) { EXPECT_EQ(argmax(ours), argmax(r.logits)) << where; }
+        if (r.source != "transformers") continue;
+        // Where llama.cpp's row at the same position is stored: we are no further from the exact
+        // logits than llama.cpp is (with a small allowance for a different Q8 rounding).
+        for (const reference_row& l : f.rows) {
+          if (l.source != "llama_cpp" || l.position != r.position) continue;
+          const diff_stats peer = compare(l.logits, r.logits);
+          EXPECT_LT(d.mean_abs, 1.5 * peer.mean_abs + 0.05) << where << " (llama.cpp: " << peer.mean_abs << ")";
+          EXPECT_LT(d.max_abs, 1.5 * peer.max_abs + 0.25) << where << " (llama.cpp: " << peer.max_abs << ")";
+        }
       }
-      if (r.source != "transformers") continue;
-      // Where llama.cpp's row at the same position is stored: we are no further from the exact
-      // logits than llama.cpp is (with a small allowance for a different Q8 rounding).
-      for (const reference_row& l : f.rows) {
-        if (l.source != "llama_cpp" || l.position != r.position) continue;
-        const diff_stats peer = compare(l.logits, r.logits);
-        EXPECT_LT(d.mean_abs, 1.5 * peer.mean_abs + 0.05) << where << " (llama.cpp: " << peer.mean_abs << ")";
-        EXPECT_LT(d.max_abs, 1.5 * peer.max_abs + 0.25) << where << " (llama.cpp: " << peer.max_abs << ")";
+      // Greedy: equal to llama.cpp's continuation until a position where our own top-2 margin is a
+      // near tie (there, both quantized paths may legitimately pick differently).
+      std::vector<token_id> context = f.ids;
+      for (size_t i = 0; i < greedy.size() && i < f.greedy_llama_cpp.size(); ++i) {
+        if (greedy[i] == f.greedy_llama_cpp[i]) {
+          context.push_back(greedy[i]);
+          continue;
+        }
+        std::vector<std::vector<float>> at;
+        auto fresh = make(false, kv);
+        run(*fresh, context, 1, &at);
+        EXPECT_LT(top2_margin(at.back()), 0.5)
+            << f.name << ": greedy differs from llama.cpp at token " << i << " without a near tie";
+        break;
       }
     }
-    // Greedy: equal to llama.cpp's continuation until a position where our own top-2 margin is a
-    // near tie (there, both quantized paths may legitimately pick differently).
-    std::vector<token_id> context = f.ids;
-    for (size_t i = 0; i < greedy.size() && i < f.greedy_llama_cpp.size(); ++i) {
-      if (greedy[i] == f.greedy_llama_cpp[i]) {
-        context.push_back(greedy[i]);
-        continue;
-      }
-      std::vector<std::vector<float>> at;
-      auto fresh = make(false, kv);
-      run(*fresh, context, 1, &at);
-      EXPECT_LT(top2_margin(at.back()), 0.5)
-          << f.name << ": greedy differs from llama.cpp at token " << i << " without a near tie";
-      break;
-    }
-  }
   }
 }
 
@@ -270,7 +268,8 @@ TEST_F(LogitParity, KvCacheDtypesStayCloseToTheFp32Cache) {
         worst.mean_abs = std::max(worst.mean_abs, d.mean_abs);
         mean += d.mean_abs / double(logits.size());
         if (top2_margin(base_logits[p][pos]) > 0.5) {
-          EXPECT_EQ(argmax(logits[pos]), argmax(base_logits[p][pos])) << to_string(b.dtype) << " " << f.name << " position " << pos;
+          EXPECT_EQ(argmax(logits[pos]), argmax(base_logits[p][pos]))
+              << to_string(b.dtype) << " " << f.name << " position " << pos;
         }
       }
       std::printf("  KV %-4s vs fp32, %-5s: max |diff| %.4f, worst position's mean |diff| %.4f (average %.4f)\n",
@@ -288,7 +287,8 @@ TEST_F(LogitParity, KvCacheDtypesStayCloseToTheFp32Cache) {
         auto fresh = make(true, cpu_kv_dtype::fp32);
         run(*fresh, context, 1, &at);
         EXPECT_LT(top2_margin(at.back()), 0.5)
-            << to_string(b.dtype) << " " << f.name << ": greedy differs from the fp32 cache's at token " << i << " without a near tie";
+            << to_string(b.dtype) << " " << f.name << ": greedy differs from the fp32 cache's at token " << i
+            << " without a near tie";
         break;
       }
     }

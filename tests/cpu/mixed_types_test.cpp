@@ -25,8 +25,7 @@
 namespace tessera {
 namespace {
 
-const std::filesystem::path model_path =
-    std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::filesystem::path model_path = std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 // Relative RMS error of encode -> dequantize_row on Gaussian rows with an outlier per row: bounds a
 // round-to-nearest quantizer of each type's bits meets (about half a step over the value range).
@@ -34,7 +33,7 @@ TEST(test_encoders, round_trip_within_the_types_resolution) {
   const std::map<ggml_type, double> bound = {
       {ggml_type::f32, 0.0},   {ggml_type::f16, 1e-3},  {ggml_type::bf16, 5e-3}, {ggml_type::q8_0, 0.01},
       {ggml_type::q6_k, 0.03}, {ggml_type::q5_0, 0.05}, {ggml_type::q5_1, 0.05}, {ggml_type::q5_k, 0.05},
-      {ggml_type::q4_0, 0.12},  {ggml_type::q4_1, 0.1},  {ggml_type::q4_k, 0.1},  {ggml_type::q3_k, 0.25},
+      {ggml_type::q4_0, 0.12}, {ggml_type::q4_1, 0.1},  {ggml_type::q4_k, 0.1},  {ggml_type::q3_k, 0.25},
       {ggml_type::q2_k, 0.4},
   };
   std::mt19937 rng(3);
@@ -57,9 +56,7 @@ TEST(test_encoders, round_trip_within_the_types_resolution) {
     }
     const double rel = std::sqrt(err / ref);
     EXPECT_LE(rel, max_rel) << type_info(type).name;
-    if (type != ggml_type::f32) {
-      EXPECT_GT(rel, 0.0) << type_info(type).name << " did not quantize";
-    }
+    if (type != ggml_type::f32) { EXPECT_GT(rel, 0.0) << type_info(type).name << " did not quantize"; }
     std::printf("%-5s round trip: relative rms error %.4f\n", std::string(type_info(type).name).c_str(), rel);
   }
 }
@@ -90,16 +87,28 @@ std::shared_ptr<const model_weights> reencode(std::shared_ptr<const model_weight
     t.row_stride_bytes = row_bytes(type, t.cols);
   };
   // Down projections: Q6_K and Q4_K (Q4_K_M's pair) in most layers, the other K-quants in one each.
-  const ggml_type downs[] = {ggml_type::q6_k, ggml_type::q4_k, ggml_type::q5_k, ggml_type::q4_k, ggml_type::q6_k,
-                             ggml_type::q3_k};
+  const ggml_type downs[] = {ggml_type::q6_k, ggml_type::q4_k, ggml_type::q5_k,
+                             ggml_type::q4_k, ggml_type::q6_k, ggml_type::q3_k};
   for (size_t l = 0; l < w->layers.size(); ++l) {
     layer_weights& lw = w->layers[l];
     redo(lw.w_down, l == 7 ? ggml_type::q2_k : downs[l % 6]);
     switch (l % 4) {
-      case 0: redo(lw.wv, ggml_type::q8_0); redo(lw.wk, ggml_type::q5_0); break;
-      case 1: redo(lw.wq, ggml_type::q5_1); redo(lw.wo, ggml_type::q5_0); break;
-      case 2: redo(lw.w_gate, ggml_type::f16); redo(lw.w_up, ggml_type::bf16); break;
-      default: redo(lw.wv, ggml_type::bf16); redo(lw.wk, ggml_type::f16); break;  // Q|K|V: q8, f32, bf16 inputs at once
+      case 0:
+        redo(lw.wv, ggml_type::q8_0);
+        redo(lw.wk, ggml_type::q5_0);
+        break;
+      case 1:
+        redo(lw.wq, ggml_type::q5_1);
+        redo(lw.wo, ggml_type::q5_0);
+        break;
+      case 2:
+        redo(lw.w_gate, ggml_type::f16);
+        redo(lw.w_up, ggml_type::bf16);
+        break;
+      default:
+        redo(lw.wv, ggml_type::bf16);
+        redo(lw.wk, ggml_type::f16);
+        break;  // Q|K|V: q8, f32, bf16 inputs at once
     }
   }
   w->storage = keep;
@@ -135,10 +144,10 @@ TEST(mixed_types, reencoded_default_model_matches_exact_math_like_the_stored_fil
     const std::span<const float> e = exact.row(static_cast<int32_t>(p)), f = fast.row(static_cast<int32_t>(p));
     std::vector<float> sorted(e.begin(), e.end());
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    const auto top = [vocab](std::span<const float> r) { return std::max_element(r.begin(), r.begin() + vocab) - r.begin(); };
-    if (sorted[0] - sorted[1] > 0.5f) {
-      EXPECT_EQ(top(f), top(e)) << "position " << p;
-    }
+    const auto top = [vocab](std::span<const float> r) {
+      return std::max_element(r.begin(), r.begin() + vocab) - r.begin();
+    };
+    if (sorted[0] - sorted[1] > 0.5f) { EXPECT_EQ(top(f), top(e)) << "position " << p; }
   }
   std::printf("re-encoded mixed types, native vs exact f32: max |diff| %.3f, mean |diff| %.4f\n", max_diff, mean_diff);
 }

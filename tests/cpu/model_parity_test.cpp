@@ -259,9 +259,7 @@ TEST_P(model_parity, engine_serves_transformers_greedy) {
     for (const auto& p : others) engine.add_request(p, greedy);
     const request_id id = engine.add_request(oracle_.ids, greedy);
     drain();
-    if (warm_prefix) {
-      EXPECT_GE(cached[id], 16) << oracle_.arch << ": no prefix-cache hit";
-    }
+    if (warm_prefix) { EXPECT_GE(cached[id], 16) << oracle_.arch << ": no prefix-cache hit"; }
     return std::make_pair(tokens[id], engine.stats());
   };
   const std::vector<std::vector<token_id>> others = {

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <vector>
 
@@ -22,8 +22,7 @@ namespace {
 using test_support::argmax;
 using test_support::top2_margin;
 
-const std::filesystem::path model_path =
-    std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::filesystem::path model_path = std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 std::shared_ptr<const model_weights> load_or_skip() {
   if (!std::filesystem::exists(model_path)) return nullptr;
@@ -98,9 +97,9 @@ TEST(cpu_model, chat_continuation_does_not_depend_on_chunking_or_placement) {
   if (!w) GTEST_SKIP() << "model file missing: " << model_path;
   // ChatML: system "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
   // user "What is the capital of France?", then "<|im_start|>assistant\n".
-  const std::vector<token_id> prompt = {1,   9690, 198,  2683, 359,   253,  5356, 5646, 11173, 3365, 3511, 308, 34519,
-                                        28,  7018, 411,  407,  19712, 8182, 2,    198,  1,     4093, 198,  1780, 314,
-                                        260, 3575, 282,  4649, 47,    2,    198,  1,    520,   9531, 198};
+  const std::vector<token_id> prompt = {1,   9690, 198, 2683, 359,   253,  5356, 5646, 11173, 3365, 3511, 308,  34519,
+                                        28,  7018, 411, 407,  19712, 8182, 2,    198,  1,     4093, 198,  1780, 314,
+                                        260, 3575, 282, 4649, 47,    2,    198,  1,    520,   9531, 198};
   auto ex = make_cpu_executor(w, options());
   const std::vector<token_id> answer = greedy(*ex, prompt, 10, 5);
   // Not degenerate: a real answer uses several distinct tokens.
@@ -126,7 +125,7 @@ TEST(cpu_model, quantized_activations_stay_close_to_exact_f32_math) {
   // (a wrong rope or head mapping moves logits by several units).
   EXPECT_LT(max_diff, 3.0);
   EXPECT_LT(mean_diff, 0.6);
-  EXPECT_GT(max_diff, 0.0);  // the two paths really differ
+  EXPECT_GT(max_diff, 0.0);               // the two paths really differ
   EXPECT_EQ(argmax(exact.row(7)), 2767);  // " dog"
   std::printf("quantized vs exact f32: max |diff| %.3f, mean |diff| %.4f\n", max_diff, mean_diff);
 }

@@ -90,10 +90,10 @@ class recording_executor final : public executor {
 struct run_result {
   std::vector<token_id> tokens;
   std::map<seq_id, std::vector<std::vector<float>>> rows;
-  int32_t peak_in_step = 0;     // most blocks one step's table held
-  int32_t decode_peak = 0;      // the same over decode steps
-  int32_t peak_between = 0;     // most blocks held after a step (the step records)
-  int32_t held_at_end = 0;      // blocks held after the last computed token
+  int32_t peak_in_step = 0;  // most blocks one step's table held
+  int32_t decode_peak = 0;   // the same over decode steps
+  int32_t peak_between = 0;  // most blocks held after a step (the step records)
+  int32_t held_at_end = 0;   // blocks held after the last computed token
   int64_t freed_entries = 0;
   uint64_t window_freed = 0;
 };
@@ -118,7 +118,8 @@ run_result serve(const std::vector<token_id>& prompt, bool free_window_blocks, i
   engine.add_request(prompt, greedy);
   run_result r;
   while (engine.has_unfinished()) {
-    for (const request_output& out : engine.step()) r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
+    for (const request_output& out : engine.step())
+      r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
     for (const sequence_blocks& b : engine.last_record().running) {
       r.peak_between = std::max(r.peak_between, b.num_blocks);
       r.held_at_end = b.num_blocks;
@@ -160,11 +161,12 @@ TEST(SlidingWindow, MistralFreesBlocksWithIdenticalLogitsAndTokens) {
     const int32_t total = static_cast<int32_t>(prompt.size()) + 16 - 1;
     EXPECT_EQ(on.window_freed, static_cast<uint64_t>((total - 8 + 1) / 16));
     EXPECT_EQ(off.held_at_end, (total - 1 + 15) / 16) << "without freeing it holds its whole length";
-    std::printf("  mistral tiny (window 8, block 16), %zu-token prompt + 16 greedy, prefill chunks of %d: blocks held "
-                "at the end %d with freeing vs %d without; most in one step %d vs %d; %llu blocks freed early; "
-                "logits bit-identical\n",
-                prompt.size(), chunk, on.held_at_end, off.held_at_end, on.peak_in_step, off.peak_in_step,
-                static_cast<unsigned long long>(on.window_freed));
+    std::printf(
+        "  mistral tiny (window 8, block 16), %zu-token prompt + 16 greedy, prefill chunks of %d: blocks held "
+        "at the end %d with freeing vs %d without; most in one step %d vs %d; %llu blocks freed early; "
+        "logits bit-identical\n",
+        prompt.size(), chunk, on.held_at_end, off.held_at_end, on.peak_in_step, off.peak_in_step,
+        static_cast<unsigned long long>(on.window_freed));
   }
 }
 

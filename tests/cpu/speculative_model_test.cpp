@@ -28,7 +28,8 @@ sampling_params greedy(int32_t max_tokens) {
   return p;
 }
 
-engine_options options(int32_t blocks, int32_t host, bool speculative, preemption_mode mode = preemption_mode::automatic) {
+engine_options options(int32_t blocks, int32_t host, bool speculative,
+                       preemption_mode mode = preemption_mode::automatic) {
   engine_options o;
   o.block_size = 16;
   o.num_kv_blocks = blocks;
@@ -80,9 +81,7 @@ void expect_identical(executor& roomy, executor& tight, std::shared_ptr<const to
   }
   EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << "no draft was accepted: the comparison proves nothing";
   // Alone, every accepted draft saves a step (in a batch the slowest sequence sets the step count).
-  if (prompts.size() == 1) {
-    EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps);
-  }
+  if (prompts.size() == 1) { EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps); }
   if (small_pool <= 0) return;
   for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
     const run_result crowded = run(tight, tok, options(small_pool, 64, true, mode), prompts, max_tokens);
@@ -143,8 +142,8 @@ std::vector<token_id> grounded_prompt(const tokenizer& tok, int32_t i) {
       "The fox ran through the forest, crossed the river at dawn and hid beneath the old oak tree until night.",
   };
   const std::string text = texts[i % 4];
-  const std::string prompt = "Text: " + text + "\nRepeat the text exactly.\nText: " + text + "\nRepeat: " +
-                             text.substr(0, static_cast<size_t>(12 + i));
+  const std::string prompt = "Text: " + text + "\nRepeat the text exactly.\nText: " + text +
+                             "\nRepeat: " + text.substr(0, static_cast<size_t>(12 + i));
   return tok.encode(prompt);
 }
 

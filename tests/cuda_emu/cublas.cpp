@@ -84,8 +84,8 @@ const float* as_f32(const operand& o, std::vector<float>& scratch, int* ld) {
 }
 
 // C[m, n] (column-major, ldc) = alpha op(A) op(B) + beta C, fp32.
-void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
-           float* C, int ldc) {
+void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc) {
   if (m == 0 || n == 0) return;
   if (beta == 0.0f) {
     for (int j = 0; j < n; ++j) std::fill_n(C + static_cast<int64_t>(j) * ldc, m, 0.0f);
@@ -102,8 +102,8 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, i
   // other tests) already uses the cores, and OpenBLAS's idle threads spin in sched_yield.
   static const bool single_threaded = (openblas_set_num_threads(1), true);
   (void)single_threaded;
-  cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B, ldb,
-              beta, C, ldc);
+  cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B,
+              ldb, beta, C, ldc);
 #else
   for (int j = 0; j < n; ++j) {
     float* c = C + static_cast<int64_t>(j) * ldc;
@@ -148,7 +148,8 @@ float dot(const A* a, const float* b, int k) {
   for (; i + 16 <= k; i += 16) {
     __m128 a0, a1, a2, a3;
     if constexpr (std::is_same_v<A, float>) {
-      a0 = _mm_loadu_ps(a + i), a1 = _mm_loadu_ps(a + i + 4), a2 = _mm_loadu_ps(a + i + 8), a3 = _mm_loadu_ps(a + i + 12);
+      a0 = _mm_loadu_ps(a + i), a1 = _mm_loadu_ps(a + i + 4), a2 = _mm_loadu_ps(a + i + 8),
+      a3 = _mm_loadu_ps(a + i + 12);
     } else {  // bf16: the 16 bits are the high half of the fp32 pattern
       const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
       const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8));
@@ -221,17 +222,19 @@ void run_gemm(const gemm_args& g, float alpha, float beta) {
   auto* C16 = static_cast<uint16_t*>(g.c);
   if (beta != 0.0f) {
     for (int j = 0; j < g.n; ++j)
-      for (int i = 0; i < g.m; ++i) sc[static_cast<size_t>(j) * g.m + i] = bf16_to_float(C16[static_cast<int64_t>(j) * g.ldc + i]);
+      for (int i = 0; i < g.m; ++i)
+        sc[static_cast<size_t>(j) * g.m + i] = bf16_to_float(C16[static_cast<int64_t>(j) * g.ldc + i]);
   }
   sgemm(g.ta, g.tb, g.m, g.n, g.k, alpha, A, lda, B, ldb, beta, sc.data(), std::max(1, g.m));
   for (int j = 0; j < g.n; ++j)
-    for (int i = 0; i < g.m; ++i) C16[static_cast<int64_t>(j) * g.ldc + i] = float_to_bf16_rn(sc[static_cast<size_t>(j) * g.m + i]);
+    for (int i = 0; i < g.m; ++i)
+      C16[static_cast<int64_t>(j) * g.ldc + i] = float_to_bf16_rn(sc[static_cast<size_t>(j) * g.m + i]);
 }
 
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                     const void* alpha, const void* A, cudaDataType_t Atype, int lda, long long strideA, const void* B,
-                    cudaDataType_t Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType_t Ctype, int ldc,
-                    long long strideC, int batch, cublasComputeType_t compute) {
+                    cudaDataType_t Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType_t Ctype,
+                    int ldc, long long strideC, int batch, cublasComputeType_t compute) {
   if (!valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   auto bad = [](const std::string& why) {
     report(cudaErrorInvalidValue, "cuBLAS GEMM: " + why);
@@ -243,8 +246,10 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   if (m < 0 || n < 0 || k < 0 || batch < 0) return bad("negative m, n, k or batch count");
   const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
   const int a_rows = ta ? k : m, b_rows = tb ? n : k;
-  if (lda < std::max(1, a_rows)) return bad("lda " + std::to_string(lda) + " < rows of the stored A (" + std::to_string(a_rows) + ")");
-  if (ldb < std::max(1, b_rows)) return bad("ldb " + std::to_string(ldb) + " < rows of the stored B (" + std::to_string(b_rows) + ")");
+  if (lda < std::max(1, a_rows))
+    return bad("lda " + std::to_string(lda) + " < rows of the stored A (" + std::to_string(a_rows) + ")");
+  if (ldb < std::max(1, b_rows))
+    return bad("ldb " + std::to_string(ldb) + " < rows of the stored B (" + std::to_string(b_rows) + ")");
   if (ldc < std::max(1, m)) return bad("ldc " + std::to_string(ldc) + " < m (" + std::to_string(m) + ")");
   if (!alpha || !beta) return bad("null alpha or beta");
   const bool inputs_ok = Atype == Btype && (Atype == CUDA_R_32F || Atype == CUDA_R_16BF);
@@ -252,7 +257,8 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   const bool compute_ok = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
                           compute == CUBLAS_COMPUTE_32F_FAST_TF32 || compute == CUBLAS_COMPUTE_32F_FAST_16BF;
   if (!inputs_ok || !output_ok || !compute_ok) {
-    report(cudaErrorNotSupported, "cuBLAS GEMM: type combination not emulated (A/B both f32 or bf16, C f32 or bf16, f32 compute)");
+    report(cudaErrorNotSupported,
+           "cuBLAS GEMM: type combination not emulated (A/B both f32 or bf16, C f32 or bf16, f32 compute)");
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   const bool host_scalars = handle->pointer_mode == CUBLAS_POINTER_MODE_HOST;
@@ -264,8 +270,10 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   for (int i = 0; i < batch; ++i) {
     gemm_args g;
     g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k;
-    g.a = {static_cast<const char*>(A) + i * strideA * static_cast<long long>(element_bytes(Atype)), Atype, a_rows, ta ? m : k, lda};
-    g.b = {static_cast<const char*>(B) + i * strideB * static_cast<long long>(element_bytes(Btype)), Btype, b_rows, tb ? k : n, ldb};
+    g.a = {static_cast<const char*>(A) + i * strideA * static_cast<long long>(element_bytes(Atype)), Atype, a_rows,
+           ta ? m : k, lda};
+    g.b = {static_cast<const char*>(B) + i * strideB * static_cast<long long>(element_bytes(Btype)), Btype, b_rows,
+           tb ? k : n, ldb};
     g.c = static_cast<char*>(C) + i * strideC * static_cast<long long>(element_bytes(Ctype));
     g.ctype = Ctype;
     g.ldc = ldc;
@@ -360,25 +368,27 @@ const char* cublasGetStatusName(cublasStatus_t status) {
 
 const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                            const void* alpha, const void* A, cudaDataType_t Atype, int lda, const void* B,
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType_t Atype, int lda, const void* B,
                             cudaDataType_t Btype, int ldb, const void* beta, void* C, cudaDataType_t Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t) {
-  return gemm(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType);
+  return gemm(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1,
+              computeType);
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
-                                          int n, int k, const void* alpha, const void* A, cudaDataType_t Atype, int lda,
-                                          long long strideA, const void* B, cudaDataType_t Btype, int ldb, long long strideB,
-                                          const void* beta, void* C, cudaDataType_t Ctype, int ldc, long long strideC,
-                                          int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t) {
-  return gemm(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc,
-              strideC, batchCount, computeType);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType_t Atype,
+                                          int lda, long long strideA, const void* B, cudaDataType_t Btype, int ldb,
+                                          long long strideB, const void* beta, void* C, cudaDataType_t Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t) {
+  return gemm(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype,
+              ldc, strideC, batchCount, computeType);
 }
 
-cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                           const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta, float* C,
-                           int ldc) {
-  return gemm(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1,
-              CUBLAS_COMPUTE_32F);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                           const float* beta, float* C, int ldc) {
+  return gemm(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F,
+              ldc, 0, 1, CUBLAS_COMPUTE_32F);
 }

@@ -31,11 +31,33 @@
 namespace tessera::gpu::emu {
 
 enum class warp_op : uint8_t {
-  sync, shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, any, all,
-  reduce_add, reduce_min_u32, reduce_max_u32, reduce_min_i32, reduce_max_i32, reduce_and, reduce_or, reduce_xor,
+  sync,
+  shfl_idx,
+  shfl_xor,
+  shfl_down,
+  shfl_up,
+  ballot,
+  any,
+  all,
+  reduce_add,
+  reduce_min_u32,
+  reduce_max_u32,
+  reduce_min_i32,
+  reduce_max_i32,
+  reduce_and,
+  reduce_or,
+  reduce_xor,
   // The warp-wide matrix instructions of gpu/mma.cuh (.sync.aligned: the whole warp, one variant).
-  mma_m16n8k16_bf16, mma_m16n8k16_f16, mma_m16n8k8_bf16, mma_m16n8k8_f16,
-  ldmatrix_x1, ldmatrix_x2, ldmatrix_x4, ldmatrix_x1_trans, ldmatrix_x2_trans, ldmatrix_x4_trans,
+  mma_m16n8k16_bf16,
+  mma_m16n8k16_f16,
+  mma_m16n8k8_bf16,
+  mma_m16n8k8_f16,
+  ldmatrix_x1,
+  ldmatrix_x2,
+  ldmatrix_x4,
+  ldmatrix_x1_trans,
+  ldmatrix_x2_trans,
+  ldmatrix_x4_trans,
 };
 
 // Block barrier: blocks this CUDA thread until every thread of the block that has not exited is
@@ -46,7 +68,8 @@ void sync_threads(const std::source_location& where);
 std::pair<int, int> sync_threads_count(int predicate, const std::source_location& where);
 // A warp collective over the lanes in `mask`: every non-exited lane of the mask must call the same
 // intrinsic with the same mask. Returns this lane's result (the raw bits of the exchanged value).
-uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width, const std::source_location& where);
+uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width,
+                         const std::source_location& where);
 unsigned active_lanes();
 void* dynamic_shared_memory();
 [[noreturn]] void trap(const char* why);
@@ -89,13 +112,15 @@ template <class T>
 inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32,
                           std::source_location where = std::source_location::current()) {
   namespace e = ::tessera::gpu::emu;
-  return e::from_bits<T>(e::warp_collective(e::warp_op::shfl_down, mask, e::to_bits(var), static_cast<int>(delta), width, where));
+  return e::from_bits<T>(
+      e::warp_collective(e::warp_op::shfl_down, mask, e::to_bits(var), static_cast<int>(delta), width, where));
 }
 template <class T>
 inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32,
                         std::source_location where = std::source_location::current()) {
   namespace e = ::tessera::gpu::emu;
-  return e::from_bits<T>(e::warp_collective(e::warp_op::shfl_up, mask, e::to_bits(var), static_cast<int>(delta), width, where));
+  return e::from_bits<T>(
+      e::warp_collective(e::warp_op::shfl_up, mask, e::to_bits(var), static_cast<int>(delta), width, where));
 }
 inline unsigned __ballot_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
   namespace e = ::tessera::gpu::emu;
@@ -120,10 +145,10 @@ inline int __syncthreads_or(int pred, std::source_location where = std::source_l
   return ::tessera::gpu::emu::sync_threads_count(pred, where).first > 0;
 }
 // sm_80's warp reductions of 32-bit integers.
-#define TESSERA_EMU_REDUCE(name, T, op)                                                                              \
-  inline T name(unsigned mask, T value, std::source_location where = std::source_location::current()) {           \
-    namespace e = ::tessera::gpu::emu;                                                                              \
-    return static_cast<T>(e::warp_collective(e::warp_op::op, mask, static_cast<uint32_t>(value), 0, 32, where));     \
+#define TESSERA_EMU_REDUCE(name, T, op)                                                                          \
+  inline T name(unsigned mask, T value, std::source_location where = std::source_location::current()) {          \
+    namespace e = ::tessera::gpu::emu;                                                                           \
+    return static_cast<T>(e::warp_collective(e::warp_op::op, mask, static_cast<uint32_t>(value), 0, 32, where)); \
   }
 TESSERA_EMU_REDUCE(__reduce_add_sync, unsigned, reduce_add)
 TESSERA_EMU_REDUCE(__reduce_add_sync, int, reduce_add)
@@ -144,11 +169,11 @@ inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_s
 inline void __nanosleep(unsigned) {}
 
 // ---- atomics: plain read-modify-write (no other CUDA thread can run in between, see above) -----
-#define TESSERA_EMU_ATOMIC(name, T, expr)      \
-  inline T name(T* address, T val) {           \
-    const T old = *address;                    \
-    *address = (expr);                         \
-    return old;                                \
+#define TESSERA_EMU_ATOMIC(name, T, expr) \
+  inline T name(T* address, T val) {      \
+    const T old = *address;               \
+    *address = (expr);                    \
+    return old;                           \
   }
 TESSERA_EMU_ATOMIC(atomicAdd, int, old + val)
 TESSERA_EMU_ATOMIC(atomicAdd, unsigned int, old + val)
@@ -169,8 +194,8 @@ TESSERA_EMU_ATOMIC(atomicMin, int, val < old ? val : old)
 TESSERA_EMU_ATOMIC(atomicMin, unsigned int, val < old ? val : old)
 TESSERA_EMU_ATOMIC(atomicMin, long long, val < old ? val : old)
 TESSERA_EMU_ATOMIC(atomicMin, unsigned long long, val < old ? val : old)
-TESSERA_EMU_ATOMIC(atomicAnd, int, old & val)
-TESSERA_EMU_ATOMIC(atomicAnd, unsigned int, old & val)
+TESSERA_EMU_ATOMIC(atomicAnd, int, old& val)
+TESSERA_EMU_ATOMIC(atomicAnd, unsigned int, old& val)
 TESSERA_EMU_ATOMIC(atomicOr, int, old | val)
 TESSERA_EMU_ATOMIC(atomicOr, unsigned int, old | val)
 TESSERA_EMU_ATOMIC(atomicXor, int, old ^ val)
@@ -178,11 +203,11 @@ TESSERA_EMU_ATOMIC(atomicXor, unsigned int, old ^ val)
 TESSERA_EMU_ATOMIC(atomicInc, unsigned int, old >= val ? 0u : old + 1u)
 TESSERA_EMU_ATOMIC(atomicDec, unsigned int, (old == 0u || old > val) ? val : old - 1u)
 #undef TESSERA_EMU_ATOMIC
-#define TESSERA_EMU_ATOMIC_CAS(T)                        \
-  inline T atomicCAS(T* address, T compare, T val) {     \
-    const T old = *address;                              \
-    if (old == compare) *address = val;                  \
-    return old;                                          \
+#define TESSERA_EMU_ATOMIC_CAS(T)                    \
+  inline T atomicCAS(T* address, T compare, T val) { \
+    const T old = *address;                          \
+    if (old == compare) *address = val;              \
+    return old;                                      \
   }
 TESSERA_EMU_ATOMIC_CAS(int)
 TESSERA_EMU_ATOMIC_CAS(unsigned int)
@@ -201,7 +226,10 @@ inline float __cosf(float x) { return std::cos(x); }
 inline float __tanf(float x) { return std::tan(x); }
 inline float __powf(float x, float y) { return std::pow(x, y); }
 inline float __exp10f(float x) { return std::pow(10.0f, x); }
-inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline void __sincosf(float x, float* s, float* c) {
+  *s = std::sin(x);
+  *c = std::cos(x);
+}
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
@@ -237,21 +265,21 @@ inline unsigned __brev(unsigned x) {
 }
 inline unsigned __umulhi(unsigned a, unsigned b) { return static_cast<unsigned>((uint64_t{a} * b) >> 32); }
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}
 using std::isfinite;
 using std::isinf;
 using std::isnan;
 
 // CUDA's min/max overloads for every pair of arithmetic types (the usual arithmetic conversions).
 template <class A, class B>
-  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B>)
-inline std::common_type_t<A, B> min(A a, B b) {
+requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>) inline std::common_type_t<A, B> min(A a, B b) {
   using C = std::common_type_t<A, B>;
   return static_cast<C>(b) < static_cast<C>(a) ? static_cast<C>(b) : static_cast<C>(a);
 }
 template <class A, class B>
-  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B>)
-inline std::common_type_t<A, B> max(A a, B b) {
+requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>) inline std::common_type_t<A, B> max(A a, B b) {
   using C = std::common_type_t<A, B>;
   return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(b) : static_cast<C>(a);
 }

@@ -16,11 +16,11 @@ void set_schedule(schedule_order order, uint32_t seed = 1);  // for launches fro
 schedule_order current_schedule();
 
 struct memory_stats {
-  size_t device_bytes = 0;        // cudaMalloc'd and not freed
+  size_t device_bytes = 0;  // cudaMalloc'd and not freed
   size_t device_allocations = 0;
-  size_t host_bytes = 0;          // cudaHostAlloc / cudaMallocHost'd and not freed
+  size_t host_bytes = 0;  // cudaHostAlloc / cudaMallocHost'd and not freed
   size_t host_allocations = 0;
-  size_t device_limit = 0;        // what cudaMemGetInfo reports as total
+  size_t device_limit = 0;  // what cudaMemGetInfo reports as total
 };
 memory_stats memory();
 

@@ -15,12 +15,12 @@ template <class...>
 inline constexpr bool not_emulated = false;
 }  // namespace tessera::gpu::emu
 
-#define TESSERA_EMU_NOT_EMULATED(result, name)                                                           \
-  template <class... Args>                                                                               \
-  inline result name(Args&&...) {                                                                       \
-    static_assert(::tessera::gpu::emu::not_emulated<Args...>,                                            \
+#define TESSERA_EMU_NOT_EMULATED(result, name)                                                         \
+  template <class... Args>                                                                             \
+  inline result name(Args&&...) {                                                                      \
+    static_assert(::tessera::gpu::emu::not_emulated<Args...>,                                          \
                   #name " is not emulated by the CPU emulation of CUDA (see docs/cuda_emulation.md)"); \
-    return static_cast<result>(0);                                                                       \
+    return static_cast<result>(0);                                                                     \
   }
 
 // ---- runtime API: memory kinds, copies and launches the emulation has no model of ----------------

@@ -29,11 +29,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <utility>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "emulator.hpp"
@@ -75,7 +75,7 @@ struct allocation {
   size_t bytes = 0;      // accessible: the request rounded up to 16
   size_t accounted = 0;  // what cudaMemGetInfo counts: rounded up to 256, as CUDA's granularity
   bool device = true;
-  char* map = nullptr;   // the whole mapping, guard pages included
+  char* map = nullptr;  // the whole mapping, guard pages included
   size_t map_bytes = 0;
 };
 
@@ -92,10 +92,11 @@ struct state {
 
   ~state() {
     if (device_count + host_count > 0) {
-      std::fprintf(stderr,
-                   "gpu emulation: at exit, %zu device allocation(s) (%zu bytes) and %zu host allocation(s) (%zu bytes) "
-                   "were never freed\n",
-                   device_count, device_bytes, host_count, host_bytes);
+      std::fprintf(
+          stderr,
+          "gpu emulation: at exit, %zu device allocation(s) (%zu bytes) and %zu host allocation(s) (%zu bytes) "
+          "were never freed\n",
+          device_count, device_bytes, host_count, host_bytes);
     }
   }
 };
@@ -123,33 +124,41 @@ void on_segv(int, siginfo_t* info, void*) {
   char msg[1024];
   int n = 0;
   const std::string who = describe_running_thread();
-  const char* what = "a segmentation fault outside every emulated allocation (a wild pointer, or a fiber stack overflow: "
-                     "TESSERA_EMU_STACK_KIB)";
+  const char* what =
+      "a segmentation fault outside every emulated allocation (a wild pointer, or a fiber stack overflow: "
+      "TESSERA_EMU_STACK_KIB)";
   static state& st = g();
   for (const auto& [base, a] : st.allocs) {
     const auto map = reinterpret_cast<uintptr_t>(a.map);
     if (addr < map || addr >= map + a.map_bytes) continue;
     if (addr >= base + a.bytes) {
-      n = std::snprintf(msg, sizeof msg, "gpu emulation: %s accessed %#lx, %lu bytes past the end of a %zu-byte %s allocation [%#lx, +%zu)\n",
-                        who.c_str(), static_cast<unsigned long>(addr), static_cast<unsigned long>(addr - (base + a.bytes)), a.bytes,
-                        a.device ? "device" : "pinned host", static_cast<unsigned long>(base), a.bytes);
+      n = std::snprintf(
+          msg, sizeof msg,
+          "gpu emulation: %s accessed %#lx, %lu bytes past the end of a %zu-byte %s allocation [%#lx, +%zu)\n",
+          who.c_str(), static_cast<unsigned long>(addr), static_cast<unsigned long>(addr - (base + a.bytes)), a.bytes,
+          a.device ? "device" : "pinned host", static_cast<unsigned long>(base), a.bytes);
     } else {
-      n = std::snprintf(msg, sizeof msg, "gpu emulation: %s accessed %#lx, %lu bytes before the start of a %zu-byte %s allocation [%#lx, +%zu)\n",
-                        who.c_str(), static_cast<unsigned long>(addr), static_cast<unsigned long>(base - addr), a.bytes,
-                        a.device ? "device" : "pinned host", static_cast<unsigned long>(base), a.bytes);
+      n = std::snprintf(
+          msg, sizeof msg,
+          "gpu emulation: %s accessed %#lx, %lu bytes before the start of a %zu-byte %s allocation [%#lx, +%zu)\n",
+          who.c_str(), static_cast<unsigned long>(addr), static_cast<unsigned long>(base - addr), a.bytes,
+          a.device ? "device" : "pinned host", static_cast<unsigned long>(base), a.bytes);
     }
     break;
   }
   if (n == 0) {
     for (const auto& [base, len] : st.quarantine) {
       if (addr >= base && addr < base + len) {
-        n = std::snprintf(msg, sizeof msg, "gpu emulation: %s accessed %#lx in memory already given back with cudaFree/cudaFreeHost\n",
+        n = std::snprintf(msg, sizeof msg,
+                          "gpu emulation: %s accessed %#lx in memory already given back with cudaFree/cudaFreeHost\n",
                           who.c_str(), static_cast<unsigned long>(addr));
         break;
       }
     }
   }
-  if (n == 0) n = std::snprintf(msg, sizeof msg, "gpu emulation: %s: %s at %#lx\n", who.c_str(), what, static_cast<unsigned long>(addr));
+  if (n == 0)
+    n = std::snprintf(msg, sizeof msg, "gpu emulation: %s: %s at %#lx\n", who.c_str(), what,
+                      static_cast<unsigned long>(addr));
   if (n > 0) (void)!write(2, msg, static_cast<size_t>(std::min<int>(n, sizeof msg - 1)));
   // SA_RESETHAND restored the default action: returning re-runs the access, which now kills us.
 }
@@ -279,7 +288,8 @@ void invalidate(CUstream_st* s, const std::string& why) {
 // A call CUDA forbids while this thread captures (or any thread captures in global mode).
 cudaError_t check_capture_safe(const char* call) {
   if (tl_strict_captures.empty() && g().global_captures.load() == 0) return cudaSuccess;
-  const std::string why = std::string(call) + " while a stream is being captured (not allowed in global/thread-local capture mode)";
+  const std::string why =
+      std::string(call) + " while a stream is being captured (not allowed in global/thread-local capture mode)";
   for (CUstream_st* s : tl_strict_captures) invalidate(s, why);
   return fail(cudaErrorStreamCaptureUnsupported, why);
 }
@@ -298,7 +308,8 @@ bool resolve_stream(cudaStream_t s, CUstream_st** out) {
 // Runs `op` now, or records it when the stream is being captured.
 cudaError_t enqueue(cudaStream_t stream, std::string what, std::function<void()> op) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, what + " on a stream that does not exist (destroyed?)");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, what + " on a stream that does not exist (destroyed?)");
   if (s->capture) {
     if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated, what + " on an invalidated capture");
     s->capture->ops.push_back({std::move(what), std::move(op)});
@@ -308,7 +319,8 @@ cudaError_t enqueue(cudaStream_t stream, std::string what, std::function<void()>
     for (CUstream_st* c : tl_strict_captures) {
       if (!(c->flags & cudaStreamNonBlocking)) {  // the legacy stream would wait on the capturing stream
         invalidate(c, what + " on the legacy default stream");
-        return fail(cudaErrorStreamCaptureImplicit, what + " on the legacy default stream while a blocking stream is captured");
+        return fail(cudaErrorStreamCaptureImplicit,
+                    what + " on the legacy default stream while a blocking stream is captured");
       }
     }
     flush_streams(true);  // the legacy stream waits for the blocking streams' earlier work
@@ -348,8 +360,11 @@ std::string check_range(const void* p, size_t bytes, bool want_device, const cha
   std::lock_guard lock(g().mu);
   uintptr_t base = 0;
   const allocation* a = find_allocation(p, 1, &base);
-  if (!a) return std::string(role) + " " + ptr_text(p) + " is not inside a live " + (want_device ? "cudaMalloc" : "") + " allocation";
-  if (want_device && !a->device) return std::string(role) + " " + ptr_text(p) + " is pinned host memory, not device memory";
+  if (!a)
+    return std::string(role) + " " + ptr_text(p) + " is not inside a live " + (want_device ? "cudaMalloc" : "") +
+           " allocation";
+  if (want_device && !a->device)
+    return std::string(role) + " " + ptr_text(p) + " is pinned host memory, not device memory";
   if (reinterpret_cast<uintptr_t>(p) + bytes > base + a->bytes) {
     return std::string(role) + " range [" + ptr_text(p) + ", +" + std::to_string(bytes) + ") runs " +
            std::to_string(reinterpret_cast<uintptr_t>(p) + bytes - (base + a->bytes)) + " bytes past the end of its " +
@@ -374,9 +389,9 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device, const char* call) {
   {
     std::lock_guard lock(g().mu);
     if (device && g().device_bytes + rounded > device_limit()) {
-      return fail(cudaErrorMemoryAllocation, std::string(call) + " of " + std::to_string(bytes) + " bytes: the emulated device has " +
-                                                 std::to_string(device_limit() - g().device_bytes) +
-                                                 " bytes free (TESSERA_EMU_DEVICE_MEMORY)");
+      return fail(cudaErrorMemoryAllocation,
+                  std::string(call) + " of " + std::to_string(bytes) + " bytes: the emulated device has " +
+                      std::to_string(device_limit() - g().device_bytes) + " bytes free (TESSERA_EMU_DEVICE_MEMORY)");
     }
   }
   const size_t page = page_size();
@@ -385,7 +400,8 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device, const char* call) {
   void* m = mmap(nullptr, map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED || mprotect(static_cast<char*>(m) + page, data_bytes, PROT_READ | PROT_WRITE) != 0) {
     if (m != MAP_FAILED) munmap(m, map_bytes);
-    return fail(cudaErrorMemoryAllocation, std::string(call) + " of " + std::to_string(bytes) + " bytes: host mapping failed");
+    return fail(cudaErrorMemoryAllocation,
+                std::string(call) + " of " + std::to_string(bytes) + " bytes: host mapping failed");
   }
   auto* map = static_cast<char*>(m);
   char* p = map + page + data_bytes - accessible;
@@ -411,7 +427,8 @@ cudaError_t release(void* p, bool device, const char* call) {
     if (it == g().allocs.end() || it->second.device != device) {
       return fail(device ? cudaErrorInvalidDevicePointer : cudaErrorInvalidValue,
                   std::string(call) + "(" + ptr_text(p) + "): not the start of a live " +
-                      (device ? "cudaMalloc" : "cudaHostAlloc/cudaMallocHost") + " allocation (double free or wrong pointer)");
+                      (device ? "cudaMalloc" : "cudaHostAlloc/cudaMallocHost") +
+                      " allocation (double free or wrong pointer)");
     }
     a = it->second;
     g().allocs.erase(it);
@@ -440,8 +457,10 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   std::string why;
   if (dst_device) why = check_range(dst, bytes, true, "destination");
   if (why.empty() && src_device) why = check_range(src, bytes, true, "source");
-  if (why.empty() && !dst_device && bytes > 0 && is_device_memory(dst)) why = "destination is device memory but the kind says host";
-  if (why.empty() && !src_device && bytes > 0 && is_device_memory(src)) why = "source is device memory but the kind says host";
+  if (why.empty() && !dst_device && bytes > 0 && is_device_memory(dst))
+    why = "destination is device memory but the kind says host";
+  if (why.empty() && !src_device && bytes > 0 && is_device_memory(src))
+    why = "source is device memory but the kind says host";
   if (!why.empty()) return fail(cudaErrorInvalidValue, std::string(call) + ": " + why);
   return cudaSuccess;
 }
@@ -461,8 +480,8 @@ std::string check_device_range(const void* p, size_t bytes, const char* role) {
   const allocation* a = find_allocation(p, 1, &base);
   if (!a) return std::string(role) + " " + ptr_text(p) + " is not inside a live cudaMalloc/cudaHostAlloc allocation";
   if (reinterpret_cast<uintptr_t>(p) + bytes > base + a->bytes) {
-    return std::string(role) + " [" + ptr_text(p) + ", +" + std::to_string(bytes) + " bytes) runs past the end of its " +
-           std::to_string(a->bytes) + "-byte allocation";
+    return std::string(role) + " [" + ptr_text(p) + ", +" + std::to_string(bytes) +
+           " bytes) runs past the end of its " + std::to_string(a->bytes) + "-byte allocation";
   }
   return {};
 }
@@ -477,8 +496,9 @@ void check_kernel_pointers(const launch_config& c, const std::vector<const void*
     if (!p) continue;
     std::lock_guard lock(g().mu);
     if (!find_allocation(p, 1)) {
-      throw std::logic_error(std::string("gpu emulation: kernel ") + c.kernel + when + ": pointer argument " + std::to_string(i + 1) +
-                             " (" + ptr_text(p) + ") is not inside a live cudaMalloc/cudaHostAlloc allocation (freed, host memory, "
+      throw std::logic_error(std::string("gpu emulation: kernel ") + c.kernel + when + ": pointer argument " +
+                             std::to_string(i + 1) + " (" + ptr_text(p) +
+                             ") is not inside a live cudaMalloc/cudaHostAlloc allocation (freed, host memory, "
                              "or out of range)");
     }
   }
@@ -493,21 +513,25 @@ void launch(const launch_config& c, std::function<void()> thread_body, std::vect
   if (b.x == 0 || b.y == 0 || b.z == 0 || gr.x == 0 || gr.y == 0 || gr.z == 0) {
     why = "a zero grid or block dimension";
   } else if (b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024) {
-    why = "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) + ") has more than 1024 threads or a dimension over its limit";
+    why = "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+          ") has more than 1024 threads or a dimension over its limit";
   } else if (gr.x > 2147483647u || gr.y > 65535 || gr.z > 65535) {
-    why = "grid (" + std::to_string(gr.x) + "," + std::to_string(gr.y) + "," + std::to_string(gr.z) + ") over its limits";
+    why =
+        "grid (" + std::to_string(gr.x) + "," + std::to_string(gr.y) + "," + std::to_string(gr.z) + ") over its limits";
   }
   cudaError_t err = why.empty() ? cudaSuccess : cudaErrorInvalidConfiguration;
   if (err == cudaSuccess && c.shared_bytes > kStaticSharedLimit) {
     std::lock_guard lock(g().mu);
     if (c.shared_bytes > static_cast<size_t>(kSharedOptin)) {
-      why = std::to_string(c.shared_bytes) + " bytes of dynamic shared memory (the device allows " + std::to_string(kSharedOptin) + ")";
+      why = std::to_string(c.shared_bytes) + " bytes of dynamic shared memory (the device allows " +
+            std::to_string(kSharedOptin) + ")";
       err = cudaErrorInvalidValue;
     } else if (static_cast<size_t>(g().largest_dynamic_shared) < c.shared_bytes) {
       // The emulator cannot tell which kernel a launch runs (only its text), so any kernel's attribute
       // counts: a real GPU is stricter (per kernel).
       why = std::to_string(c.shared_bytes) +
-            " bytes of dynamic shared memory without cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, n)";
+            " bytes of dynamic shared memory without cudaFuncSetAttribute(kernel, "
+            "cudaFuncAttributeMaxDynamicSharedMemorySize, n)";
       err = cudaErrorInvalidValue;
     }
   }
@@ -529,8 +553,8 @@ cudaError_t set_function_attribute(const void* func, cudaFuncAttribute attr, int
   if (!func) return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute of a null function");
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     if (value < 0 || value > kSharedOptin) {
-      return fail(cudaErrorInvalidValue, "cudaFuncAttributeMaxDynamicSharedMemorySize " + std::to_string(value) + " over " +
-                                             std::to_string(kSharedOptin));
+      return fail(cudaErrorInvalidValue, "cudaFuncAttributeMaxDynamicSharedMemorySize " + std::to_string(value) +
+                                             " over " + std::to_string(kSharedOptin));
     }
     std::lock_guard lock(g().mu);
     g().max_dynamic_shared[func] = value;
@@ -605,7 +629,8 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorStreamCaptureIsolation: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureIsolation:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return cudaGetErrorName(err);
   }
 }
@@ -625,7 +650,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): one emulated device");
+  return device == 0
+             ? cudaSuccess
+             : fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): one emulated device");
 }
 cudaError_t cudaGetDevice(int* device) {
   if (!device) return fail(cudaErrorInvalidValue, "cudaGetDevice(nullptr)");
@@ -656,7 +683,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSharedOptin; break;
-    default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " not emulated");
+    default:
+      return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " not emulated");
   }
   return cudaSuccess;
 }
@@ -720,7 +748,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaMallocAsync on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaMallocAsync on a stream that does not exist");
   if (s->capture) {
     invalidate(s, "cudaMallocAsync");
     return fail(cudaErrorNotSupported, "cudaMallocAsync during stream capture is not emulated (memory nodes)");
@@ -729,7 +758,8 @@ cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream) {
 }
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaFreeAsync on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaFreeAsync on a stream that does not exist");
   if (s->capture) {
     invalidate(s, "cudaFreeAsync");
     return fail(cudaErrorNotSupported, "cudaFreeAsync during stream capture is not emulated (memory nodes)");
@@ -759,8 +789,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return enqueue(stream, "cudaMemcpyAsync", [=] {
     // A replayed graph copies through the pointers it captured: they must still be valid.
     if (check_copy(dst, src, bytes, kind, "cudaMemcpyAsync (when run)") != cudaSuccess) {
-      throw std::logic_error("gpu emulation: a cudaMemcpyAsync copies through a stale pointer or range when it runs (deferred "
-                             "on its stream or replayed by a graph)");
+      throw std::logic_error(
+          "gpu emulation: a cudaMemcpyAsync copies through a stale pointer or range when it runs (deferred "
+          "on its stream or replayed by a graph)");
     }
     if (bytes) std::memmove(dst, src, bytes);
   });
@@ -768,7 +799,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (const cudaError_t e = check_capture_safe("cudaMemset"); e != cudaSuccess) return e;
-  if (const std::string why = check_range(dst, bytes, true, "cudaMemset destination"); !why.empty()) return fail(cudaErrorInvalidValue, why);
+  if (const std::string why = check_range(dst, bytes, true, "cudaMemset destination"); !why.empty())
+    return fail(cudaErrorInvalidValue, why);
   flush_streams(true);
   if (bytes) std::memset(dst, value, bytes);
   return cudaSuccess;
@@ -830,7 +862,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize on a stream that does not exist");
   if (s->capture) {
     invalidate(s, "cudaStreamSynchronize");
     return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a stream being captured");
@@ -846,7 +879,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery on a stream that does not exist");
   std::lock_guard lock(g_queue_mu);
   return s->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
@@ -858,14 +892,17 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
                 "cudaStreamWaitEvent flags " + std::to_string(flags) + " are not emulated (only 0)");
   }
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on a stream that does not exist");
   {
     std::lock_guard lock(g().mu);
-    if (!event || !g().events.count(event)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on an event that does not exist");
+    if (!event || !g().events.count(event))
+      return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent on an event that does not exist");
   }
   if (s->capture && event->captured_in != s->capture.get()) {
     invalidate(s, "cudaStreamWaitEvent on an event from outside the capture");
-    return fail(cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent: a captured stream waits on an event not recorded in its capture");
+    return fail(cudaErrorStreamCaptureIsolation,
+                "cudaStreamWaitEvent: a captured stream waits on an event not recorded in its capture");
   }
   if (!s->capture && event->captured_in) {
     // CUDA would join this stream into the capture (fork/join across streams); the emulation captures
@@ -883,8 +920,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture on a stream that does not exist");
-  if (s == &g_legacy_stream) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture on the legacy default stream");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture on a stream that does not exist");
+  if (s == &g_legacy_stream)
+    return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture on the legacy default stream");
   if (s->capture) return fail(cudaErrorIllegalState, "cudaStreamBeginCapture on a stream already being captured");
   s->capture = std::make_unique<tessera_emu_capture>();
   s->capture->mode = mode;
@@ -896,12 +935,14 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture on a stream that does not exist");
   if (!graph) return fail(cudaErrorInvalidValue, "cudaStreamEndCapture(nullptr)");
   *graph = nullptr;
   if (!s->capture) return fail(cudaErrorIllegalState, "cudaStreamEndCapture on a stream that is not being captured");
   if (s->capture->mode != cudaStreamCaptureModeRelaxed && s->capture->thread != std::this_thread::get_id()) {
-    return fail(cudaErrorStreamCaptureWrongThread, "cudaStreamEndCapture from another thread than the one that began it");
+    return fail(cudaErrorStreamCaptureWrongThread,
+                "cudaStreamEndCapture from another thread than the one that began it");
   }
   std::unique_ptr<tessera_emu_capture> c = std::move(s->capture);
   std::erase(tl_strict_captures, s);
@@ -917,10 +958,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing on a stream that does not exist");
   if (!status) return fail(cudaErrorInvalidValue, "cudaStreamIsCapturing(nullptr)");
-  *status = !s->capture ? cudaStreamCaptureStatusNone
-                        : (s->capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive);
+  *status = !s->capture
+                ? cudaStreamCaptureStatusNone
+                : (s->capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive);
   return cudaSuccess;
 }
 
@@ -946,7 +989,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   {
     std::lock_guard lock(g().mu);
-    if (!event || !g().events.count(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy of an event that does not exist");
+    if (!event || !g().events.count(event))
+      return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy of an event that does not exist");
   }
   if (event->stream) flush_until(event->stream, event->seq);  // its queued record refers to it
   std::lock_guard lock(g().mu);
@@ -958,10 +1002,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   {
     std::lock_guard lock(g().mu);
-    if (!event || !g().events.count(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord of an event that does not exist");
+    if (!event || !g().events.count(event))
+      return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord of an event that does not exist");
   }
   CUstream_st* s = nullptr;
-  if (!resolve_stream(stream, &s)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord on a stream that does not exist");
+  if (!resolve_stream(stream, &s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord on a stream that does not exist");
   if (s->capture) {
     event->captured_in = s->capture.get();
     return cudaSuccess;
@@ -989,7 +1035,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   {
     std::lock_guard lock(g().mu);
-    if (!event || !g().events.count(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize of an event that does not exist");
+    if (!event || !g().events.count(event))
+      return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize of an event that does not exist");
   }
   if (event->stream) flush_until(event->stream, event->seq);
   return cudaSuccess;
@@ -998,7 +1045,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   {
     std::lock_guard lock(g().mu);
-    if (!event || !g().events.count(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery of an event that does not exist");
+    if (!event || !g().events.count(event))
+      return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery of an event that does not exist");
   }
   return event->stream ? cudaErrorNotReady : cudaSuccess;
 }
@@ -1012,8 +1060,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event created with cudaEventDisableTiming");
   }
-  if (start->stream || end->stream) return fail(cudaErrorNotReady, "cudaEventElapsedTime of an event whose record has not run yet");
-  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event never recorded");
+  if (start->stream || end->stream)
+    return fail(cudaErrorNotReady, "cudaEventElapsedTime of an event whose record has not run yet");
+  if (!start->recorded || !end->recorded)
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime of an event never recorded");
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;
 }
@@ -1028,7 +1078,8 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
                 "cudaGraphInstantiate flags " + std::to_string(flags) + " are not emulated (only 0)");
   }
   std::lock_guard lock(g().mu);
-  if (!graph || !g().graphs.count(graph)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphInstantiate of a graph that does not exist");
+  if (!graph || !g().graphs.count(graph))
+    return fail(cudaErrorInvalidResourceHandle, "cudaGraphInstantiate of a graph that does not exist");
   auto* x = new CUgraphExec_st;
   x->ops = std::make_shared<const std::vector<tessera_emu_op>>(graph->ops);
   g().execs.insert(x);
@@ -1040,7 +1091,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   std::shared_ptr<const std::vector<tessera_emu_op>> ops;
   {
     std::lock_guard lock(g().mu);
-    if (!exec || !g().execs.count(exec)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch of a graph exec that does not exist");
+    if (!exec || !g().execs.count(exec))
+      return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch of a graph exec that does not exist");
     ops = exec->ops;
   }
   return enqueue(stream, "cudaGraphLaunch", [ops] {
@@ -1050,7 +1102,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   std::lock_guard lock(g().mu);
-  if (!exec || !g().execs.count(exec)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphExecDestroy of a graph exec that does not exist");
+  if (!exec || !g().execs.count(exec))
+    return fail(cudaErrorInvalidResourceHandle, "cudaGraphExecDestroy of a graph exec that does not exist");
   g().execs.erase(exec);
   delete exec;
   return cudaSuccess;
@@ -1058,7 +1111,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   std::lock_guard lock(g().mu);
-  if (!graph || !g().graphs.count(graph)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphDestroy of a graph that does not exist");
+  if (!graph || !g().graphs.count(graph))
+    return fail(cudaErrorInvalidResourceHandle, "cudaGraphDestroy of a graph that does not exist");
   g().graphs.erase(graph);
   delete graph;
   return cudaSuccess;

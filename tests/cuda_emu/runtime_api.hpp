@@ -159,9 +159,13 @@ cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 template <class T>
-inline cudaError_t cudaMalloc(T** ptr, size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(ptr), bytes); }
+inline cudaError_t cudaMalloc(T** ptr, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
 template <class T>
-inline cudaError_t cudaMallocHost(T** ptr, size_t bytes) { return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes); }
+inline cudaError_t cudaMallocHost(T** ptr, size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes);
+}
 template <class T>
 inline cudaError_t cudaHostAlloc(T** ptr, size_t bytes, unsigned int flags) {
   return cudaHostAlloc(reinterpret_cast<void**>(ptr), bytes, flags);
@@ -172,7 +176,8 @@ inline cudaError_t cudaMallocAsync(T** ptr, size_t bytes, cudaStream_t stream) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* dst, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
 

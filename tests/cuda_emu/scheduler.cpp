@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -128,12 +128,12 @@ void make_context(context& c, char* base, size_t size, void (*fn)(void*), void* 
   asm volatile("stmxcsr %0" : "=m"(mxcsr));
   frame[0] = fpcw;
   frame[1] = mxcsr;
-  frame[2] = 0;                                                // r15
-  frame[3] = 0;                                                // r14
-  frame[4] = reinterpret_cast<uint64_t>(fn);                   // r13
-  frame[5] = reinterpret_cast<uint64_t>(arg);                  // r12
-  frame[6] = 0;                                                // rbx
-  frame[7] = 0;                                                // rbp
+  frame[2] = 0;                                                     // r15
+  frame[3] = 0;                                                     // r14
+  frame[4] = reinterpret_cast<uint64_t>(fn);                        // r13
+  frame[5] = reinterpret_cast<uint64_t>(arg);                       // r12
+  frame[6] = 0;                                                     // rbx
+  frame[7] = 0;                                                     // rbp
   frame[8] = reinterpret_cast<uint64_t>(&tessera_emu_fiber_start);  // return address
   c.sp = frame;
 #else
@@ -146,8 +146,8 @@ void make_context(context& c, char* base, size_t size, void (*fn)(void*), void* 
   static void (*entry)(void*) = nullptr;
   entry = fn;
   makecontext(&c.uc, reinterpret_cast<void (*)()>(+[](unsigned lo, unsigned hi) {
-                entry(reinterpret_cast<void*>((uintptr_t{hi} << 32) | lo));
-              }),
+    entry(reinterpret_cast<void*>((uintptr_t{hi} << 32) | lo));
+  }),
               2, static_cast<unsigned>(p & 0xffffffffu), static_cast<unsigned>(p >> 32));
 #endif
 }
@@ -295,7 +295,9 @@ schedule_setting env_schedule() {
     s.order = schedule_order::shuffled;
     if (text.size() > 9 && text[8] == ':') s.seed = static_cast<uint32_t>(std::strtoul(text.c_str() + 9, nullptr, 10));
   } else {
-    std::fprintf(stderr, "gpu emulation: TESSERA_EMU_SCHEDULE=%s is not forward, reverse or shuffled[:seed]; using forward\n", v);
+    std::fprintf(stderr,
+                 "gpu emulation: TESSERA_EMU_SCHEDULE=%s is not forward, reverse or shuffled[:seed]; using forward\n",
+                 v);
   }
   return s;
 }
@@ -309,7 +311,8 @@ thread_local block_runner* tl_active = nullptr;
 class block_runner {
  public:
   void run(const launch_config& config, const std::function<void()>& body) {
-    if (tl_active) throw std::logic_error(std::string("gpu emulation: kernel ") + config.kernel + " launched from inside a kernel");
+    if (tl_active)
+      throw std::logic_error(std::string("gpu emulation: kernel ") + config.kernel + " launched from inside a kernel");
     config_ = &config;
     body_ = &body;
     const dim3 b = config.block;
@@ -375,7 +378,8 @@ class block_runner {
     yield(f);
   }
 
-  uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width, const std::source_location& where) {
+  uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width,
+                           const std::source_location& where) {
     fiber& f = fibers_[static_cast<size_t>(current_)];
     warp_state& w = warps_[static_cast<size_t>(f.warp)];
     const unsigned me = 1u << f.lane;
@@ -392,20 +396,21 @@ class block_runner {
       if (p.mask == mask) {
         c = &p;
       } else if (p.mask & mask) {
-        fail(f, std::string("lanes of warp ") + std::to_string(f.warp) + " call warp intrinsics with overlapping but different masks " +
-                    hex(p.mask) + " and " + hex(mask));
+        fail(f, std::string("lanes of warp ") + std::to_string(f.warp) +
+                    " call warp intrinsics with overlapping but different masks " + hex(p.mask) + " and " + hex(mask));
       }
     }
     if (!c) {
       if (mask & w.exited) {
-        fail(f, std::string(op_name(op)) + " with mask " + hex(mask) + " names lanes that have exited (" + hex(mask & w.exited) +
-                    "): undefined on a GPU");
+        fail(f, std::string(op_name(op)) + " with mask " + hex(mask) + " names lanes that have exited (" +
+                    hex(mask & w.exited) + "): undefined on a GPU");
       }
       w.pending.push_back({mask, op, width, 0});
       c = &w.pending.back();
     } else if (c->op != op || c->width != width) {
-      fail(f, std::string("lanes of warp ") + std::to_string(f.warp) + " with mask " + hex(mask) + " meet at different warp intrinsics: " +
-                  op_name(c->op) + " and " + op_name(op) + describe_waiting_lanes(f.warp, mask));
+      fail(f, std::string("lanes of warp ") + std::to_string(f.warp) + " with mask " + hex(mask) +
+                  " meet at different warp intrinsics: " + op_name(c->op) + " and " + op_name(op) +
+                  describe_waiting_lanes(f.warp, mask));
     }
     f.state = fiber_state::at_warp;
     f.op = op;
@@ -499,7 +504,8 @@ class block_runner {
       const auto base = reinterpret_cast<uintptr_t>(const_cast<block_runner*>(this)->dynamic_shared());
       if (a < base || a + bytes > base + config_->shared_bytes) {
         return std::string(role) + " [" + pointer_text(p) + ", +" + std::to_string(bytes) +
-               ") runs outside the launch's " + std::to_string(config_->shared_bytes) + " bytes of dynamic shared memory";
+               ") runs outside the launch's " + std::to_string(config_->shared_bytes) +
+               " bytes of dynamic shared memory";
       }
       return {};
     }
@@ -646,11 +652,9 @@ class block_runner {
       for (const auto& p : w.pending) {
         if (p.mask & (1u << f.lane)) {
           try {
-            fail(f, "thread exited while lanes of its warp wait for it at " + std::string(op_name(p.op)) + " with mask " + hex(p.mask) +
-                        describe_waiting_lanes(f.warp, p.mask));
-          } catch (...) {
-            error_ = std::current_exception();
-          }
+            fail(f, "thread exited while lanes of its warp wait for it at " + std::string(op_name(p.op)) +
+                        " with mask " + hex(p.mask) + describe_waiting_lanes(f.warp, p.mask));
+          } catch (...) { error_ = std::current_exception(); }
           return;
         }
       }
@@ -658,9 +662,7 @@ class block_runner {
     if (!error_ && at_barrier_ > 0 && at_barrier_ == live_) {
       try {
         release_block_barrier();
-      } catch (...) {
-        error_ = std::current_exception();
-      }
+      } catch (...) { error_ = std::current_exception(); }
     }
   }
 
@@ -746,9 +748,18 @@ class block_runner {
         case warp_op::reduce_or: f->result = bor, shuffle = false; break;
         case warp_op::reduce_xor: f->result = bxor, shuffle = false; break;
         case warp_op::shfl_idx: src = seg + (f->arg & (c.width - 1)); break;
-        case warp_op::shfl_xor: src = l ^ f->arg; src = (src >= seg + c.width || src < 0 || src > 31) ? l : src; break;
-        case warp_op::shfl_down: src = l + f->arg; src = src >= seg + c.width ? l : src; break;
-        case warp_op::shfl_up: src = l - f->arg; src = src < seg ? l : src; break;
+        case warp_op::shfl_xor:
+          src = l ^ f->arg;
+          src = (src >= seg + c.width || src < 0 || src > 31) ? l : src;
+          break;
+        case warp_op::shfl_down:
+          src = l + f->arg;
+          src = src >= seg + c.width ? l : src;
+          break;
+        case warp_op::shfl_up:
+          src = l - f->arg;
+          src = src < seg ? l : src;
+          break;
         default: break;  // the matrix instructions: complete_matrix
       }
       if (shuffle) {
@@ -769,9 +780,7 @@ class block_runner {
     fiber& f = fibers_[static_cast<size_t>(current_)];
     try {
       f.complete(c.op, data);
-    } catch (const std::exception& e) {
-      fail(f, e.what());
-    }
+    } catch (const std::exception& e) { fail(f, e.what()); }
     for (int l = 0; l < 32; ++l) lanes[l]->state = fiber_state::ready;
     auto& pending = warps_[static_cast<size_t>(warp)].pending;
     pending.erase(std::find_if(pending.begin(), pending.end(), [&](const auto& p) { return p.mask == c.mask; }));
@@ -852,9 +861,7 @@ class block_runner {
 thread_local block_runner tl_runner;
 
 block_runner& active(const char* what) {
-  if (!tl_active) {
-    throw std::logic_error(std::string("gpu emulation: ") + what + " called outside a kernel launch");
-  }
+  if (!tl_active) { throw std::logic_error(std::string("gpu emulation: ") + what + " called outside a kernel launch"); }
   return *tl_active;
 }
 
@@ -875,7 +882,8 @@ std::pair<int, int> sync_threads_count(int predicate, const std::source_location
   return active("__syncthreads_count/_and/_or").sync_threads_count(predicate, where);
 }
 
-uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width, const std::source_location& where) {
+uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int arg, int width,
+                         const std::source_location& where) {
   return active("a warp intrinsic").warp_collective(op, mask, value, arg, width, where);
 }
 

@@ -5,9 +5,18 @@
 
 // Vector types with CUDA's sizes and alignments (uint4/float4 16 bytes, uint2/float2 8), so
 // reinterpret_cast'ed vector loads keep their alignment requirements.
-#define TESSERA_EMU_VEC2(name, T, A) struct alignas(A) name { T x, y; };
-#define TESSERA_EMU_VEC3(name, T) struct name { T x, y, z; };
-#define TESSERA_EMU_VEC4(name, T, A) struct alignas(A) name { T x, y, z, w; };
+#define TESSERA_EMU_VEC2(name, T, A) \
+  struct alignas(A) name {           \
+    T x, y;                          \
+  };
+#define TESSERA_EMU_VEC3(name, T) \
+  struct name {                   \
+    T x, y, z;                    \
+  };
+#define TESSERA_EMU_VEC4(name, T, A) \
+  struct alignas(A) name {           \
+    T x, y, z, w;                    \
+  };
 TESSERA_EMU_VEC2(uint2, unsigned int, 8)
 TESSERA_EMU_VEC2(int2, int, 8)
 TESSERA_EMU_VEC2(float2, float, 8)

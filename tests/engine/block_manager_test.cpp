@@ -54,8 +54,8 @@ TEST(block_manager, failed_allocation_changes_nothing) {
   auto t = iota_tokens(20);
   ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 8, 0, copies));
   auto before = bm.snapshot();
-  EXPECT_FALSE(bm.allocate_slots(seq_id{2}, t, 0, 12, 0, copies));   // 3 blocks, 2 free
-  EXPECT_FALSE(bm.allocate_slots(seq_id{1}, t, 8, 4, 2, copies));    // 1 block but 2 reserved
+  EXPECT_FALSE(bm.allocate_slots(seq_id{2}, t, 0, 12, 0, copies));  // 3 blocks, 2 free
+  EXPECT_FALSE(bm.allocate_slots(seq_id{1}, t, 8, 4, 2, copies));   // 1 block but 2 reserved
   EXPECT_TRUE(bm.allocate_slots(seq_id{1}, t, 8, 4, 1, copies));
   EXPECT_EQ(bm.num_blocks(seq_id{2}), 0);
   EXPECT_EQ(before[3].ref_count, 0);
@@ -145,7 +145,7 @@ TEST(block_manager, prefix_cache_reuses_full_blocks_of_the_longest_prefix) {
   EXPECT_EQ(bm.cached_prefix_tokens(c), 0);
   auto d = iota_tokens(20, 104);  // block 1 of `a` alone, at a different position: no match
   EXPECT_EQ(bm.cached_prefix_tokens(d), 0);
-  auto exact = iota_tokens(8);   // a prompt equal to the cached prefix keeps one token to compute
+  auto exact = iota_tokens(8);  // a prompt equal to the cached prefix keeps one token to compute
   EXPECT_EQ(bm.cached_prefix_tokens(exact), 4);
 
   ASSERT_TRUE(bm.allocate_slots(seq_id{2}, b, 8, 12, 0, copies));
@@ -497,10 +497,14 @@ void random_operations(uint32_t seed, int32_t window) {
   {
     std::mt19937 rng(seed);
     const int32_t bs = 1 + static_cast<int32_t>(rng() % 5);
-    auto bm = window == 0 ? make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0)
-                          : make_windowed(bs, 4 + static_cast<int32_t>(rng() % 12), window,
-                                          static_cast<int32_t>(rng() % 8), rng() % 2 == 0);
-    struct live { std::vector<token_id> tokens; int32_t computed = 0; };
+    auto bm = window == 0
+                  ? make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0)
+                  : make_windowed(bs, 4 + static_cast<int32_t>(rng() % 12), window, static_cast<int32_t>(rng() % 8),
+                                  rng() % 2 == 0);
+    struct live {
+      std::vector<token_id> tokens;
+      int32_t computed = 0;
+    };
     std::map<seq_id, live> seqs;
     seq_id next = seq_id{1};
     std::vector<block_copy> copies, swaps;

@@ -8,10 +8,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <random>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -40,7 +40,8 @@ struct json {
   std::vector<std::pair<std::string, json>> members;
 
   const json* find(const std::string& key) const {
-    for (const auto& [k, v] : members) if (k == key) return &v;
+    for (const auto& [k, v] : members)
+      if (k == key) return &v;
     return nullptr;
   }
   const json& at(const std::string& key) const {
@@ -61,7 +62,9 @@ class json_reader {
   }
 
  private:
-  void ws() { while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\n' || t_[p_] == '\r' || t_[p_] == '\t')) ++p_; }
+  void ws() {
+    while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\n' || t_[p_] == '\r' || t_[p_] == '\t')) ++p_;
+  }
   void expect(char c) {
     ws();
     if (p_ >= t_.size() || t_[p_] != c) throw std::runtime_error(std::string("JSON: expected ") + c);
@@ -76,7 +79,10 @@ class json_reader {
     expect('"');
     std::string out;
     while (t_[p_] != '"') {
-      if (t_[p_] != '\\') { out.push_back(t_[p_++]); continue; }
+      if (t_[p_] != '\\') {
+        out.push_back(t_[p_++]);
+        continue;
+      }
       const char e = t_[p_ + 1];
       p_ += 2;
       switch (e) {
@@ -108,13 +114,19 @@ class json_reader {
       v.kind = json::type::object;
       ++p_;
       ws();
-      if (t_[p_] == '}') { ++p_; return v; }
+      if (t_[p_] == '}') {
+        ++p_;
+        return v;
+      }
       while (true) {
         std::string k = string();
         expect(':');
         v.members.emplace_back(std::move(k), value());
         ws();
-        if (t_[p_] == ',') { ++p_; continue; }
+        if (t_[p_] == ',') {
+          ++p_;
+          continue;
+        }
         expect('}');
         return v;
       }
@@ -123,19 +135,41 @@ class json_reader {
       v.kind = json::type::array;
       ++p_;
       ws();
-      if (t_[p_] == ']') { ++p_; return v; }
+      if (t_[p_] == ']') {
+        ++p_;
+        return v;
+      }
       while (true) {
         v.items.push_back(value());
         ws();
-        if (t_[p_] == ',') { ++p_; continue; }
+        if (t_[p_] == ',') {
+          ++p_;
+          continue;
+        }
         expect(']');
         return v;
       }
     }
-    if (c == '"') { v.kind = json::type::string; v.s = string(); return v; }
-    if (t_.compare(p_, 4, "true") == 0) { v.kind = json::type::boolean; v.b = true; p_ += 4; return v; }
-    if (t_.compare(p_, 5, "false") == 0) { v.kind = json::type::boolean; p_ += 5; return v; }
-    if (t_.compare(p_, 4, "null") == 0) { p_ += 4; return v; }
+    if (c == '"') {
+      v.kind = json::type::string;
+      v.s = string();
+      return v;
+    }
+    if (t_.compare(p_, 4, "true") == 0) {
+      v.kind = json::type::boolean;
+      v.b = true;
+      p_ += 4;
+      return v;
+    }
+    if (t_.compare(p_, 5, "false") == 0) {
+      v.kind = json::type::boolean;
+      p_ += 5;
+      return v;
+    }
+    if (t_.compare(p_, 4, "null") == 0) {
+      p_ += 4;
+      return v;
+    }
     size_t used = 0;
     v.kind = json::type::number;
     v.n = std::stod(t_.substr(p_, 32), &used);
@@ -173,7 +207,8 @@ std::string template_source(const std::string& name) {
 
 std::vector<chat_message> conversation(const std::string& name) {
   std::vector<chat_message> out;
-  for (const auto& m : fixtures().at("conversations").at(name).items) out.push_back({m.at("role").s, m.at("content").s});
+  for (const auto& m : fixtures().at("conversations").at(name).items)
+    out.push_back({m.at("role").s, m.at("content").s});
   return out;
 }
 
@@ -230,16 +265,16 @@ fixture_run run_fixtures(const std::string& category) {
     options.bos_token = c.at("bos_token").s;
     options.eos_token = c.at("eos_token").s;
     options.now_unix_seconds = static_cast<int64_t>(fixtures().at("now_unix_seconds").n);
-    const std::string label = name + " / " + c.at("conversation").s + " / agp=" + (options.add_generation_prompt ? "1" : "0");
+    const std::string label =
+        name + " / " + c.at("conversation").s + " / agp=" + (options.add_generation_prompt ? "1" : "0");
     const auto messages = conversation(c.at("conversation").s);
     if (const json* expected = c.find("output")) {
       try {
         const std::string got = tmpl->render(messages, options);
         ++run.compared;
-        if (got != expected->s) run.mismatches.push_back(label + ":\n--- expected ---\n" + expected->s + "\n--- got ---\n" + got);
-      } catch (const chat_template_error& e) {
-        run.mismatches.push_back(label + ": unexpected error: " + e.what());
-      }
+        if (got != expected->s)
+          run.mismatches.push_back(label + ":\n--- expected ---\n" + expected->s + "\n--- got ---\n" + got);
+      } catch (const chat_template_error& e) { run.mismatches.push_back(label + ": unexpected error: " + e.what()); }
     } else {
       try {
         const std::string got = tmpl->render(messages, options);
@@ -261,7 +296,8 @@ fixture_run run_fixtures(const std::string& category) {
 void report(const fixture_run& run, int minimum_compared) {
   EXPECT_GE(run.compared, minimum_compared);
   for (size_t k = 0; k < run.mismatches.size() && k < 20; ++k) ADD_FAILURE() << run.mismatches[k];
-  EXPECT_EQ(run.mismatches.size(), 0u) << "cases compared: " << run.compared << ", errors matched: " << run.errors_matched;
+  EXPECT_EQ(run.mismatches.size(), 0u) << "cases compared: " << run.compared
+                                       << ", errors matched: " << run.errors_matched;
 }
 
 TEST(ChatTemplate, NamedTemplatesMatchJinja2) {
@@ -313,19 +349,19 @@ TEST(ChatTemplate, ToolTemplatesMatchTransformers) {
     options.eos_token = c.at("eos_token").s;
     options.now_unix_seconds = static_cast<int64_t>(tool_fixtures().at("now_unix_seconds").n);
     if (conv.at("tools_json").kind == json::type::string) options.tools_json = conv.at("tools_json").s;
-    const std::string label = name + " / " + c.at("conversation").s + " / agp=" + (options.add_generation_prompt ? "1" : "0");
+    const std::string label =
+        name + " / " + c.at("conversation").s + " / agp=" + (options.add_generation_prompt ? "1" : "0");
     const auto messages = tool_conversation(conv);
     if (const json* expected = c.find("output")) {
       try {
         const std::string got = tmpl->render(messages, options);
         ++compared;
         EXPECT_EQ(got, expected->s) << label;
-      } catch (const chat_template_error& e) {
-        ADD_FAILURE() << label << ": unexpected error: " << e.what();
-      }
+      } catch (const chat_template_error& e) { ADD_FAILURE() << label << ": unexpected error: " << e.what(); }
     } else {
       try {
-        ADD_FAILURE() << label << ": expected an error (" << c.at("error").s << "), rendered:\n" << tmpl->render(messages, options);
+        ADD_FAILURE() << label << ": expected an error (" << c.at("error").s << "), rendered:\n"
+                      << tmpl->render(messages, options);
       } catch (const chat_template_error& e) {
         ++errors_matched;
         const std::string& oracle_error = c.at("error").s;
@@ -347,7 +383,9 @@ TEST(ChatTemplate, ToolArgumentsMustBeJson) {
     t.render({{"user", "x"}, call});
     ADD_FAILURE() << "rendered a call whose arguments are not JSON";
   } catch (const chat_template_error& e) {
-    EXPECT_NE(std::string(e.what()).find("messages[1].tool_calls[0].function.arguments is not valid JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("messages[1].tool_calls[0].function.arguments is not valid JSON"),
+              std::string::npos)
+        << e.what();
   }
   render_options options;
   options.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"n\": 18446744073709551616}}]";
@@ -381,7 +419,8 @@ TEST(ChatTemplate, DetectsFamilies) {
       {"features.jinja", chat_template_family::unknown},
   };
   for (const auto& [file, family] : expected)
-    EXPECT_EQ(detect_template_family(read_file(data_dir + file)), family) << file << " -> " << to_string(detect_template_family(read_file(data_dir + file)));
+    EXPECT_EQ(detect_template_family(read_file(data_dir + file)), family)
+        << file << " -> " << to_string(detect_template_family(read_file(data_dir + file)));
 }
 
 TEST(ChatTemplate, FallbackIsChatML) {
@@ -409,29 +448,29 @@ TEST(ChatTemplate, FromModelOrFallback) {
   EXPECT_EQ(broken.family(), chat_template_family::chatml);
 
   // Parses, but cannot render even one user message: also replaced at load time.
-  const chat_template unusable = chat_template::from_model_or_fallback(std::string("{{ messages[0].content + 1 }}"), &warning);
+  const chat_template unusable =
+      chat_template::from_model_or_fallback(std::string("{{ messages[0].content + 1 }}"), &warning);
   EXPECT_NE(warning.find("unsupported operand"), std::string::npos) << warning;
   EXPECT_EQ(unusable.family(), chat_template_family::chatml);
 }
 
 // ---- error reporting ----
 
-chat_template_error_kind error_kind(const std::string& source, const std::vector<chat_message>& messages = {{"user", "x"}},
+chat_template_error_kind error_kind(const std::string& source,
+                                    const std::vector<chat_message>& messages = {{"user", "x"}},
                                     const render_options& options = {}) {
   try {
     chat_template::parse(source).render(messages, options);
-  } catch (const chat_template_error& e) {
-    return e.kind();
-  }
+  } catch (const chat_template_error& e) { return e.kind(); }
   ADD_FAILURE() << "no error for: " << source;
   return chat_template_error_kind::render;
 }
 
 TEST(ChatTemplate, SyntaxErrorsAreReportedWithTheLine) {
-  for (const char* bad : {"{% if true %}never closed", "{{ 1 + }}", "{% for x in %}{% endfor %}", "{% endif %}",
-                          "{{ 'unterminated }}", "{# no end", "{{ (1 }}", "{% if x %}{% endfor %}", "{% bogus %}",
-                          "{% break %}", "{{ a b }}", "{{ x | }}", "{{ ]", "{{ messages|no_such_filter }}",
-                          "{{ 1 is no_such_test }}"}) {
+  for (const char* bad :
+       {"{% if true %}never closed", "{{ 1 + }}", "{% for x in %}{% endfor %}", "{% endif %}", "{{ 'unterminated }}",
+        "{# no end", "{{ (1 }}", "{% if x %}{% endfor %}", "{% bogus %}", "{% break %}", "{{ a b }}", "{{ x | }}",
+        "{{ ]", "{{ messages|no_such_filter }}", "{{ 1 is no_such_test }}"}) {
     EXPECT_EQ(error_kind(bad), chat_template_error_kind::syntax) << bad;
   }
   try {
@@ -443,10 +482,10 @@ TEST(ChatTemplate, SyntaxErrorsAreReportedWithTheLine) {
 }
 
 TEST(ChatTemplate, UnsupportedConstructsAreRefused) {
-  for (const char* bad : {"{% macro m() %}x{% endmacro %}", "{% include 'other' %}", "{% import 'x' as y %}",
-                          "{% extends 'base' %}", "{% raw %}{{ x }}{% endraw %}", "{% filter upper %}x{% endfilter %}",
-                          "{% for x in y recursive %}{% endfor %}", "{{ '%s' % 1 }}", "{{ 1.5|round }}",
-                          "{{ x|groupby('a') }}", "{{ x is escaped }}"}) {
+  for (const char* bad :
+       {"{% macro m() %}x{% endmacro %}", "{% include 'other' %}", "{% import 'x' as y %}", "{% extends 'base' %}",
+        "{% raw %}{{ x }}{% endraw %}", "{% filter upper %}x{% endfilter %}", "{% for x in y recursive %}{% endfor %}",
+        "{{ '%s' % 1 }}", "{{ 1.5|round }}", "{{ x|groupby('a') }}", "{{ x is escaped }}"}) {
     EXPECT_EQ(error_kind(bad), chat_template_error_kind::unsupported) << bad;
   }
 }
@@ -489,9 +528,7 @@ TEST(ChatTemplate, RuntimeErrors) {
     try {
       chat_template::parse(source).render({}, {});
       ADD_FAILURE() << source << " rendered";
-    } catch (const chat_template_error& e) {
-      EXPECT_STREQ(e.what(), "left") << source;
-    }
+    } catch (const chat_template_error& e) { EXPECT_STREQ(e.what(), "left") << source; }
   }
 }
 
@@ -510,24 +547,29 @@ INSTANTIATE_TEST_SUITE_P(
     Budgets, HostileTemplate,
     ::testing::Values(
         // nested loops: 10^15 iterations without a budget
-        "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor "
+        "%}{% endfor %}",
         // silent loops (no output) still cost steps
         "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
         // a range beyond the sandbox's 100000-item cap
         "{% for a in range(1000000000) %}{% endfor %}",
         // output bomb by string repetition and by doubling
         "{{ 'x' * 100000000 }}",
-        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+        "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor "
+        "%}{{ ns.s }}",
         // many smaller outputs adding up past 8 MiB
         "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
         // list bomb
-        "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length "
+        "}}",
         "{{ [1, 2, 3] * 1000000000 }}",
         // deeply nested values, built iteratively
         "{% set ns = namespace(v=[]) %}{% for i in range(100000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v }}",
-        "{% set ns = namespace(v={}) %}{% for i in range(100000) %}{% set ns.v = {'k': ns.v} %}{% endfor %}{{ ns.v|tojson }}",
+        "{% set ns = namespace(v={}) %}{% for i in range(100000) %}{% set ns.v = {'k': ns.v} %}{% endfor %}{{ "
+        "ns.v|tojson }}",
         // tojson / join over a DAG that doubles each step (shared lists, exponential when printed)
-        "{% set ns = namespace(v=[1]) %}{% for i in range(60) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}{{ ns.v|tojson }}",
+        "{% set ns = namespace(v=[1]) %}{% for i in range(60) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}{{ "
+        "ns.v|tojson }}",
         "{% set ns = namespace(v=[1]) %}{% for i in range(60) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}{{ ns.v }}",
         // huge integer powers are bounded by overflow checks; huge float loops by steps
         "{% for i in range(100000) %}{% for j in range(100) %}{% set x = 2 ** 62 %}{% endfor %}{% endfor %}"));
@@ -549,9 +591,9 @@ TEST(ChatTemplate, DeepSourceNestingIsASyntaxErrorNotACrash) {
     for (int i = 0; i < n; ++i) out += unit;
     return out;
   };
-  for (const std::string& chain : {repeat("+1", 20000), repeat("|trim", 20000), repeat(".a", 20000),
-                                   repeat("[0]", 20000), repeat(" or 1", 20000), repeat(" * 2", 20000),
-                                   repeat("(1)", 20000), repeat(" is defined", 20000), repeat(" if 1 else 1", 20000)}) {
+  for (const std::string& chain :
+       {repeat("+1", 20000), repeat("|trim", 20000), repeat(".a", 20000), repeat("[0]", 20000), repeat(" or 1", 20000),
+        repeat(" * 2", 20000), repeat("(1)", 20000), repeat(" is defined", 20000), repeat(" if 1 else 1", 20000)}) {
     EXPECT_EQ(error_kind("{{ 1" + chain + " }}"), chat_template_error_kind::syntax) << chain.substr(0, 20);
   }
   std::string lists;
@@ -562,17 +604,61 @@ TEST(ChatTemplate, DeepSourceNestingIsASyntaxErrorNotACrash) {
 TEST(ChatTemplate, MutatedTemplatesNeverCrash) {
   // Random edits of real templates: every outcome must be a render or a chat_template_error (and,
   // in sanitizer builds, no memory error). Deterministic seed, so failures reproduce.
-  static const char* const fragments[] = {
-      "{%", "%}", "{{", "}}", "{#", "#}", "-", "+", "(", ")", "[", "]", "{", "}", "'", "\"", "\\", "|", "~", "*", "**",
-      ".", ",", ":", "=", "==", " is ", " not ", " in ", " if ", " else ", "for x in messages", "endfor", "endif",
-      "loop.", "ns.", "range(99999)", "messages", "namespace(a=1)", "|tojson", "|join", "[1:]", "[::-1]",
-      "\n", " ", "raise_exception('x')", "{% set ns = namespace(v=[]) %}", "{% set ns.v = ns.v + ns.v %}"};
+  static const char* const fragments[] = {"{%",
+                                          "%}",
+                                          "{{",
+                                          "}}",
+                                          "{#",
+                                          "#}",
+                                          "-",
+                                          "+",
+                                          "(",
+                                          ")",
+                                          "[",
+                                          "]",
+                                          "{",
+                                          "}",
+                                          "'",
+                                          "\"",
+                                          "\\",
+                                          "|",
+                                          "~",
+                                          "*",
+                                          "**",
+                                          ".",
+                                          ",",
+                                          ":",
+                                          "=",
+                                          "==",
+                                          " is ",
+                                          " not ",
+                                          " in ",
+                                          " if ",
+                                          " else ",
+                                          "for x in messages",
+                                          "endfor",
+                                          "endif",
+                                          "loop.",
+                                          "ns.",
+                                          "range(99999)",
+                                          "messages",
+                                          "namespace(a=1)",
+                                          "|tojson",
+                                          "|join",
+                                          "[1:]",
+                                          "[::-1]",
+                                          "\n",
+                                          " ",
+                                          "raise_exception('x')",
+                                          "{% set ns = namespace(v=[]) %}",
+                                          "{% set ns.v = ns.v + ns.v %}"};
   std::mt19937 rng(12345);
   render_options options;
   options.limits.max_steps = 200'000;
   options.limits.max_output_bytes = 1u << 20;
   options.now_unix_seconds = 0;
-  const std::vector<chat_message> messages = {{"system", "S"}, {"user", "Hi {{ there }}"}, {"assistant", "Yo"}, {"user", "é"}};
+  const std::vector<chat_message> messages = {
+      {"system", "S"}, {"user", "Hi {{ there }}"}, {"assistant", "Yo"}, {"user", "é"}};
   int rendered = 0, rejected = 0;
   for (const char* file : {"smollm2.jinja", "llama2.jinja", "llama3_1.jinja", "mistral_v0_3.jinja", "gemma3.jinja",
                            "phi3_5.jinja", "qwen3.jinja", "features.jinja", "whitespace.jinja"}) {
@@ -584,17 +670,15 @@ TEST(ChatTemplate, MutatedTemplatesNeverCrash) {
         const size_t at = rng() % (src.size() + 1);
         const size_t len = std::min<size_t>(1 + rng() % 12, src.size() - std::min(at, src.size()));
         switch (rng() % 3) {
-          case 0: src.erase(at, len); break;                                          // delete
-          case 1: src.insert(at, src.substr(at, len)); break;                         // duplicate
-          default: src.insert(at, fragments[rng() % std::size(fragments)]); break;    // insert syntax
+          case 0: src.erase(at, len); break;                                        // delete
+          case 1: src.insert(at, src.substr(at, len)); break;                       // duplicate
+          default: src.insert(at, fragments[rng() % std::size(fragments)]); break;  // insert syntax
         }
       }
       try {
         (void)chat_template::parse(src).render(messages, options);
         ++rendered;
-      } catch (const chat_template_error&) {
-        ++rejected;
-      } catch (const std::exception& e) {
+      } catch (const chat_template_error&) { ++rejected; } catch (const std::exception& e) {
         ADD_FAILURE() << file << " round " << round << ": unexpected exception type: " << e.what() << "\n" << src;
       }
     }
@@ -625,7 +709,8 @@ TEST(ChatTemplate, HugeMessageContentIsFine) {
 
 TEST(ChatTemplate, InvalidUtf8InContentPassesThroughUnchanged) {
   const std::string content = std::string("ok \xff\xfe bad \xc3") + "(";
-  const chat_template t = chat_template::parse("{{ messages[0].content }}|{{ messages[0].content|length }}|{{ messages[0].content[::-1][::-1] }}");
+  const chat_template t = chat_template::parse(
+      "{{ messages[0].content }}|{{ messages[0].content|length }}|{{ messages[0].content[::-1][::-1] }}");
   EXPECT_EQ(t.render({{"user", content}}, {}), content + "|" + std::to_string(content.size() - 0) + "|" + content);
 }
 

@@ -50,11 +50,20 @@ bool is_valid_utf8(std::string_view s) {
     const auto b = static_cast<uint8_t>(s[i]);
     size_t n;
     uint32_t cpt;
-    if (b < 0x80) { n = 1; cpt = b; }
-    else if ((b & 0xE0) == 0xC0) { n = 2; cpt = b & 0x1F; }
-    else if ((b & 0xF0) == 0xE0) { n = 3; cpt = b & 0x0F; }
-    else if ((b & 0xF8) == 0xF0) { n = 4; cpt = b & 0x07; }
-    else return false;
+    if (b < 0x80) {
+      n = 1;
+      cpt = b;
+    } else if ((b & 0xE0) == 0xC0) {
+      n = 2;
+      cpt = b & 0x1F;
+    } else if ((b & 0xF0) == 0xE0) {
+      n = 3;
+      cpt = b & 0x0F;
+    } else if ((b & 0xF8) == 0xF0) {
+      n = 4;
+      cpt = b & 0x07;
+    } else
+      return false;
     if (i + n > s.size()) return false;
     for (size_t k = 1; k < n; ++k) {
       const auto c = static_cast<uint8_t>(s[i + k]);
@@ -72,9 +81,13 @@ const std::string k_fffd = "\xEF\xBF\xBD";
 
 TEST(Utf8Sanitize, ReplacesMaximalSubparts) {
   EXPECT_EQ(sanitize_utf8("plain \xE4\xB8\xAD"), "plain \xE4\xB8\xAD");
-  EXPECT_EQ(sanitize_utf8("a\xFF" "b"), "a" + k_fffd + "b");
+  EXPECT_EQ(sanitize_utf8("a\xFF"
+                          "b"),
+            "a" + k_fffd + "b");
   // A truncated 3-byte sequence followed by ASCII is one maximal subpart.
-  EXPECT_EQ(sanitize_utf8("\xE4\xB8" "x"), k_fffd + "x");
+  EXPECT_EQ(sanitize_utf8("\xE4\xB8"
+                          "x"),
+            k_fffd + "x");
   // Overlong, surrogate and too-large forms: every byte is its own subpart.
   EXPECT_EQ(sanitize_utf8("\xC0\x80"), k_fffd + k_fffd);
   EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), k_fffd + k_fffd + k_fffd);
@@ -97,9 +110,7 @@ TEST(Utf8Sanitize, OutputIsAlwaysValid) {
     }
     const std::string clean = sanitize_utf8(junk);
     ASSERT_TRUE(is_valid_utf8(clean)) << ::testing::PrintToString(junk);
-    if (is_valid_utf8(junk)) {
-      ASSERT_EQ(clean, junk);
-    }
+    if (is_valid_utf8(junk)) { ASSERT_EQ(clean, junk); }
   }
 }
 
@@ -165,8 +176,15 @@ TEST(IncrementalDetokenizer, ConcatenationEqualsDecode) {
     for (char c : s) m += alphabet[static_cast<uint8_t>(c)];
     return m;
   };
-  const std::vector<std::string> chars = {"a", " ", "\n", "\xC3\xA9", "\xE4\xB8\xAD", "\xE6\x96\x87", "\xF0\x9F\x98\x80",
-                                          "\xF0\x9F\x91\x8D", "\xF0\x9F\x8F\xBD"};
+  const std::vector<std::string> chars = {"a",
+                                          " ",
+                                          "\n",
+                                          "\xC3\xA9",
+                                          "\xE4\xB8\xAD",
+                                          "\xE6\x96\x87",
+                                          "\xF0\x9F\x98\x80",
+                                          "\xF0\x9F\x91\x8D",
+                                          "\xF0\x9F\x8F\xBD"};
   std::mt19937 rng(9);
   for (int i = 0; i < 60; ++i) {
     // Merge random adjacent byte strings taken from real characters (including partial ones).
@@ -239,7 +257,8 @@ TEST(IncrementalDetokenizer, SmolLmStream) {
   const std::filesystem::path model = std::filesystem::path(TESSERA_MODEL_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(model)) GTEST_SKIP() << "model not found: " << model;
   const auto tok = tokenizer::from_gguf(*gguf_file::open(model));
-  const std::string text = "Hi \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xE4\xB8\x96\xE7\x95\x8C, caf\xC3\xA9!\n";
+  const std::string text =
+      "Hi \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xE4\xB8\x96\xE7\x95\x8C, caf\xC3\xA9!\n";
   const auto ids = tok->encode(text);
   incremental_detokenizer detok(tok);
   std::string streamed;

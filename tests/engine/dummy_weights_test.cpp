@@ -4,11 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "engine/base/error.hpp"
 #include "engine/model/hf_model.hpp"
@@ -111,7 +111,8 @@ TEST(DummyWeights, StatisticsScaleWithFanIn) {
 TEST(DummyWeights, ByteTokenizerRoundTripsText) {
   const auto tok = make_byte_tokenizer(300);
   EXPECT_EQ(tok->vocab_size(), 300u);
-  const std::string text = "Paged KV caches \xc3\xa9t\xc3\xa9 \x01 \xe2\x82\xac end.";  // valid UTF-8 (BPE repairs invalid bytes)
+  const std::string text =
+      "Paged KV caches \xc3\xa9t\xc3\xa9 \x01 \xe2\x82\xac end.";  // valid UTF-8 (BPE repairs invalid bytes)
   const std::vector<token_id> ids = tok->encode(text);
   EXPECT_EQ(ids.size(), text.size());  // one token per byte: no merges
   for (token_id id : ids) EXPECT_LT(id, 256);

@@ -69,7 +69,7 @@ TEST(GgmlTypes, TableMatchesGgufPySizes) {
   EXPECT_EQ(type_info(ggml_type::q8_1).block_bytes, 36);
   EXPECT_FALSE(type_info(ggml_type::q8_1).can_dequantize);
   EXPECT_FALSE(type_info(ggml_type::q8_k).can_dequantize);
-  EXPECT_EQ(find_type_info(4), nullptr);   // Q4_2, removed from ggml
+  EXPECT_EQ(find_type_info(4), nullptr);  // Q4_2, removed from ggml
   EXPECT_EQ(find_type_info(5), nullptr);
   EXPECT_EQ(find_type_info(16), nullptr);  // IQ2_XXS: not supported by this build
   EXPECT_EQ(find_type_info(0xFFFFFFFFu), nullptr);
@@ -107,7 +107,8 @@ TEST_P(Dequantize, MatchesGgufPy) {
   // Whole buffer as one row.
   std::vector<float> got(want.size(), -12345.0f);
   dequantize_row(type, q.data(), got.data(), n);
-  for (size_t i = 0; i < want.size(); ++i) expect_close(got[i], want[i], std::string(file) + "[" + std::to_string(i) + "]");
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i], want[i], std::string(file) + "[" + std::to_string(i) + "]");
 
   // Block by block from a misaligned copy (rows start anywhere inside a mapping).
   const ggml_type_info& info = type_info(type);
@@ -115,21 +116,21 @@ TEST_P(Dequantize, MatchesGgufPy) {
   std::memcpy(shifted.data() + 1, q.data(), q.size());
   std::vector<float> got2(want.size(), -12345.0f);
   for (int64_t b = 0; b < n / info.block_elems; ++b) {
-    dequantize_row(type, shifted.data() + 1 + b * info.block_bytes, got2.data() + b * info.block_elems, info.block_elems);
+    dequantize_row(type, shifted.data() + 1 + b * info.block_bytes, got2.data() + b * info.block_elems,
+                   info.block_elems);
   }
   EXPECT_EQ(std::memcmp(got.data(), got2.data(), got.size() * 4), 0) << file;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, Dequantize,
-    ::testing::Values(fixture_case{"f32", ggml_type::f32}, fixture_case{"f16", ggml_type::f16},
-                      fixture_case{"bf16", ggml_type::bf16}, fixture_case{"q4_0", ggml_type::q4_0},
-                      fixture_case{"q4_1", ggml_type::q4_1}, fixture_case{"q5_0", ggml_type::q5_0},
-                      fixture_case{"q5_1", ggml_type::q5_1}, fixture_case{"q8_0", ggml_type::q8_0},
-                      fixture_case{"q2_k", ggml_type::q2_k}, fixture_case{"q3_k", ggml_type::q3_k},
-                      fixture_case{"q4_k", ggml_type::q4_k}, fixture_case{"q5_k", ggml_type::q5_k},
-                      fixture_case{"q6_k", ggml_type::q6_k}),
-    [](const auto& param_info) { return std::string(param_info.param.file); });
+INSTANTIATE_TEST_SUITE_P(Fixtures, Dequantize,
+                         ::testing::Values(fixture_case{"f32", ggml_type::f32}, fixture_case{"f16", ggml_type::f16},
+                                           fixture_case{"bf16", ggml_type::bf16}, fixture_case{"q4_0", ggml_type::q4_0},
+                                           fixture_case{"q4_1", ggml_type::q4_1}, fixture_case{"q5_0", ggml_type::q5_0},
+                                           fixture_case{"q5_1", ggml_type::q5_1}, fixture_case{"q8_0", ggml_type::q8_0},
+                                           fixture_case{"q2_k", ggml_type::q2_k}, fixture_case{"q3_k", ggml_type::q3_k},
+                                           fixture_case{"q4_k", ggml_type::q4_k}, fixture_case{"q5_k", ggml_type::q5_k},
+                                           fixture_case{"q6_k", ggml_type::q6_k}),
+                         [](const auto& param_info) { return std::string(param_info.param.file); });
 
 // A hand-built Q4_0 block, independent of any other implementation: d = 0.5, low nibble j, high 15-j.
 TEST(GgmlTypes, HandBuiltQ4_0Block) {
@@ -175,9 +176,7 @@ TEST(GgmlTypes, Fp16ExhaustiveRoundTrip) {
     _Float16 ref;
     const auto hh = static_cast<uint16_t>(h);
     std::memcpy(&ref, &hh, 2);
-    if (!nan) {
-      EXPECT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(static_cast<float>(ref))) << h;
-    }
+    if (!nan) { EXPECT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(static_cast<float>(ref))) << h; }
 #endif
   }
 }

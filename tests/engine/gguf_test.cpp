@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/base/error.hpp"
-#include "engine/model/gguf.hpp"
 #include "engine/gguf_test_writer.hpp"
+#include "engine/model/gguf.hpp"
 
 namespace tessera {
 namespace {
@@ -265,131 +265,420 @@ std::vector<hostile_case> hostile_corpus() {
     c.push_back({std::move(label), std::move(make), std::move(expect)});
   };
   // Header.
-  add("empty file", [] { return std::vector<std::byte>{}; }, "truncated");
-  add("three bytes", [] { return std::vector<std::byte>{std::byte{'G'}, std::byte{'G'}, std::byte{'U'}}; }, "truncated");
-  add("bad magic GGML", [] { gguf_writer w; std::memcpy(w.magic, "GGML", 4); return w.build(); }, "bad magic");
-  add("byte-swapped magic", [] { gguf_writer w; std::memcpy(w.magic, "FUGG", 4); return w.build(); }, "bad magic");
-  add("version 1", [] { gguf_writer w; w.version = 1; return w.build(); }, "unsupported version 1");
-  add("version 4", [] { gguf_writer w; w.version = 4; return w.build(); }, "unsupported version 4");
-  add("big-endian file", [] { gguf_writer w; w.version = 0x03000000u; return w.build(); }, "big-endian");
-  add("version 0xffffffff", [] { gguf_writer w; w.version = 0xFFFFFFFFu; return w.build(); }, "unsupported version 4294967295");
-  add("tensor count u64 max", [] { gguf_writer w; w.tensor_count_override = u64_max; return w.build(); }, "tensor count 18446744073709551615");
-  add("tensor count 1000 in a small file", [] { gguf_writer w; w.tensor_count_override = 1000; return w.build(); }, "tensor count 1000");
-  add("kv count 2^63", [] { gguf_writer w; w.kv_count_override = uint64_t{1} << 63; return w.build(); }, "metadata count 9223372036854775808");
-  add("kv count one more than present", [] {
-    gguf_writer w; w.kv_u32("a", 1); w.kv_count_override = 2; return w.build(); }, "remain");
+  add(
+      "empty file", [] { return std::vector<std::byte>{}; }, "truncated");
+  add(
+      "three bytes",
+      [] {
+        return std::vector<std::byte>{std::byte{'G'}, std::byte{'G'}, std::byte{'U'}};
+      },
+      "truncated");
+  add(
+      "bad magic GGML",
+      [] {
+        gguf_writer w;
+        std::memcpy(w.magic, "GGML", 4);
+        return w.build();
+      },
+      "bad magic");
+  add(
+      "byte-swapped magic",
+      [] {
+        gguf_writer w;
+        std::memcpy(w.magic, "FUGG", 4);
+        return w.build();
+      },
+      "bad magic");
+  add(
+      "version 1",
+      [] {
+        gguf_writer w;
+        w.version = 1;
+        return w.build();
+      },
+      "unsupported version 1");
+  add(
+      "version 4",
+      [] {
+        gguf_writer w;
+        w.version = 4;
+        return w.build();
+      },
+      "unsupported version 4");
+  add(
+      "big-endian file",
+      [] {
+        gguf_writer w;
+        w.version = 0x03000000u;
+        return w.build();
+      },
+      "big-endian");
+  add(
+      "version 0xffffffff",
+      [] {
+        gguf_writer w;
+        w.version = 0xFFFFFFFFu;
+        return w.build();
+      },
+      "unsupported version 4294967295");
+  add(
+      "tensor count u64 max",
+      [] {
+        gguf_writer w;
+        w.tensor_count_override = u64_max;
+        return w.build();
+      },
+      "tensor count 18446744073709551615");
+  add(
+      "tensor count 1000 in a small file",
+      [] {
+        gguf_writer w;
+        w.tensor_count_override = 1000;
+        return w.build();
+      },
+      "tensor count 1000");
+  add(
+      "kv count 2^63",
+      [] {
+        gguf_writer w;
+        w.kv_count_override = uint64_t{1} << 63;
+        return w.build();
+      },
+      "metadata count 9223372036854775808");
+  add(
+      "kv count one more than present",
+      [] {
+        gguf_writer w;
+        w.kv_u32("a", 1);
+        w.kv_count_override = 2;
+        return w.build();
+      },
+      "remain");
   // Strings.
-  add("key length 0xffffffff", [] {
-    gguf_writer w; byte_writer b; b.u64(0xFFFFFFFFu); w.kv_count_override = 1;
-    auto out = w.build(); out.insert(out.end(), b.bytes.begin(), b.bytes.end()); out.resize(out.size() + 100); return out; },
+  add(
+      "key length 0xffffffff",
+      [] {
+        gguf_writer w;
+        byte_writer b;
+        b.u64(0xFFFFFFFFu);
+        w.kv_count_override = 1;
+        auto out = w.build();
+        out.insert(out.end(), b.bytes.begin(), b.bytes.end());
+        out.resize(out.size() + 100);
+        return out;
+      },
       "string length 4294967295");
-  add("key length u64 max", [] {
-    gguf_writer w; byte_writer b; b.u64(u64_max); w.kv_count_override = 1;
-    auto out = w.build(); out.insert(out.end(), b.bytes.begin(), b.bytes.end()); out.resize(out.size() + 100); return out; },
+  add(
+      "key length u64 max",
+      [] {
+        gguf_writer w;
+        byte_writer b;
+        b.u64(u64_max);
+        w.kv_count_override = 1;
+        auto out = w.build();
+        out.insert(out.end(), b.bytes.begin(), b.bytes.end());
+        out.resize(out.size() + 100);
+        return out;
+      },
       "string length 18446744073709551615");
-  add("key longer than 65535 bytes", [] { return with_kv([](gguf_writer& w) { w.kv_u32(std::string(70000, 'k'), 1); }); },
+  add(
+      "key longer than 65535 bytes",
+      [] { return with_kv([](gguf_writer& w) { w.kv_u32(std::string(70000, 'k'), 1); }); },
       "exceeds the limit of 65535");
-  add("empty key", [] { return with_kv([](gguf_writer& w) { w.kv_u32("", 1); }); }, "empty key");
-  add("string value length 2^40", [] {
-    return with_kv([](gguf_writer& w) { byte_writer b; b.u64(uint64_t{1} << 40); w.kv_raw("s", vt::string, b.bytes); }); },
+  add(
+      "empty key", [] { return with_kv([](gguf_writer& w) { w.kv_u32("", 1); }); }, "empty key");
+  add(
+      "string value length 2^40",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u64(uint64_t{1} << 40);
+          w.kv_raw("s", vt::string, b.bytes);
+        });
+      },
       "string length 1099511627776 of string value of key 's'");
-  add("string value of 1 MiB + 1", [] {
-    return with_kv([](gguf_writer& w) { w.kv_str("big", std::string((1u << 20) + 1, 'x')); }); },
+  add(
+      "string value of 1 MiB + 1",
+      [] { return with_kv([](gguf_writer& w) { w.kv_str("big", std::string((1u << 20) + 1, 'x')); }); },
       "exceeds the limit of 1048576");
-  add("string array element length overflow", [] {
-    return with_kv([](gguf_writer& w) {
-      byte_writer b; b.u32(vt::string).u64(2).str("ok").u64(u64_max - 3); w.kv_raw("arr", vt::array, b.bytes); }); },
+  add(
+      "string array element length overflow",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::string).u64(2).str("ok").u64(u64_max - 3);
+          w.kv_raw("arr", vt::array, b.bytes);
+        });
+      },
       "string element 1 of key 'arr'");
-  add("tensor name length huge", [] {
-    gguf_writer w; w.tensor_count_override = 1; auto out = w.build();
-    byte_writer b; b.u64(uint64_t{1} << 50); b.u32(1).u64(8).u32(0).u64(0);
-    out.insert(out.end(), b.bytes.begin(), b.bytes.end()); return out; }, "string length 1125899906842624");
+  add(
+      "tensor name length huge",
+      [] {
+        gguf_writer w;
+        w.tensor_count_override = 1;
+        auto out = w.build();
+        byte_writer b;
+        b.u64(uint64_t{1} << 50);
+        b.u32(1).u64(8).u32(0).u64(0);
+        out.insert(out.end(), b.bytes.begin(), b.bytes.end());
+        return out;
+      },
+      "string length 1125899906842624");
   // Value types.
-  add("unknown value type 13", [] {
-    return with_kv([](gguf_writer& w) { w.kv_raw("x", 13, zeros(8)); }); }, "unknown value type 13 for key 'x'");
-  add("unknown value type 0xffffffff", [] {
-    return with_kv([](gguf_writer& w) { w.kv_raw("x", 0xFFFFFFFFu, zeros(8)); }); }, "unknown value type 4294967295");
-  add("unknown array element type", [] {
-    return with_kv([](gguf_writer& w) { byte_writer b; b.u32(42).u64(1).u32(0); w.kv_raw("arr", vt::array, b.bytes); }); },
+  add(
+      "unknown value type 13", [] { return with_kv([](gguf_writer& w) { w.kv_raw("x", 13, zeros(8)); }); },
+      "unknown value type 13 for key 'x'");
+  add(
+      "unknown value type 0xffffffff",
+      [] { return with_kv([](gguf_writer& w) { w.kv_raw("x", 0xFFFFFFFFu, zeros(8)); }); },
+      "unknown value type 4294967295");
+  add(
+      "unknown array element type",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(42).u64(1).u32(0);
+          w.kv_raw("arr", vt::array, b.bytes);
+        });
+      },
       "unknown array element type 42");
-  add("bool value 2", [] { return with_kv([](gguf_writer& w) { w.kv_scalar("b", vt::boolean, uint8_t{2}); }); }, "bool value 2");
-  add("bool array element 7", [] {
-    return with_kv([](gguf_writer& w) { w.kv_array<uint8_t>("bs", vt::boolean, {0, 1, 7}); }); }, "bool array element 7");
-  add("u64 array element above int64", [] {
-    return with_kv([](gguf_writer& w) { w.kv_array<uint64_t>("big", vt::u64, {1, u64_max}); }); }, "does not fit in int64");
+  add(
+      "bool value 2", [] { return with_kv([](gguf_writer& w) { w.kv_scalar("b", vt::boolean, uint8_t{2}); }); },
+      "bool value 2");
+  add(
+      "bool array element 7",
+      [] { return with_kv([](gguf_writer& w) {
+             w.kv_array<uint8_t>("bs", vt::boolean, {0, 1, 7});
+           }); },
+      "bool array element 7");
+  add(
+      "u64 array element above int64",
+      [] { return with_kv([](gguf_writer& w) {
+             w.kv_array<uint64_t>("big", vt::u64, {1, u64_max});
+           }); },
+      "does not fit in int64");
   // Arrays.
-  add("array count 2^62 of u32", [] {
-    return with_kv([](gguf_writer& w) { byte_writer b; b.u32(vt::u32).u64(uint64_t{1} << 62); w.kv_raw("a", vt::array, b.bytes); }); },
+  add(
+      "array count 2^62 of u32",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::u32).u64(uint64_t{1} << 62);
+          w.kv_raw("a", vt::array, b.bytes);
+        });
+      },
       "array of 4611686018427387904 u32 elements in key 'a' needs more than");
-  add("array count u64 max of strings", [] {
-    return with_kv([](gguf_writer& w) { byte_writer b; b.u32(vt::string).u64(u64_max); w.kv_raw("a", vt::array, b.bytes); }); },
+  add(
+      "array count u64 max of strings",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::string).u64(u64_max);
+          w.kv_raw("a", vt::array, b.bytes);
+        });
+      },
       "needs more than");
-  add("array of 16M + 1 bytes (present)", [] {
-    return with_kv([](gguf_writer& w) {
-      byte_writer b; b.u32(vt::u8).u64((uint64_t{1} << 24) + 1); b.bytes.resize(b.size() + (size_t{1} << 24) + 1);
-      w.kv_raw("a", vt::array, b.bytes); }); },
+  add(
+      "array of 16M + 1 bytes (present)",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::u8).u64((uint64_t{1} << 24) + 1);
+          b.bytes.resize(b.size() + (size_t{1} << 24) + 1);
+          w.kv_raw("a", vt::array, b.bytes);
+        });
+      },
       "exceeds the limit of 16777216");
-  add("arrays nested 100 deep", [] { return with_kv([](gguf_writer& w) { w.kv_raw("deep", vt::array, nested_arrays(99)); }); },
+  add(
+      "arrays nested 100 deep",
+      [] { return with_kv([](gguf_writer& w) { w.kv_raw("deep", vt::array, nested_arrays(99)); }); },
       "nested deeper than 8");
-  add("70000 empty nested arrays", [] {
-    return with_kv([](gguf_writer& w) {
-      byte_writer b; b.u32(vt::array).u64(70000);
-      for (int i = 0; i < 70000; ++i) b.u32(vt::u8).u64(0);
-      w.kv_raw("wide", vt::array, b.bytes); }); },
+  add(
+      "70000 empty nested arrays",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::array).u64(70000);
+          for (int i = 0; i < 70000; ++i) b.u32(vt::u8).u64(0);
+          w.kv_raw("wide", vt::array, b.bytes);
+        });
+      },
       "nested arrays in total");
-  add("array nested count overflow", [] {
-    return with_kv([](gguf_writer& w) { byte_writer b; b.u32(vt::array).u64(u64_max / 4); w.kv_raw("a", vt::array, b.bytes); }); },
+  add(
+      "array nested count overflow",
+      [] {
+        return with_kv([](gguf_writer& w) {
+          byte_writer b;
+          b.u32(vt::array).u64(u64_max / 4);
+          w.kv_raw("a", vt::array, b.bytes);
+        });
+      },
       "needs more than");
   // Keys and alignment.
-  add("duplicate key", [] { return with_kv([](gguf_writer& w) { w.kv_u32("dup", 1).kv_str("dup", "again"); }); },
+  add(
+      "duplicate key", [] { return with_kv([](gguf_writer& w) { w.kv_u32("dup", 1).kv_str("dup", "again"); }); },
       "duplicate key 'dup'");
-  add("alignment 0", [] { return with_kv([](gguf_writer& w) { w.kv_u32("general.alignment", 0); }); },
+  add(
+      "alignment 0", [] { return with_kv([](gguf_writer& w) { w.kv_u32("general.alignment", 0); }); },
       "general.alignment 0 is not a non-zero power of two");
-  add("alignment 48", [] { return with_kv([](gguf_writer& w) { w.kv_u32("general.alignment", 48); }); },
+  add(
+      "alignment 48", [] { return with_kv([](gguf_writer& w) { w.kv_u32("general.alignment", 48); }); },
       "general.alignment 48 is not a non-zero power of two");
-  add("alignment negative", [] { return with_kv([](gguf_writer& w) { w.kv_i32("general.alignment", -32); }); },
+  add(
+      "alignment negative", [] { return with_kv([](gguf_writer& w) { w.kv_i32("general.alignment", -32); }); },
       "general.alignment -32");
-  add("alignment 2^40", [] { return with_kv([](gguf_writer& w) { w.kv_u64("general.alignment", uint64_t{1} << 40); }); },
+  add(
+      "alignment 2^40",
+      [] { return with_kv([](gguf_writer& w) { w.kv_u64("general.alignment", uint64_t{1} << 40); }); },
       "exceeds the limit");
-  add("alignment is a string", [] { return with_kv([](gguf_writer& w) { w.kv_str("general.alignment", "32"); }); },
+  add(
+      "alignment is a string", [] { return with_kv([](gguf_writer& w) { w.kv_str("general.alignment", "32"); }); },
       "general.alignment has type string");
   // Tensor infos.
-  add("unknown ggml type 4 (removed Q4_2)", [] {
-    auto s = f32_spec("t4", {8}); s.type = 4; return with_tensor(s); }, "tensor 't4': unknown ggml type 4");
-  add("unknown ggml type 1000", [] { auto s = f32_spec("t", {8}); s.type = 1000; return with_tensor(s); }, "unknown ggml type 1000");
-  add("n_dims 0", [] { auto s = f32_spec("t", {}); s.data = zeros(32); return with_tensor(s); }, "n_dims 0 is not in 1..4");
-  add("n_dims 5", [] { return with_tensor(f32_spec("t5", {1, 1, 1, 1, 8})); }, "tensor 't5': n_dims 5");
-  add("n_dims 0xffffffff", [] {
-    auto s = f32_spec("t", {8}); s.n_dims = 0xFFFFFFFFu; return with_tensor(s); }, "n_dims 4294967295");
-  add("dimension 0", [] { auto s = f32_spec("t", {8}); s.dims = {8, 0}; return with_tensor(s); }, "dimension 1 is 0");
-  add("dimension 2^63", [] {
-    auto s = f32_spec("t", {8}); s.dims = {uint64_t{1} << 63}; return with_tensor(s); }, "dimension 0 is 9223372036854775808");
-  add("element count overflow", [] {
-    auto s = f32_spec("t", {8}); s.dims = {uint64_t{1} << 32, uint64_t{1} << 32}; return with_tensor(s); },
+  add(
+      "unknown ggml type 4 (removed Q4_2)",
+      [] {
+        auto s = f32_spec("t4", {8});
+        s.type = 4;
+        return with_tensor(s);
+      },
+      "tensor 't4': unknown ggml type 4");
+  add(
+      "unknown ggml type 1000",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.type = 1000;
+        return with_tensor(s);
+      },
+      "unknown ggml type 1000");
+  add(
+      "n_dims 0",
+      [] {
+        auto s = f32_spec("t", {});
+        s.data = zeros(32);
+        return with_tensor(s);
+      },
+      "n_dims 0 is not in 1..4");
+  add(
+      "n_dims 5",
+      [] {
+        return with_tensor(f32_spec("t5", {1, 1, 1, 1, 8}));
+      },
+      "tensor 't5': n_dims 5");
+  add(
+      "n_dims 0xffffffff",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.n_dims = 0xFFFFFFFFu;
+        return with_tensor(s);
+      },
+      "n_dims 4294967295");
+  add(
+      "dimension 0",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.dims = {8, 0};
+        return with_tensor(s);
+      },
+      "dimension 1 is 0");
+  add(
+      "dimension 2^63",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.dims = {uint64_t{1} << 63};
+        return with_tensor(s);
+      },
+      "dimension 0 is 9223372036854775808");
+  add(
+      "element count overflow",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.dims = {uint64_t{1} << 32, uint64_t{1} << 32};
+        return with_tensor(s);
+      },
       "element count overflows");
-  add("byte size overflow", [] {
-    auto s = f32_spec("t", {8}); s.dims = {uint64_t{1} << 62}; return with_tensor(s); }, "byte size overflows");
-  add("row not a whole number of blocks", [] {
-    auto s = f32_spec("q", {8}); s.type = 2; s.dims = {33}; s.data = zeros(18); return with_tensor(s); },
+  add(
+      "byte size overflow",
+      [] {
+        auto s = f32_spec("t", {8});
+        s.dims = {uint64_t{1} << 62};
+        return with_tensor(s);
+      },
+      "byte size overflows");
+  add(
+      "row not a whole number of blocks",
+      [] {
+        auto s = f32_spec("q", {8});
+        s.type = 2;
+        s.dims = {33};
+        s.data = zeros(18);
+        return with_tensor(s);
+      },
       "row length 33 is not a multiple of the Q4_0 block size 32");
-  add("misaligned offset", [] {
-    auto s = f32_spec("m", {8}); s.offset = 48; return with_tensor(s, 64); }, "tensor 'm': data offset 48 is not a multiple of the alignment 32");
-  add("overlapping tensors", [] {
-    auto s = f32_spec("over", {8}); s.offset = 0; return with_tensor(s, 64); }, "overlaps tensor");
-  add("tensor past the end of the file", [] {
-    auto s = f32_spec("far", {8}); s.offset = 4096; return with_tensor(s); }, "tensor 'far' [8] of 32 bytes at data offset 4096");
-  add("tensor offset overflow", [] {
-    auto s = f32_spec("wrap", {8}); s.offset = u64_max - 31; return with_tensor(s); }, "runs past the end of the file");
-  add("tensor data truncated", [] {
-    auto out = with_tensor(f32_spec("big", {64})); out.resize(out.size() - 1); return out; }, "tensor 'big'");
-  add("duplicate tensor name", [] { return with_tensor(f32_spec("first", {8})); }, "duplicate tensor name 'first'");
-  add("empty tensor name", [] { return with_tensor(f32_spec("", {8})); }, "tensor 1 has an empty name");
-  add("data section missing", [] {
-    gguf_writer w; w.f32_tensor("t", {8}, [](uint64_t) { return 1.0; }); auto out = w.build();
-    out.resize(w.header_bytes()); return out; }, "past the end");
-  add("data section padding missing", [] {
-    gguf_writer w; w.f32_tensor("t", {8}, [](uint64_t) { return 1.0; }); auto out = w.build();
-    out.resize(w.header_bytes() + 1); return out; }, "past the end");
+  add(
+      "misaligned offset",
+      [] {
+        auto s = f32_spec("m", {8});
+        s.offset = 48;
+        return with_tensor(s, 64);
+      },
+      "tensor 'm': data offset 48 is not a multiple of the alignment 32");
+  add(
+      "overlapping tensors",
+      [] {
+        auto s = f32_spec("over", {8});
+        s.offset = 0;
+        return with_tensor(s, 64);
+      },
+      "overlaps tensor");
+  add(
+      "tensor past the end of the file",
+      [] {
+        auto s = f32_spec("far", {8});
+        s.offset = 4096;
+        return with_tensor(s);
+      },
+      "tensor 'far' [8] of 32 bytes at data offset 4096");
+  add(
+      "tensor offset overflow",
+      [] {
+        auto s = f32_spec("wrap", {8});
+        s.offset = u64_max - 31;
+        return with_tensor(s);
+      },
+      "runs past the end of the file");
+  add(
+      "tensor data truncated",
+      [] {
+        auto out = with_tensor(f32_spec("big", {64}));
+        out.resize(out.size() - 1);
+        return out;
+      },
+      "tensor 'big'");
+  add(
+      "duplicate tensor name", [] { return with_tensor(f32_spec("first", {8})); }, "duplicate tensor name 'first'");
+  add(
+      "empty tensor name", [] { return with_tensor(f32_spec("", {8})); }, "tensor 1 has an empty name");
+  add(
+      "data section missing",
+      [] {
+        gguf_writer w;
+        w.f32_tensor("t", {8}, [](uint64_t) { return 1.0; });
+        auto out = w.build();
+        out.resize(w.header_bytes());
+        return out;
+      },
+      "past the end");
+  add(
+      "data section padding missing",
+      [] {
+        gguf_writer w;
+        w.f32_tensor("t", {8}, [](uint64_t) { return 1.0; });
+        auto out = w.build();
+        out.resize(w.header_bytes() + 1);
+        return out;
+      },
+      "past the end");
   return c;
 }
 
@@ -408,7 +697,8 @@ TEST(GgufReader, ErrorsNameTheByteOffset) {
   b.u64(4294967295u);
   bytes.insert(bytes.end(), b.bytes.begin(), b.bytes.end());
   bytes.resize(bytes.size() + 812);
-  expect_refused(bytes, "string length 4294967295 of key of metadata entry 0 exceeds the 812 bytes that remain (at offset 24)",
+  expect_refused(bytes,
+                 "string length 4294967295 of key of metadata entry 0 exceeds the 812 bytes that remain (at offset 24)",
                  "offset named");
 }
 
@@ -429,8 +719,8 @@ TEST(GgufReader, SurvivesRandomCorruption) {
         case 0: bytes[at] ^= static_cast<std::byte>(1u << (rng() % 8)); break;
         case 1: bytes[at] = static_cast<std::byte>(rng()); break;
         case 2: {
-          static constexpr uint64_t extremes[] = {0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0x8000000000000000ull, u64_max,
-                                                  u64_max - 7, 1u << 24};
+          static constexpr uint64_t extremes[] = {0,       1,           0x7FFFFFFF, 0xFFFFFFFF, 0x8000000000000000ull,
+                                                  u64_max, u64_max - 7, 1u << 24};
           const uint64_t v = extremes[rng() % std::size(extremes)];
           const size_t n = std::min<size_t>(8, bytes.size() - at);
           std::memcpy(bytes.data() + at, &v, n);
@@ -442,9 +732,7 @@ TEST(GgufReader, SurvivesRandomCorruption) {
     }
     try {
       gguf_file::from_bytes(bytes);
-    } catch (const load_error&) {
-      ++refused;
-    }
+    } catch (const load_error&) { ++refused; }
   }
   EXPECT_GT(refused, 1000);  // most damage is detected (some lands in string contents or data)
   EXPECT_LT(std::chrono::duration<double>(clock_type::now() - t0).count(), 10.0);
@@ -455,8 +743,7 @@ TEST(GgufReader, SurvivesRandomCorruption) {
 class GgufOpen : public ::testing::Test {
  protected:
   std::filesystem::path write_temp(const std::vector<std::byte>& bytes, const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("tessera_gguf_test_" + std::to_string(::getpid()));
+    const auto dir = std::filesystem::temp_directory_path() / ("tessera_gguf_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     dirs_.push_back(dir);
     const auto path = dir / name;
@@ -502,9 +789,7 @@ TEST_F(GgufOpen, RefusesHostileFilesNamingThePath) {
   try {
     gguf_file::open(dir / "does-not-exist.gguf");
     ADD_FAILURE();
-  } catch (const load_error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);
-  }
+  } catch (const load_error& e) { EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos); }
 }
 
 // ---- the real model ----------------------------------------------------------------------------

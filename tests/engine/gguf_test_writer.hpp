@@ -2,9 +2,9 @@
 // byte helpers) the hostile variants the reader must refuse. Independent of engine/model/gguf.cpp: it
 // encodes the format from the spec (ggml docs/gguf.md), so reader bugs are not mirrored here.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -43,26 +43,26 @@ struct byte_writer {
 
 // GGUF value type numbers (spec), kept separate from engine/model/gguf.hpp on purpose.
 namespace vt {
-constexpr uint32_t u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8,
-                   array = 9, u64 = 10, i64 = 11, f64 = 12;
+constexpr uint32_t u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
+                   u64 = 10, i64 = 11, f64 = 12;
 }
 
 class gguf_writer {
  public:
   struct tensor_spec {
     std::string name;
-    uint32_t type = 0;                 // ggml type number
-    std::vector<uint64_t> dims;        // ne0 first
-    std::vector<std::byte> data;       // exactly the tensor's bytes
-    std::optional<uint64_t> offset;    // override the laid-out data offset
-    std::optional<uint32_t> n_dims;    // override the written n_dims (dims are still all written)
+    uint32_t type = 0;               // ggml type number
+    std::vector<uint64_t> dims;      // ne0 first
+    std::vector<std::byte> data;     // exactly the tensor's bytes
+    std::optional<uint64_t> offset;  // override the laid-out data offset
+    std::optional<uint32_t> n_dims;  // override the written n_dims (dims are still all written)
   };
 
   char magic[4] = {'G', 'G', 'U', 'F'};
   uint32_t version = 3;
   std::optional<uint64_t> tensor_count_override;
   std::optional<uint64_t> kv_count_override;
-  uint64_t alignment = 32;  // layout alignment; add a general.alignment key yourself to change it
+  uint64_t alignment = 32;      // layout alignment; add a general.alignment key yourself to change it
   size_t extra_tail_bytes = 0;  // bytes appended after the data section
 
   // ---- metadata: each call appends one encoded key/value ----

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 #include "engine/base/error.hpp"
 #include "engine/sim_executor.hpp"
@@ -138,8 +138,8 @@ TEST(llm_engine, sliding_window_frees_blocks_and_changes_no_output) {
     int32_t peak_used = 0;
   };
   auto run = [&](bool free_blocks, bool window_reader) {
-    std::unique_ptr<sim_executor> exec =
-        window_reader ? std::make_unique<sim_executor>(4, 64, 0, vocab) : std::make_unique<full_reader>(4, 64, 0, vocab);
+    std::unique_ptr<sim_executor> exec = window_reader ? std::make_unique<sim_executor>(4, 64, 0, vocab)
+                                                       : std::make_unique<full_reader>(4, 64, 0, vocab);
     exec->set_window(6);
     engine_options o = opts(64);
     o.free_window_blocks = free_blocks;
@@ -148,7 +148,8 @@ TEST(llm_engine, sliding_window_frees_blocks_and_changes_no_output) {
     sampling_params two = greedy(20);
     two.n = 2;
     two.temperature = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(engine.add_request(prompts[i], i == 2 ? two : greedy(20)));
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ids.push_back(engine.add_request(prompts[i], i == 2 ? two : greedy(20)));
     result r;
     std::map<request_id, collected> all;
     while (engine.has_unfinished()) {
@@ -459,7 +460,8 @@ TEST(llm_engine, step_records_describe_the_step) {
     ASSERT_FALSE(tl.empty());
     EXPECT_EQ(tl.front().stage, lifecycle_stage::queued);
     EXPECT_EQ(tl.back().stage, lifecycle_stage::finished);
-    EXPECT_TRUE(std::any_of(tl.begin(), tl.end(), [](const lifecycle_entry& e) { return e.stage == lifecycle_stage::first_token; }));
+    EXPECT_TRUE(std::any_of(tl.begin(), tl.end(),
+                            [](const lifecycle_entry& e) { return e.stage == lifecycle_stage::first_token; }));
   }
 }
 
@@ -469,7 +471,8 @@ struct sequence_events {
   std::vector<event_kind> kinds;
 };
 
-std::map<seq_id, sequence_events> events_per_sequence(llm_engine& engine, const std::function<void(int)>& before_step = {}) {
+std::map<seq_id, sequence_events> events_per_sequence(llm_engine& engine,
+                                                      const std::function<void(int)>& before_step = {}) {
   std::map<seq_id, sequence_events> out;
   const auto add = [&](const engine_event& e) {
     sequence_events& s = out[e.seq];

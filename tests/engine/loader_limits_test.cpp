@@ -230,9 +230,7 @@ int64_t peak_growth_kib(const std::function<void()>& load, std::string* what) {
         std::string msg = "loaded";
         try {
           load();
-        } catch (const load_error& e) {
-          msg = e.what();
-        }
+        } catch (const load_error& e) { msg = e.what(); }
         const int64_t after = test::peak_rss_kib();
         if (before < 0 || after < 0) return "no VmHWM in /proc/self/status";
         // The growth travels in the message (which makes the child "fail"; the caller judges it).

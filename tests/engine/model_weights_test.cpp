@@ -45,10 +45,10 @@ struct tiny_llama {
   int layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 96, vocab = 40;
   bool with_output = false;
   bool write_vocab_size = true;
-  std::set<std::string> skip;                             // tensors left out
+  std::set<std::string> skip;  // tensors left out
   std::map<std::string, std::vector<uint64_t>> dims_override;
   std::map<std::string, uint32_t> type_override;
-  std::function<void(gguf_writer&)> extra_kv;             // appended metadata (or replacements)
+  std::function<void(gguf_writer&)> extra_kv;  // appended metadata (or replacements)
   std::set<std::string> skip_kv;
 
   std::vector<std::byte> build() const {
@@ -64,7 +64,8 @@ struct tiny_llama {
     kv_u32("llama.attention.head_count", static_cast<uint32_t>(heads));
     kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads));
     kv_u32("llama.context_length", 128);
-    if (!skip_kv.count("llama.attention.layer_norm_rms_epsilon")) w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
+    if (!skip_kv.count("llama.attention.layer_norm_rms_epsilon"))
+      w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
     if (write_vocab_size) kv_u32("llama.vocab_size", static_cast<uint32_t>(vocab));
     std::vector<std::string> tokens;
     for (int i = 0; i < vocab; ++i) tokens.push_back("tok" + std::to_string(i));
@@ -124,8 +125,8 @@ TEST(LlamaWeights, BindsEveryTensorOfATinyModel) {
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.vocab_size, 40);
   EXPECT_EQ(c.context_length, 128);
-  EXPECT_EQ(c.rope_dims, 16);            // default: head_dim
-  EXPECT_EQ(c.rope_theta, 10000.0f);     // default freq_base
+  EXPECT_EQ(c.rope_dims, 16);         // default: head_dim
+  EXPECT_EQ(c.rope_theta, 10000.0f);  // default freq_base
   EXPECT_EQ(c.rms_norm_eps, 1e-6f);
   EXPECT_EQ(c.rope, rope_style::interleaved);
   EXPECT_TRUE(c.tied_embeddings);
@@ -355,7 +356,11 @@ TEST(ModelConfig, Validate) {
       {"num_kv_heads", [](model_config& c) { c.num_kv_heads = 18; }},
       {"num_kv_heads (2)", [](model_config& c) { c.num_kv_heads = 2; }},
       {"head_dim", [](model_config& c) { c.head_dim = 0; }},
-      {"!= hidden_size", [](model_config& c) { c.head_dim = 32; c.rope_dims = 32; }},
+      {"!= hidden_size",
+       [](model_config& c) {
+         c.head_dim = 32;
+         c.rope_dims = 32;
+       }},
       {"vocab_size", [](model_config& c) { c.vocab_size = 0; }},
       {"context_length", [](model_config& c) { c.context_length = -1; }},
       {"rope_dims", [](model_config& c) { c.rope_dims = 0; }},
@@ -372,9 +377,7 @@ TEST(ModelConfig, Validate) {
     try {
       c.validate();
       ADD_FAILURE() << "accepted: " << expect;
-    } catch (const load_error& e) {
-      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
-    }
+    } catch (const load_error& e) { EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what(); }
   }
 }
 
@@ -406,10 +409,11 @@ TEST(LlamaWeightsRealModel, SmolLM2) {
   // Dequantized rows against gguf-py's (written by scripts/make_quant_fixtures.py).
   std::ifstream in(std::filesystem::path(TESSERA_TEST_DATA_DIR) / "gguf" / "smollm2_rows.txt");
   ASSERT_TRUE(in.good()) << "missing tests/data/gguf/smollm2_rows.txt";
-  std::map<std::string, const weight_tensor*> by_name = {
-      {"token_embd.weight", &w->token_embedding}, {"output_norm.weight", &w->output_norm},
-      {"blk.0.attn_q.weight", &w->layers[0].wq}, {"blk.0.attn_norm.weight", &w->layers[0].attn_norm},
-      {"blk.29.ffn_down.weight", &w->layers[29].w_down}};
+  std::map<std::string, const weight_tensor*> by_name = {{"token_embd.weight", &w->token_embedding},
+                                                         {"output_norm.weight", &w->output_norm},
+                                                         {"blk.0.attn_q.weight", &w->layers[0].wq},
+                                                         {"blk.0.attn_norm.weight", &w->layers[0].attn_norm},
+                                                         {"blk.29.ffn_down.weight", &w->layers[29].w_down}};
   std::string line;
   int checked = 0;
   while (std::getline(in, line)) {
@@ -424,7 +428,8 @@ TEST(LlamaWeightsRealModel, SmolLM2) {
     for (int64_t i = 0; i < n; ++i) {
       float want = 0;
       ls >> want;
-      EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-6 * std::fabs(want) + 1e-12) << name << " row " << row << " [" << i << "]";
+      EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-6 * std::fabs(want) + 1e-12)
+          << name << " row " << row << " [" << i << "]";
     }
     ++checked;
   }

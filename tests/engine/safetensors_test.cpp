@@ -40,17 +40,15 @@ std::vector<uint8_t> bytes(size_t n) {
 std::string error_of(std::vector<std::byte> bytes) {
   try {
     safetensors_file::from_bytes(std::move(bytes), "hostile.safetensors");
-  } catch (const load_error& e) {
-    return e.what();
-  }
+  } catch (const load_error& e) { return e.what(); }
   return "";
 }
 
-#define EXPECT_REFUSED(img, fragment)                                                 \
-  do {                                                                                \
-    const std::string msg = error_of(img);                                            \
-    EXPECT_NE(msg.find(fragment), std::string::npos) << "message: '" << msg << "'";   \
-    EXPECT_NE(msg.find("hostile.safetensors"), std::string::npos) << msg;             \
+#define EXPECT_REFUSED(img, fragment)                                               \
+  do {                                                                              \
+    const std::string msg = error_of(img);                                          \
+    EXPECT_NE(msg.find(fragment), std::string::npos) << "message: '" << msg << "'"; \
+    EXPECT_NE(msg.find("hostile.safetensors"), std::string::npos) << msg;           \
   } while (0)
 
 // Two tensors: a [2, 3] F32 matrix then a [4] BF16 vector, plus metadata.
@@ -112,11 +110,10 @@ TEST(safetensors, unsupported_dtypes_are_sized_but_flagged) {
 }
 
 TEST(safetensors, empty_and_scalar_tensors) {
-  const auto f = safetensors_file::from_bytes(
-      image(R"({"s":{"dtype":"F16","shape":[],"data_offsets":[0,2]},)"
-            R"("e":{"dtype":"F32","shape":[0,5],"data_offsets":[2,2]}})",
-            bytes(2)),
-      "mem");
+  const auto f = safetensors_file::from_bytes(image(R"({"s":{"dtype":"F16","shape":[],"data_offsets":[0,2]},)"
+                                                    R"("e":{"dtype":"F32","shape":[0,5],"data_offsets":[2,2]}})",
+                                                    bytes(2)),
+                                              "mem");
   EXPECT_EQ(f->tensor("s")->num_elements(), 1);
   EXPECT_EQ(f->tensor("e")->num_elements(), 0);
 }
@@ -177,8 +174,7 @@ TEST(safetensors, hostile_shapes_and_dtypes) {
                  "holds 20 bytes but dtype F32 x shape needs 24");
   EXPECT_REFUSED(image(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})", bytes(16)), "needs 8");
   // Element count overflow: 2^40 * 2^40 elements.
-  EXPECT_REFUSED(image(R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}})",
-                       bytes(4)),
+  EXPECT_REFUSED(image(R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}})", bytes(4)),
                  "too large");
   EXPECT_REFUSED(image(R"({"a":{"dtype":"Q4_1","shape":[1],"data_offsets":[0,4]}})", bytes(4)), "unknown dtype 'Q4_1'");
   EXPECT_REFUSED(image(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", bytes(2)), "whole bytes");

@@ -28,13 +28,12 @@ constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
 // Probabilities after temperature, top-k, top-p and min-p, by the textbook definitions, with a
 // full sort. Ranking ties go to the lower id.
-std::vector<double> reference_distribution(const std::vector<float>& logits, double temperature,
-                                           int top_k, double top_p, double min_p) {
+std::vector<double> reference_distribution(const std::vector<float>& logits, double temperature, int top_k,
+                                           double top_p, double min_p) {
   const size_t vocab = logits.size();
   std::vector<size_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
   std::vector<bool> kept(vocab, true);
   if (top_k > 0) {
     for (size_t r = static_cast<size_t>(top_k); r < vocab; ++r) kept[order[r]] = false;
@@ -78,8 +77,7 @@ double chi_square_critical(int df) {
   return df * std::pow(1.0 - k + z * std::sqrt(k), 3.0);
 }
 
-std::vector<int> draw_counts(const sampling_params& params, const std::vector<float>& logits,
-                             int num_draws) {
+std::vector<int> draw_counts(const sampling_params& params, const std::vector<float>& logits, int num_draws) {
   sampler s(params, 0, {});
   std::vector<int> counts(logits.size(), 0);
   for (int i = 0; i < num_draws; ++i) ++counts[static_cast<size_t>(s.sample(logits).token)];
@@ -88,8 +86,7 @@ std::vector<int> draw_counts(const sampling_params& params, const std::vector<fl
 
 // Support must match exactly; frequencies must pass a chi-square test (bins with tiny expectation
 // are pooled so the test stays valid).
-void expect_matches_distribution(const std::vector<int>& counts, const std::vector<double>& expected,
-                                 int num_draws) {
+void expect_matches_distribution(const std::vector<int>& counts, const std::vector<double>& expected, int num_draws) {
   double chi2 = 0.0;
   int df = -1;
   double pooled_expected = 0.0;
@@ -109,13 +106,10 @@ void expect_matches_distribution(const std::vector<int>& counts, const std::vect
     ++df;
   }
   if (pooled_expected > 0.0) {
-    chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) /
-            std::max(pooled_expected, 1.0);
+    chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / std::max(pooled_expected, 1.0);
     ++df;
   }
-  if (df >= 1) {
-    EXPECT_LT(chi2, chi_square_critical(df)) << "df=" << df;
-  }
+  if (df >= 1) { EXPECT_LT(chi2, chi_square_critical(df)) << "df=" << df; }
 }
 
 const std::vector<float> k_logits = {1.0f, 2.5f, 0.2f, -1.0f, 2.0f, 0.9f, -0.3f, 1.7f, 3.0f, 0.0f};
@@ -188,23 +182,47 @@ TEST(SamplingParamsTest, EveryBadValueIsRejectedNamingTheField) {
       {"presence_penalty", [](sampling_params& p) { p.presence_penalty = -2.01f; }},
       {"frequency_penalty", [](sampling_params& p) { p.frequency_penalty = -3.0f; }},
       {"frequency_penalty", [nan](sampling_params& p) { p.frequency_penalty = nan; }},
-      {"logit_bias", [](sampling_params& p) { p.logit_bias = {{100, 1.0f}}; }},
-      {"logit_bias", [](sampling_params& p) { p.logit_bias = {{-1, 1.0f}}; }},
-      {"logit_bias", [](sampling_params& p) { p.logit_bias = {{3, 100.5f}}; }},
-      {"logit_bias", [](sampling_params& p) { p.logit_bias = {{3, -101.0f}}; }},
-      {"logit_bias", [nan](sampling_params& p) { p.logit_bias = {{3, nan}}; }},
-      {"logit_bias", [](sampling_params& p) { p.logit_bias.assign(1025, {1, 1.0f}); }},
+      {"logit_bias",
+       [](sampling_params& p) {
+         p.logit_bias = {{100, 1.0f}};
+       }},
+      {"logit_bias",
+       [](sampling_params& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       }},
+      {"logit_bias",
+       [](sampling_params& p) {
+         p.logit_bias = {{3, 100.5f}};
+       }},
+      {"logit_bias",
+       [](sampling_params& p) {
+         p.logit_bias = {{3, -101.0f}};
+       }},
+      {"logit_bias",
+       [nan](sampling_params& p) {
+         p.logit_bias = {{3, nan}};
+       }},
+      {"logit_bias",
+       [](sampling_params& p) {
+         p.logit_bias.assign(1025, {1, 1.0f});
+       }},
       {"max_tokens", [](sampling_params& p) { p.max_tokens = 0; }},
       {"max_tokens", [](sampling_params& p) { p.max_tokens = -5; }},
       {"min_tokens", [](sampling_params& p) { p.min_tokens = -1; }},
       {"min_tokens", [](sampling_params& p) { p.min_tokens = 17; }},  // > max_tokens (16)
       {"stop", [](sampling_params& p) { p.stop = std::vector<std::string>(17, "x"); }},
-      {"stop", [](sampling_params& p) { p.stop = {"ok", std::string(257, 'x')}; }},
+      {"stop",
+       [](sampling_params& p) {
+         p.stop = {"ok", std::string(257, 'x')};
+       }},
       {"stop", [](sampling_params& p) { p.stop = {""}; }},
-      {"stop", [](sampling_params& p) { p.stop = {"\xC3"}; }},        // truncated character
-      {"stop", [](sampling_params& p) { p.stop = {"a\xC0\xAF"}; }},   // overlong '/'
+      {"stop", [](sampling_params& p) { p.stop = {"\xC3"}; }},          // truncated character
+      {"stop", [](sampling_params& p) { p.stop = {"a\xC0\xAF"}; }},     // overlong '/'
       {"stop", [](sampling_params& p) { p.stop = {"\xED\xA0\x80"}; }},  // surrogate
-      {"stop_token_ids", [](sampling_params& p) { p.stop_token_ids = {5, 100}; }},
+      {"stop_token_ids",
+       [](sampling_params& p) {
+         p.stop_token_ids = {5, 100};
+       }},
       {"stop_token_ids", [](sampling_params& p) { p.stop_token_ids = {-3}; }},
       {"stop_token_ids", [](sampling_params& p) { p.stop_token_ids.assign(65, 1); }},
       {"logprobs", [](sampling_params& p) { p.logprobs = 21; }},
@@ -252,8 +270,7 @@ TEST(SamplerTest, GreedyIsArgmaxWithLowestIdOnTies) {
   for (uint32_t trial = 0; trial < 20; ++trial) {
     std::vector<float> logits = random_logits(1000, 2.0f, trial);
     // Plant a tie for the maximum at two ids.
-    const auto top = static_cast<size_t>(std::max_element(logits.begin(), logits.end()) -
-                                         logits.begin());
+    const auto top = static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const size_t twin = (top * 7 + 13) % logits.size();
     logits[twin] = logits[top];
     sampling_params p;
@@ -292,16 +309,31 @@ TEST(SamplerTest, UnvalidatedNanParametersStillGiveATokenInRange) {
   // would break the ordering the selection algorithms rely on).
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> logits = random_logits(3000, 1.0f, 5);
-  const auto top = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) -
-                                         logits.begin());
+  const auto top = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   const std::vector<std::function<void(sampling_params&)>> breakers = {
       [nan](sampling_params& p) { p.temperature = nan; },
-      [nan](sampling_params& p) { p.temperature = nan; p.top_k = 500; },
-      [nan](sampling_params& p) { p.temperature = nan; p.top_k = 40; p.top_p = 0.5f; },
-      [nan](sampling_params& p) { p.logit_bias = {{0, nan}, {1, nan}}; p.top_p = 0.9f; },
+      [nan](sampling_params& p) {
+        p.temperature = nan;
+        p.top_k = 500;
+      },
+      [nan](sampling_params& p) {
+        p.temperature = nan;
+        p.top_k = 40;
+        p.top_p = 0.5f;
+      },
+      [nan](sampling_params& p) {
+        p.logit_bias = {{0, nan}, {1, nan}};
+        p.top_p = 0.9f;
+      },
       [nan](sampling_params& p) { p.repetition_penalty = nan; },
-      [nan](sampling_params& p) { p.frequency_penalty = nan; p.top_k = 1000; },
-      [nan](sampling_params& p) { p.temperature = 0.0f; p.presence_penalty = nan; },
+      [nan](sampling_params& p) {
+        p.frequency_penalty = nan;
+        p.top_k = 1000;
+      },
+      [nan](sampling_params& p) {
+        p.temperature = 0.0f;
+        p.presence_penalty = nan;
+      },
   };
   const std::vector<token_id> prompt = {top, 1, 2};
   for (size_t b = 0; b < breakers.size(); ++b) {
@@ -349,24 +381,22 @@ struct distribution_case {
 
 TEST(SamplerTest, FrequenciesMatchTheReferenceDistribution) {
   const std::vector<distribution_case> cases = {
-      {1.0f, -1, 1.0f, 0.0f}, {0.5f, -1, 1.0f, 0.0f}, {2.0f, 0, 1.0f, 0.0f},
-      {1.0f, 3, 1.0f, 0.0f},  {1.0f, -1, 0.7f, 0.0f}, {1.0f, -1, 1.0f, 0.2f},
-      {0.8f, 6, 0.9f, 0.05f}, {1.5f, 5, 0.5f, 0.0f},  {1.0f, 1, 1.0f, 0.0f},
-      {1.0f, -1, 0.01f, 0.0f}, {1.0f, 20, 1.0f, 0.0f},
+      {1.0f, -1, 1.0f, 0.0f}, {0.5f, -1, 1.0f, 0.0f},  {2.0f, 0, 1.0f, 0.0f},  {1.0f, 3, 1.0f, 0.0f},
+      {1.0f, -1, 0.7f, 0.0f}, {1.0f, -1, 1.0f, 0.2f},  {0.8f, 6, 0.9f, 0.05f}, {1.5f, 5, 0.5f, 0.0f},
+      {1.0f, 1, 1.0f, 0.0f},  {1.0f, -1, 0.01f, 0.0f}, {1.0f, 20, 1.0f, 0.0f},
   };
   const int num_draws = 20000;
   uint64_t seed = 1000;
   for (const distribution_case& c : cases) {
-    SCOPED_TRACE(testing::Message() << "T=" << c.temperature << " k=" << c.top_k
-                                    << " p=" << c.top_p << " min_p=" << c.min_p);
+    SCOPED_TRACE(testing::Message() << "T=" << c.temperature << " k=" << c.top_k << " p=" << c.top_p
+                                    << " min_p=" << c.min_p);
     sampling_params p = seeded(seed++);
     p.temperature = c.temperature;
     p.top_k = c.top_k;
     p.top_p = c.top_p;
     p.min_p = c.min_p;
     ASSERT_NO_THROW(p.validate(static_cast<int32_t>(k_logits.size())));
-    const std::vector<double> expected =
-        reference_distribution(k_logits, c.temperature, c.top_k, c.top_p, c.min_p);
+    const std::vector<double> expected = reference_distribution(k_logits, c.temperature, c.top_k, c.top_p, c.min_p);
     expect_matches_distribution(draw_counts(p, k_logits, num_draws), expected, num_draws);
   }
 }
@@ -374,19 +404,21 @@ TEST(SamplerTest, FrequenciesMatchTheReferenceDistribution) {
 TEST(SamplerTest, TruncationKeepsExactlyTheReferenceSupport) {
   // Cases whose supports differ, so a wrong cut shows up as a token outside (or missing from) it.
   const std::vector<distribution_case> cases = {
-      {1.0f, 3, 1.0f, 0.0f}, {1.0f, -1, 0.7f, 0.0f}, {1.0f, -1, 1.0f, 0.3f}, {1.0f, -1, 0.9f, 0.0f},
+      {1.0f, 3, 1.0f, 0.0f},
+      {1.0f, -1, 0.7f, 0.0f},
+      {1.0f, -1, 1.0f, 0.3f},
+      {1.0f, -1, 0.9f, 0.0f},
   };
   for (const distribution_case& c : cases) {
     sampling_params p = seeded(7);
     p.top_k = c.top_k;
     p.top_p = c.top_p;
     p.min_p = c.min_p;
-    const std::vector<double> expected =
-        reference_distribution(k_logits, c.temperature, c.top_k, c.top_p, c.min_p);
+    const std::vector<double> expected = reference_distribution(k_logits, c.temperature, c.top_k, c.top_p, c.min_p);
     const std::vector<int> counts = draw_counts(p, k_logits, 5000);
     for (size_t i = 0; i < k_logits.size(); ++i) {
-      EXPECT_EQ(counts[i] > 0, expected[i] > 0.0) << "token " << i << " top_k=" << c.top_k
-                                                  << " top_p=" << c.top_p << " min_p=" << c.min_p;
+      EXPECT_EQ(counts[i] > 0, expected[i] > 0.0)
+          << "token " << i << " top_k=" << c.top_k << " top_p=" << c.top_p << " min_p=" << c.min_p;
     }
   }
 }
@@ -405,8 +437,7 @@ TEST(SamplerTest, TopPCutsInsideRunsOfEqualAndNearlyEqualTokens) {
       const std::vector<double> expected = reference_distribution(rows[row], 1.0, -1, top_p, 0.0);
       const std::vector<int> counts = draw_counts(p, rows[row], 4000);
       for (size_t i = 0; i < rows[row].size(); ++i) {
-        EXPECT_EQ(counts[i] > 0, expected[i] > 0.0)
-            << "row " << row << " top_p=" << top_p << " token " << i;
+        EXPECT_EQ(counts[i] > 0, expected[i] > 0.0) << "row " << row << " top_p=" << top_p << " token " << i;
       }
     }
   }
@@ -425,9 +456,7 @@ TEST(SamplerTest, LargeTopKBreaksTiesTowardsLowerIds) {
     p.top_k = k;
     const std::vector<double> expected = reference_distribution(logits, 1.0, k, 1.0, 0.0);
     const std::vector<int> counts = draw_counts(p, logits, 12000);
-    for (size_t i = 0; i < vocab; ++i) {
-      ASSERT_EQ(counts[i] > 0, expected[i] > 0.0) << "k=" << k << " token " << i;
-    }
+    for (size_t i = 0; i < vocab; ++i) { ASSERT_EQ(counts[i] > 0, expected[i] > 0.0) << "k=" << k << " token " << i; }
   }
 }
 
@@ -446,8 +475,7 @@ TEST(SamplerTest, LargeVocabularyNucleusMatchesReferenceByProbabilityBins) {
   // Bin tokens by reference rank into 10 bins of equal reference mass; compare bin frequencies.
   std::vector<size_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return expected[a] > expected[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return expected[a] > expected[b]; });
   std::vector<int> bin_of(logits.size(), -1);
   std::vector<double> bin_mass(10, 0.0);
   double cumulative = 0.0;
@@ -533,8 +561,7 @@ TEST(SamplerTest, LogitBiasForcesAndForbidsTokens) {
   sampler forced(p, 0, {});
   for (int i = 0; i < 100; ++i) EXPECT_EQ(forced.sample(logits).token, 7);
 
-  const auto top = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) -
-                                         logits.begin());
+  const auto top = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   p.temperature = 0.0f;
   p.logit_bias = {{top, -100.0f}};
   sampler banned(p, 0, {});
@@ -702,8 +729,7 @@ TEST(SamplerTest, LogprobsAreThoseOfTheRawDistribution) {
 
     std::vector<size_t> order(logits.size());
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
     ASSERT_EQ(r.top_logprobs.size(), 5u);
     for (size_t i = 0; i < 5; ++i) {
       EXPECT_EQ(r.top_logprobs[i].first, static_cast<token_id>(order[i]));
@@ -727,8 +753,7 @@ TEST(SamplerTest, LogprobsTiesListLowerIdsFirstAndZeroMeansSampledOnly) {
   sampler only(p, 0, {});
   const sample_result sampled_only = only.sample(logits);
   EXPECT_TRUE(sampled_only.top_logprobs.empty());
-  EXPECT_NEAR(sampled_only.logprob,
-              naive_log_softmax(logits)[static_cast<size_t>(sampled_only.token)], 1e-5);
+  EXPECT_NEAR(sampled_only.logprob, naive_log_softmax(logits)[static_cast<size_t>(sampled_only.token)], 1e-5);
 
   sampler none(seeded(4), 0, {});
   const sample_result no_logprobs = none.sample(logits);

@@ -33,7 +33,7 @@ struct driver {
     bool forked = false;
     bool aborted = false;
     int32_t num_live = 0;
-    int32_t num_finishes = 0;  // of sequences; == n once done
+    int32_t num_finishes = 0;                          // of sequences; == n once done
     std::map<int32_t, std::vector<token_id>> outputs;  // choice -> generated tokens
   };
 
@@ -194,7 +194,13 @@ struct table_case {
   const char* name;
   scheduler_options options;
   // (step at which it arrives, name, prompt length, max_tokens, priority)
-  struct arrival { int step; char name; int32_t prompt_len; int32_t max_tokens; int32_t priority; };
+  struct arrival {
+    int step;
+    char name;
+    int32_t prompt_len;
+    int32_t max_tokens;
+    int32_t priority;
+  };
   std::vector<arrival> arrivals;
   std::vector<std::string> expected;  // per step
 };
@@ -270,7 +276,7 @@ TEST(scheduler, rejects_requests_that_can_never_run) {
   scheduler_options big = small_options(4, 8, 0, 8, 64, preemption_mode::recompute);
   driver d2(big);
   EXPECT_THROW(d2.add(request_id{3}, prompt(33, 1), 4), invalid_request);  // 9 blocks > 8
-  d2.add(request_id{4}, prompt(32, 1), 4);                                  // exactly the whole cache
+  d2.add(request_id{4}, prompt(32, 1), 4);                                 // exactly the whole cache
   while (d2.sched.has_unfinished()) d2.step();
   EXPECT_EQ(d2.requests[request_id{4}].outputs[0].size(), 1u);  // max_seq_len reached after one token
   EXPECT_TRUE(d2.exec.errors().empty());
@@ -396,7 +402,8 @@ TEST(scheduler, window_preemption_swaps_only_held_blocks_and_readmits) {
     EXPECT_GT(preemptions, 1) << to_string(mode);
     EXPECT_GT(of_a, 0) << to_string(mode) << ": A was preempted with freed leading blocks";
     for (uint64_t r = 1; r <= 3; ++r)
-      EXPECT_EQ(d.requests[request_id{r}].outputs[0], d.oracle(d.requests[request_id{r}], 0)) << to_string(mode) << " " << r;
+      EXPECT_EQ(d.requests[request_id{r}].outputs[0], d.oracle(d.requests[request_id{r}], 0))
+          << to_string(mode) << " " << r;
     EXPECT_EQ(d.requests[request_id{1}].outputs[0].size(), 40u);
     EXPECT_TRUE(d.problems.empty()) << d.problems.front();
     EXPECT_TRUE(d.exec.errors().empty()) << d.exec.errors().front();
@@ -491,7 +498,7 @@ TEST(scheduler, automatic_mode_follows_the_cost_model) {
     scheduler_options o = small_options(4, 4, 8, 8, 64, preemption_mode::automatic);
     o.kv_block_bytes = 1 << 20;
     o.swap_bytes_per_second = cheap_swap ? 1e12 : 1e6;  // 2 MiB out+in: 2 us vs 2 s
-    o.prefill_tokens_per_second = 1000;                  // 8 tokens: 8 ms
+    o.prefill_tokens_per_second = 1000;                 // 8 tokens: 8 ms
     driver d(o);
     d.add(request_id{1}, prompt(8, 1), 3, 1, 0, false);
     d.add(request_id{2}, prompt(8, 20), 2, 1, 0, false);
@@ -601,7 +608,8 @@ void run_random_workload(uint32_t seed, workload_result& total, int32_t window =
       total.preemptions += e.kind == event_kind::preempted_recompute || e.kind == event_kind::preempted_swap;
       total.swaps += e.kind == event_kind::preempted_swap;
       total.cache_hits += e.kind == event_kind::prefix_cache_hit;
-      if (e.kind == event_kind::preempted_swap && d.sched.blocks().num_freed_blocks(e.seq) > 0) ++total.swaps_of_windowed;
+      if (e.kind == event_kind::preempted_swap && d.sched.blocks().num_freed_blocks(e.seq) > 0)
+        ++total.swaps_of_windowed;
     }
     if (window > 0) {
       // Between steps a sequence holds the blocks of positions [n - w + 1, n) at most.

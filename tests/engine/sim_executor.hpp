@@ -118,8 +118,7 @@ class sim_executor : public executor {
     if (num_steps_ == fail_at_) throw std::runtime_error("sim_executor: injected failure");
     const int32_t bs = spec_.block_size;
     auto copy_block = [&](std::vector<slot>& from, block_id src, std::vector<slot>& to, block_id dst) {
-      for (int32_t i = 0; i < bs; ++i)
-        to[static_cast<size_t>(dst) * bs + i] = from[static_cast<size_t>(src) * bs + i];
+      for (int32_t i = 0; i < bs; ++i) to[static_cast<size_t>(dst) * bs + i] = from[static_cast<size_t>(src) * bs + i];
     };
     for (const block_copy& c : batch.swap_in) {
       if (!in_range(c.src, spec_.num_host_blocks) || !in_range(c.dst, spec_.num_device_blocks)) {
@@ -187,8 +186,8 @@ class sim_executor : public executor {
       for (int32_t p = first; p < s.num_computed; ++p) {
         const slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
         if (sl.pos != p) {
-          error("seq " + std::to_string(s.seq.value()) + ": position " + std::to_string(p) + " reads a slot holding position " +
-                std::to_string(sl.pos));
+          error("seq " + std::to_string(s.seq.value()) + ": position " + std::to_string(p) +
+                " reads a slot holding position " + std::to_string(sl.pos));
         }
         history.push_back(sl.token);
       }
@@ -206,14 +205,15 @@ class sim_executor : public executor {
         history.push_back(s.tokens[j]);
       }
       num_computed_tokens_ += static_cast<int64_t>(s.tokens.size());
-      const int32_t num_rows = s.logits == sequence_slice::logits_mode::none ? 0
+      const int32_t num_rows = s.logits == sequence_slice::logits_mode::none   ? 0
                                : s.logits == sequence_slice::logits_mode::last ? 1
                                                                                : static_cast<int32_t>(s.tokens.size());
       out.first_row[i] = row;
       out.num_rows[i] = num_rows;
       for (int32_t k = 0; k < num_rows; ++k) {
         const size_t upto = history.size() - static_cast<size_t>(num_rows - 1 - k);
-        std::vector<float> l = fake_logits(visible_history(std::span(history).first(upto), window_), config_.vocab_size);
+        std::vector<float> l =
+            fake_logits(visible_history(std::span(history).first(upto), window_), config_.vocab_size);
         out.logits.insert(out.logits.end(), l.begin(), l.end());
       }
       row += num_rows;

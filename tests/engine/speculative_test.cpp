@@ -26,9 +26,9 @@
 namespace tessera {
 namespace {
 
+using test_support::chi_square;
 using testing::fake_logits;
 using testing::sim_executor;
-using test_support::chi_square;
 
 // ---- the n-gram proposer ---------------------------------------------------------------------------
 
@@ -60,9 +60,10 @@ TEST(speculative_options, bad_values_are_refused) {
   speculative_options o;
   o.mode = speculative_mode::ngram;
   o.validate();
-  for (auto bad : {+[](speculative_options& s) { s.num_tokens = 0; }, +[](speculative_options& s) { s.num_tokens = -2; },
-                   +[](speculative_options& s) { s.max_batch = 0; }, +[](speculative_options& s) { s.ngram.min_n = 0; },
-                   +[](speculative_options& s) { s.ngram.max_n = 0; }}) {
+  for (auto bad :
+       {+[](speculative_options& s) { s.num_tokens = 0; }, +[](speculative_options& s) { s.num_tokens = -2; },
+        +[](speculative_options& s) { s.max_batch = 0; }, +[](speculative_options& s) { s.ngram.min_n = 0; },
+        +[](speculative_options& s) { s.ngram.max_n = 0; }}) {
     speculative_options s = o;
     bad(s);
     EXPECT_THROW(s.validate(), invalid_request);
@@ -121,7 +122,10 @@ TEST(verify_draft, accepts_with_p_of_the_draft_and_resamples_from_the_rest_chi_s
     sampler s(params, 0, {});
     std::vector<token_id> got;
     const int32_t n = verify_draft(
-        s, std::vector<token_id>{draft}, [&](int32_t r) { return verify_row{r == 0 ? row0 : row1, {}}; },
+        s, std::vector<token_id>{draft},
+        [&](int32_t r) {
+          return verify_row{r == 0 ? row0 : row1, {}};
+        },
         [&](const sample_result& res, bool from_draft) {
           EXPECT_EQ(from_draft, got.empty() && res.token == draft);
           got.push_back(res.token);
@@ -177,19 +181,21 @@ TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_th
   // Every draft token right: all accepted and the last row gives one more.
   sampler all(params, 0, {});
   got.clear();
-  EXPECT_EQ(verify_draft(all, std::vector<token_id>{10, 11, 12}, row, [&](const sample_result& r, bool) {
-              got.push_back(r.token);
-              return true;
-            }),
+  EXPECT_EQ(verify_draft(all, std::vector<token_id>{10, 11, 12}, row,
+                         [&](const sample_result& r, bool) {
+                           got.push_back(r.token);
+                           return true;
+                         }),
             3);
   EXPECT_EQ(got, (std::vector<token_id>{10, 11, 12, 13}));
   // A stop at the first token ends the verification there.
   sampler stop(params, 0, {});
   got.clear();
-  EXPECT_EQ(verify_draft(stop, std::vector<token_id>{10, 11}, row, [&](const sample_result& r, bool) {
-              got.push_back(r.token);
-              return false;
-            }),
+  EXPECT_EQ(verify_draft(stop, std::vector<token_id>{10, 11}, row,
+                         [&](const sample_result& r, bool) {
+                           got.push_back(r.token);
+                           return false;
+                         }),
             0);
   EXPECT_EQ(got.size(), 1u);
 }
@@ -240,7 +246,8 @@ class markov_executor : public sim_executor {
       for (int32_t k = 0; k < out.num_rows[i]; ++k) {
         const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
         const std::vector<float> l = fake_logits(std::vector<token_id>{t}, config().vocab_size);
-        std::copy(l.begin(), l.end(), out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * vocab));
+        std::copy(l.begin(), l.end(),
+                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * vocab));
       }
     }
   }
@@ -398,10 +405,9 @@ TEST(speculative_engine, logprobs_of_accepted_tokens_equal_plain_decodings) {
     llm_engine engine(exec, nullptr, spec_opts(128, speculative));
     engine.add_request(prompt, params);
     while (engine.has_unfinished())
-      for (const request_output& o : engine.step()) got[speculative ? 1 : 0].insert(got[speculative ? 1 : 0].end(), o.logprobs.begin(), o.logprobs.end());
-    if (speculative) {
-      EXPECT_GT(engine.stats().num_accepted_draft_tokens, 0u);
-    }
+      for (const request_output& o : engine.step())
+        got[speculative ? 1 : 0].insert(got[speculative ? 1 : 0].end(), o.logprobs.begin(), o.logprobs.end());
+    if (speculative) { EXPECT_GT(engine.stats().num_accepted_draft_tokens, 0u); }
   }
   ASSERT_EQ(got[0].size(), 24u);
   ASSERT_EQ(got[1].size(), 24u);
@@ -520,7 +526,8 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
     const float mx = *std::max_element(l.begin(), l.end());
     std::vector<double> p(v);
     double total = 0;
-    for (int32_t t = 0; t < v; ++t) total += p[static_cast<size_t>(t)] = std::exp(double(l[static_cast<size_t>(t)]) - mx);
+    for (int32_t t = 0; t < v; ++t)
+      total += p[static_cast<size_t>(t)] = std::exp(double(l[static_cast<size_t>(t)]) - mx);
     for (double& x : p) x /= total;
     return p;
   };
@@ -535,7 +542,8 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
       h2.push_back(b);
       const auto pc_all = probs(h2);
       for (int32_t c = 0; c < v; ++c)
-        expected[static_cast<size_t>(a * 16 + b * 4 + c)] = pa * pb_all[static_cast<size_t>(b)] * pc_all[static_cast<size_t>(c)];
+        expected[static_cast<size_t>(a * 16 + b * 4 + c)] =
+            pa * pb_all[static_cast<size_t>(b)] * pc_all[static_cast<size_t>(c)];
     }
   }
   sim_executor exec(4, 2048, 0, v);
@@ -552,7 +560,8 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
       out[engine.add_request(prompt, params)];
     }
     while (engine.has_unfinished())
-      for (const request_output& r : engine.step()) out[r.id].insert(out[r.id].end(), r.token_ids.begin(), r.token_ids.end());
+      for (const request_output& r : engine.step())
+        out[r.id].insert(out[r.id].end(), r.token_ids.begin(), r.token_ids.end());
     for (const auto& [id, t] : out) {
       ASSERT_EQ(t.size(), 3u);
       ++observed[static_cast<size_t>(t[0] * 16 + t[1] * 4 + t[2])];

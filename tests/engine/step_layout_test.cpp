@@ -49,9 +49,7 @@ std::string refusal(const step_batch& batch, const char* executor_name = "cpu", 
   step_output out;
   try {
     build_step_layout(batch, pool(4, 8), tiny_config(), device_sampling, executor_name, layout, out);
-  } catch (const invalid_request& e) {
-    return e.what();
-  }
+  } catch (const invalid_request& e) { return e.what(); }
   return "";
 }
 
@@ -101,9 +99,7 @@ TEST(step_layout, accepts_freed_entries_before_the_window_only) {
     step_output out;
     try {
       build_step_layout(one(slice({1, 2}, num_computed, std::move(table))), pool(4, 8), c, false, "cpu", layout, out);
-    } catch (const invalid_request& e) {
-      return e.what();
-    }
+    } catch (const invalid_request& e) { return e.what(); }
     return "";
   };
   EXPECT_EQ(check(windowed, {no_block, no_block, 3, 4}), "");

@@ -24,8 +24,8 @@ sampling_params with_stops(std::vector<std::string> stops, bool include = false)
 }
 
 struct run_result {
-  std::string text;                   // everything streamed
-  std::vector<std::string> emitted;   // per append
+  std::string text;                  // everything streamed
+  std::vector<std::string> emitted;  // per append
   finish_reason reason = finish_reason::none;
   std::optional<int32_t> stop_string_index;
   std::optional<token_id> stop_token;
@@ -130,9 +130,8 @@ TEST(StopCheckerTest, MultiByteCharacters) {
   EXPECT_EQ(r.emitted, (std::vector<std::string>{"caf", ""}));
   EXPECT_EQ(r.reason, finish_reason::stop);
   // "世界" split over two tokens after "你好".
-  const run_result cjk =
-      feed(with_stops({"\xE4\xB8\x96\xE7\x95\x8C"}),
-           {"\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96", "\xE7\x95\x8C\xE3\x80\x82"});
+  const run_result cjk = feed(with_stops({"\xE4\xB8\x96\xE7\x95\x8C"}),
+                              {"\xE4\xBD\xA0\xE5\xA5\xBD\xE4\xB8\x96", "\xE7\x95\x8C\xE3\x80\x82"});
   EXPECT_EQ(cjk.text, "\xE4\xBD\xA0\xE5\xA5\xBD");
   // "é" not followed by "!": released whole.
   const run_result no_stop = feed(with_stops({"\xC3\xA9!"}), {"caf\xC3\xA9", "?"});

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "support/base64.hpp"
 #include "engine/base/error.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/text/tokenizer.hpp"
 #include "engine/text/tokenizer_pretokenize.hpp"
 #include "engine/text/unicode_tables.hpp"
+#include "support/base64.hpp"
 
 namespace tessera {
 namespace {
@@ -93,7 +93,8 @@ struct bpe_builder {
 };
 
 // Reference BPE: repeatedly merge the adjacent pair of lowest rank (leftmost first). Quadratic.
-std::vector<std::string> naive_bpe(const std::string& word, const std::vector<std::pair<std::string, std::string>>& merges) {
+std::vector<std::string> naive_bpe(const std::string& word,
+                                   const std::vector<std::pair<std::string, std::string>>& merges) {
   std::vector<std::string> syms;
   for (char c : word) syms.emplace_back(1, c);
   for (;;) {
@@ -143,18 +144,18 @@ TEST(UnicodeTables, CategoriesFromTheStandard) {
   EXPECT_EQ(unicode_flags_lookup('+'), uf::symbol);
   EXPECT_EQ(unicode_flags_lookup(' '), uf::separator | uf::whitespace);
   EXPECT_EQ(unicode_flags_lookup('\n'), uf::control | uf::whitespace);
-  EXPECT_EQ(unicode_flags_lookup(0x1F), uf::control);           // not White_Space, unlike str.isspace()
-  EXPECT_EQ(unicode_flags_lookup(0x4E2D), uf::letter);          // 中 (Lo, inside a First/Last range)
-  EXPECT_EQ(unicode_flags_lookup(0x0663), uf::number);          // ARABIC-INDIC DIGIT THREE
-  EXPECT_EQ(unicode_flags_lookup(0x2167), uf::number);          // ROMAN NUMERAL EIGHT (Nl)
-  EXPECT_EQ(unicode_flags_lookup(0x0301), uf::mark);            // COMBINING ACUTE ACCENT
+  EXPECT_EQ(unicode_flags_lookup(0x1F), uf::control);   // not White_Space, unlike str.isspace()
+  EXPECT_EQ(unicode_flags_lookup(0x4E2D), uf::letter);  // 中 (Lo, inside a First/Last range)
+  EXPECT_EQ(unicode_flags_lookup(0x0663), uf::number);  // ARABIC-INDIC DIGIT THREE
+  EXPECT_EQ(unicode_flags_lookup(0x2167), uf::number);  // ROMAN NUMERAL EIGHT (Nl)
+  EXPECT_EQ(unicode_flags_lookup(0x0301), uf::mark);    // COMBINING ACUTE ACCENT
   EXPECT_EQ(unicode_flags_lookup(0x3000), uf::separator | uf::whitespace);
   EXPECT_EQ(unicode_flags_lookup(0x0085), uf::control | uf::whitespace);
-  EXPECT_EQ(unicode_flags_lookup(0x200B), uf::control);         // ZERO WIDTH SPACE is Cf
-  EXPECT_EQ(unicode_flags_lookup(0xD800), uf::control);         // surrogate
-  EXPECT_EQ(unicode_flags_lookup(0xE000), uf::control);         // private use
-  EXPECT_EQ(unicode_flags_lookup(0x1F600), uf::symbol);         // 😀
-  EXPECT_EQ(unicode_flags_lookup(0x0378), uf::undefined);       // unassigned
+  EXPECT_EQ(unicode_flags_lookup(0x200B), uf::control);    // ZERO WIDTH SPACE is Cf
+  EXPECT_EQ(unicode_flags_lookup(0xD800), uf::control);    // surrogate
+  EXPECT_EQ(unicode_flags_lookup(0xE000), uf::control);    // private use
+  EXPECT_EQ(unicode_flags_lookup(0x1F600), uf::symbol);    // 😀
+  EXPECT_EQ(unicode_flags_lookup(0x0378), uf::undefined);  // unassigned
   EXPECT_EQ(unicode_flags_lookup(0x10FFFF), uf::undefined);
   EXPECT_EQ(unicode_flags_lookup(0x110000), uf::undefined);
 }
@@ -165,7 +166,11 @@ TEST(Utf8Lenient, MatchesLlamaCppDecoding) {
   EXPECT_EQ(cpts, (std::vector<uint32_t>{'a', 0xE9, 0x4E2D, 0x1F600}));
   cpts.clear();
   // Stray continuation, truncated 3-byte sequence followed by ASCII, 0xFF: one U+FFFD per byte.
-  decode_utf8_lenient("\x80" "\xE4\xB8" "x\xFF", cpts);
+  decode_utf8_lenient(
+      "\x80"
+      "\xE4\xB8"
+      "x\xFF",
+      cpts);
   EXPECT_EQ(cpts, (std::vector<uint32_t>{0xFFFD, 0xFFFD, 0xFFFD, 'x', 0xFFFD}));
   cpts.clear();
   // Overlong and surrogate forms are accepted as their (invalid) code points.
@@ -182,14 +187,17 @@ TEST(Pretokenize, Gpt2) {
   EXPECT_EQ(split(pretokenizer_kind::gpt2, "Hello world"), (pieces{"Hello", " world"}));
   EXPECT_EQ(split(pretokenizer_kind::gpt2, "it's 2024!!  ok"), (pieces{"it", "'s", " 2024", "!!", " ", " ok"}));
   EXPECT_EQ(split(pretokenizer_kind::gpt2, "a   b"), (pieces{"a", "  ", " b"}));
-  EXPECT_EQ(split(pretokenizer_kind::gpt2, "end   "), (pieces{"end", "   "}));  // trailing run stays whole
+  EXPECT_EQ(split(pretokenizer_kind::gpt2, "end   "), (pieces{"end", "   "}));          // trailing run stays whole
   EXPECT_EQ(split(pretokenizer_kind::gpt2, "x\n\ny"), (pieces{"x", "\n", "\n", "y"}));  // only ' ' prefixes a word
-  EXPECT_EQ(split(pretokenizer_kind::gpt2, "I'M"), (pieces{"I", "'", "M"}));  // case-sensitive contractions
+  EXPECT_EQ(split(pretokenizer_kind::gpt2, "I'M"), (pieces{"I", "'", "M"}));            // case-sensitive contractions
   EXPECT_EQ(split(pretokenizer_kind::gpt2, "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87"),
             (pieces{"caf\xC3\xA9", " \xE4\xB8\xAD\xE6\x96\x87"}));
   EXPECT_EQ(split(pretokenizer_kind::gpt2, " \xF0\x9F\x98\x80\xF0\x9F\x98\x80x"),
             (pieces{" \xF0\x9F\x98\x80\xF0\x9F\x98\x80", "x"}));
-  EXPECT_EQ(split(pretokenizer_kind::gpt2, "\xE3\x80\x80\xE3\x80\x80" "a"), (pieces{"\xE3\x80\x80", "\xE3\x80\x80", "a"}));
+  EXPECT_EQ(split(pretokenizer_kind::gpt2,
+                  "\xE3\x80\x80\xE3\x80\x80"
+                  "a"),
+            (pieces{"\xE3\x80\x80", "\xE3\x80\x80", "a"}));
   EXPECT_TRUE(split(pretokenizer_kind::gpt2, "").empty());
 }
 
@@ -277,7 +285,10 @@ TEST(BpeTokenizer, EveryByteStringRoundTripsAndInvalidBytesBecomeReplacement) {
   const std::string valid = "the \xE4\xB8\xAD\xF0\x9F\x98\x80 \t\n";
   EXPECT_EQ(tok.decode(tok.encode(valid)), valid);
   // llama.cpp turns each invalid byte into U+FFFD before byte encoding.
-  EXPECT_EQ(tok.decode(tok.encode("a\xFF" "b")), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(tok.decode(tok.encode("a\xFF"
+                                  "b")),
+            "a\xEF\xBF\xBD"
+            "b");
   EXPECT_EQ(tok.decode(tok.encode("\xE4\xB8")), "\xEF\xBF\xBD\xEF\xBF\xBD");
   std::mt19937 rng(3);
   for (int trial = 0; trial < 200; ++trial) {
@@ -582,9 +593,10 @@ TEST(SmolLmTokenizer, KnownStrings) {
   EXPECT_EQ(chat.front(), *tok->find_token("<|im_start|>"));
   EXPECT_EQ(tok->decode(chat), "<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_EQ(tok->decode(chat, true), "user\nHi\n");
-  for (const std::string s : {"", " ", "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
-                              "caf\xC3\xA9 na\xC3\xAFve \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
-                              "x = [1, 2, 3]; y = f(x) ** 2", "it's I'm we're they've"}) {
+  for (const std::string s :
+       {"", " ", "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
+        "caf\xC3\xA9 na\xC3\xAFve \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
+        "x = [1, 2, 3]; y = f(x) ** 2", "it's I'm we're they've"}) {
     EXPECT_EQ(tok->decode(tok->encode(s)), s);
   }
 }
@@ -663,7 +675,9 @@ TEST(SmolLmTokenizer, ParityWithLlamaCpp) {
       if (name.starts_with("smollm_parity") && name.ends_with(".jsonl")) files.push_back(e.path());
     }
   }
-  if (files.empty()) GTEST_SKIP() << "no fixture " << dir / "smollm_parity*.jsonl" << " (scripts/make_tokenizer_fixtures.py)";
+  if (files.empty())
+    GTEST_SKIP() << "no fixture " << dir / "smollm_parity*.jsonl"
+                 << " (scripts/make_tokenizer_fixtures.py)";
   const auto tok = load_smollm();
   if (!tok) GTEST_SKIP() << "model not found: " << k_model;
   std::map<std::string, std::shared_ptr<const tokenizer>> variants;
@@ -690,8 +704,8 @@ TEST(SmolLmTokenizer, ParityWithLlamaCpp) {
       const auto ids = tokenizer_for(c.pre)->encode(c.text, {.add_special = false, .parse_special = c.special});
       if (ids != c.ids && ++num_mismatches <= 20) {
         ADD_FAILURE() << file.filename() << " pre=" << c.pre << " special=" << c.special << " text (escaped) '"
-                      << ::testing::PrintToString(c.text) << "': " << ::testing::PrintToString(ids)
-                      << " vs llama.cpp " << ::testing::PrintToString(c.ids);
+                      << ::testing::PrintToString(c.text) << "': " << ::testing::PrintToString(ids) << " vs llama.cpp "
+                      << ::testing::PrintToString(c.ids);
       }
       if (valid_utf8(c.text)) {
         // Round trip, except for bytes the vocabulary has no token for (SmolLM2 lacks some ASCII

@@ -46,9 +46,7 @@ std::string refusal(const std::function<void(model_weights&)>& edit, const char*
   edit(w);
   try {
     check_weight_shapes(w, executor_name);
-  } catch (const load_error& e) {
-    return e.what();
-  }
+  } catch (const load_error& e) { return e.what(); }
   return "";
 }
 
@@ -62,7 +60,8 @@ TEST(weight_shapes, accepts_weights_of_the_configs_shape) {
 }
 
 TEST(weight_shapes, refuses_a_layer_count_the_config_does_not_have) {
-  EXPECT_EQ(refusal([](model_weights& w) { w.layers.pop_back(); }), "cpu executor: layer count does not match the config");
+  EXPECT_EQ(refusal([](model_weights& w) { w.layers.pop_back(); }),
+            "cpu executor: layer count does not match the config");
   EXPECT_EQ(refusal([](model_weights& w) { w.layers.push_back(w.layers[0]); }, "cuda"),
             "cuda executor: layer count does not match the config");
 }
@@ -74,7 +73,10 @@ TEST(weight_shapes, refuses_an_unusable_token_embedding) {
   EXPECT_EQ(refusal([](model_weights& w) { w.token_embedding.cols = 32; }), msg);
   EXPECT_EQ(refusal([](model_weights& w) { w.token_embedding.type = ggml_type::q8_k; }), msg);
   // Tied, the embedding is checked once more as the LM head: a bad row stride is named there.
-  EXPECT_EQ(refusal([](model_weights& w) { w.output = weight_tensor{}; w.token_embedding.row_stride_bytes = 8; }),
+  EXPECT_EQ(refusal([](model_weights& w) {
+              w.output = weight_tensor{};
+              w.token_embedding.row_stride_bytes = 8;
+            }),
             "cpu executor: weight output has a bad row stride");
 }
 
@@ -87,8 +89,9 @@ TEST(weight_shapes, refuses_a_matrix_of_the_wrong_shape_or_missing) {
             "cpu executor: weight wo ('" + wo + "') has shape [64, 32], expected [64, 64]");
   // Missing reads as a shape mismatch (the shape it would have had, as both executors always said).
   const std::string down = dummy()->layers[1].w_down.name;
-  EXPECT_EQ(refusal([](model_weights& w) { w.layers[1].w_down.data = nullptr; }).rfind(
-                "cpu executor: weight w_down ('" + down + "') has shape ", 0),
+  EXPECT_EQ(refusal([](model_weights& w) {
+              w.layers[1].w_down.data = nullptr;
+            }).rfind("cpu executor: weight w_down ('" + down + "') has shape ", 0),
             0u);
   const std::string out = dummy()->output.name;
   EXPECT_EQ(refusal([](model_weights& w) { w.output.rows = 301; }),
@@ -100,15 +103,16 @@ TEST(weight_shapes, refuses_rows_closer_than_their_encoding) {
             "cpu executor: weight w_up has a bad row stride");
   // Q8_0 encodes 32 values per block: rows of 100 columns do not exist in it.
   const std::string down = dummy()->layers[0].w_down.name;
-  EXPECT_EQ(refusal([](model_weights& w) {
-              w.config.intermediate_size = 100;
-              for (layer_weights& l : w.layers) {
-                l.w_gate.rows = l.w_up.rows = 100;
-                l.w_down.cols = 100;
-                l.w_down.type = ggml_type::q8_0;
-              }
-            }),
-            "cpu executor: weight w_down ('" + down + "') has 100 columns, not a multiple of the 32-value blocks of Q8_0");
+  EXPECT_EQ(
+      refusal([](model_weights& w) {
+        w.config.intermediate_size = 100;
+        for (layer_weights& l : w.layers) {
+          l.w_gate.rows = l.w_up.rows = 100;
+          l.w_down.cols = 100;
+          l.w_down.type = ggml_type::q8_0;
+        }
+      }),
+      "cpu executor: weight w_down ('" + down + "') has 100 columns, not a multiple of the 32-value blocks of Q8_0");
   // The K-quants' blocks are 256 values: a 64-column Q4_K matrix is refused the same way.
   const std::string wq = dummy()->layers[0].wq.name;
   EXPECT_EQ(refusal([](model_weights& w) { w.layers[0].wq.type = ggml_type::q4_k; }, "cuda"),
@@ -117,10 +121,12 @@ TEST(weight_shapes, refuses_rows_closer_than_their_encoding) {
 
 TEST(weight_shapes, refuses_a_type_nothing_decodes) {
   // Q8_1 is an activation format: its size is known, but no weight of it can be dequantized.
-  EXPECT_EQ(refusal([](model_weights& w) {
-              w.layers[1].wv.type = ggml_type::q8_1;
-              w.layers[1].wv.row_stride_bytes = row_bytes(ggml_type::q8_1, 64);
-            }, "cuda"),
+  EXPECT_EQ(refusal(
+                [](model_weights& w) {
+                  w.layers[1].wv.type = ggml_type::q8_1;
+                  w.layers[1].wv.row_stride_bytes = row_bytes(ggml_type::q8_1, 64);
+                },
+                "cuda"),
             "cuda executor: weight wv has unsupported type Q8_1");
 }
 

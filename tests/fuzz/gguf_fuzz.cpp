@@ -58,8 +58,8 @@ void exercise(const std::shared_ptr<const gguf_file>& file, std::string_view ima
     touch_weight(weights->output);
     for (const auto& l : weights->layers) {
       for (const weight_tensor* w :
-           {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.bq,
-            &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm}) {
+           {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.bq, &l.bk, &l.bv,
+            &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm}) {
         touch_weight(*w);
       }
     }

@@ -13,18 +13,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <ostream>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <numeric>
+#include <ostream>
 #include <string>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/model/dummy_weights.hpp"
 #include "engine/base/error.hpp"
 #include "engine/llm_engine.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "engine/model/model_loader.hpp"
 #include "engine/model/rope.hpp"
 #include "gpu/kernels.hpp"
@@ -44,7 +44,9 @@ sequence_slice slice(uint64_t id, std::vector<token_id> tokens, int32_t num_comp
   return test_support::make_slice(id, std::move(tokens), num_computed, std::move(table), mode);
 }
 
-std::vector<token_id> tokens(int32_t n, int32_t seed, int32_t vocab) { return test_support::pseudo_tokens(n, seed, vocab); }
+std::vector<token_id> tokens(int32_t n, int32_t seed, int32_t vocab) {
+  return test_support::pseudo_tokens(n, seed, vocab);
+}
 
 token_id argmax(std::span<const float> row) {
   return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
@@ -90,8 +92,8 @@ class step_comparison {
     for (size_t i = 0; i < std::min(oc.logits.size(), og.logits.size()); ++i) {
       worst = std::max(worst, double(std::fabs(oc.logits[i] - og.logits[i])));
       if (!(std::fabs(oc.logits[i] - og.logits[i]) <= tol)) {
-        ADD_FAILURE() << label_ << ": " << what << ": logit " << i << " cpu " << oc.logits[i] << " cuda " << og.logits[i]
-                      << " (tol " << tol << ")";
+        ADD_FAILURE() << label_ << ": " << what << ": logit " << i << " cpu " << oc.logits[i] << " cuda "
+                      << og.logits[i] << " (tol " << tol << ")";
         break;
       }
     }
@@ -443,9 +445,7 @@ TEST_P(CudaExecutor, ConstrainedSamplingThroughTheEngineEqualsTheCpuExecutor) {
     for (int32_t step = 0; step < 1000 && engine.has_unfinished(); ++step) {
       for (const request_output& o : engine.step()) {
         EXPECT_TRUE(o.error.empty()) << o.error;
-        if (o.finished) {
-          EXPECT_EQ(o.reason, finish_reason::stop);
-        }
+        if (o.finished) { EXPECT_EQ(o.reason, finish_reason::stop); }
         auto& t = out[{o.id, o.index}];
         t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
       }
@@ -472,7 +472,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, CudaExecutor,
                                            executor_case{rope_style::half, cuda_dtype::f32, true}),
                          [](const ::testing::TestParamInfo<executor_case>& p) {
                            return std::string(p.param.rope == rope_style::half ? "half" : "interleaved") + "_" +
-                                  (p.param.dtype == cuda_dtype::f32 ? "f32" : "bf16") + (p.param.graphs ? "_graphs" : "");
+                                  (p.param.dtype == cuda_dtype::f32 ? "f32" : "bf16") +
+                                  (p.param.graphs ? "_graphs" : "");
                          });
 
 TEST(CudaExecutorSizing, GpuMemoryUtilizationSizesThePool) {
@@ -508,9 +509,10 @@ std::vector<token_id> greedy(executor& exec, const std::vector<token_id>& prompt
   for (size_t at = 0; at < prompt.size(); at += 64) {
     step_batch b;
     const size_t end = std::min(prompt.size(), at + 64);
-    b.seqs.push_back(slice(1, {prompt.begin() + static_cast<std::ptrdiff_t>(at), prompt.begin() + static_cast<std::ptrdiff_t>(end)},
-                           static_cast<int32_t>(at), table,
-                           end == prompt.size() ? sequence_slice::logits_mode::last : sequence_slice::logits_mode::none));
+    b.seqs.push_back(
+        slice(1, {prompt.begin() + static_cast<std::ptrdiff_t>(at), prompt.begin() + static_cast<std::ptrdiff_t>(end)},
+              static_cast<int32_t>(at), table,
+              end == prompt.size() ? sequence_slice::logits_mode::last : sequence_slice::logits_mode::none));
     exec.execute(b, o);
   }
   out.push_back(argmax(o.row(0)));
@@ -567,9 +569,8 @@ TEST(CudaRealModel, GreedyOutputEqualsTheCpuExecutorTokenForToken) {
   const auto gpu32 = make_cuda_executor(m.weights, go);
   go.dtype = cuda_dtype::bf16;
   const auto gpu16 = make_cuda_executor(m.weights, go);
-  const std::vector<std::string> prompts = {
-      "The capital of France is", "def fibonacci(n):\n    ",
-      "Paged attention stores the key-value cache in fixed-size blocks, so that"};
+  const std::vector<std::string> prompts = {"The capital of France is", "def fibonacci(n):\n    ",
+                                            "Paged attention stores the key-value cache in fixed-size blocks, so that"};
   for (const std::string& text : prompts) {
     encode_options eo;
     eo.add_special = m.tok->add_bos();
@@ -591,8 +592,8 @@ TEST(CudaRealModel, GreedyOutputEqualsTheCpuExecutorTokenForToken) {
     size_t agree = 0;
     while (agree < want.size() && got16[agree] == want[agree]) ++agree;
     std::printf("  bf16 vs exact: max |logit diff| %.3g of range %.3g\n", double(worst), double(range));
-    std::printf("  %-60.60s cpu: %s | bf16 agrees for %zu/%d tokens\n", text.c_str(),
-                m.tok->decode(want).c_str(), agree, n);
+    std::printf("  %-60.60s cpu: %s | bf16 agrees for %zu/%d tokens\n", text.c_str(), m.tok->decode(want).c_str(),
+                agree, n);
   }
 }
 
@@ -751,18 +752,18 @@ TEST_P(CudaTinyModel, GreedyThroughTheEngineEqualsTheCpuExecutor) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTinyModel,
-                         ::testing::Values(fixture_case{"llama", cuda_dtype::f32}, fixture_case{"llama", cuda_dtype::bf16},
-                                           fixture_case{"qwen2", cuda_dtype::f32}, fixture_case{"qwen2", cuda_dtype::bf16},
-                                           fixture_case{"qwen3", cuda_dtype::f32}, fixture_case{"qwen3", cuda_dtype::bf16},
-                                           fixture_case{"mistral", cuda_dtype::f32},
-                                           fixture_case{"mistral", cuda_dtype::bf16},
-                                           fixture_case{"gemma2", cuda_dtype::f32}, fixture_case{"gemma2", cuda_dtype::bf16},
-                                           fixture_case{"gemma3", cuda_dtype::f32}, fixture_case{"gemma3", cuda_dtype::bf16},
-                                           fixture_case{"phi3", cuda_dtype::f32}, fixture_case{"phi3", cuda_dtype::bf16}),
-                         [](const ::testing::TestParamInfo<fixture_case>& p) {
-                           return std::string(p.param.arch) + (p.param.dtype == cuda_dtype::f32 ? "_f32" : "_bf16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaTinyModel,
+    ::testing::Values(fixture_case{"llama", cuda_dtype::f32}, fixture_case{"llama", cuda_dtype::bf16},
+                      fixture_case{"qwen2", cuda_dtype::f32}, fixture_case{"qwen2", cuda_dtype::bf16},
+                      fixture_case{"qwen3", cuda_dtype::f32}, fixture_case{"qwen3", cuda_dtype::bf16},
+                      fixture_case{"mistral", cuda_dtype::f32}, fixture_case{"mistral", cuda_dtype::bf16},
+                      fixture_case{"gemma2", cuda_dtype::f32}, fixture_case{"gemma2", cuda_dtype::bf16},
+                      fixture_case{"gemma3", cuda_dtype::f32}, fixture_case{"gemma3", cuda_dtype::bf16},
+                      fixture_case{"phi3", cuda_dtype::f32}, fixture_case{"phi3", cuda_dtype::bf16}),
+    [](const ::testing::TestParamInfo<fixture_case>& p) {
+      return std::string(p.param.arch) + (p.param.dtype == cuda_dtype::f32 ? "_f32" : "_bf16");
+    });
 
 // The GGUF files of the fixtures (llama.cpp's conversion: Q/K permuted for the interleaved RoPE
 // layout, Gemma's norms +1, Phi-3's fused tensors; F16 and Q8_0, dequantized to fp32 by both

@@ -2,8 +2,8 @@
 // count 1..8, accumulate on and off over a prefilled output, a row stride larger than n (the gap must
 // be left alone), column counts that leave a CTA part-empty, k with tails of the unrolled loop, every
 // tuning (warps per column, columns per warp); the shapes it refuses; and the CUDA executor with the
-// kernel switched on against the CPU executor. Runs on a GPU and under the CPU emulation of CUDA (gpu_gemv_test_emu in CI,
-// where shapes stay small: an emulated kernel is ~1000x slower than a GPU).
+// kernel switched on against the CPU executor. Runs on a GPU and under the CPU emulation of CUDA (gpu_gemv_test_emu in
+// CI, where shapes stay small: an emulated kernel is ~1000x slower than a GPU).
 #include "gpu/gemv.hpp"
 
 #include <gtest/gtest.h>
@@ -44,8 +44,7 @@ struct gemv_case {
 std::string describe(elem e, const gemv_case& c) {
   return std::string(e == elem::f32 ? "f32" : "bf16") + " n " + std::to_string(c.n) + " k " + std::to_string(c.k) +
          " rows " + std::to_string(c.rows) + (c.accumulate ? " accumulate" : "") + " ldc n+" +
-         std::to_string(c.ldc_pad) + " split " + std::to_string(c.split) +
-         " columns " + std::to_string(c.columns);
+         std::to_string(c.ldc_pad) + " split " + std::to_string(c.split) + " columns " + std::to_string(c.columns);
 }
 
 class SmallBatchGemm : public device_fixture<> {
@@ -153,9 +152,9 @@ TEST(SmallBatchGemmSupport, RefusesWhatTheKernelCannotRun) {
   EXPECT_TRUE(small_batch_gemm_supports(wf, 4, 16, xf, 1));
   EXPECT_TRUE(small_batch_gemm_supports(wf, 4, 16, xf, kMaxGemvRows));
   EXPECT_TRUE(small_batch_gemm_supports(wb, 4, 16, xb, 3));
-  EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 16, xf, 0));                // no rows
-  EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 16, xf, kMaxGemvRows + 1)); // cuBLAS's job
-  EXPECT_FALSE(small_batch_gemm_supports(wf, 0, 16, xf, 1));                // no columns
+  EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 16, xf, 0));                 // no rows
+  EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 16, xf, kMaxGemvRows + 1));  // cuBLAS's job
+  EXPECT_FALSE(small_batch_gemm_supports(wf, 0, 16, xf, 1));                 // no columns
   EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 0, xf, 1));
   EXPECT_FALSE(small_batch_gemm_supports(wf, 4, 6, xf, 1));   // fp32 k not a multiple of 4
   EXPECT_FALSE(small_batch_gemm_supports(wb, 4, 12, xb, 1));  // bf16 k not a multiple of 8
@@ -206,7 +205,8 @@ void PrintTo(const executor_case& c, std::ostream* os) {
 
 class CudaExecutorSmallBatchGemm : public ::testing::TestWithParam<executor_case> {};
 
-// Prefill (160 rows: cuBLAS, but its LM head has 8 rows: the kernel), then decode steps of 1, 3, 8 rows and a 5-token prompt chunk
+// Prefill (160 rows: cuBLAS, but its LM head has 8 rows: the kernel), then decode steps of 1, 3, 8 rows and a 5-token
+// prompt chunk
 // (<= 8 rows: the small-batch kernel for every projection and the LM head), against the CPU executor;
 // the same steps on a CUDA executor with the kernel off show how far the two GEMMs differ.
 TEST_P(CudaExecutorSmallBatchGemm, SameLogitsAsTheCpuExecutor) {
@@ -284,7 +284,8 @@ TEST_P(CudaExecutorSmallBatchGemm, SameLogitsAsTheCpuExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaExecutorSmallBatchGemm,
-                         ::testing::Values(executor_case{cuda_dtype::f32, false}, executor_case{cuda_dtype::bf16, false},
+                         ::testing::Values(executor_case{cuda_dtype::f32, false},
+                                           executor_case{cuda_dtype::bf16, false},
                                            executor_case{cuda_dtype::bf16, true}));
 
 }  // namespace

@@ -23,7 +23,6 @@
 namespace tessera::gpu {
 namespace {
 
-
 class GpuKernels : public device_fixture<> {
  protected:
   static bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
@@ -48,7 +47,8 @@ TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
   got = download(out16, size_t(rows) * hidden);
   for (int32_t r = 0; r < rows; ++r) {
     if (r == 5) continue;
-    for (int32_t i = 0; i < hidden; ++i) ASSERT_EQ(got[size_t(r) * hidden + i], bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]));
+    for (int32_t i = 0; i < hidden; ++i)
+      ASSERT_EQ(got[size_t(r) * hidden + i], bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]));
   }
   // Gemma's sqrt(hidden) scale, in fp32 after the lookup (as the CPU executor).
   const float scale = std::sqrt(float(hidden));
@@ -57,7 +57,8 @@ TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
   got = download(scaled, size_t(rows) * hidden);
   for (int32_t r = 0; r < rows; ++r) {
     for (int32_t i = 0; i < hidden; ++i) {
-      ASSERT_EQ(got[size_t(r) * hidden + i], r == 5 ? 0.0f : bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]) * scale);
+      ASSERT_EQ(got[size_t(r) * hidden + i],
+                r == 5 ? 0.0f : bf16_to_fp32(table16[size_t(ids[r]) * hidden + i]) * scale);
     }
   }
 }
@@ -74,7 +75,8 @@ TEST_P(GpuNorm, AddRmsNormMatchesCpu) {
   auto weight = random_floats(hidden, 4);
   std::vector<float> sum(residual.size()), want(residual.size());
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + x[i];
-  for (int32_t r = 0; r < rows; ++r) ref::rms_norm(&sum[size_t(r) * hidden], weight.data(), &want[size_t(r) * hidden], hidden, eps);
+  for (int32_t r = 0; r < rows; ++r)
+    ref::rms_norm(&sum[size_t(r) * hidden], weight.data(), &want[size_t(r) * hidden], hidden, eps);
 
   float* d_res = upload(residual);
   float* out = alloc(residual.size());
@@ -100,7 +102,8 @@ TEST_P(GpuNorm, RmsNormRowsNormalisesOnlyTheChosenRows) {
   auto weight = random_floats(hidden, 22);
   const std::vector<int32_t> pick = {8, 0, 3};
   std::vector<float> want(pick.size() * hidden);
-  for (size_t r = 0; r < pick.size(); ++r) ref::rms_norm(&x[size_t(pick[r]) * hidden], weight.data(), &want[r * hidden], hidden, 1e-6f);
+  for (size_t r = 0; r < pick.size(); ++r)
+    ref::rms_norm(&x[size_t(pick[r]) * hidden], weight.data(), &want[r * hidden], hidden, 1e-6f);
   float* out = alloc(want.size());
   rms_norm_rows(out, upload(x), upload(pick), upload(weight), 3, hidden, 1e-6f, nullptr);
   const auto got = download(out, want.size());
@@ -119,7 +122,8 @@ TEST_P(GpuNorm, PostNormAddRmsNormMatchesCpu) {
   std::vector<float> sum(residual.size()), want(residual.size()), normed(hidden);
   for (int32_t r = 0; r < rows; ++r) {
     ref::rms_norm(&y[size_t(r) * hidden], post_w.data(), normed.data(), hidden, eps);
-    for (int32_t i = 0; i < hidden; ++i) sum[size_t(r) * hidden + i] = residual[size_t(r) * hidden + i] + normed[size_t(i)];
+    for (int32_t i = 0; i < hidden; ++i)
+      sum[size_t(r) * hidden + i] = residual[size_t(r) * hidden + i] + normed[size_t(i)];
     ref::rms_norm(&sum[size_t(r) * hidden], weight.data(), &want[size_t(r) * hidden], hidden, eps);
   }
   const float* d_y = upload(y);
@@ -237,7 +241,8 @@ TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
   // 11 tokens of two sequences at scattered positions / slots (block tables out of order).
   const std::vector<int32_t> positions = {0, 1, 2, 15, 16, 17, 40, 3, 4, 1000, 4094};  // no two share a slot
   std::vector<int32_t> slots;
-  for (size_t t = 0; t < positions.size(); ++t) slots.push_back(int32_t((t * 5 + 3) % num_blocks) * g.block_size + positions[t] % g.block_size);
+  for (size_t t = 0; t < positions.size(); ++t)
+    slots.push_back(int32_t((t * 5 + 3) % num_blocks) * g.block_size + positions[t] % g.block_size);
   auto qkv = random_floats(positions.size() * stride, 7);
   const auto freq = ref::inv_freq(c.rope_dims, 10000.0f);
   const size_t cache_elems = size_t(num_blocks) * g.block_elems();
@@ -284,7 +289,8 @@ TEST_P(GpuRopeKv, MatchesCpuAndWritesTheRightSlots) {
   }
   const auto got_qkv = download(a.qkv, qkv.size());
   // The rows' processed Q|K|V (with biases and norms, V too); the padding past them untouched.
-  for (size_t i = 0; i < qkv.size(); ++i) ASSERT_NEAR(got_qkv[i], want_qkv[i], 2e-5 * (1 + std::fabs(want_qkv[i]))) << i;
+  for (size_t i = 0; i < qkv.size(); ++i)
+    ASSERT_NEAR(got_qkv[i], want_qkv[i], 2e-5 * (1 + std::fabs(want_qkv[i]))) << i;
   // Every element of the cache: written slots equal, untouched ones still zero.
   for (size_t i = 0; i < cache_elems; ++i) ASSERT_NEAR(got_kv[i], want_kv[i], 1e-2 * (1 + std::fabs(want_kv[i]))) << i;
 }
@@ -411,7 +417,8 @@ TEST_P(GpuAttention, MatchesCpuReference) {
     if (c.num_splits > 1) plan = {c.num_splits, (walk + c.num_splits - 1) / c.num_splits};
     a.num_splits = plan.num_splits;
     a.partition_size = plan.partition_size;
-    if (plan.num_splits > 1) a.workspace = alloc(size_t(attention_workspace_floats(T, c.num_heads, c.head_dim, plan.num_splits)));
+    if (plan.num_splits > 1)
+      a.workspace = alloc(size_t(attention_workspace_floats(T, c.num_heads, c.head_dim, plan.num_splits)));
   };
   std::vector<float> got;
   if (c.bf16) {
@@ -432,31 +439,29 @@ TEST_P(GpuAttention, MatchesCpuReference) {
     got = download(out, out_elems);
   }
   const double tol = c.bf16 ? 1e-2 : 2e-5;
-  for (size_t i = 0; i < out_elems; ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+  for (size_t i = 0; i < out_elems; ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuAttention,
-    ::testing::Values(attention_case{64, 9, 3, false, 0, false},     // SmolLM2: group 3
+    ::testing::Values(attention_case{64, 9, 3, false, 0, false},  // SmolLM2: group 3
                       attention_case{64, 9, 3, true, 0, false},
-                      attention_case{128, 32, 8, false, 0, true},    // Llama-3-8B: group 4, bf16
+                      attention_case{128, 32, 8, false, 0, true},  // Llama-3-8B: group 4, bf16
                       attention_case{128, 32, 8, true, 0, true},
-                      attention_case{128, 28, 4, false, 3, true},    // Qwen2.5-7B: group 7, split-KV
-                      attention_case{128, 12, 1, false, 4, false},   // MQA, group 12 > 8: two CTAs per KV head
-                      attention_case{64, 8, 4, false, 2, true},      // group 2, split-KV, bf16
-                      attention_case{256, 4, 4, true, 0, false},     // MHA, largest head
-                      attention_case{64, 8, 2, true, 7, false},      // split with partitions past some contexts
+                      attention_case{128, 28, 4, false, 3, true},   // Qwen2.5-7B: group 7, split-KV
+                      attention_case{128, 12, 1, false, 4, false},  // MQA, group 12 > 8: two CTAs per KV head
+                      attention_case{64, 8, 4, false, 2, true},     // group 2, split-KV, bf16
+                      attention_case{256, 4, 4, true, 0, false},    // MHA, largest head
+                      attention_case{64, 8, 2, true, 7, false},     // split with partitions past some contexts
                       // Sliding windows that cut through blocks (16 positions): 24 on a 37- and a
                       // 301-position context (a 16-position one is all inside), decode and chunks;
                       // split over the window (partitions past a short context's window left empty)
-                      attention_case{64, 8, 2, false, 0, false, 24},
-                      attention_case{64, 4, 1, true, 0, true, 24},
-                      attention_case{128, 32, 8, false, 3, true, 200},
-                      attention_case{64, 8, 4, true, 4, false, 100},
+                      attention_case{64, 8, 2, false, 0, false, 24}, attention_case{64, 4, 1, true, 0, true, 24},
+                      attention_case{128, 32, 8, false, 3, true, 200}, attention_case{64, 8, 4, true, 4, false, 100},
                       // soft-capped scores (Gemma 2), with a window and a split; head_dim 32 (Qwen3)
                       attention_case{256, 8, 4, false, 0, false, 0, 3.0f},
-                      attention_case{64, 4, 1, true, 3, false, 24, 3.0f},
-                      attention_case{32, 4, 1, false, 0, false},
+                      attention_case{64, 4, 1, true, 3, false, 24, 3.0f}, attention_case{32, 4, 1, false, 0, false},
                       attention_case{32, 16, 2, true, 2, true, 50, 3.0f}));
 
 TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
@@ -531,7 +536,8 @@ TEST(ReferenceSelfCheck, WindowedSoftCappedAttentionEqualsDenseAttentionOverTheW
   }
   for (int d = 0; d < 64; ++d) {
     double o = 0;
-    for (int32_t j = n - window; j < n; ++j) o += w[size_t(j - (n - window))] * kv[size_t(g.offset(table[j / 4], 0, 1, 0, j % 4) + d)];
+    for (int32_t j = n - window; j < n; ++j)
+      o += w[size_t(j - (n - window))] * kv[size_t(g.offset(table[j / 4], 0, 1, 0, j % 4) + d)];
     ASSERT_NEAR(got[size_t(d)], o / sum, 1e-5);
   }
 }
@@ -555,7 +561,8 @@ TEST(ReferenceSelfCheck, RopeStylesAreTheSameRotationUpToAPermutation) {
   }
   // And it is a rotation: norms of each pair are kept.
   for (int32_t i = 0; i < d / 2; ++i) {
-    EXPECT_NEAR(std::hypot(inter[size_t(2 * i)], inter[size_t(2 * i + 1)]), std::hypot(v[size_t(2 * i)], v[size_t(2 * i + 1)]), 1e-5);
+    EXPECT_NEAR(std::hypot(inter[size_t(2 * i)], inter[size_t(2 * i + 1)]),
+                std::hypot(v[size_t(2 * i)], v[size_t(2 * i + 1)]), 1e-5);
   }
 }
 
@@ -566,8 +573,8 @@ TEST(ReferenceSelfCheck, SplitPlanOnlySplitsWhenTheGpuWouldIdle) {
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 32768);
   EXPECT_GE(p.partition_size, 256);
-  EXPECT_EQ(p.partition_size % 128, 0);                               // whole tiles of positions
-  const split_plan shortish = plan_attention_split(1, 8, 600, 132);   // batch-1 decode at 600
+  EXPECT_EQ(p.partition_size % 128, 0);                              // whole tiles of positions
+  const split_plan shortish = plan_attention_split(1, 8, 600, 132);  // batch-1 decode at 600
   EXPECT_EQ(shortish.num_splits, 3);
   EXPECT_GE(int64_t{shortish.num_splits} * shortish.partition_size, 600);
 }

@@ -221,18 +221,10 @@ void ldmatrix_mma(float* d, const uint16_t* a, const uint16_t* b, int k, mma_var
   if (k <= 0 || k > kMaxK || k % step != 0)
     throw std::invalid_argument("ldmatrix_mma: k must be a multiple of K up to 64");
   switch (v) {
-    case mma_variant::m16n8k16_bf16:
-      launch_ldmatrix_mma<mma_variant::m16n8k16_bf16>(d, a, b, k, b_transposed);
-      break;
-    case mma_variant::m16n8k16_f16:
-      launch_ldmatrix_mma<mma_variant::m16n8k16_f16>(d, a, b, k, b_transposed);
-      break;
-    case mma_variant::m16n8k8_bf16:
-      launch_ldmatrix_mma<mma_variant::m16n8k8_bf16>(d, a, b, k, b_transposed);
-      break;
-    case mma_variant::m16n8k8_f16:
-      launch_ldmatrix_mma<mma_variant::m16n8k8_f16>(d, a, b, k, b_transposed);
-      break;
+    case mma_variant::m16n8k16_bf16: launch_ldmatrix_mma<mma_variant::m16n8k16_bf16>(d, a, b, k, b_transposed); break;
+    case mma_variant::m16n8k16_f16: launch_ldmatrix_mma<mma_variant::m16n8k16_f16>(d, a, b, k, b_transposed); break;
+    case mma_variant::m16n8k8_bf16: launch_ldmatrix_mma<mma_variant::m16n8k8_bf16>(d, a, b, k, b_transposed); break;
+    case mma_variant::m16n8k8_f16: launch_ldmatrix_mma<mma_variant::m16n8k8_f16>(d, a, b, k, b_transposed); break;
   }
   check_launch("ldmatrix_mma_kernel");
 }

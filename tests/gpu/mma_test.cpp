@@ -38,14 +38,10 @@ bool is_bf16(mma_variant v) { return v == mma_variant::m16n8k16_bf16 || v == mma
 
 std::string name_of(mma_variant v) {
   switch (v) {
-    case mma_variant::m16n8k16_bf16:
-      return "m16n8k16_bf16";
-    case mma_variant::m16n8k16_f16:
-      return "m16n8k16_f16";
-    case mma_variant::m16n8k8_bf16:
-      return "m16n8k8_bf16";
-    case mma_variant::m16n8k8_f16:
-      return "m16n8k8_f16";
+    case mma_variant::m16n8k16_bf16: return "m16n8k16_bf16";
+    case mma_variant::m16n8k16_f16: return "m16n8k16_f16";
+    case mma_variant::m16n8k8_bf16: return "m16n8k8_bf16";
+    case mma_variant::m16n8k8_f16: return "m16n8k8_f16";
   }
   return "?";
 }

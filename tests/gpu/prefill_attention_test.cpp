@@ -28,7 +28,6 @@
 namespace tessera::gpu {
 namespace {
 
-
 // ---- the tile plan (host only) -------------------------------------------------------------------
 
 TEST(PrefillTilePlan, TokensPerTileFollowTheGqaGroup) {
@@ -55,16 +54,15 @@ TEST(PrefillTilePlan, CoversEveryTokenOnceLongestContextFirst) {
     ASSERT_LE(t.num_tokens, tt);
     // Inside its chunk, with the chunk's row and consistent positions.
     const auto c = std::find_if(chunks.begin(), chunks.end(), [&](const prefill_tile& chunk) {
-      return chunk.num_tokens > 0 && t.token_begin >= chunk.token_begin && t.token_begin < chunk.token_begin + chunk.num_tokens;
+      return chunk.num_tokens > 0 && t.token_begin >= chunk.token_begin &&
+             t.token_begin < chunk.token_begin + chunk.num_tokens;
     });
     ASSERT_NE(c, chunks.end());
     EXPECT_EQ(t.table_row, c->table_row);
     EXPECT_EQ(t.first_position - c->first_position, t.token_begin - c->token_begin);
     EXPECT_LE(t.token_begin + t.num_tokens, c->token_begin + c->num_tokens);
     for (int32_t k = 0; k < t.num_tokens; ++k) ++seen[size_t(t.token_begin + k)];
-    if (i > 0) {
-      EXPECT_GE(tiles[i - 1].first_position + tiles[i - 1].num_tokens, t.first_position + t.num_tokens);
-    }
+    if (i > 0) { EXPECT_GE(tiles[i - 1].first_position + tiles[i - 1].num_tokens, t.first_position + t.num_tokens); }
   }
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 108);
   EXPECT_EQ(tiles.size(), size_t(3 + 5 + 1));  // ceil(37/16) + ceil(70/16) + 1
@@ -82,7 +80,7 @@ TEST(PrefillTilePlan, SplitsOnlyFewTilesOverLongContexts) {
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 16384 + 64);
   EXPECT_GE(p.partition_size, 512);
   EXPECT_EQ(p.partition_size % 32, 0);
-  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);  // about 2 CTAs per SM, not more
+  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);                      // about 2 CTAs per SM, not more
   EXPECT_EQ(plan_prefill_split(4, 96, 32, 8, 16384, 132).num_splits, 1);  // unsupported shape
 }
 
@@ -146,14 +144,16 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
   const std::vector<int32_t> num_new = {37, 70, 33, 1};
   const auto num_seqs = int32_t(num_computed.size());
   int32_t max_blocks = 0;
-  for (int32_t s = 0; s < num_seqs; ++s) max_blocks = std::max(max_blocks, (num_computed[s] + num_new[s] + bs - 1) / bs);
+  for (int32_t s = 0; s < num_seqs; ++s)
+    max_blocks = std::max(max_blocks, (num_computed[s] + num_new[s] + bs - 1) / bs);
   const int32_t num_blocks = num_seqs * max_blocks + 3;
   std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(21));
   std::vector<int32_t> tables(size_t(num_seqs) * max_blocks, 0);
   for (int32_t s = 0, next = 0; s < num_seqs; ++s)
-    for (int32_t b = 0; b < (num_computed[s] + num_new[s] + bs - 1) / bs; ++b) tables[size_t(s) * max_blocks + b] = perm[size_t(next++)];
+    for (int32_t b = 0; b < (num_computed[s] + num_new[s] + bs - 1) / bs; ++b)
+      tables[size_t(s) * max_blocks + b] = perm[size_t(next++)];
 
   // Batch rows: [gap][seq 0][gap][seq 1][seq 2][gap][seq 3]: the gaps are rows of no tile.
   std::vector<int32_t> context, token_seq;
@@ -216,7 +216,8 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
       // Left unwritten (the emulation fills fresh allocations with NaN): the kernels must write every
       // partial they read.
       float* ws = nullptr;
-      const auto ws_floats = size_t(prefill_workspace_floats(a.num_tiles, tile_tokens, c.num_heads, c.head_dim, a.num_splits));
+      const auto ws_floats =
+          size_t(prefill_workspace_floats(a.num_tiles, tile_tokens, c.num_heads, c.head_dim, a.num_splits));
       CUDA_CHECK(cudaMalloc(&ws, ws_floats * sizeof(float)));
       allocations_.push_back(ws);
       a.workspace = ws;
@@ -258,9 +259,8 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuPrefillAttention,
-    ::testing::Values(prefill_case{64, 9, 3, 16, false},    // SmolLM2: group 3, 21-token tiles
-                      prefill_case{64, 9, 3, 16, true},
-                      prefill_case{128, 32, 8, 16, true},   // Llama-3-8B: group 4
+    ::testing::Values(prefill_case{64, 9, 3, 16, false},  // SmolLM2: group 3, 21-token tiles
+                      prefill_case{64, 9, 3, 16, true}, prefill_case{128, 32, 8, 16, true},  // Llama-3-8B: group 4
                       prefill_case{128, 32, 8, 8, false},   // 8-position blocks: each K tile spans two
                       prefill_case{128, 28, 4, 16, true},   // Qwen2.5-7B: group 7, 9-token tiles
                       prefill_case{128, 8, 1, 32, false},   // MQA group 8; blocks larger than a K tile
@@ -269,22 +269,17 @@ INSTANTIATE_TEST_SUITE_P(
                       prefill_case{256, 32, 1, 16, false},  // group 32 > 24 rows: two CTAs per KV head
                       // Split over positions: partitions that are no multiple of the K tile, rows
                       // whose position precedes a partition, partitions past a tile's context.
-                      prefill_case{128, 32, 8, 16, true, 40},
-                      prefill_case{64, 9, 3, 8, false, 48},
+                      prefill_case{128, 32, 8, 16, true, 40}, prefill_case{64, 9, 3, 8, false, 48},
                       prefill_case{256, 8, 1, 16, false, 64},
                       // Sliding windows through blocks and the cached prefix: 24 positions on 16-position
                       // blocks, 20 on 8-position ones (a K tile spans two blocks), 40 with a split
                       // (partitions of the windows, some past a tile's last row), MQA group 4 (the tiny
                       // fixtures' shape); soft-capped scores, alone and with a window
-                      prefill_case{64, 9, 3, 16, false, 0, 24},
-                      prefill_case{128, 32, 8, 8, true, 0, 20},
-                      prefill_case{128, 32, 8, 16, false, 24, 40},
-                      prefill_case{64, 4, 1, 16, true, 0, 8, 3.0f},
-                      prefill_case{256, 4, 4, 16, false, 0, 0, 3.0f},
-                      prefill_case{64, 4, 1, 16, false, 16, 30, 3.0f},
+                      prefill_case{64, 9, 3, 16, false, 0, 24}, prefill_case{128, 32, 8, 8, true, 0, 20},
+                      prefill_case{128, 32, 8, 16, false, 24, 40}, prefill_case{64, 4, 1, 16, true, 0, 8, 3.0f},
+                      prefill_case{256, 4, 4, 16, false, 0, 0, 3.0f}, prefill_case{64, 4, 1, 16, false, 16, 30, 3.0f},
                       // head_dim 32 (Qwen3-style small heads: 8-lane groups)
-                      prefill_case{32, 4, 1, 16, false},
-                      prefill_case{32, 16, 2, 8, true, 0, 24, 3.0f},
+                      prefill_case{32, 4, 1, 16, false}, prefill_case{32, 16, 2, 8, true, 0, 24, 3.0f},
                       prefill_case{32, 8, 8, 16, false, 40}));
 
 // ---- in the executor ------------------------------------------------------------------------------

@@ -74,7 +74,8 @@ inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<f
   for (size_t t = 0; t < positions.size(); ++t) {
     float* row = qkv.data() + static_cast<int64_t>(t) * stride;
     const int64_t width = int64_t{num_heads + 2 * g.num_kv_heads} * hd;
-    for (int64_t i = 0; i < static_cast<int64_t>(x.bias.size()) && i < width; ++i) row[i] += x.bias[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < static_cast<int64_t>(x.bias.size()) && i < width; ++i)
+      row[i] += x.bias[static_cast<size_t>(i)];
     if (!x.q_norm.empty()) {
       for (int32_t h = 0; h < num_heads + g.num_kv_heads; ++h) {
         float* v = row + int64_t{h} * hd;
@@ -101,9 +102,9 @@ inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<f
 // softcap * tanh(s / softcap) when softcap > 0 (Gemma 2). out [tokens, num_heads * head_dim].
 inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
                                           const kv_geometry& g, int32_t layer, int32_t num_heads,
-                                          const std::vector<int32_t>& context_lens, const std::vector<int32_t>& token_seq,
-                                          const std::vector<int32_t>& tables, int32_t max_blocks, float scale,
-                                          float softcap = 0.0f, int32_t window = 0) {
+                                          const std::vector<int32_t>& context_lens,
+                                          const std::vector<int32_t>& token_seq, const std::vector<int32_t>& tables,
+                                          int32_t max_blocks, float scale, float softcap = 0.0f, int32_t window = 0) {
   const int32_t hd = g.head_dim;
   const int32_t group = num_heads / g.num_kv_heads;
   std::vector<float> out(context_lens.size() * static_cast<size_t>(num_heads) * static_cast<size_t>(hd));
@@ -127,7 +128,8 @@ inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q
         mx = std::max(mx, s);
       }
       double sum = 0;
-      for (int32_t j = first; j < n; ++j) sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
+      for (int32_t j = first; j < n; ++j)
+        sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
       float* o = out.data() + (static_cast<int64_t>(t) * num_heads + h) * hd;
       for (int32_t d = 0; d < hd; ++d) {
         double acc = 0;

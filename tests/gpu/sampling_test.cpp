@@ -74,10 +74,10 @@ std::vector<param_set> sweep() {
   add("top_p 0.9", [](sampling_params& p) { p.top_p = 0.9f; });
   add("top_p 0.37", [](sampling_params& p) { p.top_p = 0.37f; });
   add("min_p 0.05", [](sampling_params& p) { p.min_p = 0.05f; });
-  add("top_k 50 + top_p 0.8 + min_p 0.02 + T 0.8", [](sampling_params& p) {
-    p.top_k = 50, p.top_p = 0.8f, p.min_p = 0.02f, p.temperature = 0.8f;
-  });
-  add("top_p 0.95 + min_p 0.001 + T 1.3", [](sampling_params& p) { p.top_p = 0.95f, p.min_p = 0.001f, p.temperature = 1.3f; });
+  add("top_k 50 + top_p 0.8 + min_p 0.02 + T 0.8",
+      [](sampling_params& p) { p.top_k = 50, p.top_p = 0.8f, p.min_p = 0.02f, p.temperature = 0.8f; });
+  add("top_p 0.95 + min_p 0.001 + T 1.3",
+      [](sampling_params& p) { p.top_p = 0.95f, p.min_p = 0.001f, p.temperature = 1.3f; });
   add("logit_bias", [](sampling_params& p) {
     p.logit_bias = {{7, 100.0f}, {11, -100.0f}, {3000, 5.5f}, {12345, 9.0f}, {40000, -3.25f}};
     p.temperature = 0.9f;
@@ -86,9 +86,8 @@ std::vector<param_set> sweep() {
   add("repetition 0.8 + presence + frequency", [](sampling_params& p) {
     p.repetition_penalty = 0.8f, p.presence_penalty = 0.6f, p.frequency_penalty = 0.45f, p.top_k = 200;
   });
-  add("presence -1.5 frequency 1.9 + greedy", [](sampling_params& p) {
-    p.presence_penalty = -1.5f, p.frequency_penalty = 1.9f, p.temperature = 0.0f;
-  });
+  add("presence -1.5 frequency 1.9 + greedy",
+      [](sampling_params& p) { p.presence_penalty = -1.5f, p.frequency_penalty = 1.9f, p.temperature = 0.0f; });
   add("min_tokens with stop ids", [](sampling_params& p) {
     p.min_tokens = 50, p.max_tokens = 100, p.stop_token_ids = {5, 9, 300};
   });

@@ -19,8 +19,8 @@
 
 #include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
-#include "tests/cuda_emu/emulator.hpp"
 #include "gpu/launch.cuh"
+#include "tests/cuda_emu/emulator.hpp"
 
 namespace tessera::gpu::emu {
 namespace {
@@ -192,9 +192,7 @@ template <class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const std::logic_error& e) {
-    return e.what();
-  }
+  } catch (const std::logic_error& e) { return e.what(); }
   return "";
 }
 
@@ -267,7 +265,8 @@ TEST_F(Emulator, BlockVotesAndWarpReductionsCombineEveryParticipant) {
   const auto v = download(votes, 3 * total), r = download(reductions, 4 * total);
   for (int b = 0; b < blocks; ++b) {
     int count = 0, any = 0;
-    for (int t = 0; t < threads; ++t) count += in[size_t(b * threads + t)] > 50, any |= in[size_t(b * threads + t)] > 98;
+    for (int t = 0; t < threads; ++t)
+      count += in[size_t(b * threads + t)] > 50, any |= in[size_t(b * threads + t)] > 98;
     for (int t = 0; t < threads; ++t) {
       const size_t i = size_t(b * threads + t);
       EXPECT_EQ(v[3 * i], count);
@@ -420,23 +419,28 @@ TEST_F(Emulator, DynamicSharedMemoryIsPerBlockAndLimited) {
   const auto in = random_floats(size_t(threads) * blocks, 5);
   float* out = alloc<float>(in.size());
   int* unwritten = upload(std::vector<int>{0});
-  TESSERA_LAUNCH(blocks, threads, (threads + 1) * sizeof(float), nullptr, dynamic_shared_kernel)(out, upload(in), unwritten);
+  TESSERA_LAUNCH(blocks, threads, (threads + 1) * sizeof(float), nullptr, dynamic_shared_kernel)
+  (out, upload(in), unwritten);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   const auto got = download(out, in.size());
   for (int b = 0; b < blocks; ++b)
-    for (int t = 0; t < threads; ++t) EXPECT_EQ(got[size_t(b * threads + t)], in[size_t(b * threads + threads - 1 - t)]);
+    for (int t = 0; t < threads; ++t)
+      EXPECT_EQ(got[size_t(b * threads + t)], in[size_t(b * threads + threads - 1 - t)]);
   EXPECT_EQ(download(unwritten, 1)[0], 0);  // every block starts with NaN-filled shared memory
   // Over 48 KiB needs the opt-in attribute; over 227 KiB is never possible.
   TESSERA_LAUNCH(1, threads, 64 * 1024, nullptr, dynamic_shared_kernel)(out, upload(in), unwritten);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
-  ASSERT_EQ(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), cudaSuccess);
+  ASSERT_EQ(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
+            cudaSuccess);
   TESSERA_LAUNCH(1, threads, 64 * 1024, nullptr, dynamic_shared_kernel)(out, upload(in), unwritten);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   TESSERA_LAUNCH(1, threads, 300 * 1024, nullptr, dynamic_shared_kernel)(out, upload(in), unwritten);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
 }
 
-__global__ void read_at_kernel(float* out, const float* in, int offset) { out[threadIdx.x] = in[static_cast<int>(threadIdx.x) + offset]; }
+__global__ void read_at_kernel(float* out, const float* in, int offset) {
+  out[threadIdx.x] = in[static_cast<int>(threadIdx.x) + offset];
+}
 
 // Every allocation ends at an inaccessible guard page: an access past it (or before it, or after
 // cudaFree) kills the process with a message naming the allocation and the CUDA thread.
@@ -449,7 +453,8 @@ TEST(EmulatorDeathTest, OutOfBoundsAndUseAfterFreeAccessesDieNamingTheAllocation
   EXPECT_DEATH(TESSERA_LAUNCH(1, 32, 0, nullptr, read_at_kernel)(out, in, 33),
                "kernel read_at_kernel, block \\(0,0,0\\), thread \\(31,0,0\\) accessed .*, 0 bytes past the end of a "
                "256-byte device allocation");
-  EXPECT_DEATH(TESSERA_LAUNCH(1, 32, 0, nullptr, read_at_kernel)(out, in, -1024), "before the start of a 256-byte device allocation");
+  EXPECT_DEATH(TESSERA_LAUNCH(1, 32, 0, nullptr, read_at_kernel)(out, in, -1024),
+               "before the start of a 256-byte device allocation");
   CUDA_CHECK(cudaFree(in));
   EXPECT_DEATH(std::printf("%f\n", double(static_cast<volatile float*>(in)[3])), "already given back with cudaFree");
   CUDA_CHECK(cudaFree(out));
@@ -613,8 +618,8 @@ TEST_F(Emulator, ArgumentsItDoesNotEmulateAreErrors) {
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
   const float one = 1.0f;
   uint16_t* half = alloc<uint16_t>(64);
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, half, CUDA_R_16F, 8, half, CUDA_R_16F, 8, &one, out,
-                         CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, half, CUDA_R_16F, 8, half, CUDA_R_16F, 8, &one,
+                         out, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
   CUDA_CHECK(cudaEventDestroy(e));
@@ -625,8 +630,9 @@ TEST_F(Emulator, ArgumentsItDoesNotEmulateAreErrors) {
 // ---- cuBLAS ------------------------------------------------------------------------------------
 
 // C = alpha op(A) op(B) + beta C in column-major storage, as cuBLAS documents it, in double.
-std::vector<double> reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& A, int lda,
-                                   const std::vector<float>& B, int ldb, float beta, const std::vector<float>& C, int ldc) {
+std::vector<double> reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& A,
+                                   int lda, const std::vector<float>& B, int ldb, float beta,
+                                   const std::vector<float>& C, int ldc) {
   std::vector<double> out(C.begin(), C.end());
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
@@ -665,21 +671,21 @@ TEST_F(Emulator, CublasGemmExFollowsColumnMajorSemantics) {
             const void* dA = bf16 ? static_cast<const void*>(upload(A16)) : upload(A);
             const void* dB = bf16 ? static_cast<const void*>(upload(B16)) : upload(B);
             const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-            ASSERT_EQ(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, dA, t, lda,
-                                   dB, t, ldb, &beta, dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                      CUBLAS_STATUS_SUCCESS);
+            ASSERT_EQ(
+                cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, dA, t,
+                             lda, dB, t, ldb, &beta, dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                CUBLAS_STATUS_SUCCESS);
             const auto want = reference_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
             const auto got = download(dC, C.size());
             for (int j = 0; j < n; ++j)
               for (int i = 0; i < ldc; ++i) {
                 const size_t at = size_t(j) * ldc + i;
                 if (i >= m) {  // rows between m and ldc are not touched
-                  if (beta != 0.0f) {
-                    EXPECT_EQ(got[at], C[at]);
-                  }
+                  if (beta != 0.0f) { EXPECT_EQ(got[at], C[at]); }
                   continue;
                 }
-                ASSERT_NEAR(got[at], want[at], 1e-4 * k) << "ta " << ta << " tb " << tb << " bf16 " << bf16 << " beta " << beta;
+                ASSERT_NEAR(got[at], want[at], 1e-4 * k)
+                    << "ta " << ta << " tb " << tb << " bf16 " << bf16 << " beta " << beta;
               }
           }
         }
@@ -689,8 +695,8 @@ TEST_F(Emulator, CublasGemmExFollowsColumnMajorSemantics) {
   // cuBLAS's argument checks.
   const float one = 1.0f;
   float* d = alloc<float>(64);
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, d, CUDA_R_32F, 4, d, CUDA_R_32F, 8, &one, d, CUDA_R_32F, 8,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, d, CUDA_R_32F, 4, d, CUDA_R_32F, 8, &one, d,
+                         CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_INVALID_VALUE);  // lda < m
   const std::string e = error_of([&] {
     cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 9, 8, &one, d, CUDA_R_32F, 8, d, CUDA_R_32F, 8, &one, d, CUDA_R_32F, 8,

@@ -40,7 +40,7 @@ struct fuzz_sequence {
   std::vector<token_id> prompt;
   int32_t target = 0;  // total length when done
   int32_t computed = 0;
-  token_id next = 0;   // the token a decode step feeds
+  token_id next = 0;  // the token a decode step feeds
   std::vector<block_id> table;
 };
 
@@ -53,7 +53,7 @@ void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
   go.dtype = cuda_dtype::f32;
   go.cuda_graphs = graphs;
   go.small_batch_gemm = small_batch_gemm;  // steps of <= 8 rows through gpu/gemv.hpp
-  go.max_num_batched_tokens = 32;  // small: larger steps grow the buffers
+  go.max_num_batched_tokens = 32;          // small: larger steps grow the buffers
   const auto gpu = make_cuda_executor(w, go);
 
   std::mt19937 rng(seed);
@@ -93,8 +93,9 @@ void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
         const int32_t n = std::min(prompt_len - q->computed, uniform(1, 70));
         sl.tokens.assign(q->prompt.begin() + q->computed, q->prompt.begin() + q->computed + n);
         const bool last_chunk = q->computed + n == prompt_len;
-        sl.logits = last_chunk ? (uniform(0, 3) == 0 ? sequence_slice::logits_mode::all : sequence_slice::logits_mode::last)
-                               : (uniform(0, 4) == 0 ? sequence_slice::logits_mode::all : sequence_slice::logits_mode::none);
+        sl.logits = last_chunk
+                        ? (uniform(0, 3) == 0 ? sequence_slice::logits_mode::all : sequence_slice::logits_mode::last)
+                        : (uniform(0, 4) == 0 ? sequence_slice::logits_mode::all : sequence_slice::logits_mode::none);
       } else {
         sl.tokens = {q->next};
         sl.logits = sequence_slice::logits_mode::last;
@@ -110,8 +111,8 @@ void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
     float scale = 1.0f;
     for (float v : oc.logits) scale = std::max(scale, std::fabs(v));
     for (size_t i = 0; i < oc.logits.size(); ++i) {
-      ASSERT_NEAR(oc.logits[i], og.logits[i], 1e-3f * scale) << "step " << steps << ", logit " << i << " of a batch of "
-                                                             << b.seqs.size() << " sequences";
+      ASSERT_NEAR(oc.logits[i], og.logits[i], 1e-3f * scale)
+          << "step " << steps << ", logit " << i << " of a batch of " << b.seqs.size() << " sequences";
     }
     for (size_t s = 0; s < live.size(); ++s) {
       fuzz_sequence* q = live[s];

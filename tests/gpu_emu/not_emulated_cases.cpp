@@ -36,8 +36,8 @@ namespace tessera::gpu::emu_contract {
 
 __device__ __forceinline__ float device_helper(float x) { return x * 2.0f; }
 
-__global__ void __launch_bounds__(256) supported_kernel(float* out, const float* in, int* counters, unsigned* bits,
-                                                        const __nv_bfloat16* bf) {
+__global__ void __launch_bounds__(256)
+    supported_kernel(float* out, const float* in, int* counters, unsigned* bits, const __nv_bfloat16* bf) {
   __shared__ __align__(16) float tile[256];
   __shared__ __align__(16) uint16_t halves[8 * 16];
   TESSERA_DYNAMIC_SHARED(float, dynamic);
@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(256) supported_kernel(float* out, const float*
        __shfl_up_sync(0xffffffffu, v, 3, 16);
   const unsigned ballot = __ballot_sync(0xffffffffu, v > 0.0f) + static_cast<unsigned>(__any_sync(0xffffffffu, 1)) +
                           static_cast<unsigned>(__all_sync(0xffffffffu, 1)) + __activemask();
-  const int r = __reduce_add_sync(0xffffffffu, t) + __reduce_min_sync(0xffffffffu, t) + __reduce_max_sync(0xffffffffu, t);
+  const int r =
+      __reduce_add_sync(0xffffffffu, t) + __reduce_min_sync(0xffffffffu, t) + __reduce_max_sync(0xffffffffu, t);
   const unsigned ru = __reduce_add_sync(0xffffffffu, 1u) + __reduce_min_sync(0xffffffffu, 1u) +
                       __reduce_max_sync(0xffffffffu, 1u) + __reduce_and_sync(0xffffffffu, 1u) +
                       __reduce_or_sync(0xffffffffu, 1u) + __reduce_xor_sync(0xffffffffu, 1u);
@@ -164,14 +165,16 @@ int supported_host_calls() {
   cudaStreamCaptureStatus status{};
   float ms = 0.0f;
   cudaError_t r = cudaGetDeviceCount(&n);
-  r = cudaSetDevice(0), r = cudaGetDevice(&device), r = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, 0);
+  r = cudaSetDevice(0), r = cudaGetDevice(&device),
+  r = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, 0);
   r = cudaGetDeviceProperties(&prop, 0), r = cudaDeviceSynchronize(), r = cudaMemGetInfo(&free_bytes, &total_bytes);
   r = cudaMalloc(&p, 64), r = cudaMallocHost(&h, 64), r = cudaHostAlloc(&h, 64, cudaHostAllocDefault);
   r = cudaMallocAsync(&p, 64, s), r = cudaFreeAsync(p, s);
   r = cudaMemcpy(p, h, 64, cudaMemcpyHostToDevice), r = cudaMemcpyAsync(h, p, 64, cudaMemcpyDeviceToHost, s);
   r = cudaMemcpyAsync(p, p, 64, cudaMemcpyDefault), r = cudaMemset(p, 0, 64), r = cudaMemsetAsync(p, 0, 64, s);
   r = cudaStreamCreate(&s), r = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), r = cudaStreamQuery(s);
-  r = cudaStreamSynchronize(s), r = cudaStreamSynchronize(cudaStreamLegacy), r = cudaStreamSynchronize(cudaStreamPerThread);
+  r = cudaStreamSynchronize(s), r = cudaStreamSynchronize(cudaStreamLegacy),
+  r = cudaStreamSynchronize(cudaStreamPerThread);
   r = cudaEventCreate(&e0), r = cudaEventCreateWithFlags(&e1, cudaEventDisableTiming | cudaEventBlockingSync);
   r = cudaEventRecord(e0, s), r = cudaStreamWaitEvent(s, e0, 0), r = cudaEventSynchronize(e0), r = cudaEventQuery(e0);
   r = cudaEventElapsedTime(&ms, e0, e1), r = cudaEventDestroy(e0), r = cudaEventDestroy(e1);
@@ -195,8 +198,8 @@ int supported_host_calls() {
   st = cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), st = cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST);
   st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 8, 8, 8, &one, p, CUDA_R_16BF, 8, p, CUDA_R_16BF, 8, &one, p,
                     CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, p, CUDA_R_32F, 8, 64, p, CUDA_R_32F, 8,
-                                  64, &one, p, CUDA_R_32F, 8, 64, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, p, CUDA_R_32F, 8, 64, p, CUDA_R_32F,
+                                  8, 64, &one, p, CUDA_R_32F, 8, 64, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   st = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, static_cast<const float*>(p), 8,
                    static_cast<const float*>(p), 8, &one, static_cast<float*>(p), 8);
   const char* status_name = cublasGetStatusName(st);

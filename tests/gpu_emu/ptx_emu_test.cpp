@@ -60,27 +60,13 @@ __global__ void cp_async_misuse_kernel(misuse what, uint8_t* global, const uint8
       ptx::cp_async_commit_group();
       ptx::cp_async_ca<8>(&s[8], src);  // the first copy (another group) is not waited for yet
       break;
-    case misuse::misaligned_destination:
-      ptx::cp_async_ca<8>(&s[4], src);
-      break;
-    case misuse::misaligned_source:
-      ptx::cp_async_cg(&s[0], src + 8);
-      break;
-    case misuse::destination_in_global_memory:
-      ptx::cp_async_cg(global, src);
-      break;
-    case misuse::destination_on_the_stack:
-      ptx::cp_async_cg(local, src);
-      break;
-    case misuse::source_in_shared_memory:
-      ptx::cp_async_cg(&s[0], &s[16]);
-      break;
-    case misuse::src_size_past_copy_size:
-      ptx::cp_async_cg_zfill(&s[0], src, 17);
-      break;
-    case misuse::dynamic_shared_out_of_range:
-      ptx::cp_async_cg(dyn + 32, src);
-      break;  // 32 bytes launched
+    case misuse::misaligned_destination: ptx::cp_async_ca<8>(&s[4], src); break;
+    case misuse::misaligned_source: ptx::cp_async_cg(&s[0], src + 8); break;
+    case misuse::destination_in_global_memory: ptx::cp_async_cg(global, src); break;
+    case misuse::destination_on_the_stack: ptx::cp_async_cg(local, src); break;
+    case misuse::source_in_shared_memory: ptx::cp_async_cg(&s[0], &s[16]); break;
+    case misuse::src_size_past_copy_size: ptx::cp_async_cg_zfill(&s[0], src, 17); break;
+    case misuse::dynamic_shared_out_of_range: ptx::cp_async_cg(dyn + 32, src); break;  // 32 bytes launched
   }
   ptx::cp_async_wait_all();
   global[16] = local[0] + s[0];
@@ -124,12 +110,8 @@ __global__ void warp_matrix_misuse_kernel(warp_misuse what, float* out, uint8_t*
       if (lane == 3) return;
       ptx::ldmatrix<1>(r, &tile[(lane % 8) * 16]);
       break;
-    case warp_misuse::misaligned_row:
-      ptx::ldmatrix<1>(r, &tile[(lane % 8) * 16 + 4]);
-      break;
-    case warp_misuse::row_in_global_memory:
-      ptx::ldmatrix<1>(r, global + (lane % 8) * 16);
-      break;
+    case warp_misuse::misaligned_row: ptx::ldmatrix<1>(r, &tile[(lane % 8) * 16 + 4]); break;
+    case warp_misuse::row_in_global_memory: ptx::ldmatrix<1>(r, global + (lane % 8) * 16); break;
   }
   out[threadIdx.x] = acc[0] + static_cast<float>(r[0]);
 }
@@ -158,9 +140,7 @@ template <class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const std::logic_error& e) {
-    return e.what();
-  }
+  } catch (const std::logic_error& e) { return e.what(); }
   return "";
 }
 
@@ -200,9 +180,10 @@ TEST_F(EmulatedPtx, CpAsyncMisusesAreErrors) {
   uint8_t* global = alloc<uint8_t>(64);
   uint8_t* src = alloc<uint8_t>(64);
   for (const auto& c : cases) {
-    const std::string error =
-        error_of([&] { TESSERA_LAUNCH(1, 1, 32, nullptr, cp_async_misuse_kernel)
-                       (c.what, global, src); });
+    const std::string error = error_of([&] {
+      TESSERA_LAUNCH(1, 1, 32, nullptr, cp_async_misuse_kernel)
+      (c.what, global, src);
+    });
     EXPECT_NE(error.find(c.message), std::string::npos) << static_cast<int>(c.what) << ": " << error;
     EXPECT_NE(error.find("cp_async_misuse_kernel"), std::string::npos) << error;
     EXPECT_NE(error.find("ptx_emu_test.cpp:"), std::string::npos) << "names the kernel's line: " << error;
@@ -226,9 +207,10 @@ TEST_F(EmulatedPtx, WarpMatrixMisusesAreErrors) {
       {warp_misuse::unused_lanes_give_no_address, 32, nullptr},
   };
   for (const auto& c : cases) {
-    const std::string error =
-        error_of([&] { TESSERA_LAUNCH(1, c.threads, 0, nullptr, warp_matrix_misuse_kernel)
-                       (c.what, out, global); });
+    const std::string error = error_of([&] {
+      TESSERA_LAUNCH(1, c.threads, 0, nullptr, warp_matrix_misuse_kernel)
+      (c.what, out, global);
+    });
     if (!c.message) {
       EXPECT_EQ(error, "") << static_cast<int>(c.what);
       continue;

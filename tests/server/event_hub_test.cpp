@@ -59,7 +59,8 @@ struct fake_engine {
   }
 };
 
-std::vector<block_info> blocks_with(int32_t num_device, int32_t num_host, std::initializer_list<std::pair<int, uint64_t>> held) {
+std::vector<block_info> blocks_with(int32_t num_device, int32_t num_host,
+                                    std::initializer_list<std::pair<int, uint64_t>> held) {
   std::vector<block_info> out(static_cast<size_t>(num_device + num_host));
   for (auto [i, r] : held) {
     out[static_cast<size_t>(i)].ref_count = 1;

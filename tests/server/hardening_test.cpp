@@ -59,8 +59,8 @@ TEST(hardening, chunked_trailer_of_64_kib_is_refused_and_the_server_survives) {
   loopback_server s(so);
   for (size_t value_bytes : {size_t{65534}, size_t{70000}, size_t{20000}}) {
     raw_connection c(s);
-    c.send(chunked_post_head("/v1/completions") + chunk(R"({"prompt":"x"})") + "0\r\nX-Big: " +
-           std::string(value_bytes, 'a') + "\r\n\r\n");
+    c.send(chunked_post_head("/v1/completions") + chunk(R"({"prompt":"x"})") +
+           "0\r\nX-Big: " + std::string(value_bytes, 'a') + "\r\n\r\n");
     const std::string r = c.read_all();
     EXPECT_EQ(status_of(r), 431) << value_bytes << ": " << r.substr(0, 200);
   }
@@ -98,8 +98,8 @@ TEST(hardening, final_chunk_in_pieces_is_answered) {
     raw_connection c(s);
     const int one = 1;
     ::setsockopt(c.sock.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c.send(chunked_post_head("/tokenize", std::string(authed ? "Authorization: Bearer k\r\n" : "") +
-                                              "Connection: close\r\n") +
+    c.send(chunked_post_head("/tokenize",
+                             std::string(authed ? "Authorization: Bearer k\r\n" : "") + "Connection: close\r\n") +
            chunk(R"({"prompt":"abc"})"));
     // Separate segments, so the parser sees "0\r\n", then "0\r\n\r", then the rest.
     for (const char* piece : {"0\r\n", "\r", "\n"}) {
@@ -196,8 +196,8 @@ TEST(hardening, io_thread_survives_an_exception_out_of_run) {
 TEST(hardening, request_pipelined_behind_a_generation_is_answered) {
   loopback_server s;
   for (bool stream : {false, true}) {
-    const std::string body = json::serialize(json::object{
-        {"prompt", "abc"}, {"max_tokens", 64}, {"ignore_eos", true}, {"stream", stream}});
+    const std::string body =
+        json::serialize(json::object{{"prompt", "abc"}, {"max_tokens", 64}, {"ignore_eos", true}, {"stream", stream}});
     raw_connection c(s);
     c.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body + "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" +
@@ -249,7 +249,8 @@ TEST(hardening, client_that_never_reads_is_closed_after_the_write_timeout) {
   sse.connect(s.endpoint());
   const std::string body = R"({"prompt":"abc","max_tokens":1000000,"ignore_eos":true,"stream":true})";
   net::write(sse, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+                              "Content-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body));
   tcp::socket raw_ws(ioc);
   raw_ws.open(tcp::v4());
   raw_ws.set_option(net::socket_base::receive_buffer_size(4096));
@@ -281,7 +282,8 @@ TEST(hardening, slow_but_steady_reader_is_not_closed) {
   sock.connect(s.endpoint());
   const std::string body = R"({"prompt":"abc","max_tokens":3000,"ignore_eos":true,"stream":true})";
   net::write(sock, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                               "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body));
+                               "Content-Length: " +
+                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body));
   set_receive_timeout(sock.native_handle(), 30s);
   std::string got;
   char buf[2048];
@@ -292,7 +294,8 @@ TEST(hardening, slow_but_steady_reader_is_not_closed) {
     if (ec) break;
     std::this_thread::sleep_for(20ms);  // ~100 KB/s: slower than the engine, never stalled 1 s
   }
-  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got.size() << " bytes, ends " << got.substr(got.size() - 200);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos)
+      << got.size() << " bytes, ends " << got.substr(got.size() - 200);
 }
 
 // ---- tokenization -------------------------------------------------------------------------------
@@ -324,8 +327,10 @@ TEST(hardening, streams_flow_while_big_prompts_are_tokenized) {
     sock.connect(s.endpoint());
     set_receive_timeout(sock.native_handle(), 5s);
     const std::string gen = R"({"prompt":"abc","max_tokens":1000000,"ignore_eos":true,"stream":true})";
-    net::write(sock, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                                 "Content-Length: " + std::to_string(gen.size()) + "\r\n\r\n" + gen));
+    net::write(sock,
+               net::buffer("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " +
+                           std::to_string(gen.size()) + "\r\n\r\n" + gen));
     char buf[4096];
     while (!stop) {
       beast::error_code ec;
@@ -367,8 +372,8 @@ TEST(hardening, streams_flow_while_big_prompts_are_tokenized) {
   // the encoding on it, each request froze the stream for its whole duration). The longest gap is a
   // timing, so it is reported, not asserted (the machine may be loaded; docs/contributing.md).
   EXPECT_GT(inside, 1) << "no delta while the /tokenize requests ran (" << window << " s)";
-  std::printf("longest gap between deltas: %.3f s (one 6 MB tokenization: %.3f s, window %.3f s, %d deltas)\n",
-              max_gap, one_seconds, window, inside);
+  std::printf("longest gap between deltas: %.3f s (one 6 MB tokenization: %.3f s, window %.3f s, %d deltas)\n", max_gap,
+              one_seconds, window, inside);
   RecordProperty("max_gap_ms", static_cast<int>(max_gap * 1000));
 }
 
@@ -407,30 +412,39 @@ TEST(hardening, framing_violations_are_refused_and_the_connection_closed) {
       {"bad Host", "GET /health HTTP/1.1\r\nHost: 127.0.0.1/x\r\n\r\n", 400},
       {"two Authorization", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + auth + cl + "\r\n" + body, 400},
       {"two Content-Length", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + cl + cl + "\r\n" + body, 400},
-      {"Content-Length list", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Content-Length: 16, 16\r\n\r\n" + body,
+      {"Content-Length list",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Content-Length: 16, 16\r\n\r\n" + body, 400},
+      {"TE gzip",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip\r\n" + cl + "\r\n" + body,
        400},
-      {"TE gzip", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip\r\n" + cl + "\r\n" + body,
-       400},
-      {"TE gzip only", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip\r\n\r\n" + body, 400},
-      {"TE gzip, chunked", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip, chunked\r\n\r\n" +
-                               chunk(body) + "0\r\n\r\n",
+      {"TE gzip only",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip\r\n\r\n" + body, 400},
+      {"TE gzip, chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: gzip, chunked\r\n\r\n" +
+           chunk(body) + "0\r\n\r\n",
        501},
-      {"TE chunked, chunked", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
-                                  "Transfer-Encoding: chunked, chunked\r\n\r\n" + chunk(body) + "0\r\n\r\n",
+      {"TE chunked, chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: chunked, chunked\r\n\r\n" +
+           chunk(body) + "0\r\n\r\n",
        400},
-      {"TE then CL", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: chunked\r\n" + cl + "\r\n" +
-                         chunk(body) + "0\r\n\r\n",
+      {"TE then CL",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: chunked\r\n" + cl + "\r\n" +
+           chunk(body) + "0\r\n\r\n",
        400},
-      {"CL then TE", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + cl + "Transfer-Encoding: chunked\r\n\r\n" +
-                         chunk(body) + "0\r\n\r\n",
+      {"CL then TE",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + cl + "Transfer-Encoding: chunked\r\n\r\n" +
+           chunk(body) + "0\r\n\r\n",
        400},
-      {"two TE lines", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
-                           "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(body) + "0\r\n\r\n",
+      {"two TE lines",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
+           "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(body) + "0\r\n\r\n",
        400},
-      {"TE in HTTP/1.0", "POST /tokenize HTTP/1.0\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n" +
-                             chunk(body) + "0\r\n\r\n",
+      {"TE in HTTP/1.0",
+       "POST /tokenize HTTP/1.0\r\nHost: 127.0.0.1\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n" + chunk(body) +
+           "0\r\n\r\n",
        400},
-      {"Expect other", "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Expect: 200-ok\r\n" + cl + "\r\n" + body, 417},
+      {"Expect other",
+       "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + "Expect: 200-ok\r\n" + cl + "\r\n" + body, 417},
   };
   for (const raw_case& c : cases) {
     raw_connection conn(s, 10s);
@@ -458,8 +472,10 @@ TEST(hardening, expect_100_continue) {
   const std::string body = R"({"prompt":"abc"})";
   {
     raw_connection c(s, 10s);
-    c.send("POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
-           "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n");
+    c.send(
+        "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n");
     const std::string interim = c.read_until([](const std::string& got) { return has_head(got); });
     EXPECT_EQ(interim.rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u) << interim;
     c.send(body);
@@ -468,16 +484,19 @@ TEST(hardening, expect_100_continue) {
   }
   {
     raw_connection c(s, 10s);
-    c.send("POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer wrong\r\nExpect: 100-continue\r\n"
-           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+    c.send(
+        "POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer wrong\r\nExpect: 100-continue\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n");
     const std::string r = c.read_all();  // no body sent, yet the answer comes, and the connection closes
     EXPECT_EQ(status_of(r), 401) << r;
     EXPECT_EQ(r.find("100 Continue"), std::string::npos);
   }
   {
     raw_connection c(s, 10s);
-    c.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
-           "Content-Length: 99999999\r\n\r\n");
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n"
+        "Content-Length: 99999999\r\n\r\n");
     EXPECT_EQ(status_of(c.read_all()), 413);
   }
 }

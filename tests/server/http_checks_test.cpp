@@ -27,9 +27,7 @@ http::request<http::string_body> parse_head(const std::string& text) {
 int framing_status(const std::string& head) {
   try {
     check_framing(parse_head(head));
-  } catch (const api_error& e) {
-    return e.status;
-  }
+  } catch (const api_error& e) { return e.status; }
   return 0;
 }
 
@@ -45,7 +43,8 @@ TEST(http_checks, framing) {
   for (const char* bad : {"a b", "a/b", "a@b", "[::1", "[::1]x", "host:80x", "host:123456", "a%4", "[zz]"}) {
     EXPECT_EQ(framing_status("GET / HTTP/1.1\r\nHost: " + std::string(bad) + "\r\n\r\n"), 400) << bad;
   }
-  EXPECT_EQ(framing_status("GET / HTTP/1.1\r\n" + h + "Authorization: Bearer a\r\nAuthorization: Bearer a\r\n\r\n"), 400);
+  EXPECT_EQ(framing_status("GET / HTTP/1.1\r\n" + h + "Authorization: Bearer a\r\nAuthorization: Bearer a\r\n\r\n"),
+            400);
   EXPECT_EQ(framing_status("POST / HTTP/1.1\r\n" + h + "Content-Length: 5\r\nContent-Length: 5\r\n\r\n"), 400);
   EXPECT_EQ(framing_status("POST / HTTP/1.1\r\n" + h + "Content-Length: 5, 5\r\n\r\n"), 400);
   EXPECT_EQ(framing_status("POST / HTTP/1.1\r\n" + h + "Content-Length: 5\r\n\r\n"), 0);
@@ -72,9 +71,7 @@ TEST(http_checks, expectations) {
   try {
     expect_of("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue, x=1\r\n\r\n");
     ADD_FAILURE() << "an unknown expectation was accepted";
-  } catch (const api_error& e) {
-    EXPECT_EQ(e.status, 417);
-  }
+  } catch (const api_error& e) { EXPECT_EQ(e.status, 417); }
 }
 
 TEST(http_checks, bearer_token_scheme_is_case_insensitive) {
@@ -105,7 +102,8 @@ TEST(http_checks, trailer_section_is_measured_and_dropped) {
   http::request_parser<http::string_body> p;
   boost::beast::error_code ec;
   const std::string text =
-      "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nAuthorization: Bearer k\r\nX: yz\r\n\r\n";
+      "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nAuthorization: Bearer k\r\nX: "
+      "yz\r\n\r\n";
   // put() stops after each part (the header, each chunk): feed it until the message is done.
   for (size_t used = 0; used < text.size() && !p.is_done();) {
     const size_t n = p.put(boost::asio::buffer(text.data() + used, text.size() - used), ec);

@@ -60,14 +60,36 @@ std::vector<std::string> seed_requests() {
 const std::vector<std::string>& hostile_lines() {
   static const std::vector<std::string> lines = [] {
     std::vector<std::string> v = {
-        "Transfer-Encoding: chunked", "Transfer-Encoding: gzip", "Transfer-Encoding: gzip, chunked",
-        "Transfer-Encoding: chunked, chunked", "Transfer-Encoding:  chunked ", "Transfer-Encoding: xchunked",
-        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", "Content-Length: 5", "Content-Length: 0",
-        "Content-Length: -1", "Content-Length: 99999999999999999999999", "Content-Length: 16, 16", "Content-Length: 0x10",
-        "Content-Length: 1e3", "Host: evil.example", "Host:", "Host: [::1", "Host: a b", "Expect: 100-continue",
-        "Expect: 100-Continue, x", "Authorization: Bearer", "Authorization: bearer   k", "Connection: close",
-        "Connection: keep-alive, upgrade", "Upgrade: websocket", "X-Null: a\0b", "X-Bad\x7f: v", ": no-name",
-        "X-Folded: a\r\n  b", "X-Utf8: \xc3\xa9\xff\xfe",
+        "Transfer-Encoding: chunked",
+        "Transfer-Encoding: gzip",
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: chunked, chunked",
+        "Transfer-Encoding:  chunked ",
+        "Transfer-Encoding: xchunked",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+        "Content-Length: 5",
+        "Content-Length: 0",
+        "Content-Length: -1",
+        "Content-Length: 99999999999999999999999",
+        "Content-Length: 16, 16",
+        "Content-Length: 0x10",
+        "Content-Length: 1e3",
+        "Host: evil.example",
+        "Host:",
+        "Host: [::1",
+        "Host: a b",
+        "Expect: 100-continue",
+        "Expect: 100-Continue, x",
+        "Authorization: Bearer",
+        "Authorization: bearer   k",
+        "Connection: close",
+        "Connection: keep-alive, upgrade",
+        "Upgrade: websocket",
+        "X-Null: a\0b",
+        "X-Bad\x7f: v",
+        ": no-name",
+        "X-Folded: a\r\n  b",
+        "X-Utf8: \xc3\xa9\xff\xfe",
     };
     for (size_t n : {size_t{8100}, size_t{60000}, size_t{65533}, size_t{65534}, size_t{65535}, size_t{70000}}) {
       v.push_back("X-Big: " + std::string(n, 'a'));
@@ -78,9 +100,17 @@ const std::vector<std::string>& hostile_lines() {
 }
 
 const std::vector<std::string>& hostile_chunk_sizes() {
-  static const std::vector<std::string> sizes = {"ffffffffffffffff", "1ffffffffffffffff", "10000000000000000",
-                                                 "-1", "0x10", " 5", "5 ", "00000000000000000000000000000005", "",
-                                                 "5;" + std::string(20000, 'e'), "zz"};
+  static const std::vector<std::string> sizes = {"ffffffffffffffff",
+                                                 "1ffffffffffffffff",
+                                                 "10000000000000000",
+                                                 "-1",
+                                                 "0x10",
+                                                 " 5",
+                                                 "5 ",
+                                                 "00000000000000000000000000000005",
+                                                 "",
+                                                 "5;" + std::string(20000, 'e'),
+                                                 "zz"};
   return sizes;
 }
 
@@ -176,8 +206,8 @@ TEST(http_replay, generated_inputs_through_the_read_path) {
     try {
       o = replay_http_input(input, read_size);
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "exception " << e.what() << " for input of " << input.size() << " bytes: "
-                    << input.substr(0, 120);
+      ADD_FAILURE() << "exception " << e.what() << " for input of " << input.size()
+                    << " bytes: " << input.substr(0, 120);
       continue;
     }
     ++statuses[o.status];

@@ -54,7 +54,7 @@ TEST(logging, client_paths_cannot_forge_lines_or_break_utf8) {
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   EXPECT_EQ(line.find('\x01'), std::string::npos) << line;
   EXPECT_NE(line.find("\"GET /a?b?c??"), std::string::npos) << line;  // quote and controls replaced
-  EXPECT_NE(line.find("...\" 404"), std::string::npos) << line;        // cut at 256 bytes
+  EXPECT_NE(line.find("...\" 404"), std::string::npos) << line;       // cut at 256 bytes
   EXPECT_LT(line.size(), 340u);
 }
 

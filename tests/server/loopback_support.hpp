@@ -154,11 +154,11 @@ inline void expect_idle(const std::map<std::string, double>& m, double num_submi
 }
 
 inline std::string start_message(const std::string& id, int max_tokens) {
-  return json::serialize(json::object{
-      {"type", "start"},
-      {"id", id},
-      {"endpoint", "completions"},
-      {"request", json::object{{"prompt", "abc"}, {"max_tokens", max_tokens}, {"ignore_eos", true}}}});
+  return json::serialize(
+      json::object{{"type", "start"},
+                   {"id", id},
+                   {"endpoint", "completions"},
+                   {"request", json::object{{"prompt", "abc"}, {"max_tokens", max_tokens}, {"ignore_eos", true}}}});
 }
 
 inline void set_receive_timeout(int fd, std::chrono::seconds t) {

@@ -155,7 +155,8 @@ TEST(loopback, server_destroyed_while_tokens_flow) {
     req.set(http::field::host, "127.0.0.1");
     req.set(http::field::content_type, "application/json");
     // Endless in practice; prompt + max_tokens must fit the simulated model's 2^20-token context (else 400).
-    req.body() = json::serialize(json::object{{"prompt", "x"}, {"max_tokens", 1 << 19}, {"ignore_eos", true}, {"stream", true}});
+    req.body() =
+        json::serialize(json::object{{"prompt", "x"}, {"max_tokens", 1 << 19}, {"ignore_eos", true}, {"stream", true}});
     req.prepare_payload();
     http::write(sse.back(), req);
     std::string got(2000, '\0');
@@ -172,7 +173,8 @@ TEST(loopback, server_destroyed_while_tokens_flow) {
   s.server->stop();
   s.server.reset();
   const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (s.engine->stats().num_open > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  while (s.engine->stats().num_open > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
   const actors::facade_stats st = s.engine->stats();
   EXPECT_EQ(st.num_open, 0) << "the dropped streams were aborted";
   EXPECT_EQ(st.device.num_used, 0);

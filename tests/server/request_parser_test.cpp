@@ -22,9 +22,7 @@ constexpr int32_t vocab = 1000;
 api_error parse_error(std::string_view body, api_kind kind = api_kind::completion) {
   try {
     parse_generation_request(body, kind, vocab);
-  } catch (const api_error& e) {
-    return e;
-  }
+  } catch (const api_error& e) { return e; }
   ADD_FAILURE() << "no error for " << body;
   return api_error(0, "");
 }
@@ -149,24 +147,28 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", api_kind::chat, 400, "'tools' must be an array"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", api_kind::chat, 400,
        "'tools[0].function' is required"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})", api_kind::chat,
-       400, "tools[0].function.name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       api_kind::chat, 400, "tools[0].function.name"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":3}}]})",
        api_kind::chat, 400, "tools[0].function.parameters"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})",
        api_kind::chat, 400, "repeats the function name 'f'"},
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
        api_kind::chat, 400, "names the function 'g', which is not in 'tools'"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}}})", api_kind::chat,
-       400, "has no 'tools'"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", api_kind::chat, 400, "has no 'tools'"},
-      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", api_kind::chat, 400, "'tool_choice' must be"},
-      {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"yes"})", api_kind::chat, 400, "must be a boolean"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       api_kind::chat, 400, "has no 'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", api_kind::chat, 400,
+       "has no 'tools'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", api_kind::chat, 400,
+       "'tool_choice' must be"},
+      {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"yes"})", api_kind::chat, 400,
+       "must be a boolean"},
       {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", api_kind::chat, 400, "use 'tools'"},
       {R"({"prompt":"x","tools":[]})", api_kind::completion, 400, "chat completions field"},
       {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{bad"}}]}]})",
        api_kind::chat, 400, "messages[0].tool_calls[0].function.arguments' is not valid JSON"},
-      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", api_kind::chat, 400, "only allowed on assistant"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", api_kind::chat, 400,
+       "only allowed on assistant"},
       {R"({"messages":[{"role":"tool","content":"x"}]})", api_kind::chat, 400, "tool_call_id"},
       // logit_bias keys are canonical integers (issue #14): no sign, space, leading zero or fraction.
       {R"({"prompt":"x","logit_bias":{"01":1}})", api_kind::completion, 400, "logit_bias"},
@@ -220,24 +222,27 @@ TEST(request_parser, tools_and_tool_messages) {
   EXPECT_TRUE(none.prompt.tools_json.empty());
   EXPECT_FALSE(none.tools.calls_possible());
   // tools: [] is the no-op it is for OpenAI.
-  EXPECT_FALSE(parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", api_kind::chat, vocab)
-                   .tools.calls_possible());
+  EXPECT_FALSE(
+      parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", api_kind::chat, vocab)
+          .tools.calls_possible());
 }
 
 TEST(request_parser, forced_tool_choice_becomes_a_json_schema_constraint) {
-  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}},
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}},
                                         {"type":"function","function":{"name":"g"}}])";
-  const auto named = parse_generation_request(
-      R"({"messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
-      api_kind::chat, vocab);
+  const auto named = parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                                  R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+                                              api_kind::chat, vocab);
   ASSERT_TRUE(named.params.structured.has_value());
   EXPECT_EQ(named.params.structured->type, structured_output_spec::kind::json_schema);
   EXPECT_EQ(named.params.structured->field, "tool_choice");
-  EXPECT_EQ(named.params.structured->source, R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
+  EXPECT_EQ(named.params.structured->source,
+            R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})");
 
-  const auto required = parse_generation_request(
-      R"({"messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":"required","parallel_tool_calls":false})",
-      api_kind::chat, vocab);
+  const auto required = parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                                     R"(,"tool_choice":"required","parallel_tool_calls":false})",
+                                                 api_kind::chat, vocab);
   ASSERT_TRUE(required.params.structured.has_value());
   const boost::json::value schema = boost::json::parse(required.params.structured->source);
   EXPECT_EQ(schema.at("type").as_string(), "array");
@@ -263,7 +268,8 @@ TEST(request_parser, response_size_is_bounded) {
   request_limits limits;
   limits.max_response_bytes = 1 << 20;
   // 16 x 2048 x 32 = 1 MiB: at the limit.
-  EXPECT_NO_THROW(parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":2048})", api_kind::completion, vocab, limits));
+  EXPECT_NO_THROW(
+      parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":2048})", api_kind::completion, vocab, limits));
   try {
     parse_generation_request(R"({"prompt":"x","n":16,"max_tokens":2049})", api_kind::completion, vocab, limits);
     ADD_FAILURE() << "a response over the bound was accepted";
@@ -306,9 +312,11 @@ TEST(request_parser, tokenize_and_detokenize) {
 }
 
 TEST(request_parser, raw_prompts_parse_special_tokens_unless_told_not_to) {
-  EXPECT_TRUE(parse_generation_request(R"({"prompt":"<|im_start|>"})", api_kind::completion, vocab).prompt.parse_special);
-  EXPECT_FALSE(parse_generation_request(R"({"parse_special":false,"prompt":"<|im_start|>"})", api_kind::completion, vocab)
-                   .prompt.parse_special)
+  EXPECT_TRUE(
+      parse_generation_request(R"({"prompt":"<|im_start|>"})", api_kind::completion, vocab).prompt.parse_special);
+  EXPECT_FALSE(
+      parse_generation_request(R"({"parse_special":false,"prompt":"<|im_start|>"})", api_kind::completion, vocab)
+          .prompt.parse_special)
       << "the field may come before the prompt";
   EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"parse_special":false})", api_kind::chat).param,
             "parse_special");

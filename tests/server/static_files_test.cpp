@@ -20,8 +20,8 @@ TEST(static_files, maps_ui_paths_and_refuses_everything_else) {
   EXPECT_EQ(ui_relative_path("/js/chat.js"), "js/chat.js");
   EXPECT_EQ(ui_relative_path("/css/app.css"), "css/app.css");
   for (const char* bad : {"", "js/chat.js", "/..", "/../etc/passwd", "/js/../../x.js", "/%2e%2e/x.js", "/.git/config",
-                          "/js/.hidden.js", "/js//chat.js", "/js/chat.js/", "/README.md", "/js\\..\\x.js",
-                          "/a b.js", "/js/chat.js?x=1", "/~root.js", "/x.JS.exe"}) {
+                          "/js/.hidden.js", "/js//chat.js", "/js/chat.js/", "/README.md", "/js\\..\\x.js", "/a b.js",
+                          "/js/chat.js?x=1", "/~root.js", "/x.JS.exe"}) {
     EXPECT_FALSE(ui_relative_path(bad).has_value()) << bad;
   }
   EXPECT_FALSE(ui_relative_path(std::string("/x\0.js", 6)).has_value());

@@ -73,8 +73,9 @@ TEST(stream_format, websocket_final_message) {
   EXPECT_EQ(m.at("finish_reason"), "error");
   EXPECT_EQ(m.at("engine_request_id"), 12);
   EXPECT_EQ(m.at("error"), "boom");
-  EXPECT_EQ(m.at("choices"), (json::array{json::object{{"index", 0}, {"finish_reason", "length"}, {"num_generated_tokens", 4}},
-                                          json::object{{"index", 1}, {"finish_reason", "error"}, {"num_generated_tokens", 3}}}));
+  EXPECT_EQ(m.at("choices"),
+            (json::array{json::object{{"index", 0}, {"finish_reason", "length"}, {"num_generated_tokens", 4}},
+                         json::object{{"index", 1}, {"finish_reason", "error"}, {"num_generated_tokens", 3}}}));
   EXPECT_EQ(m.at("usage"), usage_json(f));
   EXPECT_EQ(m.at("usage").at("total_tokens"), 10);
   EXPECT_EQ(m.at("timings"), timings_json(f));
@@ -86,7 +87,8 @@ TEST(stream_format, websocket_final_message) {
 }
 
 TEST(stream_format, websocket_started_and_error_messages) {
-  EXPECT_EQ(parse(ws_started_message("a", "ws-1")), (json::object{{"type", "started"}, {"id", "a"}, {"request_id", "ws-1"}}));
+  EXPECT_EQ(parse(ws_started_message("a", "ws-1")),
+            (json::object{{"type", "started"}, {"id", "a"}, {"request_id", "ws-1"}}));
   const json::object e = parse(ws_error_message(api_error(404, "no running generation", "id", "not_found"), "a"));
   EXPECT_EQ(e.at("type"), "error");
   EXPECT_EQ(e.at("status"), 404);

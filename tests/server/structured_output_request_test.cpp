@@ -58,9 +58,7 @@ TEST(structured_output_request, every_dialect_maps_to_one_spec) {
     const generation_request r = chat(c.fields);
     ASSERT_TRUE(r.params.structured.has_value()) << c.fields;
     EXPECT_EQ(r.params.structured->type, c.type) << c.fields;
-    if (!c.source.empty()) {
-      EXPECT_EQ(r.params.structured->source, c.source) << c.fields;
-    }
+    if (!c.source.empty()) { EXPECT_EQ(r.params.structured->source, c.source) << c.fields; }
     EXPECT_EQ(r.params.structured->field, c.field) << c.fields;
   }
   EXPECT_TRUE(chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{}}})")

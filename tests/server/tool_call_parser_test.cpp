@@ -54,9 +54,11 @@ parse_result parse_checked(tool_parser_kind kind, std::string_view text) {
 }
 
 TEST(ToolCallParser, HermesCallsAfterContent) {
-  const auto r = parse_checked(tool_parser_kind::hermes,
-                               "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
-                               "</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a </tool_call> b\"}}\n</tool_call>\n");
+  const auto r = parse_checked(
+      tool_parser_kind::hermes,
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a </tool_call> "
+      "b\"}}\n</tool_call>\n");
   EXPECT_EQ(r.content, "Let me check.");
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.calls[0], (call{"get_weather", R"({"city":"Paris","days":2})"}));
@@ -89,20 +91,24 @@ TEST(ToolCallParser, HermesUnterminatedBlock) {
 }
 
 TEST(ToolCallParser, ArgumentsAsAStringOrParameters) {
-  auto r = parse_checked(tool_parser_kind::hermes, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [1, 2.5]}\"}</tool_call>");
+  auto r = parse_checked(tool_parser_kind::hermes,
+                         "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": [1, 2.5]}\"}</tool_call>");
   EXPECT_EQ(r.calls, (std::vector<call>{{"f", R"({"x":[1,2.5]})"}}));
   r = parse_checked(tool_parser_kind::hermes, "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>");
   EXPECT_TRUE(r.calls.empty());
 }
 
 TEST(ToolCallParser, Llama3Json) {
-  auto r = parse_checked(tool_parser_kind::llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Zürich\"}}");
+  auto r =
+      parse_checked(tool_parser_kind::llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Zürich\"}}");
   EXPECT_EQ(r.content, "");
   EXPECT_EQ(r.calls, (std::vector<call>{{"get_weather", "{\"city\":\"Zürich\"}"}}));
-  r = parse_checked(tool_parser_kind::llama3,
-                    "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x; y\"}}; {\"name\": \"b\", \"parameters\": {}}");
+  r = parse_checked(
+      tool_parser_kind::llama3,
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x; y\"}}; {\"name\": \"b\", \"parameters\": {}}");
   EXPECT_EQ(r.calls, (std::vector<call>{{"a", R"({"s":"x; y"})"}, {"b", "{}"}}));
-  for (std::string_view text : {"Hello {", "{not json}", "  <|python_ta", "The answer is {\"name\": \"a\"}", "{\"name\": \"a\"} trailing"}) {
+  for (std::string_view text :
+       {"Hello {", "{not json}", "  <|python_ta", "The answer is {\"name\": \"a\"}", "{\"name\": \"a\"} trailing"}) {
     r = parse_checked(tool_parser_kind::llama3, text);
     EXPECT_EQ(r.content, text);
     EXPECT_TRUE(r.calls.empty()) << text;
@@ -111,7 +117,8 @@ TEST(ToolCallParser, Llama3Json) {
 
 TEST(ToolCallParser, Mistral) {
   auto r = parse_checked(tool_parser_kind::mistral,
-                         "Sure. [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": {\"b\": [true, null]}}]");
+                         "Sure. [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", "
+                         "\"arguments\": {\"b\": [true, null]}}]");
   EXPECT_EQ(r.content, "Sure.");
   EXPECT_EQ(r.calls, (std::vector<call>{{"f", R"({"a":1})"}, {"g", R"({"b":[true,null]})"}}));
   r = parse_checked(tool_parser_kind::mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
@@ -122,12 +129,14 @@ TEST(ToolCallParser, Mistral) {
 }
 
 TEST(ToolCallParser, IdsAreOpenAIShapedAndMistralsNineCharacters) {
-  auto steps = tool_call_stream::parse_all(tool_parser_kind::hermes, "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"f\"}</tool_call>", 1);
+  auto steps = tool_call_stream::parse_all(
+      tool_parser_kind::hermes, "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"f\"}</tool_call>", 1);
   ASSERT_EQ(steps.calls.size(), 2u);
   EXPECT_EQ(steps.calls[0].id.size(), 29u);
   EXPECT_EQ(steps.calls[0].id.rfind("call_", 0), 0u);
   EXPECT_NE(steps.calls[0].id, steps.calls[1].id);
-  steps = tool_call_stream::parse_all(tool_parser_kind::mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", 1);
+  steps =
+      tool_call_stream::parse_all(tool_parser_kind::mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", 1);
   ASSERT_EQ(steps.calls.size(), 1u);
   EXPECT_EQ(steps.calls[0].id.size(), 9u);
 }

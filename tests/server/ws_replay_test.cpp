@@ -73,7 +73,7 @@ std::string random_frame(std::mt19937& rng) {
               (pick(2) ? std::string("\xc3\x28") : std::string("bye"));
   }
   uint8_t first = op;
-  if (pick(4) != 0) first |= 0x80;                             // FIN, mostly
+  if (pick(4) != 0) first |= 0x80;                                    // FIN, mostly
   if (pick(12) == 0) first |= static_cast<uint8_t>(0x10 << pick(3));  // an RSV bit
   const bool masked = pick(10) != 0;
   const int length_form = pick(6) == 0 ? static_cast<int>(1 + pick(2)) : 0;  // non-minimal 16/64-bit lengths

@@ -251,9 +251,11 @@ TEST_F(GrammarBackend, RecursiveRefsMatchNestingOfAnyDepth) {
                ->start();
   EXPECT_TRUE(accept_text(*c, R"({"k": [{"k": [{"k": []}, {"k": [{"k": []}]}]}]})"));
   EXPECT_TRUE(c->is_complete());
-  auto unbalanced = backend_->compile(spec_of(kind::json_schema, R"({"$defs": {"n": {"type": "object", "properties": {
+  auto unbalanced = backend_
+                        ->compile(spec_of(kind::json_schema, R"({"$defs": {"n": {"type": "object", "properties": {
       "k": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["k"], "additionalProperties": false}},
-      "$ref": "#/$defs/n"})"))->start();
+      "$ref": "#/$defs/n"})"))
+                        ->start();
   EXPECT_TRUE(accept_text(*unbalanced, R"({"k": [{"k": []})"));
   EXPECT_FALSE(unbalanced->accept(byte_id('}')));  // the array must close first
 }

@@ -23,9 +23,7 @@ inline void put_half(std::byte* p, float v) {
 // The value a float takes once stored as f16 (what the decoder will use).
 inline float as_half(float v) { return fp16_to_fp32(fp32_to_fp16(v)); }
 
-inline int round_clamp(float v, int lo, int hi) {
-  return static_cast<int>(std::clamp<long>(std::lround(v), lo, hi));
-}
+inline int round_clamp(float v, int lo, int hi) { return static_cast<int>(std::clamp<long>(std::lround(v), lo, hi)); }
 
 // The element of x with the largest magnitude, sign kept.
 inline float signed_absmax(const float* x, int n) {
@@ -95,7 +93,8 @@ inline void affine_k(const float* x, int group, int qmax, int smax, int* q, int*
     sc[g] = d > 0.0f ? round_clamp(scale[g] / d, 0, smax) : 0;
     m[g] = dmin > 0.0f ? round_clamp(mn[g] / dmin, 0, smax) : 0;
     const float step = d * static_cast<float>(sc[g]), off = dmin * static_cast<float>(m[g]);
-    for (int i = g * group; i < (g + 1) * group; ++i) q[i] = step > 0.0f ? round_clamp((x[i] + off) / step, 0, qmax) : 0;
+    for (int i = g * group; i < (g + 1) * group; ++i)
+      q[i] = step > 0.0f ? round_clamp((x[i] + off) / step, 0, qmax) : 0;
   }
 }
 
@@ -163,7 +162,8 @@ inline void encode_q45_k(const float* x, std::byte* blk, int bits) {
   }
   std::byte* qs = blk + (bits == 4 ? 16 : 48);
   for (int k = 0; k < 4; ++k) {
-    for (int l = 0; l < 32; ++l) qs[32 * k + l] = static_cast<std::byte>((q[64 * k + l] & 15) | (q[64 * k + 32 + l] & 15) << 4);
+    for (int l = 0; l < 32; ++l)
+      qs[32 * k + l] = static_cast<std::byte>((q[64 * k + l] & 15) | (q[64 * k + 32 + l] & 15) << 4);
   }
   if (bits == 5) {
     for (int e = 0; e < 256; ++e) blk[16 + e % 32] |= static_cast<std::byte>((q[e] >> 4) << (e / 32));
@@ -189,9 +189,7 @@ inline void encode_q6_k(const float* x, std::byte* blk) {  // {ql[128]; qh[64]; 
 inline std::vector<std::byte> encode_row(ggml_type type, const float* x, int64_t n) {
   std::vector<std::byte> out(static_cast<size_t>(row_bytes(type, n)));
   switch (type) {
-    case ggml_type::f32:
-      std::memcpy(out.data(), x, out.size());
-      return out;
+    case ggml_type::f32: std::memcpy(out.data(), x, out.size()); return out;
     case ggml_type::f16:
       for (int64_t i = 0; i < n; ++i) put_half(out.data() + 2 * i, x[i]);
       return out;
@@ -201,8 +199,7 @@ inline std::vector<std::byte> encode_row(ggml_type type, const float* x, int64_t
         std::memcpy(out.data() + 2 * i, &h, 2);
       }
       return out;
-    default:
-      break;
+    default: break;
   }
   const ggml_type_info& info = type_info(type);
   for (int64_t b = 0; b < n / info.block_elems; ++b) {

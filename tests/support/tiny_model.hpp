@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
-#include "engine/model/dummy_weights.hpp"
 #include "engine/executor.hpp"
+#include "engine/model/dummy_weights.hpp"
 #include "engine/model/model_config.hpp"
 
 namespace tessera::test_support {

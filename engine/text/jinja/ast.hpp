@@ -11,20 +11,38 @@
 namespace tessera::jinja::detail {
 
 enum class expr_kind {
-  literal, name, list, tuple, dict, getattr, getitem, slice, call, filter, test, not_op, neg, pos, binary,
-  compare, and_op, or_op, cond, concat,
+  literal,
+  name,
+  list,
+  tuple,
+  dict,
+  getattr,
+  getitem,
+  slice,
+  call,
+  filter,
+  test,
+  not_op,
+  neg,
+  pos,
+  binary,
+  compare,
+  and_op,
+  or_op,
+  cond,
+  concat,
 };
 
 struct expr {
   expr_kind kind = expr_kind::literal;
   int line = 1;
   value literal;
-  std::string name;                          // variable, attribute, filter, test, binary operator
-  std::vector<std::unique_ptr<expr>> kids;   // operands; for calls/filters/tests: [callee/subject, args...]
-  std::vector<std::string> keywords;         // call/filter/test: keyword name per argument ("" = positional)
-  std::vector<std::string> compare_ops;      // compare: one operator between each pair of operands
-  bool negated = false;                      // test: "is not"
-  size_t depth = 1;                          // height of this subtree (bounded by the parser)
+  std::string name;                         // variable, attribute, filter, test, binary operator
+  std::vector<std::unique_ptr<expr>> kids;  // operands; for calls/filters/tests: [callee/subject, args...]
+  std::vector<std::string> keywords;        // call/filter/test: keyword name per argument ("" = positional)
+  std::vector<std::string> compare_ops;     // compare: one operator between each pair of operands
+  bool negated = false;                     // test: "is not"
+  size_t depth = 1;                         // height of this subtree (bounded by the parser)
 };
 using expr_ptr = std::unique_ptr<expr>;
 
@@ -34,11 +52,11 @@ struct template_node {
   node_kind kind = node_kind::sequence;
   int line = 1;
   std::string text;
-  std::vector<std::string> targets;   // for/set: variable names
-  std::string attribute;              // set ns.attribute = ...
-  std::vector<expr_ptr> exprs;        // if: conditions; for: [iterable, filter or null]; set: [value]
+  std::vector<std::string> targets;  // for/set: variable names
+  std::string attribute;             // set ns.attribute = ...
+  std::vector<expr_ptr> exprs;       // if: conditions; for: [iterable, filter or null]; set: [value]
   std::vector<std::vector<std::unique_ptr<template_node>>> bodies;
-  bool uses_loop = false;             // for: the body mentions `loop`
+  bool uses_loop = false;  // for: the body mentions `loop`
 };
 using node_ptr = std::unique_ptr<template_node>;
 using node_list = std::vector<node_ptr>;

@@ -28,17 +28,41 @@ struct filter_signature {
 // Every filter this interpreter has.
 const filter_signature* find_filter(const std::string& name) {
   static const std::map<std::string, filter_signature> table = {
-      {"trim", {{"chars"}}}, {"length", {}}, {"count", {}}, {"upper", {}}, {"lower", {}}, {"capitalize", {}},
-      {"title", {}}, {"string", {}}, {"safe", {}}, {"list", {}}, {"abs", {}}, {"items", {}}, {"reverse", {}},
-      {"escape", {}}, {"e", {}}, {"first", {}}, {"last", {}},
+      {"trim", {{"chars"}}},
+      {"length", {}},
+      {"count", {}},
+      {"upper", {}},
+      {"lower", {}},
+      {"capitalize", {}},
+      {"title", {}},
+      {"string", {}},
+      {"safe", {}},
+      {"list", {}},
+      {"abs", {}},
+      {"items", {}},
+      {"reverse", {}},
+      {"escape", {}},
+      {"e", {}},
+      {"first", {}},
+      {"last", {}},
       {"tojson", {{"ensure_ascii", "indent", "separators", "sort_keys"}}},
-      {"default", {{"default_value", "boolean"}}}, {"d", {{"default_value", "boolean"}}},
-      {"join", {{"d", "attribute"}}}, {"replace", {{"old", "new", "count"}}}, {"int", {{"default", "base"}}},
-      {"float", {{"default"}}}, {"unique", {{"case_sensitive", "attribute"}}},
-      {"sort", {{"reverse", "case_sensitive", "attribute"}}}, {"sum", {{"attribute", "start"}}},
-      {"min", {{"case_sensitive", "attribute"}}}, {"max", {{"case_sensitive", "attribute"}}},
-      {"indent", {{"width", "first", "blank"}}}, {"map", {{}, true}}, {"select", {{}, true}},
-      {"reject", {{}, true}}, {"selectattr", {{}, true}}, {"rejectattr", {{}, true}}};
+      {"default", {{"default_value", "boolean"}}},
+      {"d", {{"default_value", "boolean"}}},
+      {"join", {{"d", "attribute"}}},
+      {"replace", {{"old", "new", "count"}}},
+      {"int", {{"default", "base"}}},
+      {"float", {{"default"}}},
+      {"unique", {{"case_sensitive", "attribute"}}},
+      {"sort", {{"reverse", "case_sensitive", "attribute"}}},
+      {"sum", {{"attribute", "start"}}},
+      {"min", {{"case_sensitive", "attribute"}}},
+      {"max", {{"case_sensitive", "attribute"}}},
+      {"indent", {{"width", "first", "blank"}}},
+      {"map", {{}, true}},
+      {"select", {{}, true}},
+      {"reject", {{}, true}},
+      {"selectattr", {{}, true}},
+      {"rejectattr", {{}, true}}};
   const auto it = table.find(name);
   return it == table.end() ? nullptr : &it->second;
 }
@@ -49,13 +73,42 @@ enum class test_arity { subject_only, one_argument };
 // Every test this interpreter has.
 const test_arity* find_test(const std::string& name) {
   constexpr test_arity subject = test_arity::subject_only, one = test_arity::one_argument;
-  static const std::map<std::string, test_arity> table = {
-      {"defined", subject}, {"undefined", subject}, {"none", subject}, {"string", subject}, {"number", subject},
-      {"integer", subject}, {"float", subject}, {"boolean", subject}, {"true", subject}, {"false", subject},
-      {"mapping", subject}, {"sequence", subject}, {"iterable", subject}, {"callable", subject}, {"lower", subject},
-      {"upper", subject}, {"even", subject}, {"odd", subject}, {"divisibleby", one}, {"eq", one}, {"equalto", one},
-      {"==", one}, {"ne", one}, {"!=", one}, {"lt", one}, {"lessthan", one}, {"<", one}, {"le", one}, {"<=", one},
-      {"gt", one}, {"greaterthan", one}, {">", one}, {"ge", one}, {">=", one}, {"in", one}, {"sameas", one}};
+  static const std::map<std::string, test_arity> table = {{"defined", subject},
+                                                          {"undefined", subject},
+                                                          {"none", subject},
+                                                          {"string", subject},
+                                                          {"number", subject},
+                                                          {"integer", subject},
+                                                          {"float", subject},
+                                                          {"boolean", subject},
+                                                          {"true", subject},
+                                                          {"false", subject},
+                                                          {"mapping", subject},
+                                                          {"sequence", subject},
+                                                          {"iterable", subject},
+                                                          {"callable", subject},
+                                                          {"lower", subject},
+                                                          {"upper", subject},
+                                                          {"even", subject},
+                                                          {"odd", subject},
+                                                          {"divisibleby", one},
+                                                          {"eq", one},
+                                                          {"equalto", one},
+                                                          {"==", one},
+                                                          {"ne", one},
+                                                          {"!=", one},
+                                                          {"lt", one},
+                                                          {"lessthan", one},
+                                                          {"<", one},
+                                                          {"le", one},
+                                                          {"<=", one},
+                                                          {"gt", one},
+                                                          {"greaterthan", one},
+                                                          {">", one},
+                                                          {"ge", one},
+                                                          {">=", one},
+                                                          {"in", one},
+                                                          {"sameas", one}};
   const auto it = table.find(name);
   return it == table.end() ? nullptr : &it->second;
 }
@@ -66,7 +119,10 @@ std::string jinja_title(const std::string& s) {
   bool word_start = true;
   for (auto& c : cps) {
     const bool sep = c == '-' || is_py_space(c) || c == '(' || c == '{' || c == '[' || c == '<';
-    if (sep) { word_start = true; continue; }
+    if (sep) {
+      word_start = true;
+      continue;
+    }
     c = word_start ? to_upper_cp(c) : to_lower_cp(c);
     word_start = false;
   }
@@ -111,7 +167,10 @@ value attribute_of(render_budget& budget, const value& item, const value* attrib
 std::optional<std::string> drop_digit_underscores(const std::string& t) {
   std::string out;
   for (size_t k = 0; k < t.size(); ++k) {
-    if (t[k] != '_') { out.push_back(t[k]); continue; }
+    if (t[k] != '_') {
+      out.push_back(t[k]);
+      continue;
+    }
     if (k == 0 || k + 1 == t.size() || !std::isxdigit(static_cast<unsigned char>(t[k - 1])) ||
         !std::isxdigit(static_cast<unsigned char>(t[k + 1])))
       return std::nullopt;
@@ -133,8 +192,10 @@ std::optional<int64_t> parse_py_int(const std::string& s, int64_t base) {
   const int detected = radix_prefix(t);
   if (base == 0) {
     base = detected ? detected : 10;
-    if (detected) t.erase(0, 2);
-    else if (t.size() > 1 && t[0] == '0' && t.find_first_not_of('0') != std::string::npos) return std::nullopt;
+    if (detected)
+      t.erase(0, 2);
+    else if (t.size() > 1 && t[0] == '0' && t.find_first_not_of('0') != std::string::npos)
+      return std::nullopt;
   } else if (detected == base) {
     t.erase(0, 2);
   }
@@ -161,17 +222,26 @@ std::optional<double> parse_py_float(const std::string& s) {
   if (word == "inf" || word == "infinity") return t[0] == '-' ? -HUGE_VAL : HUGE_VAL;
   if (word == "nan") return std::numeric_limits<double>::quiet_NaN();
   size_t digits = 0;
-  while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) { ++k; ++digits; }
+  while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) {
+    ++k;
+    ++digits;
+  }
   if (k < t.size() && t[k] == '.') {
     ++k;
-    while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) { ++k; ++digits; }
+    while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) {
+      ++k;
+      ++digits;
+    }
   }
   if (digits == 0) return std::nullopt;
   if (k < t.size() && (t[k] == 'e' || t[k] == 'E')) {
     ++k;
     if (k < t.size() && (t[k] == '+' || t[k] == '-')) ++k;
     size_t exp_digits = 0;
-    while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) { ++k; ++exp_digits; }
+    while (k < t.size() && std::isdigit(static_cast<unsigned char>(t[k]))) {
+      ++k;
+      ++exp_digits;
+    }
     if (exp_digits == 0) return std::nullopt;
   }
   if (k != t.size()) return std::nullopt;
@@ -202,9 +272,10 @@ value to_int(const value& v, const call_args& args) {
 bool is_known_filter(const std::string& name) { return find_filter(name) != nullptr; }
 
 bool is_standard_jinja_filter(const std::string& name) {
-  static const char* const names[] = {
-      "attr", "batch", "center", "dictsort", "filesizeformat", "forceescape", "format", "groupby", "pprint",
-      "random", "round", "slice", "striptags", "truncate", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr"};
+  static const char* const names[] = {"attr",        "batch",     "center",    "dictsort", "filesizeformat",
+                                      "forceescape", "format",    "groupby",   "pprint",   "random",
+                                      "round",       "slice",     "striptags", "truncate", "urlencode",
+                                      "urlize",      "wordcount", "wordwrap",  "xmlattr"};
   return std::find(std::begin(names), std::end(names), name) != std::end(names);
 }
 
@@ -228,8 +299,10 @@ value apply_filter(render_budget& budget, const std::string& name, const value& 
     json_style style;
     if (const value* ascii = args.get(0, "ensure_ascii")) style.ensure_ascii = truthy(*ascii);
     if (const value* indent = args.get(1, "indent"); indent && indent->kind != value_kind::none) {
-      if (indent->kind == value_kind::string) style.indent = indent->str();
-      else style.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(int_arg(indent, 0), 0, 64)), ' ');
+      if (indent->kind == value_kind::string)
+        style.indent = indent->str();
+      else
+        style.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(int_arg(indent, 0), 0, 64)), ' ');
       style.item_separator = ",";
     }
     if (const value* sep = args.get(2, "separators"); sep && sep->kind != value_kind::none) {
@@ -313,8 +386,15 @@ value apply_filter(render_budget& budget, const std::string& name, const value& 
     for (const auto& item : iterate(budget, v)) {
       const value key = sort_key(budget, attribute_of(budget, item, attribute), case_sensitive);
       bool seen = false;
-      for (const auto& o : keys) if (equals(budget, o, key)) { seen = true; break; }
-      if (!seen) { out.push_back(item); keys.push_back(key); }
+      for (const auto& o : keys)
+        if (equals(budget, o, key)) {
+          seen = true;
+          break;
+        }
+      if (!seen) {
+        out.push_back(item);
+        keys.push_back(key);
+      }
     }
     return budget.make_list(std::move(out));
   }
@@ -352,7 +432,10 @@ value apply_filter(render_budget& budget, const std::string& name, const value& 
     for (size_t k = 1; k < items.size(); ++k) {
       const value item_key = key(items[k]);
       const int c = order(budget, item_key, best_key);
-      if (name == "min" ? c < 0 : c > 0) { best = items[k]; best_key = item_key; }
+      if (name == "min" ? c < 0 : c > 0) {
+        best = items[k];
+        best_key = item_key;
+      }
     }
     return best;
   }
@@ -363,10 +446,12 @@ value apply_filter(render_budget& budget, const std::string& name, const value& 
   if (name == "map") {
     std::vector<value> out;
     const value* attribute = nullptr;
-    for (const auto& [k, a] : args.keyword) if (k == "attribute") attribute = &a;
+    for (const auto& [k, a] : args.keyword)
+      if (k == "attribute") attribute = &a;
     if (attribute) {
       const value* fallback = nullptr;
-      for (const auto& [k, a] : args.keyword) if (k == "default") fallback = &a;
+      for (const auto& [k, a] : args.keyword)
+        if (k == "default") fallback = &a;
       for (const auto& item : iterate(budget, v)) {
         value x = get_item_or_attr(budget, item, *attribute);
         out.push_back(x.is_undefined() && fallback ? *fallback : x);

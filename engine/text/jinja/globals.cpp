@@ -42,7 +42,11 @@ value make_dict(render_budget& budget, const call_args& args) {
   }
   for (const auto& [k, v] : args.keyword) {
     bool replaced = false;
-    for (auto& [ok, ov] : entries) if (ok.kind == value_kind::string && ok.str() == k) { ov = v; replaced = true; }
+    for (auto& [ok, ov] : entries)
+      if (ok.kind == value_kind::string && ok.str() == k) {
+        ov = v;
+        replaced = true;
+      }
     if (!replaced) entries.emplace_back(value::string(k), v);
   }
   return budget.make_dict(std::move(entries));
@@ -61,9 +65,9 @@ value make_range(render_budget& budget, const call_args& args) {
   const int64_t step = nums.size() == 3 ? nums[2] : 1;
   if (step == 0) fail_render("range() arg 3 must not be zero");
   // Jinja's sandbox refuses ranges longer than MAX_RANGE = 100000.
-  const long double count =
-      step > 0 ? std::ceil((static_cast<long double>(stop) - start) / step)
-               : std::ceil((static_cast<long double>(start) - stop) / -static_cast<long double>(step));
+  const long double count = step > 0
+                                ? std::ceil((static_cast<long double>(stop) - start) / step)
+                                : std::ceil((static_cast<long double>(start) - stop) / -static_cast<long double>(step));
   if (count > 100000)
     fail(chat_template_error_kind::limit, "chat template range() is too big (more than 100000 items)");
   // Near the int64 limits `k += step` overflows (undefined behaviour) before the end test could stop
@@ -89,8 +93,12 @@ value strftime_now(render_budget& budget, const call_args& args, int64_t now_uni
     if (f[k] == '%' && k + 1 < f.size()) {
       const char conv = f[k + 1];
       ++k;
-      if (conv == 'f') c_format += "000000";
-      else if (conv != 'z' && conv != 'Z') { c_format += '%'; c_format += conv; }
+      if (conv == 'f')
+        c_format += "000000";
+      else if (conv != 'z' && conv != 'Z') {
+        c_format += '%';
+        c_format += conv;
+      }
     } else {
       c_format += f[k];
     }

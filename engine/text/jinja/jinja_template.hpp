@@ -56,9 +56,9 @@ namespace jinja {
 
 // Resource bounds for one render.
 struct limits {
-  uint64_t max_steps = 1'000'000;          // evaluation steps (nodes, loop iterations, elements, bytes/64 built)
-  size_t max_depth = 256;                  // evaluator recursion and value nesting depth
-  size_t max_output_bytes = 8u << 20;      // rendered text, and any single string value
+  uint64_t max_steps = 1'000'000;      // evaluation steps (nodes, loop iterations, elements, bytes/64 built)
+  size_t max_depth = 256;              // evaluator recursion and value nesting depth
+  size_t max_output_bytes = 8u << 20;  // rendered text, and any single string value
 };
 
 struct value;
@@ -69,7 +69,15 @@ enum class value_kind : uint8_t { undefined, none, boolean, integer, floating, s
 
 // Built-in callables that can be values: globals, loop.cycle, and str/dict methods taken as values
 // (`s.split` without a call; the value's `s` names the method and `list` holds the object).
-enum class builtin_function : uint8_t { raise_exception, namespace_ctor, range, dict_ctor, strftime_now, loop_cycle, bound_method };
+enum class builtin_function : uint8_t {
+  raise_exception,
+  namespace_ctor,
+  range,
+  dict_ctor,
+  strftime_now,
+  loop_cycle,
+  bound_method
+};
 
 // A Jinja value. Strings, lists and dicts are shared and immutable; a namespace is shared and mutable.
 struct value {
@@ -83,12 +91,36 @@ struct value {
   std::shared_ptr<const dict_data> dict;  // dict or namespace (a namespace's data is mutated in place)
 
   static value undefined() { return {}; }
-  static value none() { value v; v.kind = value_kind::none; return v; }
-  static value boolean(bool x) { value v; v.kind = value_kind::boolean; v.b = x; return v; }
-  static value integer(int64_t x) { value v; v.kind = value_kind::integer; v.i = x; return v; }
-  static value floating(double x) { value v; v.kind = value_kind::floating; v.f = x; return v; }
+  static value none() {
+    value v;
+    v.kind = value_kind::none;
+    return v;
+  }
+  static value boolean(bool x) {
+    value v;
+    v.kind = value_kind::boolean;
+    v.b = x;
+    return v;
+  }
+  static value integer(int64_t x) {
+    value v;
+    v.kind = value_kind::integer;
+    v.i = x;
+    return v;
+  }
+  static value floating(double x) {
+    value v;
+    v.kind = value_kind::floating;
+    v.f = x;
+    return v;
+  }
   static value string(std::string x);
-  static value function(builtin_function fn) { value v; v.kind = value_kind::function; v.fn = fn; return v; }
+  static value function(builtin_function fn) {
+    value v;
+    v.kind = value_kind::function;
+    v.fn = fn;
+    return v;
+  }
   // Containers record their nesting depth so that deep structures are refused when built, which
   // also bounds the recursion of printing, comparing and destroying them.
   static value make_list(std::vector<value> items, bool is_tuple = false);

@@ -49,9 +49,9 @@ class lexer {
         const size_t line_start = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
         const bool line_starting = pos_ == 0 || src_[pos_ - 1] == '\n';
         if (line_start > 0 || line_starting) {
-          const bool only_ws = line_start < text.size() &&
-                               std::all_of(text.begin() + static_cast<std::ptrdiff_t>(line_start), text.end(),
-                                           [](char c) { return is_ws(c); });
+          const bool only_ws =
+              line_start < text.size() && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(line_start),
+                                                      text.end(), [](char c) { return is_ws(c); });
           if (only_ws) text.resize(line_start);
         }
       }
@@ -146,11 +146,14 @@ class lexer {
       } else if (c == '\'' || c == '"') {
         lex_string(c);
       } else {
-        static const char* const ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "/", "*", "%", "~", "[", "]",
-                                          "(", ")", "{", "}", "<", ">", "=", ".", ":", "|", ",", ";"};
+        static const char* const ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "/", "*", "%", "~", "[",
+                                          "]",  "(",  ")",  "{",  "}",  "<",  ">", "=", ".", ":", "|", ",", ";"};
         std::string op;
         for (const char* o : ops) {
-          if (src_.compare(pos_, std::strlen(o), o) == 0) { op = o; break; }
+          if (src_.compare(pos_, std::strlen(o), o) == 0) {
+            op = o;
+            break;
+          }
         }
         if (op.empty()) syntax_error(line_, std::string("unexpected character '") + c + "'");
         if (op == "(" || op == "[" || op == "{") brackets.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
@@ -187,7 +190,8 @@ class lexer {
     }
     if (!is_float) k = integer_end();
     std::string lit;
-    for (size_t m = pos_; m < k; ++m) if (src_[m] != '_') lit.push_back(src_[m]);
+    for (size_t m = pos_; m < k; ++m)
+      if (src_[m] != '_') lit.push_back(src_[m]);
     token t;
     t.line = line_;
     t.text = lit;
@@ -198,8 +202,10 @@ class lexer {
       t.type = tok::integer;
       int base = radix_prefix(lit);
       std::string_view digits_only = lit;
-      if (base != 0) digits_only.remove_prefix(2);
-      else base = 10;
+      if (base != 0)
+        digits_only.remove_prefix(2);
+      else
+        base = 10;
       auto r = std::from_chars(digits_only.data(), digits_only.data() + digits_only.size(), t.i, base);
       if (r.ec != std::errc()) syntax_error(line_, "integer literal out of range: " + lit);
     }
@@ -215,8 +221,14 @@ class lexer {
     };
     auto run = [&](size_t k, int base) {  // (_?digit)*
       while (true) {
-        if (k < src_.size() && digit_in(src_[k], base)) { ++k; continue; }
-        if (k + 1 < src_.size() && src_[k] == '_' && digit_in(src_[k + 1], base)) { k += 2; continue; }
+        if (k < src_.size() && digit_in(src_[k], base)) {
+          ++k;
+          continue;
+        }
+        if (k + 1 < src_.size() && src_[k] == '_' && digit_in(src_[k + 1], base)) {
+          k += 2;
+          continue;
+        }
         return k;
       }
     };
@@ -227,8 +239,14 @@ class lexer {
     if (src_[pos_] != '0') return run(pos_ + 1, 10);
     size_t k = pos_ + 1;  // 0(_?0)*
     while (true) {
-      if (k < src_.size() && src_[k] == '0') { ++k; continue; }
-      if (k + 1 < src_.size() && src_[k] == '_' && src_[k + 1] == '0') { k += 2; continue; }
+      if (k < src_.size() && src_[k] == '0') {
+        ++k;
+        continue;
+      }
+      if (k + 1 < src_.size() && src_[k] == '_' && src_[k + 1] == '0') {
+        k += 2;
+        continue;
+      }
       return k;
     }
   }
@@ -246,9 +264,16 @@ class lexer {
     while (true) {
       if (k >= src_.size()) syntax_error(start_line, "unterminated string literal");
       const char c = src_[k];
-      if (c == quote) { ++k; break; }
+      if (c == quote) {
+        ++k;
+        break;
+      }
       if (c == '\n') ++line_;
-      if (c != '\\') { out.push_back(c); ++k; continue; }
+      if (c != '\\') {
+        out.push_back(c);
+        ++k;
+        continue;
+      }
       if (k + 1 >= src_.size()) syntax_error(start_line, "unterminated string literal");
       const char e = src_[k + 1];
       k += 2;
@@ -264,7 +289,9 @@ class lexer {
         case 'r': out.push_back('\r'); break;
         case 't': out.push_back('\t'); break;
         case 'v': out.push_back('\v'); break;
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
           const int width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           char32_t cp = 0;
           for (int d = 0; d < width; ++d) {

@@ -15,11 +15,26 @@ namespace {
 // Positional-only parameter lists of the str and dict methods implemented (split also takes
 // keywords); optional start/end arguments of find/startswith/... are not supported.
 const std::map<std::string, std::vector<std::string>>* method_table(const value& obj) {
-  static const std::map<std::string, std::vector<std::string>> string_methods = {
-      {"strip", {"chars"}}, {"lstrip", {"chars"}}, {"rstrip", {"chars"}}, {"upper", {}}, {"lower", {}}, {"title", {}},
-      {"capitalize", {}}, {"startswith", {"prefix"}}, {"endswith", {"suffix"}}, {"split", {"sep", "maxsplit"}},
-      {"replace", {"old", "new", "count"}}, {"find", {"sub"}}, {"count", {"sub"}}, {"index", {"sub"}},
-      {"join", {"iterable"}}, {"isdigit", {}}, {"isspace", {}}, {"isalpha", {}}, {"isupper", {}}, {"islower", {}}};
+  static const std::map<std::string, std::vector<std::string>> string_methods = {{"strip", {"chars"}},
+                                                                                 {"lstrip", {"chars"}},
+                                                                                 {"rstrip", {"chars"}},
+                                                                                 {"upper", {}},
+                                                                                 {"lower", {}},
+                                                                                 {"title", {}},
+                                                                                 {"capitalize", {}},
+                                                                                 {"startswith", {"prefix"}},
+                                                                                 {"endswith", {"suffix"}},
+                                                                                 {"split", {"sep", "maxsplit"}},
+                                                                                 {"replace", {"old", "new", "count"}},
+                                                                                 {"find", {"sub"}},
+                                                                                 {"count", {"sub"}},
+                                                                                 {"index", {"sub"}},
+                                                                                 {"join", {"iterable"}},
+                                                                                 {"isdigit", {}},
+                                                                                 {"isspace", {}},
+                                                                                 {"isalpha", {}},
+                                                                                 {"isupper", {}},
+                                                                                 {"islower", {}}};
   static const std::map<std::string, std::vector<std::string>> dict_methods = {
       {"items", {}}, {"keys", {}}, {"values", {}}, {"get", {"key", "default"}}};
   if (obj.kind == value_kind::string) return &string_methods;
@@ -75,7 +90,8 @@ bool prefix_match(const std::string& s, const value* arg, bool suffix) {
     return suffix ? s.compare(s.size() - x.size(), x.size(), x) == 0 : s.compare(0, x.size(), x) == 0;
   };
   if (arg->kind == value_kind::list && arg->list->is_tuple) {
-    for (const auto& p : arg->list->items) if (test(p)) return true;
+    for (const auto& p : arg->list->items)
+      if (test(p)) return true;
     return false;
   }
   return test(*arg);
@@ -218,7 +234,10 @@ value str_replace(render_budget& budget, const std::string& s, const std::string
   if (from.empty()) {
     const std::u32string cps = decode_utf8(s);
     for (size_t k = 0; k <= cps.size(); ++k) {
-      if (count < 0 || done < count) { out += to; ++done; }
+      if (count < 0 || done < count) {
+        out += to;
+        ++done;
+      }
       if (k < cps.size()) append_utf8(out, cps[k]);
       budget.check_size(out.size());
     }

@@ -38,7 +38,9 @@ class parser {
 
   const token& cur() const { return toks_[pos_]; }
   const token& peek(size_t ahead = 1) const { return toks_[std::min(pos_ + ahead, toks_.size() - 1)]; }
-  void advance() { if (pos_ + 1 < toks_.size()) ++pos_; }
+  void advance() {
+    if (pos_ + 1 < toks_.size()) ++pos_;
+  }
   bool is_op(const char* op) const { return cur().type == tok::op && cur().text == op; }
   bool is_name(const char* n) const { return cur().type == tok::name && cur().text == n; }
   static std::string describe(const token& t) {
@@ -47,7 +49,8 @@ class parser {
       case tok::var_end: return "'}}'";
       case tok::block_end: return "'%}'";
       case tok::string: return "string literal";
-      case tok::integer: case tok::floating: return "number " + t.text;
+      case tok::integer:
+      case tok::floating: return "number " + t.text;
       default: return "'" + t.text + "'";
     }
   }
@@ -241,25 +244,30 @@ class parser {
       if (is_standard_jinja_test(e.name)) fail_unsupported("the test '" + e.name + "'", e.line);
       syntax_error(e.line, "no test named '" + e.name + "'");
     }
-    for (const auto& k : e.kids) if (k) resolve(*k, inner_soft);
+    for (const auto& k : e.kids)
+      if (k) resolve(*k, inner_soft);
   }
   static void resolve(const template_node& n, bool soft) {
     switch (n.kind) {
       case node_kind::if_chain:
         for (const auto& e : n.exprs) resolve(*e, true);
-        for (const auto& b : n.bodies) for (const auto& c : b) resolve(*c, true);
+        for (const auto& b : n.bodies)
+          for (const auto& c : b) resolve(*c, true);
         return;
       case node_kind::for_loop:
         resolve(*n.exprs[0], soft);
         if (n.exprs[1]) resolve(*n.exprs[1], false);
-        for (const auto& b : n.bodies) for (const auto& c : b) resolve(*c, false);
+        for (const auto& b : n.bodies)
+          for (const auto& c : b) resolve(*c, false);
         return;
       case node_kind::set_block:
         for (const auto& c : n.bodies[0]) resolve(*c, false);
         return;
       default:
-        for (const auto& e : n.exprs) if (e) resolve(*e, soft);
-        for (const auto& b : n.bodies) for (const auto& c : b) resolve(*c, soft);
+        for (const auto& e : n.exprs)
+          if (e) resolve(*e, soft);
+        for (const auto& b : n.bodies)
+          for (const auto& c : b) resolve(*c, soft);
     }
   }
 
@@ -269,8 +277,10 @@ class parser {
   }
   static bool mentions_loop(const node_list& body) {
     for (const auto& n : body) {
-      for (const auto& e : n->exprs) if (e && mentions_loop(*e)) return true;
-      for (const auto& b : n->bodies) if (mentions_loop(b)) return true;
+      for (const auto& e : n->exprs)
+        if (e && mentions_loop(*e)) return true;
+      for (const auto& b : n->bodies)
+        if (mentions_loop(b)) return true;
     }
     return false;
   }
@@ -305,8 +315,10 @@ class parser {
       if (!items.empty()) expect_op(",");
       if (is_tuple_end()) break;
       items.push_back(parse_expression(with_condexpr));
-      if (is_op(",")) is_tuple = true;
-      else break;
+      if (is_op(","))
+        is_tuple = true;
+      else
+        break;
     }
     if (!is_tuple) {
       if (!items.empty()) return std::move(items[0]);
@@ -468,9 +480,12 @@ class parser {
       const std::string n = t.text;
       advance();
       auto e = make(expr_kind::literal, line);
-      if (n == "true" || n == "True") e->literal = value::boolean(true);
-      else if (n == "false" || n == "False") e->literal = value::boolean(false);
-      else if (n == "none" || n == "None") e->literal = value::none();
+      if (n == "true" || n == "True")
+        e->literal = value::boolean(true);
+      else if (n == "false" || n == "False")
+        e->literal = value::boolean(false);
+      else if (n == "none" || n == "None")
+        e->literal = value::none();
       else {
         e->kind = expr_kind::name;
         e->name = n;
@@ -655,10 +670,9 @@ class parser {
           e->name = name;
           add_kid(*e, std::move(node));
           const token& t = cur();
-          const bool arg_follows =
-              (t.type == tok::name && t.text != "else" && t.text != "or" && t.text != "and") ||
-              t.type == tok::string || t.type == tok::integer || t.type == tok::floating ||
-              is_op("(") || is_op("[") || is_op("{");
+          const bool arg_follows = (t.type == tok::name && t.text != "else" && t.text != "or" && t.text != "and") ||
+                                   t.type == tok::string || t.type == tok::integer || t.type == tok::floating ||
+                                   is_op("(") || is_op("[") || is_op("{");
           if (arg_follows) {
             add_kid(*e, parse_postfix(parse_primary()));
             e->keywords.emplace_back();

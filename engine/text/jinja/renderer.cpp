@@ -74,12 +74,16 @@ class renderer {
   // ---- variables ----
   const value* find_var(const std::string& name) const {
     for (auto f = frames_.rbegin(); f != frames_.rend(); ++f)
-      for (auto& [k, v] : *f) if (k == name) return &v;
+      for (auto& [k, v] : *f)
+        if (k == name) return &v;
     return nullptr;
   }
   void set_var(const std::string& name, value v) {
     for (auto& [k, old] : frames_.back()) {
-      if (k == name) { old = std::move(v); return; }
+      if (k == name) {
+        old = std::move(v);
+        return;
+      }
     }
     frames_.back().emplace_back(name, std::move(v));
   }
@@ -113,8 +117,10 @@ class renderer {
       case node_kind::text: emit(n.text); return flow::normal;
       case node_kind::output: {
         value v = eval(*n.exprs[0]);
-        if (v.kind == value_kind::string) emit(v.str());
-        else emit(to_str(budget_, v));
+        if (v.kind == value_kind::string)
+          emit(v.str());
+        else
+          emit(to_str(budget_, v));
         return flow::normal;
       }
       case node_kind::if_chain:
@@ -198,7 +204,8 @@ class renderer {
         const value* v = find_var(e.name);
         return v ? *v : value::undefined();
       }
-      case expr_kind::list: case expr_kind::tuple: {
+      case expr_kind::list:
+      case expr_kind::tuple: {
         std::vector<value> items;
         items.reserve(e.kids.size());
         for (const auto& k : e.kids) items.push_back(eval(*k));
@@ -213,7 +220,11 @@ class renderer {
           value item = eval(*e.kids[k + 1]);
           bool replaced = false;
           for (auto& [old_key, old_item] : entries) {
-            if (equals(budget_, old_key, key)) { old_item = item; replaced = true; break; }
+            if (equals(budget_, old_key, key)) {
+              old_item = item;
+              replaced = true;
+              break;
+            }
           }
           if (!replaced) entries.emplace_back(std::move(key), std::move(item));
         }
@@ -238,7 +249,8 @@ class renderer {
         return value::boolean(e.negated ? !r : r);
       }
       case expr_kind::not_op: return value::boolean(!truthy(eval(*e.kids[0])));
-      case expr_kind::neg: case expr_kind::pos: {
+      case expr_kind::neg:
+      case expr_kind::pos: {
         value v = eval(*e.kids[0]);
         if (!is_number(v))
           fail_render(std::string("bad operand type for unary ") + (e.kind == expr_kind::neg ? "-" : "+") + ": " +
@@ -291,8 +303,10 @@ class renderer {
     for (size_t k = 1; k < e.kids.size(); ++k) {
       value v = eval(*e.kids[k]);
       const std::string& kw = e.keywords[k - 1];
-      if (kw.empty()) args.positional.push_back(std::move(v));
-      else args.keyword.emplace_back(kw, std::move(v));
+      if (kw.empty())
+        args.positional.push_back(std::move(v));
+      else
+        args.keyword.emplace_back(kw, std::move(v));
     }
     return args;
   }

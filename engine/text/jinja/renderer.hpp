@@ -10,7 +10,6 @@
 namespace tessera::jinja::detail {
 
 // Throws chat_template_error (render, raised or limit).
-std::string render(const template_node& root, const context& variables, const limits& bounds,
-                   int64_t now_unix_seconds);
+std::string render(const template_node& root, const context& variables, const limits& bounds, int64_t now_unix_seconds);
 
 }  // namespace tessera::jinja::detail

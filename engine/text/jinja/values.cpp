@@ -80,14 +80,16 @@ bool holds_namespace(const value& v) {
 
 bool truthy(const value& v) {
   switch (v.kind) {
-    case value_kind::undefined: case value_kind::none: return false;
+    case value_kind::undefined:
+    case value_kind::none: return false;
     case value_kind::boolean: return v.b;
     case value_kind::integer: return v.i != 0;
     case value_kind::floating: return v.f != 0.0;
     case value_kind::string: return !v.s->empty();
     case value_kind::list: return !v.list->items.empty();
     case value_kind::dict: return !v.dict->entries.empty();
-    case value_kind::ns: case value_kind::function: return true;
+    case value_kind::ns:
+    case value_kind::function: return true;
   }
   return false;
 }
@@ -104,9 +106,13 @@ std::string python_float_repr(double d) {
   std::string mant = sci.substr(0, epos);
   const int exp10 = std::stoi(sci.substr(epos + 1));
   bool neg = false;
-  if (!mant.empty() && mant[0] == '-') { neg = true; mant.erase(0, 1); }
+  if (!mant.empty() && mant[0] == '-') {
+    neg = true;
+    mant.erase(0, 1);
+  }
   std::string digits;
-  for (char c : mant) if (c != '.') digits.push_back(c);
+  for (char c : mant)
+    if (c != '.') digits.push_back(c);
   std::string out = neg ? "-" : "";
   if (exp10 >= -4 && exp10 < 16) {
     const int point = exp10 + 1;  // digits before the decimal point
@@ -145,10 +151,15 @@ void append_string_repr(std::string& out, const std::string& s) {
   const char quote = has_single && !has_double ? '"' : '\'';
   out.push_back(quote);
   for (char32_t c : decode_utf8(s)) {
-    if (c == static_cast<char32_t>(quote) || c == '\\') { out.push_back('\\'); out.push_back(static_cast<char>(c)); }
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == static_cast<char32_t>(quote) || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7F || (c >= 0x80 && c <= 0xA0) || c == 0xAD) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
@@ -174,7 +185,10 @@ void append_repr(render_budget& budget, std::string& out, const value& v) {
     case value_kind::boolean: out += v.b ? "True" : "False"; return;
     case value_kind::integer: out += std::to_string(v.i); return;
     case value_kind::floating: out += python_float_repr(v.f); return;
-    case value_kind::string: budget.spend(v.s->size() / 256); append_string_repr(out, v.str()); return;
+    case value_kind::string:
+      budget.spend(v.s->size() / 256);
+      append_string_repr(out, v.str());
+      return;
     case value_kind::function:
       out += v.fn == builtin_function::bound_method ? "<built-in method " + *v.s + ">"
                                                     : std::string("<built-in function>");
@@ -192,7 +206,8 @@ void append_repr(render_budget& budget, std::string& out, const value& v) {
       out += tuple ? ")" : "]";
       return;
     }
-    case value_kind::dict: case value_kind::ns: {
+    case value_kind::dict:
+    case value_kind::ns: {
       if (v.kind == value_kind::ns) out += "<Namespace ";
       out += "{";
       bool first = true;
@@ -263,18 +278,24 @@ void append_json(render_budget& budget, std::string& out, const value& v, const 
     case value_kind::boolean: out += v.b ? "true" : "false"; return;
     case value_kind::integer: out += std::to_string(v.i); return;
     case value_kind::floating:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f < 0 ? "-Infinity" : "Infinity";
-      else out += python_float_repr(v.f);
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f < 0 ? "-Infinity" : "Infinity";
+      else
+        out += python_float_repr(v.f);
       return;
     case value_kind::string:
       budget.spend(v.s->size() / 256);
       append_json_string(out, v.str(), style.ensure_ascii);
       return;
-    case value_kind::function: case value_kind::ns:
-      fail_render(std::string("Object of type ") + kind_name(v) + " is not JSON serializable");
+    case value_kind::function:
+    case value_kind::ns: fail_render(std::string("Object of type ") + kind_name(v) + " is not JSON serializable");
     case value_kind::list: {
-      if (v.list->items.empty()) { out += "[]"; return; }
+      if (v.list->items.empty()) {
+        out += "[]";
+        return;
+      }
       out += "[";
       bool first = true;
       for (const auto& item : v.list->items) {
@@ -288,7 +309,10 @@ void append_json(render_budget& budget, std::string& out, const value& v, const 
       return;
     }
     case value_kind::dict: {
-      if (v.dict->entries.empty()) { out += "{}"; return; }
+      if (v.dict->entries.empty()) {
+        out += "{}";
+        return;
+      }
       std::vector<std::pair<std::string, const value*>> entries;
       for (const auto& [k, item] : v.dict->entries) {
         std::string key;
@@ -332,7 +356,8 @@ bool equals(render_budget& budget, const value& a, const value& b) {
   }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case value_kind::undefined: case value_kind::none: return true;
+    case value_kind::undefined:
+    case value_kind::none: return true;
     case value_kind::string: return a.str() == b.str();
     case value_kind::list: {
       if (a.list->is_tuple != b.list->is_tuple || a.list->items.size() != b.list->items.size()) return false;
@@ -401,7 +426,8 @@ bool contains(render_budget& budget, const value& container, const value& item) 
       budget.spend(1 + container.s->size() / 256);
       return container.str().find(item.str()) != std::string::npos;
     case value_kind::list:
-      for (const auto& x : container.list->items) if (equals(budget, x, item)) return true;
+      for (const auto& x : container.list->items)
+        if (equals(budget, x, item)) return true;
       return false;
     case value_kind::dict: return find_in_dict(budget, *container.dict, item) != nullptr;
     default: fail_render(std::string("argument of type ") + kind_name(container) + " is not iterable");
@@ -451,7 +477,10 @@ void check_namespace_attribute(const std::string& name, const value& v) {
 
 void set_namespace_entry(std::vector<std::pair<value, value>>& entries, const value& key, value v) {
   for (auto& [k, old] : entries) {
-    if (k.str() == key.str()) { old = std::move(v); return; }
+    if (k.str() == key.str()) {
+      old = std::move(v);
+      return;
+    }
   }
   entries.emplace_back(key, std::move(v));
 }
@@ -466,7 +495,8 @@ void assign_namespace_attribute(const value& ns, const std::string& name, value 
 value get_entry_attribute(const value& obj, const std::string& name) {
   switch (obj.kind) {
     case value_kind::undefined: fail_render("cannot read attribute '" + name + "' of an undefined value");
-    case value_kind::dict: case value_kind::ns: {
+    case value_kind::dict:
+    case value_kind::ns: {
       if (const value* v = find_string_key(*obj.dict, name)) return *v;
       if (obj.kind == value_kind::dict && obj.dict->is_loop && name == "cycle")
         return value::function(builtin_function::loop_cycle);
@@ -540,10 +570,14 @@ value slice(render_budget& budget, const value& obj, const slice_bounds& bounds)
     } else {
       start = bounds.start ? *bounds.start : size - 1;
       stop = bounds.stop ? *bounds.stop : -1 - size;
-      if (start < 0) start = std::max<int64_t>(start + size, -1);
-      else start = std::min(start, size - 1);
-      if (stop < 0) stop = std::max<int64_t>(stop + size, -1);
-      else stop = std::min(stop, size - 1);
+      if (start < 0)
+        start = std::max<int64_t>(start + size, -1);
+      else
+        start = std::min(start, size - 1);
+      if (stop < 0)
+        stop = std::max<int64_t>(stop + size, -1);
+      else
+        stop = std::min(stop, size - 1);
       for (int64_t k = start; k > stop; k += step) picked.push_back(static_cast<size_t>(k));
     }
     budget.spend(picked.size());
@@ -587,8 +621,7 @@ int64_t checked_mul(int64_t a, int64_t b) {
 }  // namespace
 
 value binary_op(render_budget& budget, const std::string& op, const value& a, const value& b) {
-  if (a.is_undefined() || b.is_undefined())
-    fail_render("undefined value used with operator '" + op + "'");
+  if (a.is_undefined() || b.is_undefined()) fail_render("undefined value used with operator '" + op + "'");
   const bool numeric = is_number(a) && is_number(b);
   const bool as_float = numeric && (a.kind == value_kind::floating || b.kind == value_kind::floating);
   if (op == "+") {
@@ -653,7 +686,10 @@ value binary_op(render_budget& budget, const std::string& op, const value& a, co
         double m = std::fmod(x, y);
         double div = (x - m) / y;
         if (m != 0.0) {
-          if ((y < 0) != (m < 0)) { m += y; div -= 1.0; }
+          if ((y < 0) != (m < 0)) {
+            m += y;
+            div -= 1.0;
+          }
         } else {
           m = std::copysign(0.0, y);
         }
@@ -669,7 +705,10 @@ value binary_op(render_budget& budget, const std::string& op, const value& a, co
       const int64_t x = as_int(a), y = as_int(b);
       if (x == std::numeric_limits<int64_t>::min() && y == -1) fail_render("integer overflow");
       int64_t q = x / y, m = x % y;
-      if (m != 0 && ((m < 0) != (y < 0))) { m += y; q -= 1; }
+      if (m != 0 && ((m < 0) != (y < 0))) {
+        m += y;
+        q -= 1;
+      }
       return value::integer(op == "%" ? m : q);
     }
     if (op == "%" && a.kind == value_kind::string) fail_unsupported("printf-style '%' string formatting");

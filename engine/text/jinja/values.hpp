@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/text/jinja/render_budget.hpp"
 #include "engine/text/jinja/jinja_template.hpp"
+#include "engine/text/jinja/render_budget.hpp"
 
 namespace tessera::jinja::detail {
 
@@ -27,8 +27,8 @@ inline double as_double(const value& v) {
 }
 inline int64_t as_int(const value& v) { return v.kind == value_kind::boolean ? v.b : v.i; }
 
-size_t depth_of(const value& v);         // 0 for scalars
-bool holds_namespace(const value& v);    // is or contains a namespace()
+size_t depth_of(const value& v);       // 0 for scalars
+bool holds_namespace(const value& v);  // is or contains a namespace()
 
 bool truthy(const value& v);
 
@@ -59,7 +59,7 @@ const value* find_string_key(const dict_data& d, std::string_view name);
 
 // A list iterates its items, a dict its keys, a string its code points.
 std::vector<value> iterate(render_budget& budget, const value& v);
-size_t length_of(const value& v);                       // Python len()
+size_t length_of(const value& v);  // Python len()
 
 // The rules for namespace() attributes, checked when one is created and when one is assigned: no
 // leading '_' (the sandbox's rule for private names), and no namespace inside a namespace, which is

@@ -42,7 +42,9 @@ class launcher {
     (add_pointer(pointers, args), ...);
     launch(
         config_,
-        [call = call_, params = std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...)]() { std::apply(call, params); },
+        [call = call_, params = std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...)]() {
+          std::apply(call, params);
+        },
         std::move(pointers));
   }
 
