@@ -15,6 +15,7 @@
 #include "actors/engine_facade.hpp"
 #include "server/chat_output.hpp"
 #include "server/request_parser.hpp"
+#include "server/ws_message.hpp"
 
 namespace tessera::server {
 
@@ -37,7 +38,7 @@ struct server_options {
   // An unauthenticated WebSocket (a key is required and the upgrade carried none) that sends no
   // valid "auth" message this soon is closed (1008).
   std::chrono::milliseconds ws_auth_timeout{5000};
-  size_t ws_max_message_bytes = 64 * 1024;
+  size_t ws_max_message_bytes = k_ws_default_max_message_bytes;
   size_t ws_max_queued_messages = 4096;  // per socket; a reader slower than this is disconnected
   request_limits limits;
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;

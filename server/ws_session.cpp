@@ -130,18 +130,13 @@ void ws_session::send_error(const api_error& e, const std::string& id) { send(ws
 void ws_session::handle(const std::string& text) {
   std::string id;
   try {
-    simdjson::dom::parser parser;
-    const simdjson::padded_string padded(text);
-    simdjson::dom::element doc;
-    if (parser.parse(padded).get(doc) || !doc.is_object()) {
-      throw api_error(400, "messages must be JSON objects", "", "invalid_json");
-    }
-    std::string_view type;
-    if (doc["type"].get(type)) throw api_error(400, "'type' (a string) is required", "type");
-    if (std::string_view sid; !doc["id"].get(sid)) id = std::string(sid);
+    ws_envelope message;
+    parse_ws_envelope(text, message);
+    id = message.id;
+    const std::string& type = message.type;
     if (type == "auth") {
-      std::string_view key;
-      if (doc["api_key"].get(key) || state_.opt.api_key.empty() || !keys_equal(key, state_.opt.api_key)) {
+      const auto& key = message.api_key;
+      if (!key || state_.opt.api_key.empty() || !keys_equal(*key, state_.opt.api_key)) {
         if (state_.opt.api_key.empty()) {
           authed_ = true;
         } else {
@@ -161,38 +156,30 @@ void ws_session::handle(const std::string& text) {
     }
     if (type == "ping") return send(R"({"type":"pong"})");
     if (kind_ != ws_kind::generate) throw api_error(400, "this socket only streams events", "type");
-    if (type == "start") return start(doc, id);
+    if (type == "start") return start(message);
     if (type == "cancel") {
       auto it = gens_.find(id);
       if (it == gens_.end()) throw api_error(404, "no running generation with id '" + id + "'", "id", "not_found");
       it->second.stream.abort();  // the final message (finish_reason "abort") follows
       return;
     }
-    throw api_error(400, "unknown message type '" + std::string(type) + "'", "type");
+    throw api_error(400, "unknown message type '" + type + "'", "type");
   } catch (const api_error& e) { send_error(e, id); } catch (const std::exception& e) {
     send_error(api_error(500, std::string("internal error: ") + e.what()), id);
   }
 }
 
-void ws_session::start(simdjson::dom::element doc, const std::string& id) {
+void ws_session::start(const ws_envelope& message) {
   if (closing_) return;
-  if (id.empty() || id.size() > 128) throw api_error(400, "'id' must be a string of 1..128 bytes", "id");
+  const std::string& id = message.id;
   if (gens_.count(id)) throw api_error(400, "a generation with id '" + id + "' is already running", "id");
   if (gens_.size() >= 64) throw api_error(429, "too many generations on this socket (64)", "", "too_many");
-  simdjson::dom::element body;
-  if (doc["request"].get(body) || !body.is_object())
-    throw api_error(400, "'request' (an object) is required", "request");
-  std::string_view endpoint = "auto";
-  if (doc["endpoint"].get(endpoint)) endpoint = "auto";
-  simdjson::dom::element probe;
-  const api_kind kind = endpoint == "completions"     ? api_kind::completion
-                        : endpoint == "chat"          ? api_kind::chat
-                        : body["messages"].get(probe) ? api_kind::completion
-                                                      : api_kind::chat;
+  const ws_start start = parse_ws_start(message);
+  const api_kind kind = start.kind;
   generation_request req;
   actors::stream_handle stream;
   try {
-    req = parse_generation_request(simdjson::minify(body), kind, state_.engine.config().vocab_size, state_.opt.limits);
+    req = parse_generation_request(start.request_json, kind, state_.engine.config().vocab_size, state_.opt.limits);
     stream = state_.submit(req);
   } catch (const api_error& e) {
     log_generation(e.status, "", 0, "", -1, -1);

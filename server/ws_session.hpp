@@ -44,6 +44,7 @@
 #include "server/router.hpp"
 #include "server/server_state.hpp"
 #include "server/stream_format.hpp"
+#include "server/ws_message.hpp"
 
 namespace tessera::server {
 
@@ -82,7 +83,7 @@ class ws_session : public std::enable_shared_from_this<ws_session>, guarded_hand
   void do_read();
   void on_read(boost::beast::error_code ec, size_t);
   void handle(const std::string& text);
-  void start(simdjson::dom::element doc, const std::string& id);
+  void start(const ws_envelope& message);
   void on_stream_ready(const std::string& id, uint64_t serial);
   void send_event(const event_hub::message& m);
   void send(std::string text);

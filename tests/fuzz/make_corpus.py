@@ -15,6 +15,8 @@ Seeds are small real inputs, so that mutation starts from what the parsers actua
   request_parser  a selector byte + request bodies from tests/e2e/server_test.py
   http_request    a read-size byte + HTTP/1.1 byte streams: the API's requests, pipelines, chunked bodies
                   with extensions and trailers, Expect, an upgrade, smuggling attempts, the issue #14 trailer
+  ws_frames       a read-size byte + the client frames after a /v1/ws upgrade: the protocol's messages
+                  (auth, ping, start, cancel), fragments, control frames, binary, close, bad frames
 """
 import base64
 import json
@@ -435,6 +437,54 @@ def make_http_request():
         write("http_request", f"stream_{i:02d}.bin", bytes([i % 8]) + s)
 
 
+def ws_frame(payload, opcode=0x1, fin=True, masked=True, rsv=0, key=b"\0\0\0\0"):
+    # RFC 6455 §5.2: FIN/RSV/opcode, the mask bit and a 7-, 16- or 64-bit length, the key, the payload.
+    # The zero key leaves the payload readable, so that mutations (and the dictionary's JSON) change
+    # the message itself; one seed uses another key.
+    if isinstance(payload, str):
+        payload = payload.encode()
+    head = bytes([(0x80 if fin else 0) | rsv | opcode])
+    n = len(payload)
+    mask_bit = 0x80 if masked else 0
+    if n < 126:
+        head += bytes([mask_bit | n])
+    elif n < 65536:
+        head += bytes([mask_bit | 126]) + struct.pack(">H", n)
+    else:
+        head += bytes([mask_bit | 127]) + struct.pack(">Q", n)
+    if not masked:
+        return head + payload
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def make_ws_frames():
+    start = json.dumps({"type": "start", "id": "a", "endpoint": "completions",
+                        "request": {"prompt": "Hello", "max_tokens": 4, "logprobs": 2}})
+    chat = json.dumps({"type": "start", "id": "c", "request": {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True, "n": 2}})
+    close_1000 = ws_frame(struct.pack(">H", 1000) + b"bye", opcode=0x8)
+    streams = [
+        ws_frame('{"type":"auth","api_key":"k"}') + ws_frame('{"type":"ping"}', key=b"\x5a\x17\x3c\x71") + close_1000,
+        ws_frame(start) + ws_frame('{"type":"cancel","id":"a"}') + close_1000,
+        ws_frame(chat) + close_1000,
+        # a message in three fragments with a ping between them (RFC 6455 §5.4)
+        ws_frame(start[:10], fin=False) + ws_frame(b"p", opcode=0x9) + ws_frame(start[10:30], opcode=0x0, fin=False) +
+        ws_frame(start[30:], opcode=0x0) + close_1000,
+        ws_frame('{"type":"ping"}', opcode=0x2) + ws_frame(b"", opcode=0xA),
+        ws_frame('{"type":"start","id":"","request":{}}') + ws_frame('{"type":"bogus","id":7}') + ws_frame("{not json"),
+        ws_frame("x" * 300) + ws_frame(b"\xed\xa0\x80"),  # a 16-bit length; a surrogate (not UTF-8)
+        ws_frame('{"type":"ping"}', masked=False),       # clients must mask: a protocol error
+        ws_frame('{"type":"ping"}', rsv=0x40),           # RSV1 without an extension
+        ws_frame(b"p" * 126, opcode=0x9),                # a control frame over 125 bytes
+        ws_frame(start, opcode=0x0),                     # a continuation without a start
+        ws_frame(struct.pack(">H", 1005), opcode=0x8),   # a reserved close code
+        # a header that declares 70,000 bytes (over the 64 KiB limit: refused from the header alone)
+        bytes([0x81, 0x80 | 127]) + struct.pack(">Q", 70000) + b"\x5a\x17\x3c\x71" + b"{" * 64,
+    ]
+    for i, s in enumerate(streams):
+        write("ws_frames", f"frames_{i:02d}.bin", bytes([i % 8]) + s)
+
+
 def main():
     make_gguf()
     make_safetensors()
@@ -444,6 +494,7 @@ def main():
     make_jinja()
     make_request_parser()
     make_http_request()
+    make_ws_frames()
     for name in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, name))
         size = sum(os.path.getsize(os.path.join(OUT, name, f)) for f in files)
