@@ -356,6 +356,7 @@ void llm_engine::sample(scheduler_output& p, step_context& ctx) {
 
 std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& ctx) {
   sched_.fill_record(p, record_);
+  annotate_running(record_);
   // Order: between-step events, the plan's scheduling decisions (stamped with the step's start), then
   // what sampling produced (first tokens, finishes, failures).
   for (engine_event& e : p.events) {
@@ -378,6 +379,21 @@ std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& 
 }
 
 // ---- helpers of the phases ----------------------------------------------------------------------------
+
+// What the scheduler's rows cannot say: whether a sequence is grammar-constrained and how its drafts
+// fared (the dashboard's request table marks both).
+void llm_engine::annotate_running(step_record& record) const {
+  for (sequence_blocks& b : record.running) {
+    const choice_ref* owner = owner_of(b.seq);
+    if (!owner) continue;
+    const auto it = requests_.find(owner->request);
+    if (it == requests_.end() || static_cast<size_t>(owner->index) >= it->second.choices.size()) continue;
+    const choice_state& c = *it->second.choices[static_cast<size_t>(owner->index)];
+    b.constrained = c.constraint != nullptr;
+    b.num_draft_tokens = c.num_draft_tokens;
+    b.num_accepted_draft_tokens = c.num_accepted_draft_tokens;
+  }
+}
 
 const llm_engine::choice_ref* llm_engine::owner_of(seq_id s) const {
   auto it = seq_owner_.find(s);

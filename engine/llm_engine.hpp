@@ -202,6 +202,7 @@ class llm_engine {
   bool speculates(const request_state& r) const;
   std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
   const choice_ref* owner_of(seq_id s) const;
+  void annotate_running(step_record& record) const;
 
   request_output& output_for(std::vector<request_output>& outs, output_index& index, const request_state& r,
                              const choice_state& c);

@@ -66,6 +66,10 @@ struct sequence_blocks {
   int32_t num_blocks = 0;  // device blocks it holds
   int32_t num_tokens = 0;
   int32_t num_window_freed = 0;  // leading blocks freed because no layer's window reaches them
+  // Filled by the engine (the scheduler does not know requests): what the dashboard marks a row with.
+  bool constrained = false;               // structured output: its tokens are grammar-masked
+  int32_t num_draft_tokens = 0;           // speculative decoding so far: drafts verified for it
+  int32_t num_accepted_draft_tokens = 0;  // and of those, accepted
 };
 
 struct step_record {

@@ -189,7 +189,10 @@ std::string event_hub::to_json(const actors::event_batch& b, const std::string* 
                                      {"request", s.request.value()},
                                      {"num_blocks", s.num_blocks},
                                      {"num_tokens", s.num_tokens},
-                                     {"num_window_freed", s.num_window_freed}});
+                                     {"num_window_freed", s.num_window_freed},
+                                     {"constrained", s.constrained},
+                                     {"num_draft_tokens", s.num_draft_tokens},
+                                     {"num_accepted_draft_tokens", s.num_accepted_draft_tokens}});
     }
     out["running"] = std::move(running);
   }

@@ -17,11 +17,13 @@ Chromium is missing outside CI.
 Usage: webui_test.py TESSERA_BINARY MODEL OUT_DIR
 """
 import http.client
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 BIN, MODEL, OUT_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -275,6 +277,19 @@ def dashboard_tests(page, port):
     emptied = wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0, 60, 0.2)
     check("the mosaic is empty once the requests finished", emptied,
           page.evaluate("() => window.tesseraDashboard.view.device.numUsed()"))
+    # A structured-output request is marked "constrained" in the request table while it runs.
+    def constrained_request():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=240)
+        c.request("POST", "/v1/completions", json.dumps({
+            "prompt": "Spell a long word:", "max_tokens": 120, "temperature": 0,
+            "structured_outputs": {"regex": "[a-z]{100,120}"}}), {"Content-Type": "application/json"})
+        return c.getresponse().status
+    worker = threading.Thread(target=lambda: statuses.append(constrained_request()))
+    statuses = []
+    worker.start()
+    marked = wait_for(lambda: page.query_selector("#requests .mark-constrained") is not None, 120, 0.05)
+    worker.join()
+    check("a constrained request is marked in the request table", marked and statuses == [200], statuses)
     kinds = page.evaluate("() => window.tesseraDashboard.model.timeline.map(e => e.kind)")
     check("the timeline shows admissions and finishes", "admitted" in kinds and "finished" in kinds, set(kinds))
     # Lifecycles come from the engine's events: arrival (queued) first, then admission, the first token

@@ -496,6 +496,7 @@ TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
   const auto b = engine.add_request(random_prompt(rng, 4), greedy(7));
   int32_t most = 0;
   run_result r;
+  std::map<request_id, int32_t> drafted, accepted;  // as the step records' running rows report them
   while (engine.has_unfinished()) {
     for (const request_output& out : engine.step()) {
       auto& t = r.tokens[out.id][out.index];
@@ -503,7 +504,15 @@ TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
     }
     most = std::max(most, engine.last_record().num_prefill_tokens + engine.last_record().num_decode_tokens);
     EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+    for (const sequence_blocks& row : engine.last_record().running) {
+      EXPECT_GE(row.num_draft_tokens, drafted[row.request]);  // totals so far: they only grow
+      EXPECT_LE(row.num_accepted_draft_tokens, row.num_draft_tokens);
+      drafted[row.request] = row.num_draft_tokens;
+      accepted[row.request] = row.num_accepted_draft_tokens;
+      EXPECT_FALSE(row.constrained);
+    }
   }
+  EXPECT_GT(accepted[a] + accepted[b], 0);  // the dashboard sees the drafts being accepted
   EXPECT_LE(most, 6);
   EXPECT_EQ(r.tokens[a][0].size(), 13u);  // never past max_tokens, though drafts could run on
   EXPECT_EQ(r.tokens[b][0].size(), 7u);

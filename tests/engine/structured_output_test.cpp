@@ -130,6 +130,36 @@ TEST(structured_output, the_mask_decides_every_token_and_completion_stops) {
   EXPECT_EQ(engine.stats().num_token_masks, static_cast<uint64_t>(backend->masks.load()));
 }
 
+// The step record's running rows say which sequences are constrained (the dashboard marks them).
+TEST(structured_output, step_records_mark_the_constrained_sequences) {
+  auto backend = make_backend();
+  sim_executor exec(4, 64, 0, vocab);
+  llm_engine engine(exec, char_tokenizer(), opts(backend));
+  const std::vector<token_id> prompt = {5, 6, 7};
+  const request_id a = engine.add_request(prompt, constrained("structured"));
+  sampling_params free_params;
+  free_params.temperature = 0;
+  free_params.max_tokens = 12;
+  const request_id b = engine.add_request(prompt, free_params);
+  int rows_of_a = 0, rows_of_b = 0;
+  for (int i = 0; i < 1000 && engine.has_unfinished(); ++i) {
+    engine.step();
+    for (const sequence_blocks& row : engine.last_record().running) {
+      if (row.request == a) {
+        ++rows_of_a;
+        EXPECT_TRUE(row.constrained);
+      }
+      if (row.request == b) {
+        ++rows_of_b;
+        EXPECT_FALSE(row.constrained);
+      }
+      EXPECT_EQ(row.num_draft_tokens, 0);  // speculative decoding is off
+    }
+  }
+  EXPECT_GT(rows_of_a, 5);
+  EXPECT_GT(rows_of_b, 5);
+}
+
 TEST(structured_output, every_sampling_parameter_composes_with_the_mask) {
   auto backend = make_backend();
   sim_executor exec(4, 256, 0, vocab);

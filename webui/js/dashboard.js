@@ -327,6 +327,27 @@ function drawTimeline() {
   }
 }
 
+// How a request decodes, when not plainly: grammar-constrained (structured output, tools) and
+// speculative (drafts accepted of those verified).
+function decodingMarks(r) {
+  const marks = [];
+  if (r.constrained) {
+    const m = document.createElement('span');
+    m.className = 'mark mark-constrained';
+    m.textContent = 'constrained';
+    m.title = 'structured output: every token is masked by its grammar';
+    marks.push(m);
+  }
+  if (r.numDraftTokens) {
+    const m = document.createElement('span');
+    m.className = 'mark mark-speculative';
+    m.textContent = `spec ${r.numAcceptedDraftTokens}/${r.numDraftTokens}`;
+    m.title = 'speculative decoding: draft tokens accepted / verified';
+    marks.push(m);
+  }
+  return marks;
+}
+
 function drawRequests() {
   const tbody = $('requests').querySelector('tbody');
   tbody.replaceChildren();
@@ -337,10 +358,11 @@ function drawRequests() {
     // Held blocks, and (sliding window) how many leading ones were already freed.
     const blocks = (r.numBlocks || '') + (r.numWindowFreed ? ` (+${r.numWindowFreed} freed)` : '');
     const cells = [null, r.state, r.waitingReason ? r.waitingReason.replace('_', ' ') : '', r.numTokens || '', blocks,
-      r.numPreemptions || '', ((r.endedAt ?? t) - r.firstSeen).toFixed(1) + 's'];
+      r.numPreemptions || '', ((r.endedAt ?? t) - r.firstSeen).toFixed(1) + 's', null];
     cells.forEach((v, k) => {
       const td = document.createElement('td');
       if (k === 0) td.append(requestButton(r.id));
+      else if (k === cells.length - 1) td.append(...decodingMarks(r));
       else td.textContent = String(v);
       tr.append(td);
     });

@@ -171,6 +171,9 @@ export class DashboardModel {
         r.numBlocks = s.num_blocks;
         r.numWindowFreed = s.num_window_freed | 0;  // leading blocks freed: outside every layer's window
         r.numTokens = s.num_tokens;
+        r.constrained = !!s.constrained;  // structured output: grammar-masked decoding
+        r.numDraftTokens = s.num_draft_tokens | 0;  // speculative decoding: drafts verified, accepted
+        r.numAcceptedDraftTokens = s.num_accepted_draft_tokens | 0;
       }
       for (const r of this.requests.values()) {
         if (r.state === 'running' && !running.has(r.id)) r.numBlocks = 0;
