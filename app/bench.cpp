@@ -138,6 +138,9 @@ int bench_command::run_latency() {
 }
 
 int bench_command::run_throughput() {
+  // Offline, no stream waits between two tokens: stall-free batching (which trades throughput for
+  // inter-token latency) is off unless --target-itl-ms (or its variable) asks for it.
+  if (throughput_->count("--target-itl-ms") == 0) engine_.target_itl_ms = 0;
   engine_bundle b = make_engine(engine_);
   std::ifstream in(workload_);
   if (!in) throw invalid_request("cannot open --workload " + workload_);

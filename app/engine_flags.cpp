@@ -106,6 +106,15 @@ void engine_flags::add_to(CLI::App& cmd) {
                  "Tokens per step at most (chunked prefill; 2k: 2000)")
       ->transform(human_token_count())
       ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--target-itl-ms", target_itl_ms,
+                 "Stall-free batching: in a step with decoding streams, prefill only what keeps the step (the gap "
+                 "between two tokens of a stream) near this many milliseconds, by a cost model fitted from the "
+                 "measured steps; 0: off (prefill fills --max-num-batched-tokens)")
+      ->check(CLI::Range(0.0, 3.6e6));
+  cmd.add_option("--long-prefill-token-threshold", long_prefill_token_threshold,
+                 "Tokens of one prompt prefilled per step at most, so that several prompts share a step (0: no cap)")
+      ->transform(human_token_count())
+      ->check(CLI::Range(0, 1 << 20));
   cmd.add_option("--max-model-len,-c,--ctx-size", max_model_len,
                  "Longest sequence, prompt and output (0: the model's context length; 4k: 4000, 4K: 4096; "
                  "llama-server: -c, --ctx-size)")
@@ -171,6 +180,8 @@ engine_options to_engine_options(const engine_flags& flags) {
   options.block_size = flags.block_size;
   options.max_num_seqs = flags.max_num_seqs;
   options.max_num_batched_tokens = flags.max_num_batched_tokens;
+  options.target_step_seconds = flags.target_itl_ms / 1000.0;
+  options.long_prefill_token_threshold = flags.long_prefill_token_threshold;
   options.max_model_len = flags.max_model_len;
   options.preemption = parse_preemption(flags.preemption_mode);
   options.enable_prefix_caching = !flags.no_prefix_caching;

@@ -24,7 +24,12 @@ struct engine_flags {
   double swap_space_gib = 1.0;       // host swap pool
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
-  int max_model_len = 0;  // 0: the model's context length
+  // Stall-free batching (docs/engine.md#the-prefill-share): prompt chunks next to decodes are sized so
+  // that a step takes about this long (by the step cost model); 0: off (chunks of what
+  // max_num_batched_tokens leaves). 100 ms: docs/engine.md says why.
+  double target_itl_ms = 100;
+  int long_prefill_token_threshold = 0;  // one prompt's chunk per step at most (vLLM's name); 0: no cap
+  int max_model_len = 0;                 // 0: the model's context length
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
   bool dequantize_weights = false;      // fp32 weights: exact math (as transformers), slower decode

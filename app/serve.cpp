@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -204,9 +206,16 @@ int serve_command::run() {
                engine_.threads > 0 ? engine_.threads : static_cast<int>(std::thread::hardware_concurrency()),
                engine_.dequantize_weights ? ", fp32 weights" : "", kv.num_device_blocks, kv.block_size, kv_dtype,
                kv.num_host_blocks);
-  spdlog::info("scheduler: max {} sequences, {} tokens per step, max model length {}, preemption {}, prefix caching {}",
-               eo.max_num_seqs, eo.max_num_batched_tokens, eo.max_model_len > 0 ? eo.max_model_len : mc.context_length,
-               engine_.preemption_mode, eo.enable_prefix_caching ? "on" : "off");
+  std::ostringstream itl;
+  if (eo.target_step_seconds > 0)
+    itl << engine_.target_itl_ms << " ms";
+  else
+    itl << "off";
+  spdlog::info(
+      "scheduler: max {} sequences, {} tokens per step, max model length {}, preemption {}, prefix caching {}, "
+      "target ITL {}",
+      eo.max_num_seqs, eo.max_num_batched_tokens, eo.max_model_len > 0 ? eo.max_model_len : mc.context_length,
+      engine_.preemption_mode, eo.enable_prefix_caching ? "on" : "off", itl.str());
 
   std::optional<server::http_server> server;
   try {

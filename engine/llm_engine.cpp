@@ -36,6 +36,9 @@ scheduler_options make_scheduler_options(const executor& exec, const engine_opti
   s.blocks.attention_window = o.free_window_blocks && exec.reads_only_window() ? exec.config().kv_window() : 0;
   s.max_num_seqs = o.max_num_seqs;
   s.max_num_batched_tokens = o.max_num_batched_tokens;
+  s.target_step_seconds = o.target_step_seconds;
+  s.min_prefill_tokens = o.min_prefill_tokens;
+  s.long_prefill_token_threshold = o.long_prefill_token_threshold;
   s.preemption = o.preemption;
   s.watermark = o.watermark;
   const int32_t context = exec.config().context_length;
@@ -375,6 +378,16 @@ std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& 
   }
   ++stats_.num_steps;
   record_.step_seconds = seconds_since(ctx.start);
+  record_.predicted_seconds = p.predicted_seconds;
+  record_.prefill_budget = p.prefill_budget;
+  if (!ctx.failed && !p.scheduled.empty()) {
+    // The whole step (plan to outputs) is what a decoding stream waits between two tokens.
+    sched_.observe_step(p, record_.step_seconds);
+    stats_.prefill_budget_tokens = p.prefill_budget;
+    stats_.predicted_step_seconds = p.predicted_seconds;
+    stats_.measured_step_seconds = record_.step_seconds;
+    stats_.num_steps_prefill_limited += p.prefill_limited;
+  }
   return std::move(ctx.outs);
 }
 
@@ -615,6 +628,9 @@ engine_stats llm_engine::stats() const {
   engine_stats s = stats_;
   s.kv_waste = sched_.blocks().slots().waste();
   s.num_window_freed_blocks = static_cast<uint64_t>(sched_.blocks().num_window_freed_blocks());
+  s.step_time_prediction_error = sched_.cost_model().mean_relative_error();
+  s.step_cost = sched_.cost_model().coefficients();
+  s.target_step_seconds = sched_.options().target_step_seconds;
   return s;
 }
 

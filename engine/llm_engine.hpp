@@ -25,6 +25,7 @@
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
 #include "engine/speculative/speculative_options.hpp"
+#include "engine/step_cost_model.hpp"
 #include "engine/step_record.hpp"
 #include "engine/stop_checker.hpp"
 #include "engine/structured_output.hpp"
@@ -38,6 +39,11 @@ struct engine_options {
   int32_t num_host_blocks = -1;  // -1: all of the executor's host blocks (at most that many)
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;  // per step; long prompts are prefilled in chunks
+  // Stall-free batching (scheduler_options): the step time that prompt chunks must keep a step with
+  // decodes within, by the step cost model fitted from this engine's measured steps; 0: off.
+  double target_step_seconds = 0;
+  int32_t min_prefill_tokens = 32;           // prefill progress of every step, whatever the target
+  int32_t long_prefill_token_threshold = 0;  // one sequence's prefill chunk at most; 0: no cap
   preemption_mode preemption = preemption_mode::automatic;
   double watermark = 0.01;
   bool enable_prefix_caching = true;
@@ -104,6 +110,16 @@ struct engine_stats {
   uint64_t num_draft_tokens = 0;
   uint64_t num_accepted_draft_tokens = 0;
   uint64_t num_spec_verifications = 0;
+  // Stall-free batching (docs/engine.md#the-prefill-share): the last executed step's prefill budget
+  // (prefill tokens it was allowed) and the step cost model's prediction for it against its measured
+  // time; the model's recent mean relative error (out of sample) and its coefficients.
+  int32_t prefill_budget_tokens = 0;
+  double predicted_step_seconds = 0;
+  double measured_step_seconds = 0;
+  double step_time_prediction_error = 0;
+  uint64_t num_steps_prefill_limited = 0;  // steps in which the target held prefill tokens back
+  double target_step_seconds = 0;          // the configured target (0: off)
+  step_cost_coefficients step_cost;
 };
 
 class llm_engine {

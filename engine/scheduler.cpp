@@ -16,8 +16,8 @@
 //   0. Priority preemption. If the most important waiting sequence has a strictly better priority
 //      value than the least important running one and does not fit, preempt running sequences of
 //      worse priority (least important first) until it fits — reason `priority`.
-//   1. Running sequences, decodes first (one token each), then the rest (partial prefills and
-//      recomputations) in chunks of what is left of max_num_batched_tokens. When a sequence needs a
+//   1. Running sequences, decodes first (one token each, plus their drafts), then the rest (partial
+//      prefills and recomputations) in chunks of the prefill share (below). When a sequence needs a
 //      block and none is free, the least important running sequence that has nothing scheduled
 //      yet is preempted (reason `kv_full`); if that is the sequence itself, it preempts itself.
 //   2. Swapped sequences come back (swap-in) before any new admission — but never in a step that
@@ -27,6 +27,21 @@
 //      watermark allow, reusing their longest cached prefix. Admission stops at the first one that
 //      does not fit (strict FCFS/priority order, no overtaking), and only when no sequence is
 //      swapped out and nothing was preempted for lack of blocks this step.
+//
+// The prefill share (stall-free batching, Sarathi-Serve, Agrawal et al. OSDI'24; vLLM's chunked
+// prefill). max_num_batched_tokens is the hard cap of a step. Decodes are planned first and always get
+// their token (and drafts) within it. Then prompt chunks (step 1's partial prefills, step 2's
+// swapped-in prefills, step 3's admissions, in that order) share what is left, and with
+// target_step_seconds > 0, in a step that has decodes, only as many prefill tokens as the step cost
+// model (step_cost_model.hpp, fitted from the engine's measured steps) predicts to keep the step
+// within the target: every decoding stream then gets its next token about every target seconds,
+// instead of waiting behind thousands of prompt tokens. Each chunk is sized with its own attention
+// work (a chunk deep into a long prompt costs more than one at its start). Minimum progress: the
+// step's prefill chunks total at least min_prefill_tokens (or all that waits, within the hard cap)
+// even when the prediction says the decodes alone exceed the target, so a prompt's TTFT stays
+// bounded: ceil(prompt / min_prefill_tokens) steps at worst once it is first in line. A step without
+// decodes stalls nobody: it prefills up to the hard cap. long_prefill_token_threshold > 0 caps one
+// sequence's chunk, so that several prompts progress in the same step.
 //
 // Sliding-window attention (options.blocks.attention_window > 0, see block_manager.hpp): after each
 // commit a sequence's leading blocks that no later query reads are freed, so what it HOLDS is bounded
@@ -61,8 +76,14 @@ std::string_view to_string(preemption_mode mode) {
   return "?";
 }
 
-scheduler::scheduler(const scheduler_options& options) : options_(options), blocks_(options.blocks) {
+scheduler::scheduler(const scheduler_options& options)
+    : options_(options), blocks_(options.blocks), cost_(options.cost) {
   if (options.max_num_seqs <= 0) throw invalid_request("max_num_seqs must be positive");
+  if (!(options.target_step_seconds >= 0) || !std::isfinite(options.target_step_seconds))
+    throw invalid_request("the target step time must not be negative");
+  if (options.min_prefill_tokens <= 0) throw invalid_request("min_prefill_tokens must be positive");
+  if (options.long_prefill_token_threshold < 0)
+    throw invalid_request("long_prefill_token_threshold must not be negative");
   if (options.max_num_batched_tokens <= 0) throw invalid_request("max_num_batched_tokens must be positive");
   if (!(options.watermark >= 0.0 && options.watermark < 1.0)) throw invalid_request("watermark must be in [0, 1)");
   if (options.max_model_len < 0) throw invalid_request("max_model_len must not be negative");
@@ -174,6 +195,11 @@ void scheduler::observe_prefill(int32_t num_tokens, double seconds) {
   options_.prefill_tokens_per_second = 0.8 * options_.prefill_tokens_per_second + 0.2 * rate;
 }
 
+void scheduler::observe_step(const scheduler_output& plan, double seconds) {
+  if (!plan.swap_in.empty() || !plan.swap_out.empty()) return;
+  cost_.observe(plan.shape, seconds);
+}
+
 // ---- preemption ----------------------------------------------------------------------------------
 
 // The least important running sequence with nothing scheduled yet this step (possibly `for_seq`).
@@ -238,10 +264,56 @@ void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output&
   scheduled_now_.insert(seq->id);
   budget -= num_new;
   seq->waiting = waiting_reason::none;
-  if (num_real == 1 && samples && seq->num_generated() > 0)
+  if (num_real == 1 && samples && seq->num_generated() > 0) {
     plan.num_decode_tokens += num_new;
-  else
+    plan.shape.decode_tokens += num_new;
+  } else {
     plan.num_prefill_tokens += num_new;
+    plan.shape.prefill_tokens += num_new;
+  }
+  plan.shape.attention_positions += chunk_attention_positions(seq->num_computed, num_new, blocks_.attention_window());
+}
+
+void scheduler::size_prefill_budget(int32_t budget, scheduler_output& plan) {
+  target_applies_ = options_.target_step_seconds > 0 && plan.num_decode_tokens > 0;
+  plan.prefill_budget = std::max(0, budget);
+  if (!target_applies_) return;
+  // What the decodes leave of the target, at the model's cost per prefill token (their attention
+  // aside: prefill_chunk() counts each chunk's own).
+  const double left = options_.target_step_seconds - cost_.predict(plan.shape);
+  const double per_token = cost_.coefficients().prefill_token;
+  const double fit = left > 0 ? std::floor(left / per_token * (1 + 1e-9)) : 0.0;  // 1e-9: rounding
+  const int32_t share = static_cast<int32_t>(std::min<double>(fit, std::numeric_limits<int32_t>::max()));
+  plan.prefill_budget = std::min(plan.prefill_budget, std::max(share, options_.min_prefill_tokens));
+}
+
+int32_t scheduler::prefill_chunk(int32_t num_computed, int32_t remaining, int32_t budget,
+                                 scheduler_output& plan) const {
+  const int32_t allowed = std::max(0, std::min(remaining, budget));  // what the hard cap allows
+  int32_t n = allowed;
+  if (options_.long_prefill_token_threshold > 0) n = std::min(n, options_.long_prefill_token_threshold);
+  if (!target_applies_ || n <= 0) return n;
+  // Minimum progress: the step's prefill chunks together reach min_prefill_tokens.
+  const int32_t floor = std::clamp(options_.min_prefill_tokens - plan.num_prefill_tokens, 0, n);
+  const int32_t capped = n;
+  n = std::min(n, std::max(floor, plan.prefill_budget - plan.num_prefill_tokens));
+  const int32_t window = blocks_.attention_window();
+  const auto fits = [&](int32_t k) {
+    step_shape s = plan.shape;
+    s += {0, k, chunk_attention_positions(num_computed, k, window)};
+    return cost_.predict(s) <= options_.target_step_seconds * (1 + 1e-9);
+  };
+  if (n > floor && !fits(n)) {
+    // The prediction grows with the chunk (every coefficient >= 0): the largest chunk that fits.
+    int32_t lo = floor, hi = n;  // fits(hi) is false; lo is granted anyway
+    while (hi - lo > 1) {
+      const int32_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    n = lo;
+  }
+  if (n < capped) plan.prefill_limited = true;
+  return n;
 }
 
 int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan) {
@@ -297,7 +369,9 @@ scheduler_output scheduler::schedule() {
   }
 
   // 1. Running sequences: decodes first, then partial prefills / recomputations.
+  target_applies_ = false;
   for (const bool decode_pass : {true, false}) {
+    if (!decode_pass) size_prefill_budget(budget, plan);
     const std::vector<sequence*> order = running_;  // preemption edits running_ as we go
     for (sequence* seq : order) {
       if (seq->status != sequence_status::running || scheduled_now_.count(seq->id) != 0) continue;
@@ -308,7 +382,8 @@ scheduler_output scheduler::schedule() {
           continue;
         }
       }
-      const int32_t num_new = std::min(seq->num_uncomputed(), budget);
+      const int32_t num_new = decode_pass ? std::min(seq->num_uncomputed(), budget)
+                                          : prefill_chunk(seq->num_computed, seq->num_uncomputed(), budget, plan);
       if (num_new <= 0) {
         seq->waiting = waiting_reason::token_budget;
         continue;
@@ -341,7 +416,12 @@ scheduler_output scheduler::schedule() {
         blocked = waiting_reason::token_budget;
         break;
       }
-      const int32_t num_new = std::min(seq->num_uncomputed(), budget);
+      const int32_t num_new =
+          seq->num_uncomputed() == 1 ? 1 : prefill_chunk(seq->num_computed, seq->num_uncomputed(), budget, plan);
+      if (num_new <= 0) {
+        blocked = waiting_reason::token_budget;
+        break;
+      }
       // Blocks beyond the restored table (its freed window entries stay freed, nothing to restore).
       const int32_t extra =
           std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id));
@@ -384,7 +464,11 @@ scheduler_output scheduler::schedule() {
         break;
       }
       const int32_t cached = blocks_.cached_prefix_tokens(seq->tokens);
-      const int32_t num_new = std::min(seq->num_tokens() - cached, budget);
+      const int32_t num_new = prefill_chunk(cached, seq->num_tokens() - cached, budget, plan);
+      if (num_new <= 0) {
+        blocked = waiting_reason::token_budget;
+        break;
+      }
       // With nothing running there is nobody to protect, and the watermark must not keep a
       // sequence that fits the cache waiting forever.
       const int32_t reserve = running_.empty() ? 0 : watermark;
@@ -408,6 +492,7 @@ scheduler_output scheduler::schedule() {
     }
   }
   for (sequence* seq : waiting_) seq->waiting = blocked;
+  plan.predicted_seconds = cost_.predict(plan.shape);
   return plan;
 }
 

@@ -14,6 +14,7 @@
 #include "engine/block_manager.hpp"
 #include "engine/executor.hpp"
 #include "engine/sequence.hpp"
+#include "engine/step_cost_model.hpp"
 #include "engine/step_record.hpp"
 
 namespace tessera {
@@ -41,6 +42,17 @@ struct scheduler_options {
   int64_t kv_block_bytes = 0;
   double swap_bytes_per_second = 8e9;
   double prefill_tokens_per_second = 2000;
+  // Stall-free batching (scheduler.cpp, "The prefill share"). In a step where sequences decode, prompt
+  // chunks get only the tokens the step cost model predicts to fit in target_step_seconds after the
+  // decodes; 0: off, prefill fills what max_num_batched_tokens leaves (as in a step without decodes).
+  double target_step_seconds = 0;
+  // Minimum progress: a step with anything to prefill prefills at least this many tokens (or all
+  // there is, within max_num_batched_tokens) whatever the model predicts, so TTFT stays bounded.
+  int32_t min_prefill_tokens = 32;
+  // vLLM's long_prefill_token_threshold: one sequence's prefill chunk takes at most this many tokens
+  // a step, so several prompts share the prefill budget; 0: no cap.
+  int32_t long_prefill_token_threshold = 0;
+  step_cost_options cost;
 };
 
 struct scheduled_sequence {
@@ -64,6 +76,12 @@ struct scheduler_output {
   std::vector<engine_event> events;
   int32_t num_prefill_tokens = 0;
   int32_t num_decode_tokens = 0;
+  step_shape shape;              // what the plan computes: the step cost model's input
+  double predicted_seconds = 0;  // the step cost model's prediction for it
+  // Prefill tokens the step may take: with the target in force, those the cost model fits in it after
+  // the decodes (at least min_prefill_tokens); otherwise what max_num_batched_tokens leaves.
+  int32_t prefill_budget = 0;
+  bool prefill_limited = false;  // the target held prefill tokens back that max_num_batched_tokens allowed
   // Sequences whose KV this step touches (scheduled, swapped in or out): the ones to fail if the
   // executor throws.
   std::vector<seq_id> touched;
@@ -111,6 +129,10 @@ class scheduler {
 
   // Feeds the cost model with a measured prefill rate (exponential moving average).
   void observe_prefill(int32_t num_tokens, double seconds);
+  // Feeds the step cost model with the measured time of an executed plan (steps that swapped blocks
+  // are left out: the copies are not in the model).
+  void observe_step(const scheduler_output& plan, double seconds);
+  const step_cost_model& cost_model() const { return cost_; }
 
   sequence* find(seq_id seq);
   const sequence* find(seq_id seq) const;
@@ -143,12 +165,19 @@ class scheduler {
   // slots are allocated. 0: plain decode (the draft is dropped).
   int32_t allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan);
   int32_t watermark_blocks() const;
+  // The prefill chunk of a sequence with `remaining` tokens to prefill after `num_computed`, within the
+  // token budget, the long-prefill cap and (when in force) the step-time target; 0: none this step.
+  int32_t prefill_chunk(int32_t num_computed, int32_t remaining, int32_t budget, scheduler_output& plan) const;
+  // After the decodes are planned: whether the target applies this step, and the prefill budget.
+  void size_prefill_budget(int32_t budget, scheduler_output& plan);
 
   scheduler_options options_;
   block_manager blocks_;
   int32_t max_seq_len_ = 0;
   bool window_bounded_ = false;  // the attention window bounds a sequence's blocks below the cache size
   uint64_t step_ = 0;
+  step_cost_model cost_;
+  bool target_applies_ = false;  // this step: the target limits prefill (it has decodes)
   std::unordered_map<seq_id, std::unique_ptr<sequence>> seqs_;
   // Each queue is kept in importance order (more_important): running_ back = first victim.
   std::vector<sequence*> waiting_;

@@ -90,8 +90,10 @@ struct step_record {
   int32_t num_copy_blocks = 0;  // copy-on-write copies
   double schedule_seconds = 0;
   double execute_seconds = 0;
-  double step_seconds = 0;  // whole step: plan + execute + sample + detokenize
-  double kv_waste = 0;      // allocated-but-unused slots / allocated slots, after the step
+  double step_seconds = 0;       // whole step: plan + execute + sample + detokenize
+  double predicted_seconds = 0;  // the step cost model's prediction of step_seconds when it was planned
+  int32_t prefill_budget = 0;    // prefill tokens the step was allowed (scheduler_output::prefill_budget)
+  double kv_waste = 0;           // allocated-but-unused slots / allocated slots, after the step
   std::vector<engine_event> events;
 };
 

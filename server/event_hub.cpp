@@ -182,6 +182,8 @@ std::string event_hub::to_json(const actors::event_batch& b, const std::string* 
     out["num_swap_out_blocks"] = r.num_swap_out_blocks;
     out["num_copy_blocks"] = r.num_copy_blocks;
     out["step_seconds"] = r.step_seconds;
+    out["predicted_seconds"] = r.predicted_seconds;
+    out["prefill_budget"] = r.prefill_budget;
     out["kv_waste"] = r.kv_waste;
     json::array running;
     for (const auto& s : r.running) {

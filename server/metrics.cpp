@@ -232,6 +232,30 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
         "Tokens committed per verified draft: (accepted + drafts) / drafts (0 before any)",
         ratio(double(e.num_accepted_draft_tokens + e.num_spec_verifications), double(e.num_spec_verifications)));
   counter(out, "tessera_requests_submitted_total", "Requests accepted by the runtime", double(s.num_submitted));
+  // Stall-free batching (docs/engine.md#the-prefill-share): what the last step was allowed to prefill,
+  // and how well the step cost model that sized it predicts the steps.
+  gauge(out, "tessera_target_itl_seconds", "Step-time target of stall-free batching (--target-itl-ms; 0: off)",
+        e.target_step_seconds);
+  gauge(out, "tessera_step_prefill_budget_tokens",
+        "Prefill tokens the last step was allowed: by the ITL target next to decodes, else what "
+        "--max-num-batched-tokens left",
+        e.prefill_budget_tokens);
+  gauge(out, "tessera_step_time_predicted_seconds", "The step cost model's prediction of the last step's time",
+        e.predicted_step_seconds);
+  gauge(out, "tessera_step_time_measured_seconds", "The last step's measured time (plan to outputs)",
+        e.measured_step_seconds);
+  gauge(out, "tessera_step_time_prediction_error",
+        "Recent mean of |predicted - measured| / measured step time (exponentially weighted, out of sample)",
+        e.step_time_prediction_error);
+  counter(out, "tessera_steps_prefill_limited_total", "Steps whose prefill the ITL target cut",
+          double(e.num_steps_prefill_limited));
+  out.family("tessera_step_cost_model_seconds", metric_type::gauge,
+             "The step cost model's coefficients: seconds per step (base), per decode token, per prefill token, "
+             "per million attended key positions");
+  out.sample({{"term", "base"}}, e.step_cost.base);
+  out.sample({{"term", "decode_token"}}, e.step_cost.decode_token);
+  out.sample({{"term", "prefill_token"}}, e.step_cost.prefill_token);
+  out.sample({{"term", "attention_mpos"}}, e.step_cost.attention_mpos);
 
   ttft_.write(out, "tessera_time_to_first_token_seconds", "Time to first token");
   itl_.write(out, "tessera_inter_token_latency_seconds", "Time between consecutive tokens of a choice");

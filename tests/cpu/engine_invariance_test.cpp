@@ -174,6 +174,52 @@ TEST_P(engine_invariance, with_chunked_prefill) {
   }
 }
 
+TEST_P(engine_invariance, with_stall_free_chunks_next_to_decodes) {
+  // A long prompt arrives while another request decodes. A step-time target below any step's real
+  // time makes every step prefill only min_prefill_tokens (8) of it next to the decode, whatever the
+  // cost model learns from this machine: its prompt is computed across many steps, interleaved with
+  // the other request's tokens. Both outputs equal their unchunked runs alone.
+  std::vector<token_id> target = encode(target_text);
+  for (int i = 0; i < 2; ++i)
+    for (token_id t : encode(" in the fifteenth century, when Johannes Gutenberg, a goldsmith from Mainz, combined "
+                             "movable metal type with an oil-based ink and a screw press"))
+      target.push_back(t);
+  const std::vector<token_id> other = encode(other_texts()[1]);
+  const std::vector<token_id> target_alone = reference(target), other_alone = reference(other);
+  engine_options o = options();
+  o.target_step_seconds = 1e-6;
+  o.min_prefill_tokens = 8;
+  llm_engine engine(*fixture_->exec, fixture_->model.tok, o);
+  std::map<request_id, std::vector<token_id>> tokens;
+  const auto step = [&] {
+    for (const request_output& out : engine.step()) {
+      auto& t = tokens[out.id];
+      t.insert(t.end(), out.token_ids.begin(), out.token_ids.end());
+    }
+  };
+  const request_id first = engine.add_request(other, greedy());
+  step();  // its whole prompt: nobody decodes yet, so no target applies
+  EXPECT_EQ(engine.last_record().num_prefill_tokens, static_cast<int32_t>(other.size()));
+  const request_id id = engine.add_request(target, greedy());
+  int mixed_steps = 0;
+  while (engine.has_unfinished()) {
+    step();
+    const step_record& r = engine.last_record();
+    if (r.num_decode_tokens > 0 && r.num_prefill_tokens > 0) {
+      ++mixed_steps;
+      EXPECT_LE(r.num_prefill_tokens, 8) << "step " << r.step;
+      EXPECT_EQ(r.prefill_budget, 8);
+    }
+  }
+  EXPECT_GE(mixed_steps, static_cast<int>(target.size()) / 8) << target.size() << " prompt tokens";
+  EXPECT_EQ(tokens[id], target_alone) << "the prompt chunked next to a decode";
+  EXPECT_EQ(tokens[first], other_alone) << "the decode next to the chunks";
+  const engine_stats st = engine.stats();
+  EXPECT_GT(st.num_steps_prefill_limited, 0u);
+  EXPECT_GT(st.measured_step_seconds, 0.0);
+  EXPECT_GT(st.predicted_step_seconds, 0.0);
+}
+
 TEST_P(engine_invariance, after_preemption_by_swap_and_by_recompute) {
   const std::vector<token_id> target = encode(target_text);
   const std::vector<token_id> alone = reference(target);

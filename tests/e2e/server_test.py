@@ -196,6 +196,15 @@ def metrics_exposes_the_engine():
     assert len(info) == 1 and m[info[0]] == 1 and int(info[0].split('block_bytes="')[1].split('"')[0]) > 0, info
     status, data, _ = srv.request("GET", "/v1/models")
     assert status == 200 and json.loads(data)["data"][0]["kv_cache_dtype"] == "fp16", data
+    # Stall-free batching (docs/engine.md#the-prefill-share): the default 100 ms target, the last step's
+    # prefill budget and the step cost model's prediction against the measured step (values are
+    # timings: only their presence and sign are checked).
+    assert m["tessera_target_itl_seconds"] == 0.1, m["tessera_target_itl_seconds"]
+    assert m["tessera_step_prefill_budget_tokens"] >= 1
+    assert m["tessera_step_time_measured_seconds"] > 0 and m["tessera_step_time_predicted_seconds"] > 0
+    assert m["tessera_step_time_prediction_error"] >= 0 and m["tessera_steps_prefill_limited_total"] >= 0
+    for term in ("base", "decode_token", "prefill_token", "attention_mpos"):
+        assert m[f'tessera_step_cost_model_seconds{{term="{term}"}}'] >= 0, term
 
 
 TIMING_KEYS = {"queue_seconds", "prefill_seconds", "first_token_seconds", "total_seconds", "decode_tokens_per_second",

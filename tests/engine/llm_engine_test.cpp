@@ -425,6 +425,41 @@ TEST(llm_engine, prefix_cache_skips_the_shared_prompt_prefill) {
   EXPECT_EQ(got, oracle(p2, 4, true));
 }
 
+TEST(llm_engine, every_executed_step_feeds_the_step_cost_model) {
+  // The engine measures its steps and feeds them to the scheduler's cost model (stall-free
+  // batching): every step that ran a batch and swapped nothing, once; what it reports is that step's.
+  sim_executor exec(4, 8, 16, vocab);
+  engine_options o = opts(8, 16);
+  o.max_num_batched_tokens = 8;
+  o.preemption = preemption_mode::swap;  // a small pool: some steps swap, and are not fed
+  o.target_step_seconds = 0.05;
+  llm_engine engine(exec, char_tokenizer(), o);
+  std::mt19937 rng(4);
+  for (int i = 0; i < 4; ++i) engine.add_request(random_prompt(rng, 9), greedy(6));
+  int64_t fed = 0, swapped = 0;
+  while (engine.has_unfinished()) {
+    engine.step();
+    const step_record& r = engine.last_record();
+    const bool swaps = r.num_swap_in_blocks + r.num_swap_out_blocks > 0;
+    fed += r.num_batch_seqs > 0 && !swaps;
+    swapped += swaps;
+    if (r.num_batch_seqs == 0) continue;
+    const engine_stats st = engine.stats();
+    EXPECT_EQ(st.measured_step_seconds, r.step_seconds);
+    EXPECT_EQ(st.predicted_step_seconds, r.predicted_seconds);
+    EXPECT_EQ(st.prefill_budget_tokens, r.prefill_budget);
+    EXPECT_GT(r.predicted_seconds, 0.0);
+    EXPECT_GE(r.prefill_budget, 1);
+    EXPECT_LE(r.prefill_budget, 8);
+  }
+  EXPECT_GT(swapped, 0);
+  EXPECT_EQ(engine.get_scheduler().cost_model().num_observations(), fed);
+  const engine_stats st = engine.stats();
+  EXPECT_EQ(st.target_step_seconds, 0.05);
+  EXPECT_GE(st.step_time_prediction_error, 0.0);
+  EXPECT_GT(st.step_cost.prefill_token, 0.0);
+}
+
 TEST(llm_engine, step_records_describe_the_step) {
   sim_executor exec(4, 16, 16, vocab);
   engine_options o = opts(16, 16);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -44,6 +45,8 @@ struct driver {
   seq_id next_seq = seq_id{1000};
   uint64_t arrival = 0;
   std::vector<std::string> problems;
+  // The fake device's step time, fed to the step cost model after every step (null: nothing fed).
+  std::function<double(const step_shape&)> fake_seconds;
 
   // model_window: the fake model's sliding window (-1: the block manager's attention_window; a window
   // with attention_window 0 is the same model with block freeing off).
@@ -105,6 +108,7 @@ struct driver {
     step_output out;
     exec.execute(batch, out);
     sched.commit(plan);
+    if (fake_seconds && !plan.scheduled.empty()) sched.observe_step(plan, fake_seconds(plan.shape));
     for (size_t i = 0; i < plan.scheduled.size(); ++i) {
       const scheduled_sequence& s = plan.scheduled[i];
       if (!s.samples) continue;
@@ -550,11 +554,14 @@ struct workload_result {
   int64_t window_freed = 0;
   int64_t swaps_of_windowed = 0;  // swap-outs of sequences with freed window entries
   int64_t forks_of_windowed = 0;  // forks of sequences with freed window entries
+  int64_t prefill_limited = 0;    // steps whose prefill the step-time target cut
 };
 
 // window > 0: a one-layer sliding-window model (the sim reads only the window, the oracle sees only
 // it), and the block manager frees what falls out of it.
-void run_random_workload(uint32_t seed, workload_result& total, int32_t window = 0) {
+// stall_free: a step-time target on a fake device whose speed changes during the run, so that prefill
+// chunks take every size from the minimum to the hard cap.
+void run_random_workload(uint32_t seed, workload_result& total, int32_t window = 0, bool stall_free = false) {
   std::mt19937 rng(seed);
   auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % static_cast<uint32_t>(hi - lo + 1)); };
   const int32_t bs = std::array{1, 2, 4, 16}[rng() % 4];
@@ -572,7 +579,20 @@ void run_random_workload(uint32_t seed, workload_result& total, int32_t window =
   o.kv_block_bytes = 1 << 16;
   o.swap_bytes_per_second = rng() % 2 ? 1e12 : 1e3;
   o.blocks.attention_window = window;
+  if (stall_free) {
+    o.target_step_seconds = 0.02;
+    o.min_prefill_tokens = pick(1, 8);
+    o.long_prefill_token_threshold = rng() % 2 ? 0 : pick(1, 16);
+  }
   driver d(o);
+  if (stall_free) {
+    const double per_prefill = 0.0005 * pick(1, 8);
+    d.fake_seconds = [per_prefill, &d](const step_shape& s) {
+      const double slow = d.sched.cost_model().num_observations() % 50 < 25 ? 1.0 : 4.0;
+      return slow * (0.004 + 0.001 * s.decode_tokens + per_prefill * s.prefill_tokens +
+                     1e-7 * static_cast<double>(s.attention_positions));
+    };
+  }
 
   // Shared "system prompts" so prefixes repeat across requests.
   std::vector<std::vector<token_id>> prefixes(3);
@@ -603,6 +623,7 @@ void run_random_workload(uint32_t seed, workload_result& total, int32_t window =
     for (const sequence* s : d.sched.running()) freed_before[s->id] = d.sched.blocks().num_freed_blocks(s->id);
     const scheduler_output plan = d.step();
     ++total.steps;
+    total.prefill_limited += plan.prefill_limited;
     total.copies += static_cast<int64_t>(plan.copies.size());
     for (const auto& e : plan.events) {
       total.preemptions += e.kind == event_kind::preempted_recompute || e.kind == event_kind::preempted_swap;
@@ -680,6 +701,190 @@ TEST(scheduler, random_workloads_with_a_window_match_the_oracle_and_leak_nothing
   EXPECT_GT(total.forks_of_windowed, 5);
   EXPECT_GT(total.cache_hits, 50);
   EXPECT_GT(total.copies, 20);
+}
+
+// The same workloads with stall-free batching: the budget split changes which tokens run when, never
+// what any sequence computes, and every preemption / swap / fork / prefix-cache path still holds.
+TEST(scheduler, random_workloads_with_a_step_time_target_match_the_oracle_and_leak_nothing) {
+  workload_result total;
+  for (uint32_t seed = 0; seed < 1500; ++seed) {
+    run_random_workload(seed, total, seed % 3 == 0 ? 1 + static_cast<int32_t>(seed % 13) : 0, true);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(total.prefill_limited, total.steps / 20)
+      << "the target cut prefill in " << total.prefill_limited << " of " << total.steps << " steps";
+  EXPECT_GT(total.preemptions, 100);
+  EXPECT_GT(total.swaps, 20);
+  EXPECT_GT(total.cache_hits, 100);
+  EXPECT_GT(total.copies, 20);
+}
+
+// ---- stall-free batching: the prefill share ---------------------------------------------------------
+
+// A cost model that starts from (and, unfed, stays at) a known linear cost: base 10 ms, 1 ms per
+// decode row, 2 ms per prefill row, attention free.
+scheduler_options stall_free_options(double target_seconds, int32_t max_tokens = 2048, int32_t min_prefill = 4) {
+  scheduler_options o = small_options(16, 4096, 0, 64, max_tokens, preemption_mode::recompute);
+  o.target_step_seconds = target_seconds;
+  o.min_prefill_tokens = min_prefill;
+  o.cost.prior = {0.010, 0.001, 0.002, 0.0};
+  return o;
+}
+
+// n short requests, prefilled in the first step; after it they all decode (500 tokens, no EOS stop).
+void start_decoders(driver& d, int n) {
+  for (int i = 0; i < n; ++i)
+    d.add(request_id{static_cast<uint64_t>(i + 1)}, prompt(4, static_cast<token_id>(i)), 500, 1, 0, false);
+  const scheduler_output first = d.step();
+  ASSERT_EQ(first.num_prefill_tokens, 4 * n);
+}
+
+TEST(scheduler, stall_free_decodes_first_then_the_prefill_the_target_leaves) {
+  driver d(stall_free_options(0.050));
+  start_decoders(d, 8);
+  d.add(request_id{100}, prompt(1000, 7), 4);
+  const scheduler_output plan = d.step();
+  // (50 ms - 10 ms - 8 x 1 ms) / 2 ms = 16 prompt tokens next to the 8 decodes.
+  EXPECT_EQ(plan.num_decode_tokens, 8);
+  EXPECT_EQ(plan.num_prefill_tokens, 16);
+  EXPECT_EQ(plan.prefill_budget, 16);
+  EXPECT_TRUE(plan.prefill_limited);
+  EXPECT_NEAR(plan.predicted_seconds, 0.050, 1e-12);
+  EXPECT_EQ(plan.shape.decode_tokens, 8);
+  EXPECT_EQ(plan.shape.prefill_tokens, 16);
+  // The long prompt goes on at 16 tokens a step while all 8 keep decoding, and then decodes itself.
+  int steps = 1;
+  while (d.sched.find(seq_id{100})->num_uncomputed() > 1) {
+    const scheduler_output p = d.step();
+    ASSERT_EQ(p.num_decode_tokens, 8);
+    ASSERT_LE(p.num_prefill_tokens, 16);
+    ++steps;
+  }
+  EXPECT_EQ(steps, (1000 + 15) / 16);
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+}
+
+TEST(scheduler, stall_free_without_decodes_prefills_up_to_the_hard_cap) {
+  // Nobody waits for a token: the target does not apply.
+  driver d(stall_free_options(0.050, 512));
+  d.add(request_id{1}, prompt(1000, 3), 4);
+  const scheduler_output plan = d.step();
+  EXPECT_EQ(plan.num_prefill_tokens, 512);
+  EXPECT_EQ(plan.prefill_budget, 512);
+  EXPECT_FALSE(plan.prefill_limited);
+}
+
+TEST(scheduler, stall_free_respects_the_hard_cap) {
+  driver d(stall_free_options(10.0, 20));  // a target that would allow thousands of tokens
+  start_decoders(d, 4);
+  d.add(request_id{100}, prompt(1000, 7), 4);
+  const scheduler_output plan = d.step();
+  EXPECT_EQ(plan.num_decode_tokens, 4);
+  EXPECT_EQ(plan.num_prefill_tokens, 16);
+  EXPECT_EQ(plan.prefill_budget, 16);
+  EXPECT_FALSE(plan.prefill_limited) << "max_num_batched_tokens, not the target, limited this step";
+}
+
+TEST(scheduler, stall_free_minimum_progress_when_the_decodes_alone_exceed_the_target) {
+  // 1 ms target, 18 ms of decodes: every step still prefills min_prefill_tokens (12), split across
+  // prompts in arrival order, and decodes all 8.
+  driver d(stall_free_options(0.001, 2048, 12));
+  start_decoders(d, 8);
+  d.add(request_id{100}, prompt(30, 7), 4);
+  d.add(request_id{101}, prompt(30, 9), 4);
+  // Request 100: 12, 12, 6 (then it decodes); 101: 6 in the third step, 12, 12.
+  const std::vector<std::string> expected = {"100:12", "100:12", "100:6 101:6", "101:12", "101:12"};
+  for (int i = 0; i < 5; ++i) {
+    const scheduler_output p = d.step();
+    EXPECT_EQ(p.num_decode_tokens, i < 3 ? 8 : 9) << "step " << i;
+    EXPECT_EQ(p.prefill_budget, 12);
+    EXPECT_EQ(p.prefill_limited, i < 4) << "step " << i << ": the last one takes what is left";
+    std::string chunks;
+    for (const scheduled_sequence& s : p.scheduled)
+      if (s.request.value() >= 100 && s.num_new_tokens > 1)
+        chunks +=
+            (chunks.empty() ? "" : " ") + std::to_string(s.request.value()) + ":" + std::to_string(s.num_new_tokens);
+    EXPECT_EQ(chunks, expected[static_cast<size_t>(i)]) << "step " << i;
+    EXPECT_EQ(p.num_prefill_tokens, 12);
+  }
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+}
+
+TEST(scheduler, stall_free_chunks_grow_on_a_fast_device_and_shrink_on_a_slow_one) {
+  // The fake device: 10 ms + 1 ms per decode row + `per_prefill` per prompt row. Fed back after every
+  // step, the model learns it and the chunk follows: (50 - 10 - 8) ms / per_prefill.
+  driver d(stall_free_options(0.050, 2048, 4));
+  double per_prefill = 0.0005;
+  start_decoders(d, 8);
+  d.fake_seconds = [&](const step_shape& s) {
+    return 0.010 + 0.001 * s.decode_tokens + per_prefill * s.prefill_tokens;
+  };
+  d.add(request_id{100}, prompt(100000 / 4, 7), 4);  // long enough for the whole test
+  const auto chunk_after = [&](int steps) {
+    scheduler_output p;
+    for (int i = 0; i < steps; ++i) {
+      p = d.step();
+      EXPECT_EQ(p.num_decode_tokens, 8);
+    }
+    return p.num_prefill_tokens;
+  };
+  EXPECT_EQ(chunk_after(1), 16) << "the prior: 2 ms a prompt token";
+  const int32_t fast = chunk_after(60);
+  EXPECT_NEAR(fast, 64, 3) << "learned: 0.5 ms a prompt token";
+  per_prefill = 0.004;
+  const int32_t slow = chunk_after(60);
+  EXPECT_NEAR(slow, 8, 1) << "learned: 4 ms a prompt token";
+  per_prefill = 0.001;
+  EXPECT_NEAR(chunk_after(60), 32, 2);
+  EXPECT_LT(d.sched.cost_model().mean_relative_error(), 0.05);
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+}
+
+TEST(scheduler, stall_free_counts_each_chunks_attention) {
+  // Attention 20 ms per million positions: a chunk deep into a long prompt gets fewer tokens.
+  // Attention 2 s per million positions: a chunk deep into a long prompt gets fewer tokens (at depth 0
+  // (50 - 10 - 1) ms / 2 ms = 19 rows less their attention; at depth 1000 about 4 ms a row).
+  scheduler_options o = stall_free_options(0.050, 2048, 1);
+  o.cost.prior.attention_mpos = 2.0;
+  driver d(o);
+  start_decoders(d, 1);
+  d.add(request_id{100}, prompt(1500, 7), 4);
+  const scheduler_output first = d.step();
+  int32_t last = first.num_prefill_tokens;
+  EXPECT_EQ(last, 19);
+  while (d.sched.find(seq_id{100})->num_computed < 1000) {
+    const scheduler_output p = d.step();
+    EXPECT_LE(p.num_prefill_tokens, last) << "deeper chunks read more keys";
+    EXPECT_LE(p.predicted_seconds, 0.050 + 1e-12);
+    last = p.num_prefill_tokens;
+  }
+  EXPECT_LE(last, 10);
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+}
+
+TEST(scheduler, long_prefill_threshold_lets_prompts_share_a_step) {
+  scheduler_options o = small_options(4, 1024, 0, 64, 64, preemption_mode::recompute);
+  o.long_prefill_token_threshold = 8;
+  driver d(o);
+  std::map<request_id, char> names{{request_id{'A'}, 'A'}, {request_id{'B'}, 'B'}, {request_id{'C'}, 'C'}};
+  d.add(request_id{'A'}, prompt(20, 1), 2, 1, 0, false);
+  d.add(request_id{'B'}, prompt(12, 5), 2, 1, 0, false);
+  d.add(request_id{'C'}, prompt(3, 9), 2, 1, 0, false);
+  EXPECT_EQ(describe(d.step(), names), "A:8 B:8 C:3");
+  EXPECT_EQ(describe(d.step(), names), "C:1 A:8 B:4");
+  EXPECT_EQ(describe(d.step(), names), "B:1 A:4");
+  EXPECT_TRUE(d.problems.empty()) << d.problems.front();
+}
+
+TEST(scheduler, stall_free_options_are_checked) {
+  scheduler_options o = stall_free_options(-1.0);
+  EXPECT_THROW(scheduler{o}, invalid_request);
+  o = stall_free_options(0.05);
+  o.min_prefill_tokens = 0;
+  EXPECT_THROW(scheduler{o}, invalid_request);
+  o = stall_free_options(0.05);
+  o.long_prefill_token_threshold = -1;
+  EXPECT_THROW(scheduler{o}, invalid_request);
 }
 
 TEST(scheduler, kv_waste_is_only_last_block_tails) {

@@ -357,6 +357,41 @@ TEST(speculative_engine, greedy_output_is_unchanged_under_preemption_by_a_tiny_k
   }
 }
 
+TEST(speculative_engine, drafts_and_stall_free_prefill_chunks_share_steps) {
+  // A step-time target below any step's time: every step with decodes prefills only min_prefill_tokens
+  // (3) next to the decodes and their drafts. Requests arrive one by one while the others decode, in a
+  // pool too small for all, so draft verification, prompt chunks and preemption share the steps; the
+  // output stays plain decoding's.
+  std::mt19937 rng(21);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(rng, 5 + 9 * i));
+  const auto plain = run_batch<markov_executor>(false, 512, 0, preemption_mode::recompute, prompts, greedy(30));
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    markov_executor exec(4, 24, 64, vocab);  // 96 slots for 6 sequences of 35-80 tokens
+    engine_options o = spec_opts(24, true, 64);
+    o.preemption = mode;
+    o.target_step_seconds = 1e-6;
+    o.min_prefill_tokens = 3;
+    llm_engine engine(exec, nullptr, o);
+    std::map<request_id, std::map<int32_t, std::vector<token_id>>> tokens;
+    for (const auto& p : prompts) {
+      engine.add_request(p, greedy(30));
+      for (int i = 0; i < 2; ++i)
+        for (const request_output& out : engine.step()) {
+          auto& t = tokens[out.id][out.index];
+          t.insert(t.end(), out.token_ids.begin(), out.token_ids.end());
+        }
+    }
+    const run_result rest = run_checked(engine, exec);
+    for (const auto& [id, choices] : rest.tokens)
+      for (const auto& [index, t] : choices) tokens[id][index].insert(tokens[id][index].end(), t.begin(), t.end());
+    EXPECT_EQ(tokens, plain.tokens) << to_string(mode);
+    EXPECT_GT(rest.stats.num_steps_prefill_limited, 0u) << to_string(mode);
+    EXPECT_GT(rest.stats.num_accepted_draft_tokens, 0u) << to_string(mode);
+    EXPECT_GT(rest.stats.num_preemptions_recompute + rest.stats.num_preemptions_swap, 0u) << to_string(mode);
+  }
+}
+
 TEST(speculative_engine, many_rejections_leak_no_block_and_change_no_output) {
   // The history-hash model: drafts are almost always wrong, so nearly every verification rejects and
   // returns the blocks it allocated for the drafts. Prompts repeat themselves so drafts exist.
