@@ -635,6 +635,11 @@ engine_stats llm_engine::stats() const {
   engine_stats s = stats_;
   s.kv_waste = sched_.blocks().slots().waste();
   s.num_window_freed_blocks = static_cast<uint64_t>(sched_.blocks().num_window_freed_blocks());
+  if (proposer_) {
+    const draft_pool_usage pool = proposer_->pool_usage();
+    s.num_draft_kv_blocks = pool.num_blocks;
+    s.num_draft_kv_blocks_used = pool.num_blocks - pool.num_free_blocks;
+  }
   return s;
 }
 

@@ -104,6 +104,9 @@ struct engine_stats {
   uint64_t num_draft_tokens = 0;
   uint64_t num_accepted_draft_tokens = 0;
   uint64_t num_spec_verifications = 0;
+  // A draft model's own KV pool (speculative mode draft; 0 otherwise): its blocks, and those in use now.
+  int32_t num_draft_kv_blocks = 0;
+  int32_t num_draft_kv_blocks_used = 0;
 };
 
 class llm_engine {

@@ -226,6 +226,22 @@ def draft_model_seeded_sampling_is_the_same():
 
 
 @case
+def draft_model_structured_output_gives_the_same_json():
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"], "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "Name a large city and its country in JSON."}]
+
+    def ask(s):
+        r = s.client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=48, temperature=0,
+                                             response_format=fmt)
+        return r.choices[0].message.content, r.usage
+    (a, _), (b, usage) = ask(plain), ask(draft)
+    assert a == b, (a, b)
+    assert (usage.model_extra or {}).get("speculative", {}).get("proposed", 0) > 0, usage
+
+
+@case
 def draft_model_bad_flags_are_startup_errors():
     gemma = os.path.join(os.path.dirname(MODEL), "gemma-3-270m-q4_k_m.gguf")
     cases = [(["--speculative", "draft"], "--draft-model"),
@@ -247,6 +263,11 @@ def no_block_is_left_behind():
     for s in (spec, draft):
         m = s.metrics()
         assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
+    # The draft model's own pool is empty again too (every finished request released its draft K/V).
+    m = draft.metrics()
+    assert m["tessera_spec_decode_draft_kv_blocks"] > 0, m["tessera_spec_decode_draft_kv_blocks"]
+    assert m["tessera_spec_decode_draft_kv_blocks_used"] == 0, m["tessera_spec_decode_draft_kv_blocks_used"]
+    assert spec.metrics()["tessera_spec_decode_draft_kv_blocks"] == 0
 
 
 plain.stop(expect_clean=True)

@@ -118,7 +118,8 @@ std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len) {
 }
 
 struct run_result {
-  std::vector<std::vector<token_id>> tokens;  // per request, in submission order
+  std::vector<std::vector<token_id>> tokens;  // per request, in submission order (its choices' interleaved)
+  std::map<std::pair<size_t, int32_t>, std::vector<token_id>> choices;  // per (request, choice index)
   engine_stats stats;
   draft_model_stats draft;
 };
@@ -148,6 +149,8 @@ run_result run(int32_t blocks, int32_t host, std::shared_ptr<sim_executor> draft
       EXPECT_TRUE(o.error.empty()) << o.error;
       auto& t = r.tokens[order.at(o.id)];
       t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
+      auto& c = r.choices[{order.at(o.id), o.index}];
+      c.insert(c.end(), o.token_ids.begin(), o.token_ids.end());
     }
     const std::string inv = engine.get_scheduler().check_invariants();
     EXPECT_EQ(inv, "") << "step " << step;
@@ -232,6 +235,22 @@ TEST(draft_model_proposer, seeded_sampling_is_plain_decodings) {
   EXPECT_EQ(spec.tokens, plain.tokens);
   EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
   EXPECT_LT(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens);  // sampling rejects some
+  EXPECT_EQ(draft->num_stale_reads, 0);
+}
+
+TEST(draft_model_proposer, parallel_sampling_gives_every_choice_its_own_draft_state) {
+  // n = 3: the forks share the prompt's target blocks; each choice's draft state is its own (built
+  // from the prompt on its first round) and released when it finishes.
+  const auto prompts = prompts_of(11, 3);
+  sampling_params p = seeded(24, 5);
+  p.n = 3;
+  p.logprobs = 1;
+  const auto plain = run(512, 0, nullptr, prompts, {p});
+  auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, {p});
+  EXPECT_EQ(plain.choices.size(), 9u);
+  EXPECT_EQ(spec.choices, plain.choices);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
   EXPECT_EQ(draft->num_stale_reads, 0);
 }
 
