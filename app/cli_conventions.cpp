@@ -11,6 +11,12 @@ namespace tessera::app {
 
 namespace {
 
+// llama-server's one-dash two-letter flags, which CLI11 cannot name, and the options they mean.
+constexpr std::pair<std::string_view, std::string_view> k_two_letter_spellings[] = {
+    {"-np", "--max-num-seqs"},
+    {"-md", "--draft-model"},
+};
+
 // Other servers' flags -> Tessera's (those that are not aliases: a different meaning or shape).
 constexpr std::pair<std::string_view, std::string_view> k_foreign_names[] = {
     {"--n-gpu-layers", "--device"},
@@ -36,6 +42,8 @@ constexpr std::pair<std::string_view, std::string_view> k_foreign_names[] = {
     {"--metrics", "(/metrics is always served)"},
     {"--no-webui", "--webui-dir none"},
     {"--path", "--webui-dir"},
+    {"--speculative-config", "--speculative draft --draft-model PATH"},
+    {"--speculative-model", "--speculative draft --draft-model PATH"},
 };
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -93,13 +101,19 @@ std::vector<std::string> rewrite_foreign_spellings(int argc, char** argv) {
   std::vector<std::string> out;
   for (int i = 0; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "-np") {
-      out.emplace_back("--max-num-seqs");
-    } else if (arg.starts_with("-np=")) {
-      out.emplace_back("--max-num-seqs=" + std::string(arg.substr(4)));
-    } else {
-      out.emplace_back(arg);
+    bool rewritten = false;
+    for (const auto& [theirs, ours] : k_two_letter_spellings) {
+      if (arg == theirs) {
+        out.emplace_back(ours);
+      } else if (arg.starts_with(theirs) && arg.substr(theirs.size()).starts_with('=')) {
+        out.emplace_back(std::string(ours) + std::string(arg.substr(theirs.size())));
+      } else {
+        continue;
+      }
+      rewritten = true;
+      break;
     }
+    if (!rewritten) out.emplace_back(arg);
   }
   return out;
 }

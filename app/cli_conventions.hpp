@@ -3,9 +3,9 @@
 //  * every flag also from an environment variable: --max-model-len from TESSERA_MAX_MODEL_LEN
 //    (the command line wins over the variable, the variable over a --config file);
 //  * token counts in vLLM's human-readable form: --max-model-len 4k (4000), 4K (4096), 1m, 1M;
-//  * llama-server's spellings: -c / --ctx-size, -np / --parallel, --alias, --chat-template-file are
-//    aliases on the options themselves, except -np, which CLI11 cannot name (a one-dash option has
-//    one letter) and which is rewritten before parsing;
+//  * llama-server's spellings: -c / --ctx-size, -np / --parallel, -md / --model-draft, --draft-max,
+//    --alias, --chat-template-file are aliases on the options themselves, except -np and -md, which
+//    CLI11 cannot name (a one-dash option has one letter) and which are rewritten before parsing;
 //  * an unknown flag is answered with the Tessera name: "did you mean --max-model-len?", from a table
 //    of other servers' names and, failing that, the closest option name.
 #pragma once
@@ -26,7 +26,8 @@ std::string env_name_of(const std::string& long_name);
 // is left for the option's own conversion to accept or refuse.
 CLI::Validator human_token_count();
 
-// argv with the llama-server spellings CLI11 cannot parse replaced ("-np 4" -> "--max-num-seqs 4").
+// argv with the llama-server spellings CLI11 cannot parse replaced ("-np 4" -> "--max-num-seqs 4",
+// "-md FILE" -> "--draft-model FILE").
 std::vector<std::string> rewrite_foreign_spellings(int argc, char** argv);
 
 // For an option `cmd` does not know: the Tessera flag it most likely means ("" when nothing is close).

@@ -19,6 +19,7 @@
 #include "engine/base/regular_file.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_json.hpp"
+#include "engine/speculative/vocabulary_check.hpp"
 
 namespace tessera::app {
 
@@ -62,6 +63,55 @@ void fault_in_weights(const model_weights& w, bool show) {
     }
   }
   if (show) std::fprintf(stderr, "\n");
+}
+
+// --speculative draft: loads --draft-model, checks that it has the target's vocabulary (what both
+// tokenizers loaded: size, token texts, special ids) and builds its CPU executor with a KV pool of its
+// own. Every failure is an invalid_request naming the flag.
+void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
+  const std::string flag = "--draft-model " + flags.draft_model;
+  if (flags.draft_model.empty())
+    throw invalid_request("--speculative draft needs --draft-model PATH (the draft model)");
+  try {
+    b.draft_model = load_model(flags.draft_model, dummy ? load_format::dummy : load_format::automatic);
+  } catch (const std::exception& e) { throw invalid_request(flag + ": cannot load it: " + e.what()); }
+  const model_config& target = b.model.weights->config;
+  const model_config& draft = b.draft_model->weights->config;
+  if (draft.vocab_size != target.vocab_size)
+    throw invalid_request(flag + ": its vocabulary differs from the target's (" + std::to_string(draft.vocab_size) +
+                          " logits per token, the target " + std::to_string(target.vocab_size) + ")");
+  if (b.model.tok && b.draft_model->tok) {
+    const std::string mismatch = vocabulary_mismatch(*b.model.tok, *b.draft_model->tok);
+    if (!mismatch.empty()) throw invalid_request(flag + ": its vocabulary differs from the target's: " + mismatch);
+  } else if (b.model.tok || b.draft_model->tok) {
+    throw invalid_request(flag +
+                          ": one of the target and the draft has no tokenizer, so their vocabularies "
+                          "cannot be compared");
+  }
+  if (!dummy) fault_in_weights(*b.draft_model->weights, false);
+  cpu_executor_options o;
+  o.num_threads = flags.threads;
+  o.dequantize_weights = flags.dequantize_weights;
+  o.kv_dtype = resolve(cpu_kv_dtype::automatic, flags.dequantize_weights);
+  o.kv.block_size = flags.block_size;
+  // As many blocks as the target's KV budget buys for the draft model, never more than the target
+  // has: the draft never holds more tokens than the target does.
+  o.kv.num_device_blocks =
+      flags.draft_num_kv_blocks > 0
+          ? flags.draft_num_kv_blocks
+          : std::min(b.exec->kv_spec().num_device_blocks,
+                     kv_blocks_for_bytes(draft, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib),
+                                         o.kv_dtype));
+  o.kv.num_host_blocks = 0;
+  if (o.kv.num_device_blocks < 1)
+    throw invalid_request("--speculative draft: the draft model's KV pool holds no block: raise --kv-cache-memory");
+  try {
+    b.draft_exec = make_cpu_executor(b.draft_model->weights, o);
+  } catch (const std::exception& e) { throw invalid_request(flag + ": " + e.what()); }
+  if (!flags.quiet)
+    std::fprintf(stderr, "draft model %s: %d layers, hidden %d; cpu executor; draft KV pool %d blocks x %d tokens\n",
+                 b.draft_model->path.filename().c_str(), draft.num_layers, draft.hidden_size, o.kv.num_device_blocks,
+                 o.kv.block_size);
 }
 
 }  // namespace
@@ -144,10 +194,20 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_flag("--cuda-graphs", cuda_graphs, "CUDA: replay decode steps from graphs captured per batch-size bucket");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
   cmd.add_option("--speculative", speculative,
-                 "Speculative decoding: off | ngram (n-gram prompt lookup drafts, verified losslessly)")
-      ->check(CLI::IsMember({"off", "ngram"}));
-  cmd.add_option("--num-speculative-tokens", num_speculative_tokens, "Draft tokens verified per sequence and step")
+                 "Speculative decoding: off | ngram (n-gram prompt lookup drafts) | draft (a small draft model, "
+                 "--draft-model), verified losslessly")
+      ->check(CLI::IsMember({"off", "ngram", "draft"}));
+  // llama-server's names as aliases (-md is rewritten to --draft-model before parsing).
+  cmd.add_option("--num-speculative-tokens,--draft-max", num_speculative_tokens,
+                 "Draft tokens verified per sequence and step (llama-server: --draft-max)")
       ->check(CLI::Range(1, 64));
+  cmd.add_option("--draft-model,--model-draft", draft_model,
+                 "--speculative draft: the draft model, a .gguf file or a Hugging Face directory with the target's "
+                 "vocabulary (llama-server: -md, --model-draft)");
+  cmd.add_option("--draft-num-kv-blocks", draft_num_kv_blocks,
+                 "--speculative draft: KV blocks of the draft model's own pool (0: as --kv-cache-memory allows, "
+                 "at most the target's)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
       ->check(CLI::Range(1, 64));
@@ -175,7 +235,7 @@ chat_template load_chat_template(const std::string& file_or_text) {
   } catch (const std::exception& e) { throw invalid_request("--chat-template-file " + file_or_text + ": " + e.what()); }
 }
 
-engine_options to_engine_options(const engine_flags& flags) {
+engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<executor> draft_exec) {
   engine_options options;
   options.block_size = flags.block_size;
   options.max_num_seqs = flags.max_num_seqs;
@@ -186,11 +246,12 @@ engine_options to_engine_options(const engine_flags& flags) {
   options.preemption = parse_preemption(flags.preemption_mode);
   options.enable_prefix_caching = !flags.no_prefix_caching;
   const std::optional<speculative_mode> mode = parse_speculative_mode(flags.speculative);
-  if (!mode) throw invalid_request("--speculative must be off or ngram (got '" + flags.speculative + "')");
+  if (!mode) throw invalid_request("--speculative must be off, ngram or draft (got '" + flags.speculative + "')");
   options.speculative.mode = *mode;
   options.speculative.num_tokens = flags.num_speculative_tokens;
   options.speculative.ngram = {.min_n = flags.ngram_min, .max_n = flags.ngram_max};
   options.speculative.max_batch = flags.speculative_max_batch;
+  options.speculative.draft_executor = std::move(draft_exec);
   try {
     options.speculative.validate();
   } catch (const invalid_request& e) { throw invalid_request(std::string("--speculative: ") + e.what()); }
@@ -203,7 +264,7 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& b, const engin
   components.tok = b.model.tok;
   components.chat = b.chat;
   actors::facade_options options;
-  options.engine = to_engine_options(flags);
+  options.engine = to_engine_options(flags, b.draft_exec);
   options.engine.constraints = b.constraints;
   options.max_waiting = max_waiting;
   return std::make_unique<actors::engine_facade>(std::move(components), options);
@@ -261,11 +322,13 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
     b.exec = make_cpu_executor(b.model.weights, exec_options);
   }
 
+  if (flags.speculative == "draft") load_draft_model(flags, dummy, b);
+
 #if TESSERA_WITH_XGRAMMAR
   if (b.model.tok) b.constraints = structured::make_grammar_backend(*b.model.tok, config.vocab_size);
 #endif
   if (direct_engine) {
-    engine_options options = to_engine_options(flags);
+    engine_options options = to_engine_options(flags, b.draft_exec);
     options.constraints = b.constraints;
     b.engine = std::make_unique<llm_engine>(*b.exec, b.model.tok, options);
   }

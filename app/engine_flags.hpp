@@ -41,8 +41,10 @@ struct engine_flags {
   bool cuda_graphs = false;             // CUDA: replay decode steps from captured graphs (not yet verified)
   bool quiet = false;                   // no progress/stats on stderr
   // Speculative decoding (docs/speculative.md).
-  std::string speculative = "off";  // off | ngram
+  std::string speculative = "off";  // off | ngram | draft
   int num_speculative_tokens = 4;   // draft tokens per sequence and step
+  std::string draft_model;          // --speculative draft: the draft model (.gguf or HF directory)
+  int draft_num_kv_blocks = 0;      // the draft model's own KV pool; 0: as --kv-cache-memory allows
   int ngram_min = 1;                // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
   int speculative_max_batch = 4;   // decoding sequences above which a step does not speculate
@@ -55,6 +57,10 @@ struct engine_flags {
 struct engine_bundle {
   loaded_model model;
   std::unique_ptr<executor> exec;
+  // --speculative draft: the draft model and its executor (CPU, with its own KV pool), which the
+  // engine's draft-model proposer uses alone.
+  std::optional<loaded_model> draft_model;
+  std::shared_ptr<executor> draft_exec;
   std::unique_ptr<llm_engine> engine;  // null when built for the actor runtime
   // Constrained decoding (xgrammar, engine/structured/); null when the build has no xgrammar or the
   // model no tokenizer: requests that ask for structured output are then refused.
@@ -70,8 +76,9 @@ std::string resolve_device(const std::string& requested);
 // text itself. Throws invalid_request naming the flag when it cannot be read or parsed.
 chat_template load_chat_template(const std::string& file_or_text);
 
-// The engine (scheduler, KV pools, batching) options the flags ask for.
-engine_options to_engine_options(const engine_flags& flags);
+// The engine (scheduler, KV pools, batching) options the flags ask for; `draft_exec`: the draft
+// model's executor of --speculative draft (make_engine builds it).
+engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<executor> draft_exec = nullptr);
 
 // Loads the model (progress on a TTY), builds the executor --device picks and, with `direct_engine`, an
 // llm_engine driven by the caller. Throws load_error / invalid_request with a message for the user.

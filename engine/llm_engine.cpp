@@ -60,7 +60,7 @@ llm_engine::llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, con
   }
   mask_words_ = token_mask_words(exec_.config().vocab_size);
   options_.speculative.validate();  // throws invalid_request
-  proposer_ = options_.speculative.make_proposer();
+  proposer_ = options_.speculative.make_proposer(exec_.config().vocab_size);
 }
 
 llm_engine::~llm_engine() { wait_masks(); }
@@ -168,6 +168,7 @@ void llm_engine::finish_choice(request_state& r, choice_state& c, finish_reason 
   out.num_generated_tokens = c.num_generated;
   out.num_draft_tokens = c.num_draft_tokens;
   out.num_accepted_draft_tokens = c.num_accepted_draft_tokens;
+  if (proposer_) proposer_->release(c.seq);  // a draft model's K/V of it
   std::unique_ptr<sequence> seq = sched_.finish(c.seq, stage);
   if (seq) out.timeline = std::move(seq->timeline);
   seq_owner_.erase(c.seq);
@@ -269,6 +270,7 @@ std::vector<request_output> llm_engine::step() {
     apply(p);
     sample(p, ctx);
   }
+  roll_back_drafts();
   return emit(p, ctx);
 }
 
@@ -287,6 +289,7 @@ llm_engine::step_context llm_engine::begin_step() {
 scheduler_output llm_engine::plan(step_context& ctx) {
   propose_drafts();
   scheduler_output p = sched_.schedule();
+  release_preempted_drafts(p);
   record_ = step_record{};
   record_.step = p.step;
   record_.schedule_seconds = seconds_since(ctx.start);
@@ -581,6 +584,7 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
 // sequences decode than speculative.max_batch, nor for requests that do not speculate. k leaves room
 // for the target's own token after the drafts within max_tokens and max_seq_len.
 void llm_engine::propose_drafts() {
+  proposed_.clear();
   if (!proposer_) return;
   const auto decoding = [](const sequence* s) { return s->num_uncomputed() == 1 && s->num_generated() > 0; };
   int32_t num_decoding = 0;
@@ -589,6 +593,8 @@ void llm_engine::propose_drafts() {
     num_decoding += decoding(s);
   }
   if (num_decoding > options_.speculative.max_batch) return;
+  std::vector<draft_request> requests;
+  std::vector<sequence*> seqs;
   for (sequence* s : sched_.running()) {
     if (!decoding(s)) continue;
     const choice_ref* owner = owner_of(s->id);
@@ -598,8 +604,38 @@ void llm_engine::propose_drafts() {
     const choice_state& c = *r.choices[static_cast<size_t>(owner->index)];
     const int32_t room = std::min(r.params.max_tokens - c.num_generated, sched_.max_seq_len() - s->num_tokens()) - 1;
     const int32_t k = std::min(options_.speculative.num_tokens, room);
-    if (k > 0) s->draft = proposer_->propose(s->tokens, k);
+    if (k <= 0) continue;
+    requests.push_back({s->id, s->tokens, k});
+    seqs.push_back(s);
   }
+  if (requests.empty()) return;
+  // One call for the whole step: a draft model batches its forward passes across these sequences.
+  std::vector<std::vector<token_id>> drafts = proposer_->propose(requests);
+  for (size_t i = 0; i < seqs.size() && i < drafts.size(); ++i) {
+    seqs[i]->draft = std::move(drafts[i]);
+    proposed_.push_back(seqs[i]->id);
+  }
+}
+
+// A preempted sequence's proposer state goes with its KV (recompute: rebuilt when it speculates again;
+// swap: dropped as well, the draft pool has no host copy).
+void llm_engine::release_preempted_drafts(const scheduler_output& p) {
+  if (!proposer_) return;
+  for (const engine_event& e : p.events)
+    if (e.kind == event_kind::preempted_recompute || e.kind == event_kind::preempted_swap) proposer_->release(e.seq);
+}
+
+// After the step (verified, decoded plainly because the scheduler dropped the draft, or failed): the
+// proposer forgets what it drafted past the tokens each sequence now holds.
+void llm_engine::roll_back_drafts() {
+  for (seq_id id : proposed_) {
+    const sequence* s = sched_.find(id);
+    if (s && s->status == sequence_status::running)
+      proposer_->rollback(id, s->tokens);
+    else
+      proposer_->release(id);  // finished (already released), preempted, or failed
+  }
+  proposed_.clear();
 }
 
 bool llm_engine::speculates(const request_state& r) const { return proposer_ && r.params.speculative; }
@@ -631,6 +667,11 @@ engine_stats llm_engine::stats() const {
   s.step_time_prediction_error = sched_.cost_model().mean_relative_error();
   s.step_cost = sched_.cost_model().coefficients();
   s.target_step_seconds = sched_.options().target_step_seconds;
+  if (proposer_) {
+    const draft_pool_usage pool = proposer_->pool_usage();
+    s.num_draft_kv_blocks = pool.num_blocks;
+    s.num_draft_kv_blocks_used = pool.num_blocks - pool.num_free_blocks;
+  }
   return s;
 }
 

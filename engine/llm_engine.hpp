@@ -120,6 +120,9 @@ struct engine_stats {
   uint64_t num_steps_prefill_limited = 0;  // steps in which the target held prefill tokens back
   double target_step_seconds = 0;          // the configured target (0: off)
   step_cost_coefficients step_cost;
+  // A draft model's own KV pool (speculative mode draft; 0 otherwise): its blocks, and those in use now.
+  int32_t num_draft_kv_blocks = 0;
+  int32_t num_draft_kv_blocks_used = 0;
 };
 
 class llm_engine {
@@ -148,6 +151,8 @@ class llm_engine {
   engine_stats stats() const;
   std::vector<block_info> block_snapshot() const { return sched_.block_snapshot(); }
   const scheduler& get_scheduler() const { return sched_; }
+  // The speculative proposer (null when off): its own pool (a draft model's KV blocks) for leak checks.
+  const draft_proposer* proposer() const { return proposer_.get(); }
   int32_t max_seq_len() const { return sched_.max_seq_len(); }
 
  private:
@@ -215,6 +220,8 @@ class llm_engine {
   void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
   void verify_sequence(size_t i, scheduler_output& plan, step_context& ctx);
   void propose_drafts();
+  void release_preempted_drafts(const scheduler_output& plan);
+  void roll_back_drafts();
   bool speculates(const request_state& r) const;
   std::vector<choice_state*> fork_choices(request_state& r, seq_id parent, scheduler_output& plan);
   const choice_ref* owner_of(seq_id s) const;
@@ -235,6 +242,7 @@ class llm_engine {
   engine_options options_;
   scheduler sched_;
   std::unique_ptr<draft_proposer> proposer_;  // null: speculative decoding off
+  std::vector<seq_id> proposed_;              // sequences proposed for this step: rolled back after it
   std::unordered_map<request_id, request_state> requests_;
   std::unordered_map<seq_id, choice_ref> seq_owner_;
   std::vector<request_output> pending_;       // abort outputs waiting for the next step()

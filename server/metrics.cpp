@@ -231,6 +231,11 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
   gauge(out, "tessera_spec_decode_mean_accepted_length",
         "Tokens committed per verified draft: (accepted + drafts) / drafts (0 before any)",
         ratio(double(e.num_accepted_draft_tokens + e.num_spec_verifications), double(e.num_spec_verifications)));
+  // The draft model's own KV pool (--speculative draft): separate from the target's tessera_kv_blocks_*.
+  gauge(out, "tessera_spec_decode_draft_kv_blocks", "Blocks of the draft model's KV pool (0 without a draft model)",
+        double(e.num_draft_kv_blocks));
+  gauge(out, "tessera_spec_decode_draft_kv_blocks_used", "Draft model KV blocks holding sequences' draft state",
+        double(e.num_draft_kv_blocks_used));
   counter(out, "tessera_requests_submitted_total", "Requests accepted by the runtime", double(s.num_submitted));
   // Stall-free batching (docs/engine.md#the-prefill-share): what the last step was allowed to prefill,
   // and how well the step cost model that sized it predicts the steps.

@@ -14,6 +14,13 @@ ngram_proposer::ngram_proposer(const ngram_options& options) : options_(options)
                           std::to_string(options.min_n) + ")");
 }
 
+std::vector<std::vector<token_id>> ngram_proposer::propose(std::span<const draft_request> requests) {
+  std::vector<std::vector<token_id>> drafts;
+  drafts.reserve(requests.size());
+  for (const draft_request& r : requests) drafts.push_back(propose(r.tokens, r.max_tokens));
+  return drafts;
+}
+
 std::vector<token_id> ngram_proposer::propose(std::span<const token_id> context, int32_t max_tokens) const {
   const auto len = static_cast<int64_t>(context.size());
   if (max_tokens <= 0 || len < 2) return {};

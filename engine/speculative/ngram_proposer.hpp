@@ -3,7 +3,8 @@
 // an earlier occurrence of the sequence's last n tokens are a good guess for what comes next.
 //
 //   ngram_proposer p({.min_n = 1, .max_n = 4});
-//   std::vector<token_id> draft = p.propose(prompt_and_output, k);
+//   std::vector<token_id> draft = p.propose(prompt_and_output, k);   // one sequence
+//   drafts = p.propose(requests);                                     // the engine's batch call
 //
 // For n from max_n down to min_n, the most recent earlier occurrence of the last n tokens (anywhere in
 // prompt + output, the suffix itself excluded) wins, and up to k tokens that followed it are proposed
@@ -26,7 +27,9 @@ class ngram_proposer final : public draft_proposer {
  public:
   // Throws invalid_request when min_n < 1 or max_n < min_n.
   explicit ngram_proposer(const ngram_options& options);
-  std::vector<token_id> propose(std::span<const token_id> context, int32_t max_tokens) const override;
+  // Each request's draft from its own tokens: the lookup keeps no state between steps.
+  std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) override;
+  std::vector<token_id> propose(std::span<const token_id> context, int32_t max_tokens) const;
   const ngram_options& options() const { return options_; }
 
  private:

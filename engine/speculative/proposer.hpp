@@ -3,22 +3,58 @@
 // linear (one chain of tokens, no tree). A proposer never changes what is generated, only how many
 // tokens one step can commit: verification (engine/speculative/verifier.hpp) keeps the output
 // distribution the target's, so a bad guess costs compute, never correctness.
+//
+// The engine asks once per step for every speculating sequence at once (a draft model batches its
+// forward passes across them), and tells the proposer what became of each sequence, so that a proposer
+// with per-sequence state (the draft model's KV cache) can roll it back and free it:
+//
+//   drafts = proposer.propose(requests);      // before the step is planned
+//   ... the target verifies ...
+//   proposer.rollback(seq, tokens);           // after it, for every sequence proposed for
+//   proposer.release(seq);                    // finished, aborted or preempted
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "engine/base/token_id.hpp"
+#include "engine/ids.hpp"
 
 namespace tessera {
+
+// One sequence to draft for: `tokens` are its prompt and output so far (the last one not yet computed
+// by the target), and the draft may have at most `max_tokens` tokens.
+struct draft_request {
+  seq_id seq;
+  std::span<const token_id> tokens;
+  int32_t max_tokens = 0;
+};
+
+// What a proposer's own KV pool holds (zero for a stateless proposer): for leak checks and /metrics.
+struct draft_pool_usage {
+  int32_t num_blocks = 0;       // blocks in the pool
+  int32_t num_free_blocks = 0;  // of which free
+  int32_t num_sequences = 0;    // sequences with draft state
+};
 
 class draft_proposer {
  public:
   virtual ~draft_proposer() = default;
-  // At most `max_tokens` tokens that may follow `context` (the sequence's prompt and output so far),
-  // in order; empty when it has no guess. Must be cheap next to a forward pass: it runs on the engine
-  // thread for every decoding sequence of a speculative step.
-  virtual std::vector<token_id> propose(std::span<const token_id> context, int32_t max_tokens) const = 0;
+  // Drafts for `requests`, one entry each, in order: at most max_tokens tokens that may follow tokens;
+  // empty when it has no guess (or, for a draft model, no room in its pool this step). Runs on the
+  // engine thread before every speculative step: it must cost little next to the target's pass.
+  virtual std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) = 0;
+  // After a step that proposed for `seq`: the sequence now holds `tokens` (accepted drafts and the
+  // target's own token appended). State for positions past their longest common prefix with what the
+  // proposer drafted is dropped: the rejected draft positions are never attended to again.
+  virtual void rollback(seq_id seq, std::span<const token_id> tokens) {
+    (void)seq;
+    (void)tokens;
+  }
+  // `seq` finished, was aborted or preempted: its state goes (a preempted sequence is rebuilt when it
+  // speculates again). Unknown ids are ignored.
+  virtual void release(seq_id seq) { (void)seq; }
+  virtual draft_pool_usage pool_usage() const { return {}; }
 };
 
 }  // namespace tessera

@@ -9,6 +9,7 @@ namespace tessera {
 std::optional<speculative_mode> parse_speculative_mode(std::string_view text) {
   if (text == "off") return speculative_mode::off;
   if (text == "ngram") return speculative_mode::ngram;
+  if (text == "draft") return speculative_mode::draft;
   return std::nullopt;
 }
 
@@ -16,6 +17,7 @@ std::string_view to_string(speculative_mode mode) {
   switch (mode) {
     case speculative_mode::off: return "off";
     case speculative_mode::ngram: return "ngram";
+    case speculative_mode::draft: return "draft";
   }
   return "?";
 }
@@ -26,12 +28,19 @@ void speculative_options::validate() const {
   if (max_batch < 1)
     throw invalid_request("the speculative max batch must be at least 1, got " + std::to_string(max_batch));
   ngram_proposer check(ngram);  // throws on a bad range
+  if (draft.max_batch_tokens < 1)
+    throw invalid_request("the draft model's tokens per forward pass must be at least 1, got " +
+                          std::to_string(draft.max_batch_tokens));
 }
 
-std::unique_ptr<draft_proposer> speculative_options::make_proposer() const {
+std::unique_ptr<draft_proposer> speculative_options::make_proposer(int32_t target_vocab) const {
   switch (mode) {
     case speculative_mode::off: return nullptr;
     case speculative_mode::ngram: return std::make_unique<ngram_proposer>(ngram);
+    case speculative_mode::draft:
+      if (!draft_executor)
+        throw invalid_request("speculative decoding with a draft model needs the draft model (--draft-model)");
+      return std::make_unique<draft_model_proposer>(draft_executor, target_vocab, draft);
   }
   return nullptr;
 }

@@ -6,13 +6,16 @@
 #include <optional>
 #include <string_view>
 
+#include "engine/executor.hpp"
+#include "engine/speculative/draft_model_proposer.hpp"
 #include "engine/speculative/ngram_proposer.hpp"
 
 namespace tessera {
 
-enum class speculative_mode : uint8_t { off, ngram };
+// off; n-gram prompt lookup; a draft model (a second, smaller model with the target's vocabulary).
+enum class speculative_mode : uint8_t { off, ngram, draft };
 
-// "off" / "ngram"; nullopt for anything else (callers name the accepted values in their error).
+// "off" / "ngram" / "draft"; nullopt for anything else (callers name the accepted values in their error).
 std::optional<speculative_mode> parse_speculative_mode(std::string_view text);
 std::string_view to_string(speculative_mode mode);
 
@@ -20,15 +23,22 @@ struct speculative_options {
   speculative_mode mode = speculative_mode::off;
   int32_t num_tokens = 4;  // draft tokens per sequence and step (k), >= 1
   ngram_options ngram;
+  // mode draft: the draft model's executor (built by the composition root, app/, like the target's;
+  // its KV pool is the proposer's alone) and how the proposer uses it.
+  std::shared_ptr<executor> draft_executor;
+  draft_model_options draft;
   // Decode is memory-bound only while the batch is small: with more decoding sequences than this, a
   // step verifies no drafts (their extra rows would cost compute the batch already fills). The measured
   // threshold is a benchmark's (bench/speculative_bench.sh); this default is a guess.
   int32_t max_batch = 4;
 
-  // Throws invalid_request naming the bad value (num_tokens < 1, max_batch < 1, the n-gram range).
+  // Throws invalid_request naming the bad value (num_tokens < 1, max_batch < 1, the n-gram range, the
+  // draft model's chunk size). The draft executor is checked by make_proposer().
   void validate() const;
-  // The proposer `mode` names; null for off. pre: validate() passed.
-  std::unique_ptr<draft_proposer> make_proposer() const;
+  // The proposer `mode` names for a target of `target_vocab` logits; null for off. pre: validate()
+  // passed. Throws invalid_request for mode draft without a draft executor or when the draft model's
+  // vocabulary size is not the target's.
+  std::unique_ptr<draft_proposer> make_proposer(int32_t target_vocab) const;
 };
 
 }  // namespace tessera

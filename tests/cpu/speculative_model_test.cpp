@@ -2,8 +2,12 @@
 // for token the output without it, on the tiny dummy-weight model of tests/support/ and on SmolLM2-135M
 // (skipped without models/), alone, in a batch of 16 and under preemption by a tiny KV pool; drafts must
 // really be accepted (so the comparison covers verified tokens), and every block must be free after.
+// The draft-model proposer likewise on real pairs: SmolLM2-135M from its Hugging Face copy (float) as
+// target with the Q4_1 GGUF as draft, and the Q4_1 GGUF as its own draft; greedy and seeded sampled
+// output must be plain decoding's, and the draft model's own KV pool must be empty after every run.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -12,8 +16,11 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
+#include "engine/base/error.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
+#include "engine/speculative/draft_model_proposer.hpp"
+#include "engine/speculative/vocabulary_check.hpp"
 #include "tests/support/ngram_speculation.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -45,11 +52,13 @@ struct run_result {
   engine_stats stats;
 };
 
+// Runs the prompts (request i with params[i % size]) to the end, checking the scheduler's invariants
+// after every step and that every block of the target's pools, and of a draft model's, is free after.
 run_result run(executor& exec, std::shared_ptr<const tokenizer> tok, const engine_options& o,
-               const std::vector<std::vector<token_id>>& prompts, int32_t max_tokens) {
+               const std::vector<std::vector<token_id>>& prompts, const std::vector<sampling_params>& params) {
   llm_engine engine(exec, std::move(tok), o);
   std::map<request_id, size_t> order;
-  for (size_t i = 0; i < prompts.size(); ++i) order[engine.add_request(prompts[i], greedy(max_tokens))] = i;
+  for (size_t i = 0; i < prompts.size(); ++i) order[engine.add_request(prompts[i], params[i % params.size()])] = i;
   run_result r;
   r.tokens.resize(prompts.size());
   while (engine.has_unfinished()) {
@@ -65,8 +74,22 @@ run_result run(executor& exec, std::shared_ptr<const tokenizer> tok, const engin
   const block_manager& bm = engine.get_scheduler().blocks();
   EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
   EXPECT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks());
+  if (const draft_proposer* p = engine.proposer()) {
+    const draft_pool_usage pool = p->pool_usage();
+    EXPECT_EQ(pool.num_free_blocks, pool.num_blocks) << "draft KV blocks leaked";
+    EXPECT_EQ(pool.num_sequences, 0) << "draft state leaked";
+    if (const auto* d = dynamic_cast<const draft_model_proposer*>(p)) {
+      EXPECT_EQ(d->stats().num_resyncs, 0u) << "a draft state was not rolled back after its step";
+      EXPECT_EQ(d->stats().num_failures, 0u);
+    }
+  }
   r.stats = engine.stats();
   return r;
+}
+
+run_result run(executor& exec, std::shared_ptr<const tokenizer> tok, const engine_options& o,
+               const std::vector<std::vector<token_id>>& prompts, int32_t max_tokens) {
+  return run(exec, std::move(tok), o, prompts, std::vector<sampling_params>{greedy(max_tokens)});
 }
 
 // Plain, speculative with room, and speculative in `small_pool` blocks (preemption forced by the pool).
@@ -124,13 +147,17 @@ std::optional<loaded_model>& smollm() {
   return model;
 }
 
-std::unique_ptr<executor> smollm_executor(int32_t blocks, int32_t host) {
+std::unique_ptr<executor> cpu_executor_of(const loaded_model& m, int32_t blocks, int32_t host) {
   cpu_executor_options o;
   o.num_threads = 2;
   o.kv.block_size = 16;
   o.kv.num_device_blocks = blocks;
   o.kv.num_host_blocks = host;
-  return make_cpu_executor(smollm()->weights, o);
+  return make_cpu_executor(m.weights, o);
+}
+
+std::unique_ptr<executor> smollm_executor(int32_t blocks, int32_t host) {
+  return cpu_executor_of(*smollm(), blocks, host);
 }
 
 // Input-grounded prompts: the continuation quotes the given text, so n-gram drafts are mostly right.
@@ -157,6 +184,138 @@ TEST(speculative_smollm, greedy_output_is_identical_batch_1_16_and_under_preempt
   for (int32_t i = 0; i < 16; ++i) batch.push_back(grounded_prompt(tok, i));
   // 24 blocks of 16 slots for 16 sequences of ~70 tokens: preemption is unavoidable.
   expect_identical(*roomy, *tight, smollm()->tok, batch, 24, 256, 24);
+}
+
+// ---- the draft-model proposer on real models ---------------------------------------------------------
+
+std::optional<loaded_model>& load_once(const char* name) {
+  static std::map<std::string, std::optional<loaded_model>> models;
+  auto [it, inserted] = models.try_emplace(name);
+  if (inserted) {
+    const auto path = std::filesystem::path(TESSERA_MODEL_DIR) / name;
+    if (std::filesystem::exists(path)) it->second = load_model(path);
+  }
+  return it->second;
+}
+std::optional<loaded_model>& smollm_hf() { return load_once("SmolLM2-135M-Instruct-hf"); }
+
+engine_options draft_options(int32_t blocks, int32_t host, const loaded_model& draft, int32_t draft_blocks,
+                             preemption_mode mode = preemption_mode::automatic) {
+  engine_options o = options(blocks, host, false, mode);
+  o.speculative.mode = speculative_mode::draft;
+  o.speculative.num_tokens = 4;
+  o.speculative.max_batch = 16;
+  o.speculative.draft_executor = cpu_executor_of(draft, draft_blocks, 0);
+  return o;
+}
+
+// Accepted / verified draft tokens, printed for the record (docs/speculative.md quotes them).
+double acceptance(const run_result& r, const char* what) {
+  const double rate = r.stats.num_draft_tokens == 0
+                          ? 0.0
+                          : double(r.stats.num_accepted_draft_tokens) / double(r.stats.num_draft_tokens);
+  std::printf("%s: %llu of %llu draft tokens accepted (%.3f), %llu steps\n", what,
+              static_cast<unsigned long long>(r.stats.num_accepted_draft_tokens),
+              static_cast<unsigned long long>(r.stats.num_draft_tokens), rate,
+              static_cast<unsigned long long>(r.stats.num_steps));
+  return rate;
+}
+
+// Prompts whose continuations are the model's own (not copies of the input): what a draft model is for.
+std::vector<token_id> open_prompt(const tokenizer& tok, int32_t i) {
+  static const char* texts[] = {
+      "The history of the printing press begins",
+      "Here is a short story about a lighthouse keeper:",
+      "Three reasons to learn a second language are",
+      "def fibonacci(n):\n",
+  };
+  return tok.encode(std::string(texts[i % 4]) + (i >= 4 ? " (" + std::to_string(i) + ")" : std::string()));
+}
+
+TEST(draft_model_smollm, float_target_with_its_q4_1_draft_is_plain_decoding_batch_1_and_16) {
+  if (!smollm() || !smollm_hf()) GTEST_SKIP() << "no SmolLM2 GGUF and HF copy in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm_hf()->tok;
+  ASSERT_EQ(vocabulary_mismatch(tok, *smollm()->tok), "");  // the pair's vocabularies are one
+  auto target = cpu_executor_of(*smollm_hf(), 256, 0);
+  for (const int batch : {1, 16}) {
+    std::vector<std::vector<token_id>> prompts;
+    for (int32_t i = 0; i < batch; ++i) prompts.push_back(open_prompt(tok, i));
+    const int32_t max_tokens = batch == 1 ? 40 : 20;
+    const run_result plain = run(*target, smollm_hf()->tok, options(256, 0, false), prompts, max_tokens);
+    const run_result spec = run(*target, smollm_hf()->tok, draft_options(256, 0, *smollm(), 256), prompts, max_tokens);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " of " << batch;
+    // The quantized copy of the same model guesses most of the float model's tokens.
+    EXPECT_GT(acceptance(spec, batch == 1 ? "float target, Q4_1 draft, batch 1" : "float target, Q4_1 draft, batch 16"),
+              0.5)
+        << spec.stats.num_accepted_draft_tokens << " of " << spec.stats.num_draft_tokens;
+    if (batch == 1) { EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps); }
+  }
+}
+
+TEST(draft_model_smollm, the_q4_1_model_as_its_own_draft_is_accepted_nearly_always) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm()->tok;
+  auto target = smollm_executor(256, 0);
+  std::vector<std::vector<token_id>> prompts;
+  for (int32_t i = 0; i < 8; ++i) prompts.push_back(open_prompt(tok, i));
+  const run_result plain = run(*target, smollm()->tok, options(256, 0, false), prompts, 32);
+  const run_result spec = run(*target, smollm()->tok, draft_options(256, 0, *smollm(), 256), prompts, 32);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i;
+  // The same weights on the same executor: the draft's argmax is the target's, but for rows computed
+  // in another batch shape (int8 activation rounding) where the model is nearly undecided.
+  EXPECT_GT(acceptance(spec, "Q4_1 target, Q4_1 draft, batch 8"), 0.97)
+      << spec.stats.num_accepted_draft_tokens << " of " << spec.stats.num_draft_tokens;
+}
+
+TEST(draft_model_smollm, seeded_sampling_is_plain_decodings) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm()->tok;
+  auto target = smollm_executor(256, 0);
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<sampling_params> params;
+  for (int32_t i = 0; i < 6; ++i) {
+    prompts.push_back(open_prompt(tok, i));
+    sampling_params p = greedy(24);
+    p.temperature = 0.7f;
+    p.top_p = 0.9f;
+    p.seed = 1000 + static_cast<uint64_t>(i);
+    params.push_back(p);
+  }
+  const run_result plain = run(*target, smollm()->tok, options(256, 0, false), prompts, params);
+  const run_result spec = run(*target, smollm()->tok, draft_options(256, 0, *smollm(), 256), prompts, params);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i;
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+}
+
+TEST(draft_model_smollm, preemption_by_swap_and_recompute_leaks_no_draft_block) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm()->tok;
+  std::vector<std::vector<token_id>> prompts;
+  for (int32_t i = 0; i < 12; ++i) prompts.push_back(grounded_prompt(tok, i));
+  auto roomy = smollm_executor(256, 0);
+  const run_result plain = run(*roomy, smollm()->tok, options(256, 0, false), prompts, 20);
+  auto tight = smollm_executor(20, 64);
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    // 20 target blocks for 12 sequences of ~65 tokens: preemption is unavoidable; the draft pool of
+    // 24 blocks cannot hold them all either (some steps draft for a few sequences only).
+    const run_result spec = run(*tight, smollm()->tok, draft_options(20, 64, *smollm(), 24, mode), prompts, 20);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " under " << to_string(mode);
+    EXPECT_GT(spec.stats.num_preemptions_recompute + spec.stats.num_preemptions_swap, 0u) << to_string(mode);
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << to_string(mode);
+  }
+}
+
+TEST(draft_model_smollm, a_draft_with_another_vocabulary_is_refused) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const std::optional<loaded_model>& gemma = load_once("gemma-3-270m-q4_k_m.gguf");
+  if (!gemma) GTEST_SKIP() << "no gemma-3-270m in " << TESSERA_MODEL_DIR;
+  const std::string why = vocabulary_mismatch(*smollm()->tok, *gemma->tok);
+  EXPECT_NE(why, "");
+  EXPECT_NE(why.find("vocabulary has"), std::string::npos) << why;
+  auto target = smollm_executor(64, 0);
+  EXPECT_THROW(llm_engine(*target, smollm()->tok, draft_options(64, 0, *gemma, 16)), invalid_request);
 }
 
 }  // namespace

@@ -6,7 +6,11 @@ client on input-grounded prompts (the answer quotes the prompt, so n-gram drafts
 checks: greedy text is the same on both, streamed and not, one request and several at once; /metrics
 of the speculative server counts accepted draft tokens and the final usage carries them; a request with
 "speculative": false is served without drafts; bad values get a 400 naming the field, bad flags a CLI
-error naming the flag. Prints "N passed, M failed" and exits non-zero on any failure.
+error naming the flag. A third server speculates with a draft model (`--speculative draft -md MODEL`,
+the model as its own draft, llama-server's spellings): the same greedy text streamed and not, alone and
+concurrent, usage.speculative and the tessera_spec_decode_* counters move, and a draft that does not
+load or has another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
+Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: speculative_test.py TESSERA_BINARY MODEL
 """
 import concurrent.futures
@@ -54,6 +58,12 @@ class server(served):
 
 plain = server()
 spec = server(*SPEC)
+# The default model as its own draft (llama-server's -md and --draft-max): nearly every draft is accepted.
+DRAFT = ["--speculative", "draft", "-md", MODEL, "--draft-max", "4", "--speculative-max-batch", "8"]
+draft = server(*DRAFT)
+
+OPEN_PROMPTS = ["The history of the printing press begins", "Three reasons to learn a second language are",
+                "Once upon a time, in a small village by the sea,", "def fibonacci(n):\n"]
 
 
 def accepted_total():
@@ -155,11 +165,112 @@ def bad_flags_are_cli_errors():
 
 
 @case
+def draft_model_greedy_text_is_the_same_with_usage_and_metrics():
+    before = draft.metrics()
+    for p in OPEN_PROMPTS:
+        a = plain.complete(p, max_tokens=40)
+        b = draft.complete(p, max_tokens=40)
+        assert b.choices[0].text == a.choices[0].text, (p, a.choices[0].text, b.choices[0].text)
+        assert b.usage.completion_tokens == a.usage.completion_tokens
+        sp = (b.usage.model_extra or {}).get("speculative")
+        assert sp and sp["proposed"] > 0, b.usage
+        # The model drafting for itself: its greedy guesses are the target's own.
+        assert sp["accepted"] >= 0.8 * sp["proposed"], sp
+    after = draft.metrics()
+    for name in ("tessera_spec_decode_num_drafts_total", "tessera_spec_decode_num_draft_tokens_total",
+                 "tessera_spec_decode_num_accepted_tokens_total"):
+        assert after[name] > before[name], (name, before[name], after[name])
+    assert after["tessera_spec_decode_draft_acceptance_rate"] >= 0.8, after["tessera_spec_decode_draft_acceptance_rate"]
+    assert after["tessera_spec_decode_mean_accepted_length"] > 2, after["tessera_spec_decode_mean_accepted_length"]
+
+
+@case
+def draft_model_streamed_chat_is_the_same():
+    messages = [{"role": "user", "content": "Write two sentences about the moon."}]
+
+    def streamed(s):
+        out = s.client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=48, temperature=0,
+                                               stream=True, stream_options={"include_usage": True})
+        text, usage = "", None
+        for c in out:
+            if c.choices:
+                text += c.choices[0].delta.content or ""
+            if c.usage:
+                usage = c.usage
+        return text, usage
+    before = draft.metrics()["tessera_spec_decode_num_accepted_tokens_total"]
+    (a, _), (b, usage) = streamed(plain), streamed(draft)
+    assert a == b, (a, b)
+    assert (usage.model_extra or {}).get("speculative", {}).get("accepted", 0) > 0, usage
+    assert draft.metrics()["tessera_spec_decode_num_accepted_tokens_total"] > before
+
+
+@case
+def draft_model_concurrent_requests_give_the_same_text():
+    prompts = [OPEN_PROMPTS[i % len(OPEN_PROMPTS)] + " " * (i // len(OPEN_PROMPTS)) for i in range(8)]
+
+    def run(s):
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return list(pool.map(lambda p: s.complete(p, max_tokens=24).choices[0].text, prompts))
+    a, b = run(plain), run(draft)
+    assert a == b, [(x, y) for x, y in zip(a, b) if x != y]
+
+
+@case
+def draft_model_seeded_sampling_is_the_same():
+    def ask(s):
+        r = s.client.completions.create(model=MODEL_ID, prompt=OPEN_PROMPTS[1], max_tokens=32, temperature=0.8,
+                                        top_p=0.95, seed=7)
+        return r.choices[0].text
+    assert ask(plain) == ask(draft)
+
+
+@case
+def draft_model_structured_output_gives_the_same_json():
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"], "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "Name a large city and its country in JSON."}]
+
+    def ask(s):
+        r = s.client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=48, temperature=0,
+                                             response_format=fmt)
+        return r.choices[0].message.content, r.usage
+    (a, _), (b, usage) = ask(plain), ask(draft)
+    assert a == b, (a, b)
+    assert (usage.model_extra or {}).get("speculative", {}).get("proposed", 0) > 0, usage
+
+
+@case
+def draft_model_bad_flags_are_startup_errors():
+    gemma = os.path.join(os.path.dirname(MODEL), "gemma-3-270m-q4_k_m.gguf")
+    cases = [(["--speculative", "draft"], "--draft-model"),
+             (["--speculative", "draft", "--draft-model", "/nonexistent/draft.gguf"], "--draft-model"),
+             (["--speculative", "draft", "--model-draft", os.path.dirname(MODEL) + "/no-such-dir"], "--draft-model")]
+    if os.path.exists(gemma):
+        cases.append((["--speculative", "draft", "-md", gemma], "vocabulary"))
+    for flags, word in cases:
+        p = subprocess.run([BIN, "serve", MODEL, *ENGINE, *flags, "--port", "0"], capture_output=True, text=True,
+                           timeout=180)
+        assert p.returncode != 0, (flags, p.returncode)
+        out = p.stderr + p.stdout
+        assert word in out, (flags, out[-500:])
+        assert "terminate called" not in out and "Segmentation" not in out, out[-500:]
+
+
+@case
 def no_block_is_left_behind():
-    m = spec.metrics()
-    assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
+    for s in (spec, draft):
+        m = s.metrics()
+        assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
+    # The draft model's own pool is empty again too (every finished request released its draft K/V).
+    m = draft.metrics()
+    assert m["tessera_spec_decode_draft_kv_blocks"] > 0, m["tessera_spec_decode_draft_kv_blocks"]
+    assert m["tessera_spec_decode_draft_kv_blocks_used"] == 0, m["tessera_spec_decode_draft_kv_blocks_used"]
+    assert spec.metrics()["tessera_spec_decode_draft_kv_blocks"] == 0
 
 
 plain.stop(expect_clean=True)
 spec.stop(expect_clean=True)
+draft.stop(expect_clean=True)
 sys.exit(summary())

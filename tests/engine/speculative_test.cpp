@@ -70,7 +70,8 @@ TEST(speculative_options, bad_values_are_refused) {
   }
   EXPECT_EQ(parse_speculative_mode("ngram"), speculative_mode::ngram);
   EXPECT_EQ(parse_speculative_mode("off"), speculative_mode::off);
-  EXPECT_FALSE(parse_speculative_mode("draft").has_value());
+  EXPECT_EQ(parse_speculative_mode("draft"), speculative_mode::draft);
+  EXPECT_FALSE(parse_speculative_mode("eagle").has_value());
   EXPECT_FALSE(parse_speculative_mode("").has_value());
 }
 

@@ -1,0 +1,80 @@
+// The draft-model proposer (vLLM's `--speculative-config '{"model": ...}'`, llama-server's
+// `--model-draft`): a second, smaller model with the target's vocabulary drafts k tokens greedily.
+//
+//   auto draft_exec = make_cpu_executor(draft_weights, options);     // in app/, the composition root
+//   draft_model_proposer p(std::move(draft_exec), target_vocab);     // throws on a vocabulary mismatch
+//   drafts = p.propose(requests);  ...  p.rollback(seq, tokens);  ...  p.release(seq);
+//
+// The draft model runs on its own executor with its OWN paged KV cache, whose blocks this proposer
+// accounts for in a block_manager of its own: the target's pool and scheduler never see them, and a
+// full draft pool only means that a sequence does not speculate this step (the target is never
+// preempted for the draft). Per sequence it keeps the K/V of the tokens it has seen. propose():
+//   1. catch-up: the tokens it has not seen yet (the prompt, chunked; then the tokens the last step
+//      committed) are prefilled, all sequences in one forward pass per chunk; the row of each
+//      sequence's last token gives its first draft token (argmax);
+//   2. k - 1 greedy decode steps, one forward pass per draft position for the whole batch.
+// Greedy drafts are point masses, so the engine's verifier (engine/speculative/verifier.hpp) stays
+// exactly lossless. rollback() then truncates each sequence's draft K/V to the longest common prefix
+// of what it drafted and what the target committed: rejected positions are never attended to again
+// (their blocks past it go back to the pool; their stale slots in a kept block are overwritten).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.hpp"
+#include "engine/executor.hpp"
+#include "engine/speculative/proposer.hpp"
+
+namespace tessera {
+
+struct draft_model_options {
+  int32_t num_kv_blocks = 0;       // blocks of the draft executor's pool to use; 0: all of them
+  int32_t max_batch_tokens = 512;  // tokens per catch-up forward pass (prompts are chunked to fit)
+};
+
+// Counters of the draft model's work, since construction.
+struct draft_model_stats {
+  uint64_t num_rounds = 0;           // propose() calls that ran the draft model
+  uint64_t num_forwards = 0;         // draft forward passes (catch-up chunks and decode steps)
+  uint64_t num_tokens_computed = 0;  // positions the draft model computed
+  uint64_t num_no_room = 0;          // requests not drafted for because the draft pool was full
+  uint64_t num_failures = 0;         // forward passes that threw (their sequences' state was dropped)
+  uint64_t num_resyncs = 0;          // states found not rolled back to a prefix of the tokens, rebuilt (a bug)
+};
+
+class draft_model_proposer final : public draft_proposer {
+ public:
+  // `exec` runs the draft model; this proposer alone uses its KV pool. Throws invalid_request when the
+  // draft's vocabulary size differs from `target_vocab` or the options do not fit the executor.
+  draft_model_proposer(std::shared_ptr<executor> exec, int32_t target_vocab, const draft_model_options& options = {});
+
+  std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) override;
+  void rollback(seq_id seq, std::span<const token_id> tokens) override;
+  void release(seq_id seq) override;
+  draft_pool_usage pool_usage() const override;
+
+  const draft_model_stats& stats() const { return stats_; }
+  const block_manager& blocks() const { return blocks_; }
+  // Tokens whose draft K/V `seq` holds (0 for an unknown sequence).
+  int32_t num_computed(seq_id seq) const;
+
+ private:
+  struct seq_state {
+    std::vector<token_id> computed;  // the tokens whose K/V is in the draft cache, positions 0..
+  };
+  struct active;  // one request of a propose() round
+
+  void forward(step_batch& step);  // runs it on the draft executor into out_; throws when it fails
+
+  std::shared_ptr<executor> exec_;
+  draft_model_options options_;
+  block_manager blocks_;
+  std::unordered_map<seq_id, seq_state> seqs_;
+  std::vector<token_id> scratch_;  // token span for allocate_slots (it needs one that long)
+  step_output out_;
+  draft_model_stats stats_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,344 @@
+// The draft-model proposer (engine/speculative/draft_model_proposer.hpp) on the simulated executor, as
+// target and as draft: each has its own KV pool, and the simulator checks every paging contract of
+// both (a stale slot read, a block written while another sequence reads it) while its logits depend
+// on the whole history it reads back from the cache. A draft that is the target's own simulator must
+// then be accepted every time (any stale or rolled-back-too-little draft K/V would change its logits),
+// greedy and seeded sampled outputs must be plain decoding's, the draft model must run one forward
+// pass per draft position for the whole batch, and the draft pool must be empty after finishes,
+// aborts and preemptions.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/base/error.hpp"
+#include "engine/llm_engine.hpp"
+#include "engine/sim_executor.hpp"
+#include "engine/speculative/draft_model_proposer.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::sim_executor;
+
+constexpr int32_t vocab = 64;
+constexpr int32_t k_tokens = 4;
+
+// The target's logits depend on the history's last token only (a Markov model): greedy output falls
+// into cycles, which a history-hash draft mostly fails to guess (rejections on every step).
+class markov_executor : public sim_executor {
+ public:
+  using sim_executor::sim_executor;
+  void execute(const step_batch& batch, step_output& out) override {
+    sim_executor::execute(batch, out);
+    const auto v = static_cast<size_t>(config().vocab_size);
+    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
+      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
+      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
+        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
+        const std::vector<float> l = testing::fake_logits(std::vector<token_id>{t}, config().vocab_size);
+        std::copy(l.begin(), l.end(),
+                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * v));
+      }
+    }
+  }
+};
+
+// A draft executor that checks the rollback directly: every position a draft forward pass attends to
+// (before its first new token) that the target's sequence already has must hold the sequence's token
+// there, not a rejected draft token of an earlier step. It shadows what each slot was written with.
+class rollback_checker : public sim_executor {
+ public:
+  using sim_executor::sim_executor;
+  const llm_engine* engine = nullptr;
+  int64_t num_reads_checked = 0;
+  int64_t num_stale_reads = 0;
+  void execute(const step_batch& batch, step_output& out) override {
+    const int32_t bs = kv_spec().block_size;
+    for (const sequence_slice& s : batch.seqs) {
+      const sequence* seq = engine ? engine->get_scheduler().find(s.seq) : nullptr;
+      const auto slot = [&](int32_t p) { return std::pair{s.block_table[static_cast<size_t>(p / bs)], p % bs}; };
+      for (int32_t p = 0; seq && p < s.num_computed && p < seq->num_tokens(); ++p) {
+        auto it = written_.find(slot(p));
+        ++num_reads_checked;
+        if (it == written_.end() || it->second != seq->tokens[static_cast<size_t>(p)]) ++num_stale_reads;
+      }
+      for (size_t j = 0; j < s.tokens.size(); ++j)
+        written_[slot(s.num_computed + static_cast<int32_t>(j))] = s.tokens[j];
+    }
+    sim_executor::execute(batch, out);
+  }
+
+ private:
+  std::map<std::pair<block_id, int32_t>, token_id> written_;
+};
+
+engine_options opts(int32_t blocks, int32_t host, std::shared_ptr<executor> draft,
+                    preemption_mode mode = preemption_mode::recompute) {
+  engine_options o;
+  o.block_size = 4;
+  o.num_kv_blocks = blocks;
+  o.num_host_blocks = host;
+  o.watermark = 0;
+  o.preemption = mode;
+  if (draft) {
+    o.speculative.mode = speculative_mode::draft;
+    o.speculative.num_tokens = k_tokens;
+    o.speculative.max_batch = 64;
+    o.speculative.draft_executor = std::move(draft);
+    o.speculative.draft.max_batch_tokens = 32;  // prompts of a batch take several catch-up chunks
+  }
+  return o;
+}
+
+sampling_params greedy(int32_t max_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+sampling_params seeded(int32_t max_tokens, uint64_t seed) {
+  sampling_params p;
+  p.temperature = 0.8f;
+  p.top_p = 0.95f;
+  p.seed = seed;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len) {
+  std::vector<token_id> p;
+  for (int32_t i = 0; i < len; ++i) p.push_back(static_cast<token_id>(rng() % static_cast<uint32_t>(vocab)));
+  return p;
+}
+
+struct run_result {
+  std::vector<std::vector<token_id>> tokens;  // per request, in submission order (its choices' interleaved)
+  std::map<std::pair<size_t, int32_t>, std::vector<token_id>> choices;  // per (request, choice index)
+  engine_stats stats;
+  draft_model_stats draft;
+};
+
+const draft_model_proposer* draft_of(const llm_engine& e) {
+  return dynamic_cast<const draft_model_proposer*>(e.proposer());
+}
+
+// Runs every prompt to the end (aborting request `abort_index` after `abort_after` steps), checking the
+// scheduler's invariants after every step, both executors' contracts, and that both pools are free.
+template <class Target = sim_executor>
+run_result run(int32_t blocks, int32_t host, std::shared_ptr<sim_executor> draft,
+               const std::vector<std::vector<token_id>>& prompts, const std::vector<sampling_params>& params,
+               preemption_mode mode = preemption_mode::recompute, int abort_index = -1, int abort_after = 0) {
+  Target exec(4, blocks, host, vocab);
+  llm_engine engine(exec, nullptr, opts(blocks, host, draft, mode));
+  if (auto* checker = dynamic_cast<rollback_checker*>(draft.get())) checker->engine = &engine;
+  std::map<request_id, size_t> order;
+  for (size_t i = 0; i < prompts.size(); ++i) order[engine.add_request(prompts[i], params[i % params.size()])] = i;
+  run_result r;
+  r.tokens.resize(prompts.size());
+  for (int step = 0; step < 100000 && engine.has_unfinished(); ++step) {
+    if (step == abort_after && abort_index >= 0)
+      for (const auto& [id, i] : order)
+        if (static_cast<int>(i) == abort_index) engine.abort(id);
+    for (const request_output& o : engine.step()) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      auto& t = r.tokens[order.at(o.id)];
+      t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
+      auto& c = r.choices[{order.at(o.id), o.index}];
+      c.insert(c.end(), o.token_ids.begin(), o.token_ids.end());
+    }
+    const std::string inv = engine.get_scheduler().check_invariants();
+    EXPECT_EQ(inv, "") << "step " << step;
+    if (!inv.empty()) break;
+  }
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_TRUE(exec.errors().empty()) << exec.errors()[0];
+  const block_manager& bm = engine.get_scheduler().blocks();
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+  EXPECT_EQ(bm.num_free_host_blocks(), bm.num_host_blocks());
+  r.stats = engine.stats();
+  if (const draft_model_proposer* d = draft_of(engine)) {
+    EXPECT_TRUE(draft->errors().empty()) << draft->errors()[0];
+    const draft_pool_usage pool = d->pool_usage();
+    EXPECT_EQ(pool.num_free_blocks, pool.num_blocks) << "draft blocks leaked";
+    EXPECT_EQ(pool.num_sequences, 0) << "draft state leaked";
+    EXPECT_EQ(d->blocks().check_invariants(), "");
+    EXPECT_EQ(d->stats().num_resyncs, 0u) << "a draft state was not rolled back after its step";
+    r.draft = d->stats();
+  }
+  return r;
+}
+
+std::vector<std::vector<token_id>> prompts_of(uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<token_id>> p;
+  for (int i = 0; i < n; ++i) p.push_back(random_prompt(rng, 5 + i % 9));
+  return p;
+}
+
+TEST(draft_model_proposer, the_targets_own_model_as_draft_is_always_accepted_batch_1_and_16) {
+  for (const int batch : {1, 16}) {
+    const auto prompts = prompts_of(3, batch);
+    const auto plain = run(512, 0, nullptr, prompts, {greedy(40)});
+    auto draft = std::make_shared<sim_executor>(4, 512, 0, vocab);
+    const auto spec = run(512, 0, draft, prompts, {greedy(40)});
+    EXPECT_EQ(spec.tokens, plain.tokens) << "batch " << batch;
+    // The draft reads back exactly the committed history (rolled back after every verification), so
+    // its argmax is the target's at every position.
+    EXPECT_GT(spec.stats.num_draft_tokens, 0u);
+    EXPECT_EQ(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens) << "batch " << batch;
+    EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps);
+    EXPECT_EQ(spec.draft.num_failures, 0u);
+    EXPECT_EQ(spec.draft.num_no_room, 0u);
+  }
+}
+
+TEST(draft_model_proposer, one_draft_forward_per_draft_position_for_the_whole_batch) {
+  const auto prompts = prompts_of(4, 16);
+  auto draft = std::make_shared<sim_executor>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, {greedy(30)});
+  ASSERT_GT(spec.draft.num_rounds, 0u);
+  // A round is the catch-up pass and k - 1 decode passes for all sequences at once; the first rounds'
+  // prompts take a few more catch-up chunks (32 tokens each). One pass per sequence would be 16x this.
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
+  EXPECT_LE(spec.draft.num_forwards, spec.draft.num_rounds * k_tokens + static_cast<uint64_t>(prompt_tokens / 32 + 1));
+  EXPECT_EQ(static_cast<int64_t>(spec.draft.num_forwards), draft->num_steps());
+}
+
+TEST(draft_model_proposer, rejected_drafts_are_rolled_back_and_change_no_output) {
+  // A Markov target and a history-hash draft: nearly every draft is rejected at its first token.
+  const auto prompts = prompts_of(5, 12);
+  const auto plain = run<markov_executor>(256, 0, nullptr, prompts, {greedy(32)});
+  auto draft = std::make_shared<rollback_checker>(4, 256, 0, vocab);
+  const auto spec = run<markov_executor>(256, 0, draft, prompts, {greedy(32)});
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.num_draft_tokens, 100u);
+  EXPECT_LT(spec.stats.num_accepted_draft_tokens * 4, spec.stats.num_draft_tokens);
+  // The draft model never attended to a rejected position: its K/V was rolled back every step.
+  EXPECT_GT(draft->num_reads_checked, 1000);
+  EXPECT_EQ(draft->num_stale_reads, 0);
+}
+
+TEST(draft_model_proposer, seeded_sampling_is_plain_decodings) {
+  const auto prompts = prompts_of(6, 8);
+  std::vector<sampling_params> params;
+  for (uint64_t s = 0; s < 8; ++s) params.push_back(seeded(30, 100 + s));
+  const auto plain = run(512, 0, nullptr, prompts, params);
+  auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, params);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+  EXPECT_LT(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens);  // sampling rejects some
+  EXPECT_EQ(draft->num_stale_reads, 0);
+}
+
+TEST(draft_model_proposer, parallel_sampling_gives_every_choice_its_own_draft_state) {
+  // n = 3: the forks share the prompt's target blocks; each choice's draft state is its own (built
+  // from the prompt on its first round) and released when it finishes.
+  const auto prompts = prompts_of(11, 3);
+  sampling_params p = seeded(24, 5);
+  p.n = 3;
+  p.logprobs = 1;
+  const auto plain = run(512, 0, nullptr, prompts, {p});
+  auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, {p});
+  EXPECT_EQ(plain.choices.size(), 9u);
+  EXPECT_EQ(spec.choices, plain.choices);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+  EXPECT_EQ(draft->num_stale_reads, 0);
+}
+
+TEST(draft_model_proposer, preemption_by_swap_and_recompute_drops_and_rebuilds_the_draft_state) {
+  const auto prompts = prompts_of(7, 16);
+  const auto plain = run(512, 0, nullptr, prompts, {greedy(30)});
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
+    // 40 blocks of 4 slots for 16 sequences of up to 43 tokens: they cannot all stay resident.
+    const auto spec = run(40, 64, draft, prompts, {greedy(30)}, mode);
+    EXPECT_EQ(spec.tokens, plain.tokens) << to_string(mode);
+    EXPECT_GT(spec.stats.num_preemptions_recompute + spec.stats.num_preemptions_swap, 0u) << to_string(mode);
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << to_string(mode);
+    EXPECT_EQ(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens) << to_string(mode);
+    EXPECT_EQ(draft->num_stale_reads, 0) << to_string(mode);
+  }
+}
+
+TEST(draft_model_proposer, a_full_draft_pool_skips_speculation_never_the_target) {
+  const auto prompts = prompts_of(8, 8);
+  const auto plain = run(512, 0, nullptr, prompts, {greedy(30)});
+  // 12 draft blocks of 4 slots: room for two or three sequences' drafts at a time.
+  auto draft = std::make_shared<sim_executor>(4, 12, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, {greedy(30)});
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GT(spec.draft.num_no_room, 0u);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+  EXPECT_EQ(spec.stats.num_preemptions_recompute + spec.stats.num_preemptions_swap, 0u);
+}
+
+TEST(draft_model_proposer, an_aborted_request_frees_its_draft_state) {
+  const auto prompts = prompts_of(9, 6);
+  auto draft = std::make_shared<sim_executor>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, {greedy(40)}, preemption_mode::recompute, 2, 6);
+  EXPECT_LT(spec.tokens[2].size(), 40u);
+  EXPECT_EQ(spec.tokens[0].size(), 40u);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+}
+
+TEST(draft_model_proposer, a_failing_draft_model_costs_speculation_not_output) {
+  const auto prompts = prompts_of(10, 4);
+  const auto plain = run(512, 0, nullptr, prompts, {greedy(30)});
+  auto draft = std::make_shared<sim_executor>(4, 512, 0, vocab);
+  draft->fail_at_step(3);
+  const auto spec = run(512, 0, draft, prompts, {greedy(30)});
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_EQ(spec.draft.num_failures, 1u);
+  EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+}
+
+TEST(draft_model_proposer, rollback_keeps_the_common_prefix_and_returns_the_rest) {
+  auto exec = std::make_shared<sim_executor>(4, 16, 0, vocab);
+  draft_model_proposer p(exec, vocab);
+  const seq_id s{1};
+  const std::vector<token_id> tokens{1, 2, 3, 4, 5, 6};
+  const auto drafts = p.propose(std::vector<draft_request>{{s, tokens, 4}});
+  ASSERT_EQ(drafts.size(), 1u);
+  ASSERT_EQ(drafts[0].size(), 4u);
+  EXPECT_EQ(p.num_computed(s), 6 + 3);  // the tokens and the first three drafts (the fourth is not fed)
+  EXPECT_EQ(p.pool_usage().num_free_blocks, 16 - 3);
+  // The target accepted one draft token and then chose another: the K/V of tokens + drafts[0] stays.
+  std::vector<token_id> committed = tokens;
+  committed.push_back(drafts[0][0]);
+  committed.push_back(drafts[0][1] == 0 ? 1 : 0);
+  p.rollback(s, committed);
+  EXPECT_EQ(p.num_computed(s), 7);
+  EXPECT_EQ(p.pool_usage().num_free_blocks, 16 - 2);
+  // Where the target's own token equals what the draft fed at that position, that K/V stays too, but
+  // never the sequence's last token: its row is what the next round drafts from.
+  std::vector<token_id> lucky = tokens;
+  lucky.insert(lucky.end(), drafts[0].begin(), drafts[0].begin() + 1);
+  p.rollback(s, lucky);
+  EXPECT_EQ(p.num_computed(s), 6);
+  p.release(s);
+  EXPECT_EQ(p.pool_usage().num_free_blocks, 16);
+  EXPECT_EQ(p.pool_usage().num_sequences, 0);
+  EXPECT_TRUE(exec->errors().empty());
+}
+
+TEST(draft_model_proposer, a_draft_with_another_vocabulary_size_is_refused) {
+  auto exec = std::make_shared<sim_executor>(4, 16, 0, 32);
+  EXPECT_THROW(draft_model_proposer(exec, vocab), invalid_request);
+  sim_executor target(4, 64, 0, vocab);
+  EXPECT_THROW(llm_engine(target, nullptr, opts(64, 0, exec)), invalid_request);
+  engine_options no_draft = opts(64, 0, exec);
+  no_draft.speculative.draft_executor = nullptr;
+  EXPECT_THROW(llm_engine(target, nullptr, no_draft), invalid_request);
+}
+
+}  // namespace
+}  // namespace tessera
