@@ -231,7 +231,7 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"prompt":"x","logit_bias":{"1":101}})", api_kind::completion, 400, "logit_bias"},
       {R"({"prompt":[1,2,1000]})", api_kind::completion, 400, "outside the vocabulary"},
       {R"({"prompt":[-1]})", api_kind::completion, 400, "outside the vocabulary"},
-      {R"({"prompt":["a","b"]})", api_kind::completion, 400, "batches"},
+      {R"({"prompt":["a",["b"]]})", api_kind::completion, 400, "'prompt[1]' must be a string"},
       {R"({"prompt":""})", api_kind::completion, 400, "must not be empty"},
       {R"({"prompt":"x","stop":[1]})", api_kind::completion, 400, "stop"},
       {R"({"prompt":"x","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",
