@@ -11,7 +11,7 @@ enum exit_code : int {
   exit_failure = 1,        // a runtime failure after startup, or anything not listed below
   exit_usage = 2,          // a bad flag, option value, config file or environment value
   exit_rejected = 3,       // `generate --input`: some requests were rejected (the others ran)
-  exit_model_load = 4,     // the model (or its tokenizer, its template) cannot be found or loaded
+  exit_model_load = 4,     // the model (its file, weights or tokenizer) cannot be found or loaded
   exit_cannot_listen = 5,  // `serve`: the address/port cannot be bound (in use, not this host's, privileged)
 };
 
