@@ -13,6 +13,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "actors/prompt_truncation.hpp"
 #include "actors/runtime_actors.hpp"
 #include "engine/base/error.hpp"
 
@@ -292,6 +293,8 @@ class engine_actor : public caf::event_based_actor {
       return;
     }
     try {
+      truncate_prompt(ids, t.request->prompt.truncate_prompt_tokens, engine_->get_scheduler().options().max_model_len,
+                      t.request->params);
       t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority, t.grammar);
     } catch (const invalid_request& e) {
       close_ticket(ticket, finish_reason::error, e.what(), false, e.param());

@@ -22,7 +22,9 @@ class prompt_encoder {
   // The conversation rendered with the chat template (add_generation_prompt), BOS/EOS texts from the
   // vocabulary.
   // `tools_json`: the request's tool definitions (JSON array text) for the template; empty: none.
-  std::string render(const std::vector<chat_message>& messages, const std::string& tools_json = {}) const;
+  // `kwargs_json`: chat_template_kwargs (a JSON object's text), more template variables; empty: none.
+  std::string render(const std::vector<chat_message>& messages, const std::string& tools_json = {},
+                     const std::string& kwargs_json = {}) const;
 
   const std::shared_ptr<const tokenizer>& tok() const { return tok_; }
 

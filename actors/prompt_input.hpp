@@ -19,6 +19,9 @@ struct prompt_input {
   std::vector<chat_message> messages;
   std::vector<token_id> ids;
   std::string tools_json;  // chat: the request's tool definitions for the template; empty: none
+  // chat: chat_template_kwargs (vLLM's), a JSON object whose keys become template variables
+  // ({"enable_thinking": false}); empty: none.
+  std::string template_kwargs_json;
   // Text only: whether the vocabulary's BOS is added (when it asks for one). A generation always
   // adds it; POST /tokenize may say "add_special_tokens": false.
   bool add_special = true;
@@ -26,6 +29,9 @@ struct prompt_input {
   // vLLM and llama-server (a hand-written ChatML prompt then is the tokens a template would give);
   // false: it is encoded as plain text ("parse_special": false).
   bool parse_special = true;
+  // vLLM's truncate_prompt_tokens (actors/prompt_truncation.hpp): > 0 keep the prompt's last N tokens;
+  // -1 keep the last tokens that fit the context with max_tokens; 0: none (too long: refused).
+  int32_t truncate_prompt_tokens = 0;
 
   static prompt_input from_text(std::string t) {
     prompt_input p;

@@ -94,7 +94,9 @@ class serve_command {
   std::string host_ = "127.0.0.1";
   int port_ = 8000;
   std::string api_key_;
-  std::string model_name_;
+  std::vector<std::string> model_names_;  // --served-model-name a b / repeated --alias: the first is reported
+  std::string chat_template_kwargs_;      // --chat-template-kwargs: a JSON object, every chat request's default
+  bool allow_truncation_ = false;         // --allow-truncation: too-long prompts keep their last tokens
   size_t max_body_bytes_ = 2 * 1024 * 1024;
   int max_waiting_ = 256;
   int server_threads_ = 2;

@@ -16,6 +16,7 @@
 #include "engine/structured/grammar_backend.hpp"
 #endif
 #include "app/cli_conventions.hpp"
+#include "app/model_lookup.hpp"
 #include "engine/base/regular_file.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_json.hpp"
@@ -270,18 +271,23 @@ std::unique_ptr<actors::engine_facade> make_facade(engine_bundle& b, const engin
   return std::make_unique<actors::engine_facade>(std::move(components), options);
 }
 
-engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
+engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const engine_messages& messages) {
+  auto warn = [&](const std::string& text) {
+    if (flags.quiet) return;
+    if (messages.warn)
+      messages.warn(text);
+    else
+      std::fprintf(stderr, "warning: %s\n", text.c_str());
+  };
   const auto t0 = std::chrono::steady_clock::now();
   engine_bundle b;
   const std::string device = resolve_device(flags.device);  // before loading: fail fast
   const bool dummy = flags.load_format == "dummy";
-  b.model = load_model(flags.model.empty() ? default_model_path() : std::filesystem::path(flags.model),
+  b.model = load_model(flags.model.empty() ? find_default_model() : std::filesystem::path(flags.model),
                        dummy ? load_format::dummy : load_format::automatic);
-  const bool tty = !flags.quiet && isatty(STDERR_FILENO);
+  const bool tty = !flags.quiet && messages.progress && isatty(STDERR_FILENO);
   if (!dummy) fault_in_weights(*b.model.weights, tty);  // dummy weights are in memory already
-  if (!flags.quiet) {
-    for (const auto& w : b.model.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  }
+  for (const auto& w : b.model.warnings) warn(w);
 
   const model_config& config = b.model.weights->config;
   cpu_executor_options exec_options;
@@ -339,18 +345,24 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine) {
   } else {
     b.chat = load_chat_template(flags.chat_template_file);
   }
-  if (!warning.empty() && !flags.quiet) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (!warning.empty()) warn(warning);
 
   if (!flags.quiet) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const kv_cache_spec& kv = b.exec->kv_spec();
-    std::fprintf(stderr,
-                 "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%s, %.0f "
-                 "MiB), swap %d blocks; %.2f s\n",
-                 b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers,
-                 config.hidden_size, config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
-                 *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default",
-                 double(b.exec->kv_block_bytes()) * kv.num_device_blocks / (1024.0 * 1024.0), kv.num_host_blocks, secs);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "loaded %s%s: %d layers, hidden %d, vocab %d; %s executor; KV pool %d blocks x %d tokens (%s, %.0f "
+                  "MiB), swap %d blocks; %.2f s",
+                  b.model.path.filename().c_str(), dummy ? " (dummy weights)" : "", config.num_layers,
+                  config.hidden_size, config.vocab_size, b.exec->name(), kv.num_device_blocks, kv.block_size,
+                  *b.exec->kv_cache_dtype() ? b.exec->kv_cache_dtype() : "default",
+                  double(b.exec->kv_block_bytes()) * kv.num_device_blocks / (1024.0 * 1024.0), kv.num_host_blocks,
+                  secs);
+    if (messages.info)
+      messages.info(line);
+    else
+      std::fprintf(stderr, "%s\n", line);
   }
   return b;
 }

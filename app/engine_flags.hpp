@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,9 +81,18 @@ chat_template load_chat_template(const std::string& file_or_text);
 // model's executor of --speculative draft (make_engine builds it).
 engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<executor> draft_exec = nullptr);
 
+// Where make_engine's messages go (unless --quiet): the loader's warnings and the "loaded ..." summary.
+// Empty functions: plain lines on stderr ("warning: ..."), as `generate` prints them; `serve` routes
+// them through its logger so that --log-format json holds for every line. `progress`: the weights'
+// progress bar on a TTY.
+struct engine_messages {
+  std::function<void(const std::string&)> info, warn;
+  bool progress = true;
+};
+
 // Loads the model (progress on a TTY), builds the executor --device picks and, with `direct_engine`, an
 // llm_engine driven by the caller. Throws load_error / invalid_request with a message for the user.
-engine_bundle make_engine(const engine_flags& flags, bool direct_engine = true);
+engine_bundle make_engine(const engine_flags& flags, bool direct_engine = true, const engine_messages& messages = {});
 
 // The actor runtime around a bundle made without a direct engine (the executor moves into it): what
 // `serve` and `generate` run on. `max_waiting`: queued requests beyond which submits are refused.

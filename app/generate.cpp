@@ -7,6 +7,7 @@
 
 #include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
+#include "app/exit_codes.hpp"
 #include "app/request_json.hpp"
 #include "engine/base/error.hpp"
 
@@ -189,7 +190,7 @@ int generate_command::run_batch() {
         static_cast<unsigned long long>(s.engine.num_preemptions_swap),
         static_cast<unsigned long long>(s.engine.num_preemptions_recompute));
   }
-  return num_rejected == 0 ? 0 : 3;
+  return num_rejected == 0 ? exit_ok : exit_rejected;
 }
 
 }  // namespace tessera::app

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "app/commands.hpp"
+#include "app/model_lookup.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_model.hpp"
 #include "engine/model/model_loader.hpp"
@@ -66,7 +67,7 @@ void inspect_command::add_to(CLI::App& app) {
 }
 
 int inspect_command::run() {
-  const auto path = model_.empty() ? default_model_path() : std::filesystem::path(model_);
+  const auto path = model_.empty() ? find_default_model() : std::filesystem::path(model_);
   if (is_hf_model_dir(path)) return inspect_hf(path);
   auto file = gguf_file::open(path);
   std::printf("file: %s\nGGUF version %u, alignment %llu, %zu tensors\n", path.c_str(), file->version(),

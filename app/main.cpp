@@ -10,6 +10,7 @@
 
 #include "app/cli_conventions.hpp"
 #include "app/commands.hpp"
+#include "app/exit_codes.hpp"
 #include "engine/base/error.hpp"
 
 namespace {
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::ExtrasError& e) {
-    const int code = app.exit(e);
+    // CLI11's own statuses (105, 109, ...) become the usage error's 2; --help and --version stay 0.
+    const int code = app.exit(e) == 0 ? tessera::app::exit_ok : tessera::app::exit_usage;
     const CLI::App& cmd = selected_command(app);
     for (const std::string& extra : app.remaining(true)) {
       if (extra.size() < 2 || extra[0] != '-') continue;
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "tessera: unknown option %s: did you mean %s?\n", extra.c_str(), suggestion.c_str());
     }
     return code;
-  } catch (const CLI::ParseError& e) { return app.exit(e); }
+  } catch (const CLI::ParseError& e) { return app.exit(e) == 0 ? tessera::app::exit_ok : tessera::app::exit_usage; }
   try {
     if (generate.selected()) return generate.run();
     if (bench.selected()) return bench.run();
@@ -69,13 +71,13 @@ int main(int argc, char** argv) {
     if (serve.selected()) return serve.run();
   } catch (const tessera::load_error& e) {
     std::fprintf(stderr, "tessera: cannot load model: %s\n", e.what());
-    return 1;
+    return tessera::app::exit_model_load;
   } catch (const tessera::invalid_request& e) {
     std::fprintf(stderr, "tessera: invalid request: %s\n", e.what());
-    return 2;
+    return tessera::app::exit_usage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 1;
+    return tessera::app::exit_failure;
   }
-  return 0;
+  return tessera::app::exit_ok;
 }

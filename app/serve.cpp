@@ -1,4 +1,5 @@
 // `tessera serve`: the OpenAI-compatible HTTP + WebSocket server over the actor runtime.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -13,9 +14,11 @@
 #include "actors/engine_facade.hpp"
 #include "app/commands.hpp"
 #include "app/config.hpp"
+#include "app/exit_codes.hpp"
 #include "engine/base/error.hpp"
 #include "server/cors.hpp"
 #include "server/http_server.hpp"
+#include "server/listen_socket.hpp"
 #include "server/logging.hpp"
 #include "server/static_files.hpp"
 
@@ -52,8 +55,15 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_option("--host", host_, "Address to bind (default 127.0.0.1: loopback only)");
   cmd_->add_option("--port", port_, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd_->add_option("--api-key", api_key_, "Require 'Authorization: Bearer KEY' on every route but /health");
-  cmd_->add_option("--served-model-name,--alias", model_name_,
-                   "Model id for /v1/models and responses (llama-server: --alias)");
+  cmd_->add_option("--served-model-name,--alias", model_names_,
+                   "Model ids requests may use, all listed by /v1/models; responses report the first "
+                   "(vLLM: --served-model-name a b; llama-server: --alias, repeatable)");
+  cmd_->add_flag("--allow-truncation", allow_truncation_,
+                 "A prompt too long for the context keeps its last tokens that fit (with max_tokens) instead of "
+                 "a 400; a request's truncate_prompt_tokens (vLLM's) overrides it");
+  cmd_->add_option("--chat-template-kwargs", chat_template_kwargs_,
+                   "JSON object of extra chat-template variables, e.g. '{\"enable_thinking\": false}' "
+                   "(a request's chat_template_kwargs override it key by key)");
   cmd_->add_option("--max-body-bytes", max_body_bytes_, "Largest request body (larger: 413)")
       ->check(CLI::Range(1024, 1 << 30));
   cmd_->add_option("--max-waiting", max_waiting_, "Queued requests beyond which new ones get 429")
@@ -121,8 +131,13 @@ int serve_command::run() {
     try {
       apply_config_file(*cmd_, config_path_);  // fills only what the command line left unset
     } catch (const config_error& e) {
-      std::fprintf(stderr, "tessera: config: %s\n", e.what());
-      return 2;
+      // Before the logger exists (the file may set its format): the command line's format decides.
+      if (log_format_ == "json") {
+        std::fprintf(stderr, "%s\n", server::early_json_line("critical", std::string("config: ") + e.what()).c_str());
+      } else {
+        std::fprintf(stderr, "tessera: config: %s\n", e.what());
+      }
+      return exit_usage;
     }
   }
   server::log_options log_options;
@@ -143,16 +158,45 @@ int serve_command::run() {
   } finish_if_thrown;
   if (!config_path_.empty()) spdlog::info("config: {}", config_path_);
 
+  if (!chat_template_kwargs_.empty()) {
+    try {
+      server::check_chat_template_kwargs(chat_template_kwargs_);  // a usage error, before the model loads
+    } catch (const invalid_request& e) {
+      spdlog::critical("{}", e.what());
+      return finish(exit_usage);
+    }
+  }
+  // The port first: one in use is reported at once, not after the model has loaded.
+  server::listen_socket listening;
+  try {
+    listening = server::listen_socket::open(host_, static_cast<uint16_t>(port_));
+  } catch (const std::invalid_argument& e) {
+    spdlog::critical("{}", e.what());
+    return finish(exit_usage);
+  } catch (const std::system_error& e) {
+    const int error = e.code().value();
+    const char* hint = error == EADDRINUSE ? " (another process has this port: stop it, or pick another with --port)"
+                       : error == EADDRNOTAVAIL ? " (not an address of this host: see --host)"
+                       : error == EACCES        ? " (a privileged port: use one above 1023)"
+                                                : "";
+    spdlog::critical("cannot listen on {}: {}{}", server::host_port(host_, static_cast<uint16_t>(port_)),
+                     e.code().message(), hint);
+    return finish(exit_cannot_listen);
+  }
   if (!positional_model_.empty()) engine_.model = positional_model_;
   engine_bundle b;
   try {
-    b = make_engine(engine_, /*direct_engine=*/false);
+    engine_messages messages;  // through the logger: --log-format json holds for these lines too
+    messages.info = [](const std::string& text) { spdlog::info("{}", text); };
+    messages.warn = [](const std::string& text) { spdlog::warn("{}", text); };
+    messages.progress = log_options.format == server::log_format::text;
+    b = make_engine(engine_, /*direct_engine=*/false, messages);
   } catch (const load_error& e) {
     spdlog::critical("cannot load model: {}", e.what());
-    return finish(1);
+    return finish(exit_model_load);
   } catch (const invalid_request& e) {
     spdlog::critical("{}", e.what());
-    return finish(2);
+    return finish(exit_usage);
   }
   const model_config& mc = b.model.weights->config;
   const kv_cache_spec kv = b.exec->kv_spec();
@@ -168,9 +212,12 @@ int serve_command::run() {
 
   server::server_options so;
   so.host = host_;
-  so.port = static_cast<uint16_t>(port_);
+  so.port = listening.port();
+  so.listen_fd_v6 = listening.is_v6();
+  so.listen_fd = listening.release();  // the listener owns it from here
   so.api_key = api_key_;
-  so.model_name = model_name_.empty() ? b.model.path.filename().string() : model_name_;
+  so.model_name = model_names_.empty() ? b.model.path.filename().string() : model_names_.front();
+  if (model_names_.size() > 1) so.model_aliases.assign(model_names_.begin() + 1, model_names_.end());
   so.max_body_bytes = max_body_bytes_;
   so.num_threads = server_threads_;
   so.read_timeout = std::chrono::seconds(request_timeout_s_);
@@ -184,12 +231,14 @@ int serve_command::run() {
   so.webui_dir = server::find_webui_dir(webui_dir_).string();
   if (so.webui_dir.empty() && !webui_dir_.empty() && webui_dir_ != "none") {
     spdlog::error("--webui-dir {} has no index.html", webui_dir_);
-    return finish(2);
+    return finish(exit_usage);
   }
   so.limits.sampling = to_engine_options(engine_).limits;
   so.parsers = parsers;
   so.limits.max_response_bytes = max_response_bytes_;
   so.limits.max_model_len = facade.max_model_len();
+  so.limits.default_chat_template_kwargs = chat_template_kwargs_;
+  so.limits.allow_truncation = allow_truncation_;
 
   // SIGINT/SIGTERM end the server: block them here, wait for one on a helper thread.
   sigset_t signals;
@@ -221,9 +270,9 @@ int serve_command::run() {
   try {
     server.emplace(facade, so);
   } catch (const std::exception& e) {
-    spdlog::critical("cannot listen on {}:{}: {}", so.host, so.port, e.what());
+    spdlog::critical("cannot start the server on {}: {}", server::host_port(so.host, so.port), e.what());
     facade.shutdown(std::chrono::seconds(shutdown_timeout_s_));
-    return finish(1);
+    return finish(exit_failure);
   }
   server->start();
   spdlog::info("serving {} on http://{}:{} ({} I/O threads, API key {}, max body {} bytes, max waiting {})",
@@ -249,7 +298,7 @@ int serve_command::run() {
   }
   server->stop();
   spdlog::info("stopped");
-  return finish(0);
+  return finish(exit_ok);
 }
 
 }  // namespace tessera::app

@@ -5,6 +5,7 @@
 // thread ever blocks on the engine: a request's stream notifies its session when tokens arrive
 // (stream_handle::on_ready), and the session drains it on its own strand.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -21,9 +22,16 @@ namespace tessera::server {
 
 struct server_options {
   std::string host = "127.0.0.1";
-  uint16_t port = 8000;                     // 0: any free port (see http_server::port())
-  std::string api_key;                      // empty: no auth
-  std::string model_name = "tessera";       // the id /v1/models lists and responses echo
+  uint16_t port = 8000;  // 0: any free port (see http_server::port())
+  // A socket already bound and listening (server/listen_socket.hpp: `tessera serve` binds before the
+  // model loads), which the listener adopts and closes; -1: the listener binds host:port itself.
+  int listen_fd = -1;
+  bool listen_fd_v6 = false;
+  std::string api_key;                 // empty: no auth
+  std::string model_name = "tessera";  // the id /v1/models lists and responses echo
+  // More names a request's "model" may use (vLLM's --served-model-name a b, repeated --alias): listed
+  // by /v1/models after model_name, accepted by every route; responses still say model_name, as vLLM's.
+  std::vector<std::string> model_aliases;
   size_t max_body_bytes = 2 * 1024 * 1024;  // /v1/* bodies; larger: 413
   uint32_t max_header_bytes = 8 * 1024;     // larger: 431
   int num_threads = 2;
@@ -51,6 +59,19 @@ struct server_options {
   // routed; whatever it throws must close that one connection and nothing else.
   std::function<void(std::string_view target)> before_route;
 };
+
+// Whether `name` is one of the served model's names (model_name or an alias).
+inline bool serves_model(const server_options& o, std::string_view name) {
+  return name == o.model_name ||
+         std::find(o.model_aliases.begin(), o.model_aliases.end(), name) != o.model_aliases.end();
+}
+
+// "'a'" or "'a', 'b'": the served names, for a 404's message.
+inline std::string served_names(const server_options& o) {
+  std::string out = "'" + o.model_name + "'";
+  for (const auto& a : o.model_aliases) out += ", '" + a + "'";
+  return out;
+}
 
 class http_server {
  public:

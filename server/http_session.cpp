@@ -10,6 +10,7 @@
 #include "server/cors.hpp"
 #include "server/http_checks.hpp"
 #include "server/logging.hpp"
+#include "server/prompt_batch.hpp"
 #include "server/ws_session.hpp"
 
 namespace tessera::server {
@@ -246,63 +247,121 @@ void http_session::on_tokenized(uint64_t serial, int status, const char* param, 
 void http_session::start_generation(api_kind kind, bool keep_alive) {
   const int32_t vocab = state_.engine.config().vocab_size;
   generation_request req = parse_generation_request(request_.body(), kind, vocab, state_.opt.limits);
-  if (!req.model.empty() && req.model != state_.opt.model_name) {
+  if (!req.model.empty() && !serves_model(state_.opt, req.model)) {
     throw api_error(404,
-                    "the model '" + req.model + "' does not exist (this server serves '" + state_.opt.model_name + "')",
+                    "the model '" + sanitize_utf8(req.model) + "' does not exist (this server serves " +
+                        served_names(state_.opt) + ")",
                     "model", "model_not_found");
   }
-  actors::stream_handle stream = state_.submit(req);
+  // Submitted before anything is set up: a refusal (429, 503) throws, and the handles of the prompts
+  // submitted before it abort theirs as they go.
+  std::vector<actors::stream_handle> streams;
+  streams.push_back(state_.submit(req));
+  for (const actors::prompt_input& more : req.more_prompts) {
+    generation_request one = req;
+    one.prompt = more;
+    one.more_prompts.clear();
+    streams.push_back(state_.submit(one));
+  }
   busy_.emplace(state_);
   gen_.emplace();
   gen_->serial = num_requests_;
-  gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(),
-                req.model.empty() ? state_.opt.model_name : req.model};
-  gen_->progress = stream_progress(req.params.n);
-  gen_->choices.resize(static_cast<size_t>(req.params.n));
+  // As vLLM: responses name the first served model name whichever alias the request used.
+  gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(), state_.opt.model_name};
+  const int32_t num_choices = num_prompts(req) * req.params.n;
+  gen_->progress = stream_progress(num_choices);
+  gen_->choices.resize(static_cast<size_t>(num_choices));
   if (kind == api_kind::chat && parses_output(state_.opt.parsers, req.tools)) {
     for (int32_t i = 0; i < req.params.n; ++i) gen_->outputs.emplace_back(state_.opt.parsers, req.tools);
     for (auto& c : gen_->choices) c.parsed = true;
+  }
+  if (req.echo) {
+    // The whole response's text begins with the prompt; a stream sends it with each choice's first chunk.
+    const tokenizer* tok = state_.engine.tok().get();
+    if (req.stream) gen_->echo_pending.resize(gen_->choices.size());
+    for (size_t p = 0; p < streams.size(); ++p) {
+      const std::string text = echo_text(p == 0 ? req.prompt : req.more_prompts[p - 1], tok);
+      for (int32_t i = 0; i < req.params.n; ++i) {
+        const auto at = static_cast<size_t>(batch_choice_index(p, req.params.n, i));
+        (req.stream ? gen_->echo_pending[at] : gen_->choices[at].text) = text;
+      }
+    }
   }
   // HTTP/1.0 clients get an unchunked stream ended by closing the connection.
   const bool chunked = request_.version() >= 11;
   gen_->keep_alive = keep_alive && chunked;
   if (req.stream) gen_->sse.emplace(gen_->meta.id, chunked, gen_->keep_alive, cors_origin_);
   gen_->req = std::move(req);
-  gen_->stream = std::move(stream);
+  gen_->streams = std::move(streams);
+  gen_->finals.resize(gen_->streams.size());
   // Keep a read pending so a client that goes away is noticed while the engine works.
   start_watch();
   std::weak_ptr<http_session> weak = shared_from_this();
-  gen_->stream.on_ready([poster = state_.poster, weak, serial = gen_->serial] {
-    poster->post(weak, [serial](http_session& s) { s.run_guarded([&] { s.on_stream_ready(serial); }); });
-  });
+  for (actors::stream_handle& stream : gen_->streams) {
+    // Each stream's hook drains them all: on_stream_ready reads every stream, so every hook is re-armed.
+    stream.on_ready([poster = state_.poster, weak, serial = gen_->serial] {
+      poster->post(weak, [serial](http_session& s) { s.run_guarded([&] { s.on_stream_ready(serial); }); });
+    });
+  }
 }
 
-// Everything the stream holds now, at once (the hook is re-armed by the drain). Nothing here can tear
+// Everything the streams hold now, at once (the hooks are re-armed by the drain). Nothing here can tear
 // the session down: writing only queues bytes, and errors come back as completions of their own.
 void http_session::on_stream_ready(uint64_t serial) {
   if (!gen_ || closed_ || gen_->serial != serial) return;
   if (write_in_flight_ && pending_.size() >= k_max_pending_bytes) {
-    // The client lags: leave the items in the stream's buffer (which merges deltas) until it reads.
+    // The client lags: leave the items in the streams' buffers (which merge deltas) until it reads.
     drain_deferred_ = true;
     return;
   }
   drain_deferred_ = false;
   std::string out;
-  for (actors::stream_item& item : gen_->stream.take_all()) {
-    if (auto* d = std::get_if<stream_delta>(&item)) {
-      on_delta(*d, out);
-      continue;
+  const int32_t n = gen_->req.params.n;
+  for (size_t p = 0; gen_ && p < gen_->streams.size(); ++p) {
+    if (gen_->finals[p]) continue;
+    for (actors::stream_item& item : gen_->streams[p].take_all()) {
+      if (auto* d = std::get_if<stream_delta>(&item)) {
+        d->output.index = batch_choice_index(p, n, d->output.index);
+        on_delta(*d, out);
+        continue;
+      }
+      if (!out.empty()) queue_write(std::move(out));
+      out.clear();
+      on_prompt_final(p, std::move(std::get<stream_final>(item)));  // always a stream's last item
+      break;
     }
-    if (!out.empty()) queue_write(std::move(out));
-    return on_final(std::get<stream_final>(item));  // always the last item
   }
   if (!out.empty()) queue_write(std::move(out));
 }
 
-void http_session::on_delta(const stream_delta& d, std::string& out) {
+// Prompt p's request ended. A failed one ends the others too (the response fails as a whole); the
+// response's final comes once every prompt's did.
+void http_session::on_prompt_final(size_t prompt_index, stream_final f) {
   generation& g = *gen_;
-  const request_output& o = d.output;
+  const bool failed = f.reason == finish_reason::error;
+  g.finals[prompt_index] = std::move(f);
+  if (failed) {
+    for (size_t p = 0; p < g.streams.size(); ++p) {
+      if (!g.finals[p]) g.streams[p].abort();
+    }
+  }
+  if (std::any_of(g.finals.begin(), g.finals.end(), [](const auto& x) { return !x.has_value(); })) return;
+  // Out of the generation first: on_final resets gen_ while it still reads the final.
+  std::vector<stream_final> finals;
+  for (auto& x : g.finals) finals.push_back(std::move(*x));
+  const stream_final whole = finals.size() == 1 ? std::move(finals.front()) : merged_final(finals, g.req.params.n);
+  on_final(whole);
+}
+
+void http_session::on_delta(stream_delta& d, std::string& out) {
+  generation& g = *gen_;
+  request_output& o = d.output;
   if (!g.progress.take_delta(d, state_.metrics)) return;
+  if (!g.echo_pending.empty() && has_output(o)) {
+    std::string& echo = g.echo_pending[static_cast<size_t>(o.index)];
+    o.text.insert(0, echo);
+    echo.clear();
+  }
   auto& c = g.choices[static_cast<size_t>(o.index)];
   c.text += o.text;
   c.token_ids.insert(c.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
@@ -359,7 +418,12 @@ void http_session::on_final(const stream_final& f) {
   const tokenizer* tok = state_.engine.tok().get();
   const bool keep_alive = g.keep_alive;
   note_final(f);
-  if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.meta.id, f.error);
+  // A request refused for what it asked (prompt too long, a schema that does not compile) is the
+  // client's 400: info. A runtime fault is the server's: error.
+  if (f.reason == finish_reason::error) {
+    spdlog::log(f.runtime_fault ? spdlog::level::err : spdlog::level::info, "request {} failed: {}", g.meta.id,
+                f.error);
+  }
 
   if (f.reason == finish_reason::error && !(g.sse && g.sse->headers_sent())) {
     // Nothing was sent yet: a plain error response. A request the engine refused (prompt too
@@ -416,9 +480,11 @@ void http_session::abort_generation() {
   access_.completion_tokens = gen_->progress.num_tokens();
   log_response(gen_->sse && gen_->sse->headers_sent() ? 200 : 499);
   state_.metrics.record_finish(finish_reason::abort);  // its final message is never read
-  gen_->stream.on_ready({});
-  gen_->stream.abort();
-  gen_.reset();  // dropping the last handle also aborts; the engine actor frees the KV blocks
+  for (actors::stream_handle& stream : gen_->streams) {
+    stream.on_ready({});
+    stream.abort();
+  }
+  gen_.reset();  // dropping the last handles also aborts; the engine actor frees the KV blocks
 }
 
 // ---- watching for a disconnect while the engine works ------------------------------------------

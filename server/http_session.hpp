@@ -51,7 +51,12 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
   struct generation {
     uint64_t serial = 0;  // which request of the connection: a late notification names its own
     generation_request req;
-    actors::stream_handle stream;
+    // One engine request per prompt (a /v1/completions batch has several: server/prompt_batch.hpp);
+    // finals[p] holds prompt p's final message once it came, and the response ends when all did.
+    std::vector<actors::stream_handle> streams;
+    std::vector<std::optional<actors::stream_final>> finals;
+    // echo: per choice, the prompt text its first streamed chunk still has to carry.
+    std::vector<std::string> echo_pending;
     response_meta meta;
     stream_progress progress{0};
     std::vector<choice_accumulator> choices;  // what a non-streaming response returns
@@ -85,7 +90,8 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
   // generations
   void start_generation(api_kind kind, bool keep_alive);
   void on_stream_ready(uint64_t serial);
-  void on_delta(const actors::stream_delta& d, std::string& out);
+  void on_delta(actors::stream_delta& d, std::string& out);  // d's choice index is the response's
+  void on_prompt_final(size_t prompt_index, actors::stream_final f);
   void on_final(const actors::stream_final& f);
   static void take_piece(choice_accumulator& c, chat_piece piece);
   void finish_outputs(std::string& out);

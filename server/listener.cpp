@@ -12,11 +12,15 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 listener::listener(server_state& state) : state_(state) {
-  const tcp::endpoint endpoint(net::ip::make_address(state.opt.host), state.opt.port);
-  acceptor_.open(endpoint.protocol());
-  acceptor_.set_option(net::socket_base::reuse_address(true));
-  acceptor_.bind(endpoint);
-  acceptor_.listen(net::socket_base::max_listen_connections);
+  if (state.opt.listen_fd >= 0) {
+    acceptor_.assign(state.opt.listen_fd_v6 ? tcp::v6() : tcp::v4(), state.opt.listen_fd);
+  } else {
+    const tcp::endpoint endpoint(net::ip::make_address(state.opt.host), state.opt.port);
+    acceptor_.open(endpoint.protocol());
+    acceptor_.set_option(net::socket_base::reuse_address(true));
+    acceptor_.bind(endpoint);
+    acceptor_.listen(net::socket_base::max_listen_connections);
+  }
   port_ = acceptor_.local_endpoint().port();
   state.bound_port = port_;
 }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -149,11 +150,31 @@ std::string format_access_text(const access_entry& e) {
   return line;
 }
 
+std::string early_json_line(std::string_view level, std::string_view message) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &utc);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  char fraction[16];
+  std::snprintf(fraction, sizeof fraction, ".%06lldZ", static_cast<long long>(micros));
+  json::object line{{"time", std::string(stamp) + fraction},
+                    {"level", level},
+                    {"logger", "tessera"},
+                    {"msg", sanitize_utf8(std::string(message))}};
+  return json::serialize(line);
+}
+
 void log_access(const access_entry& e) {
   const std::shared_ptr<spdlog::logger>& access = g_access;
-  if (!access || !access->should_log(spdlog::level::info)) return;
+  // A client's mistake (4xx) is news about the client, not a fault of the server: info, as every
+  // other access line. A 5xx is the server failing a request: error, so alerts on error lines see it.
+  const spdlog::level::level_enum level = e.status >= 500 ? spdlog::level::err : spdlog::level::info;
+  if (!access || !access->should_log(level)) return;
   if (g_format == log_format::text) {
-    access->info(format_access_text(e));
+    access->log(level, format_access_text(e));
     return;
   }
   json::object fields{{"method", e.method},
@@ -170,7 +191,7 @@ void log_access(const access_entry& e) {
   members.front() = ',';
   members.pop_back();
   const std::string payload = "\"msg\":" + json::serialize(json::string(summary)) + members;
-  access->log(spdlog::level::info, spdlog::string_view_t(payload.data(), payload.size()));
+  access->log(level, spdlog::string_view_t(payload.data(), payload.size()));
 }
 
 bool shutdown_logging(std::chrono::milliseconds max_wait) {

@@ -33,6 +33,10 @@ bool shutdown_logging(std::chrono::milliseconds max_wait = std::chrono::millisec
 // Parses "text" / "json"; throws std::invalid_argument otherwise.
 log_format parse_log_format(std::string_view text);
 
+// One line of the json format ({"time", "level", "logger": "tessera", "msg"}) for a message written
+// before setup_logging (a config file that does not parse), so that every line stays one JSON object.
+std::string early_json_line(std::string_view level, std::string_view message);
+
 // One finished HTTP request or WebSocket generation.
 struct access_entry {
   std::string_view method;      // "GET", "POST", or "WS" for a generation on /v1/ws

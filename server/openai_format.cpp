@@ -73,7 +73,9 @@ json::object timings_json(const actors::stream_final& f) {
 }
 
 std::string refusal_code(std::string_view param) {
-  return param == "max_tokens" ? "context_length_exceeded" : "invalid_structured_output";
+  if (param == "max_tokens") return "context_length_exceeded";
+  if (param == "truncate_prompt_tokens") return "invalid_value";
+  return "invalid_structured_output";
 }
 
 json::object usage_json(const actors::stream_final& f) {

@@ -38,7 +38,8 @@ boost::json::object timings_json(const actors::stream_final& final);
 boost::json::object usage_json(const actors::stream_final& final);
 
 // The error code of a request the engine refused because of its field `param` (stream_final::error_param):
-// "context_length_exceeded" (OpenAI's) for a max_tokens that does not fit, "invalid_structured_output"
+// "context_length_exceeded" (OpenAI's) for a max_tokens that does not fit, "invalid_value" for a
+// truncate_prompt_tokens beyond the context, "invalid_structured_output"
 // for a response_format / guided_* the grammar engine refused.
 std::string refusal_code(std::string_view param);
 

@@ -236,6 +236,84 @@ bool is_ignored_field(std::string_view key) {
          key == "skip_special_tokens" || key == "spaces_between_special_tokens";
 }
 
+// /v1/completions' "prompt", in OpenAI's four shapes: a string, an array of strings, an array of token
+// ids, or an array of arrays of token ids (a batch). A problem names the field and, in a batch, the
+// prompt ("prompt[2]").
+std::vector<actors::prompt_input> get_prompts(element v, int32_t vocab_size, const request_limits& limits) {
+  constexpr std::string_view shapes =
+      "must be a string, an array of strings, an array of token ids or an array of arrays of token ids";
+  auto bad_prompt = [](const std::string& at, std::string_view what) {
+    throw api_error(400, "'" + at + "' " + std::string(what), "prompt");
+  };
+  auto text_prompt = [&](element s, const std::string& at) {
+    std::string text{std::string_view(s)};
+    if (text.empty()) bad_prompt(at, "must not be empty");
+    return actors::prompt_input::from_text(std::move(text));
+  };
+  auto ids_prompt = [&](element a, const std::string& at) {
+    std::vector<token_id> ids = get_token_ids(a, at, vocab_size, limits.max_prompt_token_ids);
+    if (ids.empty()) bad_prompt(at, "must not be empty");
+    return actors::prompt_input::from_ids(std::move(ids));
+  };
+  std::vector<actors::prompt_input> prompts;
+  if (v.is_string()) {
+    prompts.push_back(text_prompt(v, "prompt"));
+    return prompts;
+  }
+  if (!v.is_array()) bad_prompt("prompt", shapes);
+  sj::dom::array arr(v);
+  if (arr.size() == 0) bad_prompt("prompt", "must not be empty");
+  element first = arr.at(0);
+  if (!first.is_string() && !first.is_array()) {
+    prompts.push_back(ids_prompt(v, "prompt"));  // one prompt of token ids
+    return prompts;
+  }
+  if (arr.size() > static_cast<size_t>(limits.max_prompts)) {
+    bad_prompt("prompt", "holds " + std::to_string(arr.size()) + " prompts, more than this server's limit of " +
+                             std::to_string(limits.max_prompts));
+  }
+  for (element item : arr) {
+    const std::string at = "prompt[" + std::to_string(prompts.size()) + "]";
+    // A batch is all strings or all token-id lists, as OpenAI's schema has it.
+    if (first.is_string() && item.is_string())
+      prompts.push_back(text_prompt(item, at));
+    else if (first.is_array() && item.is_array())
+      prompts.push_back(ids_prompt(item, at));
+    else
+      bad_prompt(at, first.is_string() ? "must be a string, as the batch's first prompt is"
+                                       : "must be an array of token ids, as the batch's first prompt is");
+  }
+  return prompts;
+}
+
+// Names the chat template is always given (chat_template::render): a kwarg may not replace them.
+bool is_reserved_template_variable(std::string_view name) {
+  return name == "messages" || name == "tools" || name == "documents" || name == "bos_token" || name == "eos_token" ||
+         name == "add_generation_prompt";
+}
+
+// The server's default chat_template_kwargs with the request's over them, key by key, as one JSON
+// object's text (empty when neither has any). Every key must be a name the template can read and
+// none may replace a variable the server sets; the default was checked the same way at startup
+// (check_chat_template_kwargs), so a problem here is the request's.
+std::string merged_template_kwargs(const std::string& defaults, const std::string& request) {
+  if (defaults.empty() && request.empty()) return {};
+  boost::json::object merged;
+  if (!defaults.empty()) merged = boost::json::parse(defaults).as_object();
+  if (!request.empty()) {
+    const boost::json::value parsed = boost::json::parse(request);
+    for (const auto& [k, v] : parsed.as_object()) {
+      const std::string_view name(k.data(), k.size());
+      if (is_reserved_template_variable(name)) {
+        bad("chat_template_kwargs", "may not set '" + std::string(name) + "' (the server sets that variable)");
+      }
+      if (name.empty()) bad("chat_template_kwargs", "keys must not be empty");
+      merged[k] = v;
+    }
+  }
+  return boost::json::serialize(merged);
+}
+
 }  // namespace
 
 generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,
@@ -252,6 +330,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   bool have_max_tokens = false;
   bool parse_special = true;
   bool have_tools = false;
+  std::string request_kwargs;  // chat_template_kwargs as sent (a JSON object's text)
+  int32_t truncate_prompt_tokens = limits.allow_truncation ? -1 : 0;
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
   int32_t top_logprobs = -1;
@@ -264,32 +344,16 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     } else if (key == "prompt") {
       if (kind == api_kind::chat) bad(key, "is not a chat completions field (use 'messages')");
       have_prompt = true;
-      if (value.is_string()) {
-        req.prompt = actors::prompt_input::from_text(std::string(std::string_view(value)));
-      } else if (value.is_array()) {
-        sj::dom::array arr(value);
-        if (arr.size() == 0) bad(key, "must not be empty");
-        element first = arr.at(0);
-        if (first.is_string()) {
-          if (arr.size() != 1) bad(key, "batches of several prompts are not supported (send one request per prompt)");
-          req.prompt = actors::prompt_input::from_text(std::string(std::string_view(first)));
-        } else if (first.is_array()) {
-          if (arr.size() != 1) bad(key, "batches of several prompts are not supported (send one request per prompt)");
-          req.prompt =
-              actors::prompt_input::from_ids(get_token_ids(first, key, vocab_size, limits.max_prompt_token_ids));
-        } else {
-          req.prompt =
-              actors::prompt_input::from_ids(get_token_ids(value, key, vocab_size, limits.max_prompt_token_ids));
-        }
-        if (req.prompt.type == actors::prompt_input::kind::token_ids && req.prompt.ids.empty())
-          bad(key, "must not be empty");
-      } else {
-        bad(key, "must be a string, an array of one string, or an array of token ids");
-      }
+      std::vector<actors::prompt_input> prompts = get_prompts(value, vocab_size, limits);
+      req.prompt = std::move(prompts.front());
+      req.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1), std::make_move_iterator(prompts.end()));
     } else if (key == "messages") {
       if (kind == api_kind::completion) bad(key, "is not a completions field (use /v1/chat/completions)");
       have_messages = true;
       req.prompt = actors::prompt_input::from_chat(get_messages(value, limits));
+    } else if (key == "truncate_prompt_tokens") {
+      truncate_prompt_tokens = get_int(value, key, -1, limits.max_prompt_token_ids);
+      if (truncate_prompt_tokens == 0) bad(key, "must be -1 (keep what fits the context) or at least 1");
     } else if (key == "parse_special") {
       if (kind == api_kind::chat)
         bad(key, "is a completions field (a chat template's special tokens are always parsed)");
@@ -378,11 +442,16 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     } else if (key == "priority") {
       req.priority = get_int(value, key, -limits.max_priority, limits.max_priority);
     } else if (key == "echo") {
-      if (get_bool(value, key)) bad(key, "is not supported");
+      if (kind == api_kind::chat) bad(key, "is a completions field");
+      req.echo = get_bool(value, key);
     } else if (key == "suffix") {
       bad(key, "is not supported");
-    } else if (key == "chat_template" || key == "chat_template_kwargs") {
-      throw api_error(400, "'" + std::string(key) + "': request-supplied chat templates are refused", std::string(key));
+    } else if (key == "chat_template") {
+      throw api_error(400, "'chat_template': request-supplied chat templates are refused", "chat_template");
+    } else if (key == "chat_template_kwargs") {
+      if (kind != api_kind::chat) bad(key, "is a chat completions field");
+      if (!value.is_object()) bad(key, "must be an object (its keys become variables of the chat template)");
+      request_kwargs = sj::minify(value);
     } else if (is_structured_output_field(key)) {
       parse_structured_output_field(key, value, structured);
     } else if (key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") {
@@ -433,6 +502,14 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   }
   if (p.min_tokens > p.max_tokens) bad("min_tokens", "must not exceed max_tokens");
   req.prompt.parse_special = parse_special;  // text prompts only (prompt_input::parse_special)
+  req.prompt.truncate_prompt_tokens = truncate_prompt_tokens;
+  for (auto& more : req.more_prompts) {
+    more.parse_special = parse_special;
+    more.truncate_prompt_tokens = truncate_prompt_tokens;
+  }
+  if (kind == api_kind::chat) {
+    req.prompt.template_kwargs_json = merged_template_kwargs(limits.default_chat_template_kwargs, request_kwargs);
+  }
 
   if (kind == api_kind::chat) {
     if (top_logprobs >= 0 && !chat_logprobs) bad("top_logprobs", "needs 'logprobs': true");
@@ -443,6 +520,11 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     req.top_logprobs = std::max(completion_logprobs, 0);
   }
   p.logprobs = req.want_logprobs ? req.top_logprobs : -1;
+  // vLLM answers echo + logprobs with the prompt tokens' logprobs too; the engine does not compute
+  // those (it keeps only the last prompt row's logits), so the pair is refused rather than half-answered.
+  if (req.echo && req.want_logprobs) {
+    bad("echo", "cannot be combined with 'logprobs' here (prompt-token logprobs are not computed)");
+  }
   if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
   p.structured = std::move(structured.spec);
 
@@ -472,12 +554,24 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   return req;
 }
 
+void check_chat_template_kwargs(std::string_view json_text) {
+  boost::json::error_code ec;
+  const boost::json::value v = boost::json::parse(json_text, ec);
+  if (ec || !v.is_object())
+    throw invalid_request("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
+  for (const auto& [k, value] : v.as_object()) {
+    if (is_reserved_template_variable(std::string_view(k.data(), k.size())))
+      throw invalid_request("--chat-template-kwargs may not set '" + std::string(k) +
+                            "' (the server sets that variable)");
+  }
+}
+
 int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits) {
   int64_t tokens = req.params.max_tokens;
   if (limits.max_model_len > 0) tokens = std::min<int64_t>(tokens, limits.max_model_len);
   const int64_t per_token = k_response_bytes_per_token +
                             (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
-  return int64_t{req.params.n} * tokens * per_token;
+  return int64_t{num_prompts(req)} * req.params.n * tokens * per_token;
 }
 
 tokenize_request parse_tokenize_request(std::string_view body) {

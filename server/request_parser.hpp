@@ -26,11 +26,18 @@ struct request_limits {
   int32_t max_messages = 4096;
   int32_t max_completion_logprobs = 5;  // /v1/completions "logprobs" (OpenAI's bound)
   int32_t max_priority = 1 << 20;       // |priority|
+  int32_t max_prompts = 256;            // /v1/completions: prompts in one batch ("prompt" as a list)
   // One response's estimated size at most (estimated_response_bytes); larger: 400. It bounds what
   // n x max_tokens x logprobs can make the server build and send for one request.
   int64_t max_response_bytes = int64_t{64} << 20;
   // The engine's max_model_len: no choice generates more tokens than this (0: unknown).
   int32_t max_model_len = 0;
+  // The server's default chat_template_kwargs (--chat-template-kwargs, a JSON object's text; empty:
+  // none). A request's own chat_template_kwargs override it key by key.
+  std::string default_chat_template_kwargs;
+  // --allow-truncation: a request without truncate_prompt_tokens gets -1 (a prompt too long keeps its
+  // last tokens that fit, actors/prompt_truncation.hpp) instead of a 400.
+  bool allow_truncation = false;
 };
 
 // Bytes one response may need at most, as the server bounds it: per choice, per token it could
@@ -43,6 +50,11 @@ struct generation_request {
   api_kind kind = api_kind::completion;
   std::string model;
   actors::prompt_input prompt;
+  // /v1/completions with a batch of prompts ("prompt" as a list of strings or of token-id lists):
+  // the second and later ones (`prompt` is the first). Each is its own engine request with n
+  // choices; the response's choices go prompt-major (prompt p, choice i: index p * n + i), as OpenAI's.
+  std::vector<actors::prompt_input> more_prompts;
+  bool echo = false;  // /v1/completions: each choice's text begins with its prompt
   sampling_params params;
   int32_t priority = 0;
   bool stream = false;
@@ -53,7 +65,14 @@ struct generation_request {
   tool_request tools;  // chat: tools / tool_choice / parallel_tool_calls (server/tool_request.hpp)
 };
 
+// How many prompts the request holds (1 + more_prompts).
+inline int32_t num_prompts(const generation_request& req) { return 1 + static_cast<int32_t>(req.more_prompts.size()); }
+
 int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits);
+
+// --chat-template-kwargs: a JSON object none of whose keys is a variable the server sets (messages,
+// tools, ...). Throws invalid_request saying what is wrong.
+void check_chat_template_kwargs(std::string_view json_text);
 
 // Parses a /v1/completions or /v1/chat/completions body. vocab_size bounds every token id.
 generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,

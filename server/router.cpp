@@ -10,6 +10,7 @@
 #include "server/api_error.hpp"
 #include "server/cors.hpp"
 #include "server/http_checks.hpp"
+#include "server/openapi_json.hpp"  // generated from server/openapi.json
 #include "server/request_parser.hpp"
 #include "server/static_files.hpp"
 
@@ -106,6 +107,7 @@ constexpr route_entry routes[] = {
     {"/health", http::verb::get, route::health},
     {"/v1/models", http::verb::get, route::models},
     {"/metrics", http::verb::get, route::metrics},
+    {"/openapi.json", http::verb::get, route::openapi},
     {"/v1/completions", http::verb::post, route::completions},
     {"/v1/chat/completions", http::verb::post, route::chat_completions},
     {"/tokenize", http::verb::post, route::tokenize},
@@ -133,9 +135,9 @@ std::string percent_decoded(std::string_view s) {
   return out;
 }
 
-// The served model as OpenAI's model object, with the max_model_len the engine enforces.
-json::object model_object(const server_state& s) {
-  json::object model{{"id", s.opt.model_name},
+// The served model under one of its names as OpenAI's model object, with the max_model_len the engine enforces.
+json::object model_object(const server_state& s, const std::string& id) {
+  json::object model{{"id", id},
                      {"object", "model"},
                      {"created", 0},
                      {"owned_by", "tessera"},
@@ -228,19 +230,22 @@ http_response answer(route to, const http_request& req, server_state& s) {
       return json_response(R"({"status":"ok"})");
     }
     case route::models: {
-      json::object body{{"object", "list"}, {"data", json::array{model_object(s)}}};
+      json::array data{model_object(s, s.opt.model_name)};
+      for (const auto& alias : s.opt.model_aliases) data.push_back(model_object(s, alias));
+      json::object body{{"object", "list"}, {"data", std::move(data)}};
       return json_response(json::serialize(body));
     }
     case route::model: {
       const std::string_view target(req.target().data(), req.target().size());
       const std::string id =
           percent_decoded(target.substr(k_model_prefix.size(), target.find('?') - k_model_prefix.size()));
-      if (id != s.opt.model_name) {
+      if (!serves_model(s.opt, id)) {
         throw api_error(
-            404, "The model '" + sanitize_utf8(id) + "' does not exist (this server serves '" + s.opt.model_name + "')",
+            404,
+            "The model '" + sanitize_utf8(id) + "' does not exist (this server serves " + served_names(s.opt) + ")",
             "model", "model_not_found");
       }
-      return json_response(json::serialize(model_object(s)));
+      return json_response(json::serialize(model_object(s, id)));
     }
     case route::metrics: {
       http_response res{http::status::ok, 11};
@@ -248,6 +253,7 @@ http_response answer(route to, const http_request& req, server_state& s) {
       res.body() = s.metrics.render(s.engine, s.opt.model_name);
       return res;
     }
+    case route::openapi: return json_response(std::string(k_openapi_json));
     case route::detokenize: return detokenize(req, s);
     default: break;
   }

@@ -23,6 +23,7 @@ enum class route : uint8_t {
   models,
   model,  // GET /v1/models/{id}
   metrics,
+  openapi,  // GET /openapi.json (server/openapi.json)
   completions,
   chat_completions,
   tokenize,
@@ -43,8 +44,8 @@ struct routing {
 // 401 (key; not for upgrades, which authenticate later when the upgrade carried no key).
 routing route_request(const http_request& req, const server_state& state);
 
-// The answer of health, models, model (/v1/models/{id}), metrics or detokenize (status, content type, body; the
-// session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
+// The answer of health, models, model (/v1/models/{id}), metrics, openapi or detokenize (status, content type, body;
+// the session adds the rest). Throws api_error for what the client asked wrongly (or 503 unhealthy).
 http_response answer(route to, const http_request& req, server_state& state);
 
 // A 200 application/json response with `body`.

@@ -180,6 +180,11 @@ void ws_session::start(const ws_envelope& message) {
   actors::stream_handle stream;
   try {
     req = parse_generation_request(start.request_json, kind, state_.engine.config().vocab_size, state_.opt.limits);
+    // One generation of a socket is one engine request: batches and echo are /v1/completions' own.
+    if (!req.more_prompts.empty())
+      throw api_error(400, "'prompt': batches of prompts are not supported on /v1/ws (send one generation per prompt)",
+                      "prompt");
+    if (req.echo) throw api_error(400, "'echo' is not supported on /v1/ws", "echo");
     stream = state_.submit(req);
   } catch (const api_error& e) {
     log_generation(e.status, "", 0, "", -1, -1);
@@ -244,7 +249,10 @@ void ws_session::on_stream_ready(const std::string& id, uint64_t serial) {
       messages.push_back(ws_delta_message(id, rest, false, g.progress.first_of_stream(), tok, &piece, calls_before));
     }
     record_final(f, state_.metrics);
-    if (f.reason == finish_reason::error) spdlog::error("request {} failed: {}", g.request_id, f.error);
+    if (f.reason == finish_reason::error) {  // the client's mistake at info, a runtime fault at error
+      spdlog::log(f.runtime_fault ? spdlog::level::err : spdlog::level::info, "request {} failed: {}", g.request_id,
+                  f.error);
+    }
     if (f.reason == finish_reason::error && !f.error_param.empty()) {
       // Refused for one of its fields (a grammar that does not compile, a max_tokens beyond the
       // context): the same 400 as over HTTP.

@@ -2,6 +2,7 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -163,7 +164,7 @@ std::string chat_template::render(const std::vector<chat_message>& messages, con
   for (size_t i = 0; i < messages.size(); ++i) items.push_back(message_value(messages[i], i, parser));
   jinja::value tools =
       options.tools_json.empty() ? jinja::value::none() : parse_json_value(parser, options.tools_json, "tools");
-  const jinja::context variables = {
+  jinja::context variables = {
       {"messages", jinja::value::make_list(std::move(items))},
       {"add_generation_prompt", jinja::value::boolean(options.add_generation_prompt)},
       {"bos_token", jinja::value::string(options.bos_token)},
@@ -171,6 +172,19 @@ std::string chat_template::render(const std::vector<chat_message>& messages, con
       {"tools", std::move(tools)},
       {"documents", jinja::value::none()},
   };
+  if (!options.kwargs_json.empty()) {
+    simdjson::dom::element root;
+    simdjson::dom::object members;
+    if (auto error = parser.parse(options.kwargs_json).get(root))
+      bad_json("chat_template_kwargs", simdjson::error_message(error));
+    if (root.get(members)) bad_json("chat_template_kwargs", "not an object");
+    for (auto [key, v] : members) {
+      const std::string name(key);
+      const bool taken =
+          std::any_of(variables.begin(), variables.end(), [&](const auto& var) { return var.first == name; });
+      if (!taken) variables.emplace_back(name, from_json(v, "chat_template_kwargs." + name));
+    }
+  }
   const int64_t now =
       options.now_unix_seconds
           ? *options.now_unix_seconds

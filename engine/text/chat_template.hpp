@@ -42,6 +42,10 @@ struct render_options {
   // The request's tool definitions as JSON text (a JSON array, OpenAI's `tools`); empty: the template
   // sees tools = none. Parsed like Python's json.loads (key order kept, ints vs floats).
   std::string tools_json;
+  // More variables for the template (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}):
+  // a JSON object's text whose members are added to the context by name; empty: none. Keys that name
+  // a variable set here (messages, tools, ...) are refused upstream (server/request_parser.hpp).
+  std::string kwargs_json;
   // Clock for strftime_now() (Llama 3.x templates print today's date); nullopt: the current time.
   std::optional<int64_t> now_unix_seconds;
 };

@@ -115,7 +115,7 @@ def every_kv_cache_dtype_generates_and_a_bad_one_is_refused():
 @case
 def missing_model_is_a_clear_error():
     p = run(["generate", "--model", "/nonexistent/model.gguf", "--prompt", "hi"])
-    assert p.returncode == 1 and "no such file" in p.stderr, p.stderr
+    assert p.returncode == 4 and "no such file" in p.stderr, p.stderr  # 4: the model cannot be loaded
 
 
 @case
@@ -127,7 +127,7 @@ def corrupt_model_is_a_clear_fast_error():
         t = time.monotonic()
         p = run(["generate", "--model", bad, "--prompt", "hi"])
         assert time.monotonic() - t < 5, "took too long"
-        assert p.returncode == 1 and "cannot load model" in p.stderr, p.stderr
+        assert p.returncode == 4 and "cannot load model" in p.stderr, p.stderr
 
 
 @case

@@ -392,6 +392,23 @@ TEST(ChatTemplate, ToolArgumentsMustBeJson) {
   EXPECT_THROW(t.render({{"user", "x"}}, options), chat_template_error);  // beyond 64 bits: refused, not rounded
 }
 
+// chat_template_kwargs reach the template as variables (as transformers' apply_chat_template(**kwargs));
+// one never replaces a variable the renderer sets, and an undefined one stays undefined.
+TEST(ChatTemplate, KwargsBecomeVariables) {
+  const chat_template t = chat_template::parse(
+      "{% if enable_thinking is defined and not enable_thinking %}no-think {% endif %}"
+      "{{ lang | default('en') }} {{ messages | length }}{% for m in messages %} {{ m.content }}{% endfor %}"
+      "{% if extra is defined %} {{ extra.k[1] }}{% endif %}");
+  render_options options;
+  EXPECT_EQ(t.render({{"user", "x"}}, options), "en 1 x");
+  options.kwargs_json = R"({"enable_thinking": false, "lang": "fr", "extra": {"k": [1, 2]}})";
+  EXPECT_EQ(t.render({{"user", "x"}}, options), "no-think fr 1 x 2");
+  options.kwargs_json = R"({"enable_thinking": true, "messages": []})";
+  EXPECT_EQ(t.render({{"user", "x"}}, options), "en 1 x");
+  options.kwargs_json = "[1]";
+  EXPECT_THROW(t.render({{"user", "x"}}, options), chat_template_error);
+}
+
 TEST(ChatTemplate, EdgeCaseSnippetsMatchJinja2) {
   // Scoping, literals, operators, every filter/test/method, error cases (snippets.txt).
   report(run_fixtures("snippet"), 40);

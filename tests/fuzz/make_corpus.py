@@ -396,6 +396,11 @@ def make_request_parser():
         (0, {"prompt": "x", "guided_regex": "[0-9]{3}", "guided_decoding_backend": "auto"}),
         (0, {"prompt": "x", "grammar": "root ::= \"a\" | \"b\"", "json_schema": None}),
         (1, {"messages": chat, "guided_json": "{\"type\": \"string\"}", "response_format": {"type": "text"}}),
+        # Issue #19: prompt batches, echo, chat_template_kwargs, truncate_prompt_tokens.
+        (0, {"prompt": ["a", "b", "c"], "n": 2, "echo": True, "truncate_prompt_tokens": 8}),
+        (0, {"prompt": [[1, 2], [3]], "truncate_prompt_tokens": -1, "echo": False}),
+        (1, {"messages": chat, "chat_template_kwargs": {"enable_thinking": False, "x": [1, {"y": None}]},
+             "truncate_prompt_tokens": 64}),
     ]
     for i, (kind, body) in enumerate(bodies):
         write("request_parser", f"body_{i:02d}.bin", bytes([kind]) + json.dumps(body).encode())

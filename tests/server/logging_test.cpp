@@ -133,6 +133,34 @@ TEST(logging, asynchronous_lines_are_all_written_by_shutdown) {
   EXPECT_NE(lines.back().find("tessera: last"), std::string::npos) << lines.back();
 }
 
+// A client's 4xx is an info line (not the server's error); a 5xx is an error line, kept at --log-level warn.
+TEST(logging, access_levels_follow_the_status) {
+  testing::internal::CaptureStderr();
+  log_options options;
+  options.level = "warn";
+  options.asynchronous = false;
+  setup_logging(options);
+  access_entry e = generation_entry();
+  e.status = 404;
+  log_access(e);  // info: below warn
+  e.status = 400;
+  log_access(e);
+  e.status = 500;
+  log_access(e);
+  std::vector<std::string> lines = lines_of(testing::internal::GetCapturedStderr());
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("error access:"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("\" 500 "), std::string::npos) << lines[0];
+}
+
+TEST(logging, early_json_lines_have_the_json_format_shape) {
+  const boost::json::object line = boost::json::parse(early_json_line("critical", "config: \"x\"\n")).as_object();
+  EXPECT_EQ(line.at("level"), "critical");
+  EXPECT_EQ(line.at("logger"), "tessera");
+  EXPECT_EQ(line.at("msg"), "config: \"x\"\n");
+  EXPECT_EQ(line.at("time").as_string().back(), 'Z');
+}
+
 TEST(logging, bad_level_and_format_are_refused) {
   log_options options;
   options.level = "loud";

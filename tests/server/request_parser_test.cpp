@@ -11,6 +11,7 @@
 
 #include <boost/json.hpp>
 
+#include "engine/base/error.hpp"
 #include "server/http_server.hpp"
 #include "server/openai_format.hpp"
 
@@ -71,6 +72,113 @@ TEST(request_parser, defaults_and_prompt_forms) {
   EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{4, 5}));
 }
 
+// OpenAI's four prompt shapes; a batch is the first prompt plus more_prompts, all of one kind.
+TEST(request_parser, prompt_batches) {
+  generation_request r = parse_generation_request(R"({"prompt":["one","two","three"]})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.text, "one");
+  ASSERT_EQ(r.more_prompts.size(), 2u);
+  EXPECT_EQ(r.more_prompts[1].text, "three");
+  EXPECT_EQ(num_prompts(r), 3);
+  r = parse_generation_request(R"({"prompt":[[4,5],[6]], "parse_special": false})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{4, 5}));
+  ASSERT_EQ(r.more_prompts.size(), 1u);
+  EXPECT_EQ(r.more_prompts[0].ids, (std::vector<token_id>{6}));
+  EXPECT_FALSE(r.more_prompts[0].parse_special);
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":[1,2]})", api_kind::completion, vocab).more_prompts.empty());
+
+  for (const auto& [body, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt":["a",[1]]})", "'prompt[1]' must be a string"},
+           {R"({"prompt":[[1],"a"]})", "'prompt[1]' must be an array of token ids"},
+           {R"({"prompt":["a",""]})", "'prompt[1]' must not be empty"},
+           {R"({"prompt":[[1],[]]})", "'prompt[1]' must not be empty"},
+           {R"({"prompt":[[1],[1000]]})", "outside the vocabulary"},
+           {R"({"prompt":[true]})", "must be an integer"},
+           {R"({"prompt":{}})", "must be a string, an array of strings"}}) {
+    const api_error e = parse_error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << body << ": " << e.what();
+    EXPECT_TRUE(e.param.starts_with("prompt")) << body << ": " << e.param;
+  }
+  std::string many = R"({"prompt":[)";
+  for (int i = 0; i < request_limits{}.max_prompts + 1; ++i) many += i ? ",\"x\"" : "\"x\"";
+  EXPECT_NE(std::string(parse_error(many + "]}").what()).find("more than this server's limit"), std::string::npos);
+  // The response-size bound counts every prompt's choices.
+  request_limits limits;
+  limits.max_response_bytes = 3 * 100 * k_response_bytes_per_token;
+  EXPECT_NO_THROW(
+      parse_generation_request(R"({"prompt":["a","b","c"],"max_tokens":100})", api_kind::completion, vocab, limits));
+  EXPECT_THROW(
+      parse_generation_request(R"({"prompt":["a","b","c","d"],"max_tokens":100})", api_kind::completion, vocab, limits),
+      api_error);
+}
+
+TEST(request_parser, echo) {
+  EXPECT_TRUE(parse_generation_request(R"({"prompt":"x","echo":true})", api_kind::completion, vocab).echo);
+  EXPECT_FALSE(parse_generation_request(R"({"prompt":"x","echo":false})", api_kind::completion, vocab).echo);
+  EXPECT_EQ(parse_error(R"({"prompt":"x","echo":1})").param, "echo");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","echo":true,"logprobs":0})").param, "echo");
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"echo":true})", api_kind::chat).param, "echo");
+}
+
+// vLLM's truncate_prompt_tokens, and --allow-truncation's default of -1 (a request's value wins).
+TEST(request_parser, truncate_prompt_tokens) {
+  generation_request r =
+      parse_generation_request(R"({"prompt":["a","b"],"truncate_prompt_tokens":7})", api_kind::completion, vocab);
+  EXPECT_EQ(r.prompt.truncate_prompt_tokens, 7);
+  EXPECT_EQ(r.more_prompts.at(0).truncate_prompt_tokens, 7);
+  EXPECT_EQ(parse_generation_request(R"({"prompt":"a"})", api_kind::completion, vocab).prompt.truncate_prompt_tokens,
+            0);
+  request_limits limits;
+  limits.allow_truncation = true;
+  EXPECT_EQ(
+      parse_generation_request(R"({"prompt":"a"})", api_kind::completion, vocab, limits).prompt.truncate_prompt_tokens,
+      -1);
+  EXPECT_EQ(
+      parse_generation_request(R"({"prompt":"a","truncate_prompt_tokens":3})", api_kind::completion, vocab, limits)
+          .prompt.truncate_prompt_tokens,
+      3);
+  for (std::string_view bad :
+       {R"({"prompt":"a","truncate_prompt_tokens":0})", R"({"prompt":"a","truncate_prompt_tokens":-2})",
+        R"({"prompt":"a","truncate_prompt_tokens":"3"})"}) {
+    EXPECT_EQ(parse_error(bad).param, "truncate_prompt_tokens") << bad;
+  }
+}
+
+// chat_template_kwargs: an object whose keys become template variables, over the server's default.
+TEST(request_parser, chat_template_kwargs) {
+  constexpr std::string_view msgs = R"("messages":[{"role":"user","content":"x"}])";
+  auto chat = [&](std::string_view extra, const request_limits& limits = {}) {
+    return parse_generation_request("{" + std::string(msgs) + std::string(extra) + "}", api_kind::chat, vocab, limits);
+  };
+  EXPECT_EQ(chat("").prompt.template_kwargs_json, "");
+  EXPECT_EQ(
+      boost::json::parse(chat(R"(,"chat_template_kwargs":{"enable_thinking":false})").prompt.template_kwargs_json),
+      boost::json::parse(R"({"enable_thinking":false})"));
+  request_limits limits;
+  limits.default_chat_template_kwargs = R"({"enable_thinking":true,"lang":"fr"})";
+  EXPECT_EQ(boost::json::parse(chat("", limits).prompt.template_kwargs_json),
+            boost::json::parse(limits.default_chat_template_kwargs));
+  EXPECT_EQ(boost::json::parse(
+                chat(R"(,"chat_template_kwargs":{"enable_thinking":false})", limits).prompt.template_kwargs_json),
+            boost::json::parse(R"({"enable_thinking":false,"lang":"fr"})"));
+  for (std::string_view bad :
+       {R"(,"chat_template_kwargs":[1])", R"(,"chat_template_kwargs":"x")",
+        R"(,"chat_template_kwargs":{"messages":[]})", R"(,"chat_template_kwargs":{"tools":1})"}) {
+    try {
+      chat(bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const api_error& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "chat_template_kwargs") << e.what();
+    }
+  }
+  EXPECT_EQ(parse_error(R"({"prompt":"x","chat_template_kwargs":{}})").param, "chat_template_kwargs");
+  EXPECT_NO_THROW(check_chat_template_kwargs(R"({"enable_thinking":false})"));
+  EXPECT_THROW(check_chat_template_kwargs("[1]"), invalid_request);
+  EXPECT_THROW(check_chat_template_kwargs("{"), invalid_request);
+  EXPECT_THROW(check_chat_template_kwargs(R"({"add_generation_prompt":false})"), invalid_request);
+}
+
 // vLLM: a max_tokens the client gave must fit the context (the engine checks, once the prompt is
 // tokenized); the default one ends where the context does.
 TEST(request_parser, a_requested_max_tokens_must_fit_the_context) {
@@ -123,7 +231,7 @@ TEST(request_parser, bad_inputs_are_400_naming_the_field) {
       {R"({"prompt":"x","logit_bias":{"1":101}})", api_kind::completion, 400, "logit_bias"},
       {R"({"prompt":[1,2,1000]})", api_kind::completion, 400, "outside the vocabulary"},
       {R"({"prompt":[-1]})", api_kind::completion, 400, "outside the vocabulary"},
-      {R"({"prompt":["a","b"]})", api_kind::completion, 400, "batches"},
+      {R"({"prompt":["a",["b"]]})", api_kind::completion, 400, "'prompt[1]' must be a string"},
       {R"({"prompt":""})", api_kind::completion, 400, "must not be empty"},
       {R"({"prompt":"x","stop":[1]})", api_kind::completion, 400, "stop"},
       {R"({"prompt":"x","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",

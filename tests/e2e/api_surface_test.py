@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the OpenAI / vLLM API surface beyond plain chat (issue #19), on the real server
+and the real default model:
+  batches:  /v1/completions' "prompt" as a list of strings or of token-id lists: choices prompt-major
+            then n (each prompt's choices are what that prompt alone gives at temperature 0), usage
+            summed, streamed and not, through the official openai client too; bad shapes are 400s
+            naming the prompt; a client that leaves a streamed batch frees every prompt's KV blocks;
+  echo:     each choice's text begins with its prompt (text or decoded token ids), streamed and not;
+  kwargs:   chat_template_kwargs reach the Jinja context (a --chat-template-file that reads them), over
+            --chat-template-kwargs, the server's default; a bad default is a usage error (exit 2);
+  names:    --served-model-name a b / repeated --alias: /v1/models lists every name, a request for any
+            is served, responses report the first;
+  truncate: truncate_prompt_tokens (vLLM's) keeps a prompt's last N tokens, -1 what fits; with
+            --allow-truncation that is the default, without it a too-long prompt stays a 400;
+  openapi:  /openapi.json (OpenAPI 3.1, valid) lists exactly the routes server/router.cpp serves;
+  startup:  the port is bound before the model loads (a port in use: exit 5, naming host:port and
+            --port), a model that cannot be loaded exits 4, usage errors 2; the default model is found
+            from any directory (./models, $TESSERA_MODELS, the user's data dir, the checkout's models/).
+Prints "N passed, M failed" and exits non-zero on any failure.
+Usage: api_surface_test.py TESSERA_BINARY MODEL
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from served import case, served, summary, parse_metrics  # tests/e2e/served.py
+
+BIN, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])  # some cases run from other dirs
+ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
+
+# A ChatML template that reads two kwargs: `enable_thinking` (as Qwen3's does) and `persona`.
+TEMPLATE = (
+    "{%- if persona is defined %}<|im_start|>system\nYou are {{ persona }}.<|im_end|>\n{% endif -%}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif -%}{% endif -%}")
+
+
+def rendered(messages, persona=None, enable_thinking=None):
+    """What TEMPLATE renders, written out in Python: the test's independent expectation."""
+    out = f"<|im_start|>system\nYou are {persona}.<|im_end|>\n" if persona is not None else ""
+    for m in messages:
+        out += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    out += "<|im_start|>assistant\n"
+    if enable_thinking is False:
+        out += "<think>\n\n</think>\n\n"
+    return out
+
+
+template_file = tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False)
+template_file.write(TEMPLATE)
+template_file.close()
+srv = served([BIN, "serve", MODEL, *ENGINE, "--chat-template-file", template_file.name,
+              "--chat-template-kwargs", '{"persona": "a pirate"}', "--served-model-name", "first-name", "second/name"],
+             log_prefix="tessera-api-surface-")
+
+
+def post(path, body, timeout=120):
+    status, data, _ = srv.request("POST", path, body, timeout=timeout)
+    return status, json.loads(data) if data else None
+
+
+def complete(**body):
+    status, out = post("/v1/completions", {"max_tokens": 6, "temperature": 0, **body})
+    assert status == 200, (status, out)
+    return out
+
+
+def stream(path, body):
+    """The events of a streamed response (the JSON chunks, without [DONE])."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", path, body=json.dumps({**body, "stream": True}), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, (r.status, r.read()[:300])
+    events = [json.loads(ln[6:]) for ln in r.read().decode().splitlines() if ln.startswith("data: {")]
+    c.close()
+    return events
+
+
+def tokens_of(text):
+    status, out = post("/tokenize", {"prompt": text})
+    assert status == 200, out
+    return out["count"]
+
+
+# ---- prompt batches ---------------------------------------------------------------------------------
+
+PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
+
+
+@case
+def a_batch_of_text_prompts_is_prompt_major_with_summed_usage():
+    alone = [complete(prompt=p, n=2) for p in PROMPTS]
+    batch = complete(prompt=PROMPTS, n=2)
+    assert [c["index"] for c in batch["choices"]] == list(range(6)), batch["choices"]
+    for p, one in enumerate(alone):
+        for i in range(2):
+            got, want = batch["choices"][p * 2 + i], one["choices"][i]
+            assert got["text"] == want["text"] and got["finish_reason"] == want["finish_reason"], (p, i, got, want)
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert batch["usage"][key] == sum(a["usage"][key] for a in alone), (key, batch["usage"])
+    assert batch["usage"]["prompt_tokens"] == sum(tokens_of(p) for p in PROMPTS), batch["usage"]
+    # Different prompts give different continuations: the choices really are each prompt's.
+    assert len({c["text"] for c in batch["choices"][::2]}) == 3, batch["choices"]
+
+
+@case
+def a_batch_of_token_id_prompts_and_a_one_prompt_list():
+    ids = [post("/tokenize", {"prompt": p})[1]["tokens"] for p in PROMPTS[:2]]
+    batch = complete(prompt=ids)
+    for p in range(2):
+        assert batch["choices"][p]["text"] == complete(prompt=PROMPTS[p])["choices"][0]["text"], batch
+    assert batch["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1]), batch["usage"]
+    # A list of one string or of one id list is one prompt, as before.
+    assert len(complete(prompt=[PROMPTS[0]])["choices"]) == 1
+    assert len(complete(prompt=[ids[0]])["choices"]) == 1
+
+
+@case
+def a_streamed_batch_covers_every_choice():
+    events = stream("/v1/completions", {"prompt": PROMPTS, "n": 2, "max_tokens": 5, "temperature": 0,
+                                        "stream_options": {"include_usage": True}})
+    texts, finished = {}, set()
+    for e in events:
+        for ch in e["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+            if ch.get("finish_reason"):
+                finished.add(ch["index"])
+    whole = complete(prompt=PROMPTS, n=2, max_tokens=5)
+    assert finished == set(range(6)), finished
+    assert [texts[i] for i in range(6)] == [c["text"] for c in whole["choices"]], (texts, whole["choices"])
+    assert events[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"], events[-1]
+
+
+@case
+def batches_through_the_openai_client():
+    try:
+        import openai
+    except ImportError:
+        print("  (openai not installed: skipped)")
+        return
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+    r = client.completions.create(model="first-name", prompt=PROMPTS[:2], max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.model == "first-name", r
+    assert r.usage.prompt_tokens == tokens_of(PROMPTS[0]) + tokens_of(PROMPTS[1]), r.usage
+    r = client.completions.create(model="second/name", prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True)
+    assert r.choices[0].text.startswith(PROMPTS[0]) and r.model == "first-name", r
+    try:
+        client.completions.create(model="first-name", prompt=["ok", 7], max_tokens=2)
+        raise AssertionError("no error for a mixed batch")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "prompt[1]" in str(e), e
+
+
+@case
+def bad_batch_shapes_are_400s_naming_the_prompt():
+    for body, says in (({"prompt": ["a", 5]}, "'prompt[1]' must be a string"),
+                       ({"prompt": [[1, 2], "x"]}, "'prompt[1]' must be an array of token ids"),
+                       ({"prompt": ["a", ""]}, "'prompt[1]' must not be empty"),
+                       ({"prompt": [[1], []]}, "'prompt[1]' must not be empty"),
+                       ({"prompt": [[1], [10**9]]}, "outside the vocabulary"),
+                       ({"prompt": {"a": 1}}, "'prompt' must be a string, an array of strings"),
+                       ({"prompt": ["x"] * 257}, "more than this server's limit")):
+        status, out = post("/v1/completions", {**body, "max_tokens": 2})
+        assert status == 400 and says in out["error"]["message"], (body, status, out)
+        assert out["error"]["param"].startswith("prompt") and out["error"]["type"] == "invalid_request_error", out
+    # A batch with one prompt beyond the context fails as a whole and names that prompt.
+    status, out = post("/v1/completions", {"prompt": ["short", "word " * 2000], "max_tokens": 2})
+    assert status == 400 and "prompt[1]" in out["error"]["message"], (status, out)
+    assert srv.alive() and complete(prompt="still alive")["choices"][0]["text"]
+
+
+def gauge(name):
+    """The sum of a gauge's samples (every pool, every label set)."""
+    return sum(v for k, v in srv.metrics().items() if k == name or k.startswith(name + "{"))
+
+
+@case
+def a_client_that_leaves_a_streamed_batch_frees_every_prompts_blocks():
+    body = json.dumps({"prompt": PROMPTS, "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True})
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    got = b""
+    while b"data: {" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert gauge("tessera_num_requests_running") > 0
+    s.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and (gauge("tessera_num_requests_running") > 0 or gauge("tessera_kv_blocks_used") > 0):
+        time.sleep(0.1)
+    assert gauge("tessera_num_requests_running") == 0 and gauge("tessera_kv_blocks_used") == 0, srv.metrics()
+
+
+# ---- echo -------------------------------------------------------------------------------------------
+
+@case
+def echo_prepends_the_prompt():
+    plain = complete(prompt=PROMPTS[0])["choices"][0]["text"]
+    echoed = complete(prompt=PROMPTS[0], echo=True)
+    assert echoed["choices"][0]["text"] == PROMPTS[0] + plain, echoed
+    ids = post("/tokenize", {"prompt": PROMPTS[1]})[1]["tokens"]
+    decoded = post("/detokenize", {"tokens": ids})[1]["prompt"]
+    echoed = complete(prompt=[ids, ids], echo=True, n=2)
+    plain = complete(prompt=ids)["choices"][0]["text"]
+    assert [c["text"] for c in echoed["choices"]] == [decoded + plain] * 4, echoed
+    events = stream("/v1/completions", {"prompt": PROMPTS[:2], "echo": True, "max_tokens": 6, "temperature": 0})
+    texts = {}
+    for e in events:
+        for ch in e["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+    for p in range(2):
+        assert texts[p] == PROMPTS[p] + complete(prompt=PROMPTS[p])["choices"][0]["text"], texts
+    status, out = post("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
+    assert status == 400 and out["error"]["param"] == "echo", out
+
+
+# ---- chat_template_kwargs ---------------------------------------------------------------------------
+
+MSGS = [{"role": "user", "content": "Say hi"}]
+
+
+def chat_prompt_tokens(**extra):
+    status, out = post("/v1/chat/completions", {"messages": MSGS, "max_tokens": 1, **extra})
+    assert status == 200, out
+    return out["usage"]["prompt_tokens"]
+
+
+@case
+def chat_template_kwargs_reach_the_template_over_the_servers_default():
+    # The server's default persona is in every prompt...
+    assert chat_prompt_tokens() == tokens_of(rendered(MSGS, persona="a pirate"))
+    # ...a request adds a variable, or overrides the default key by key.
+    assert chat_prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == \
+        tokens_of(rendered(MSGS, persona="a pirate", enable_thinking=False))
+    assert chat_prompt_tokens(chat_template_kwargs={"persona": "a very polite assistant from Lyon"}) == \
+        tokens_of(rendered(MSGS, persona="a very polite assistant from Lyon"))
+    assert tokens_of(rendered(MSGS, persona="a very polite assistant from Lyon")) != \
+        tokens_of(rendered(MSGS, persona="a pirate"))
+    for kwargs in ([1], "x", {"messages": []}, {"add_generation_prompt": False}):
+        status, out = post("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": kwargs})
+        assert status == 400 and out["error"]["param"] == "chat_template_kwargs", (kwargs, out)
+
+
+@case
+def a_bad_chat_template_kwargs_default_is_a_usage_error():
+    for bad in ("[1]", "{not json", '{"messages": 1}'):
+        r = subprocess.run([BIN, "serve", MODEL, *ENGINE, "--chat-template-kwargs", bad, "--port", "0"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--chat-template-kwargs" in r.stderr, (bad, r.returncode, r.stderr[-500:])
+
+
+# ---- several served model names ---------------------------------------------------------------------
+
+@case
+def every_served_name_is_listed_and_accepted_and_the_first_reported():
+    status, data = srv.request("GET", "/v1/models")[:2]
+    assert status == 200 and [m["id"] for m in json.loads(data)["data"]] == ["first-name", "second/name"], data
+    for name in ("first-name", "second/name"):
+        status, data = srv.request("GET", "/v1/models/" + name.replace("/", "%2F"))[:2]
+        assert status == 200 and json.loads(data)["id"] == name, data
+        for path, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions", {"messages": MSGS})):
+            status, out = post(path, {**body, "model": name, "max_tokens": 2})
+            assert status == 200 and out["model"] == "first-name", (name, out)
+    status, out = post("/v1/completions", {"prompt": "Hi", "model": "third", "max_tokens": 2})
+    assert status == 404 and "'first-name', 'second/name'" in out["error"]["message"], out
+    # llama-server's habit: --alias repeated.
+    other = served([BIN, "serve", MODEL, *ENGINE, "--alias", "a1", "--alias", "a2"], log_prefix="tessera-api-alias-")
+    try:
+        status, data = other.request("GET", "/v1/models")[:2]
+        assert [m["id"] for m in json.loads(data)["data"]] == ["a1", "a2"], data
+        status, data = other.request("POST", "/v1/completions", {"prompt": "Hi", "model": "a2", "max_tokens": 2})[:2]
+        assert status == 200 and json.loads(data)["model"] == "a1", data
+    finally:
+        other.stop(expect_clean=True)
+
+
+# ---- truncation ---------------------------------------------------------------------------------------
+
+LONG = "word " * 2000  # ~2000 tokens: beyond the 1024-token context
+
+
+@case
+def truncate_prompt_tokens_keeps_the_last_tokens():
+    n_long = tokens_of(LONG)
+    assert n_long > 1024, n_long
+    status, out = post("/v1/completions", {"prompt": LONG, "max_tokens": 2})
+    assert status == 400, out  # the default stays a 400
+    for keep in (1, 100, 1022, 1023):
+        out = complete(prompt=LONG, max_tokens=1, truncate_prompt_tokens=keep)
+        assert out["usage"]["prompt_tokens"] == keep, (keep, out["usage"])
+    status, out = post("/v1/completions", {"prompt": LONG, "max_tokens": 1, "truncate_prompt_tokens": 1025})
+    assert status == 400 and out["error"]["param"] == "truncate_prompt_tokens", out
+    assert "1025" in out["error"]["message"] and "1024" in out["error"]["message"], out
+    # A shorter prompt is untouched; the kept tokens are the prompt's last ones.
+    assert complete(prompt="Hello there", truncate_prompt_tokens=500)["usage"]["prompt_tokens"] == tokens_of("Hello there")
+    tail_ids = post("/tokenize", {"prompt": PROMPTS[0]})[1]["tokens"]
+    cut = complete(prompt=[7, 8, 9, *tail_ids], truncate_prompt_tokens=len(tail_ids))
+    assert cut["choices"][0]["text"] == complete(prompt=tail_ids)["choices"][0]["text"], cut
+    # -1: what fits with max_tokens (limit - max_tokens prompt tokens), a batch's prompts each.
+    out = complete(prompt=[LONG, "Hi"], max_tokens=24, truncate_prompt_tokens=-1)
+    assert out["usage"]["prompt_tokens"] == 1000 + tokens_of("Hi"), out["usage"]
+    for bad in (0, -2, "5"):
+        status, out = post("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": bad})
+        assert status == 400 and out["error"]["param"] == "truncate_prompt_tokens", (bad, out)
+    status, out = post("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}], "max_tokens": 4,
+                                                "truncate_prompt_tokens": 64})
+    assert status == 200 and out["usage"]["prompt_tokens"] == 64, out
+
+
+@case
+def allow_truncation_makes_too_long_prompts_keep_what_fits():
+    other = served([BIN, "serve", MODEL, *ENGINE, "--allow-truncation"], log_prefix="tessera-api-trunc-")
+    try:
+        def ask(**body):
+            status, data = other.request("POST", "/v1/completions", {"prompt": LONG, **body})[:2]
+            return status, json.loads(data)
+        status, out = ask(max_tokens=24)
+        assert status == 200 and out["usage"]["prompt_tokens"] == 1000, out
+        status, out = ask()  # the default max_tokens ends at the context: all but one position
+        assert status == 200 and out["usage"]["prompt_tokens"] == 1023, out
+        status, out = ask(max_tokens=4, truncate_prompt_tokens=50)  # the request's own value wins
+        assert status == 200 and out["usage"]["prompt_tokens"] == 50, out
+        status, out = ask(max_tokens=1024)  # no prompt token would fit: still the 400 of a too-long prompt
+        assert status == 400 and "more than max_model_len" in out["error"]["message"], out
+    finally:
+        other.stop(expect_clean=True)
+
+
+# ---- /openapi.json ----------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def router_routes():
+    """(path, method) of every route server/router.cpp's table serves, plus GET /v1/models/{id}."""
+    import re
+    text = open(os.path.join(ROOT, "server", "router.cpp")).read()
+    table = re.search(r"constexpr route_entry routes\[\] = \{(.*?)\n\};", text, re.S).group(1)
+    routes = {(path, verb) for path, verb in re.findall(r'\{"([^"]+)", http::verb::(\w+), route::\w+\}', table)}
+    assert len(routes) == table.count("route::"), table
+    assert 'k_model_prefix = "/v1/models/"' in text
+    return routes | {("/v1/models/{model}", "get")}
+
+
+@case
+def openapi_json_describes_exactly_the_routes_served():
+    status, data, r = srv.request("GET", "/openapi.json")
+    assert status == 200 and r.getheader("Content-Type", "").startswith("application/json"), (status, data[:200])
+    doc = json.loads(data)
+    assert doc["openapi"].startswith("3.1") and doc == json.load(open(os.path.join(ROOT, "server", "openapi.json")))
+    documented = {(path, method) for path, ops in doc["paths"].items() for method in ops}
+    served_routes = router_routes()
+    assert documented == served_routes, ("documented, not served:", documented - served_routes,
+                                         "served, not documented:", served_routes - documented)
+    # And the live server answers every documented operation (no 404 / 405).
+    for path, method in sorted(documented):
+        concrete = path.replace("{model}", "second%2Fname")
+        status = srv.request(method.upper(), concrete, {} if method == "post" else None)[0]
+        assert status not in (404, 405), (method, path, status)
+    try:
+        from openapi_spec_validator import validate
+    except ImportError:
+        print("  (openapi-spec-validator not installed: the document's schema is not checked)")
+        return
+    validate(doc)
+
+
+# ---- startup and exit statuses ----------------------------------------------------------------------
+
+def run_tessera(args, cwd=None, env=None, timeout=120):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+@case
+def a_port_in_use_is_reported_before_the_model_loads_with_its_own_status():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = run_tessera(["serve", MODEL, *ENGINE, "--port", str(port)])
+        assert r.returncode == 5, (r.returncode, r.stderr[-800:])
+        assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr, r.stderr
+        assert ".cpp" not in r.stderr and "/app/" not in r.stderr, r.stderr  # no source paths
+        # A model that does not exist is never reached: the port is checked first.
+        r = run_tessera(["serve", "/nonexistent/model.gguf", "--port", str(port)])
+        assert r.returncode == 5 and "cannot load model" not in r.stderr, (r.returncode, r.stderr[-800:])
+
+
+@case
+def exit_statuses_tell_usage_model_and_port_failures_apart():
+    r = run_tessera(["serve", "/nonexistent/model.gguf", "--port", "0"])
+    assert r.returncode == 4 and "/nonexistent/model.gguf" in r.stderr, (r.returncode, r.stderr[-500:])
+    for args in (["serve", "--port", "abc"], ["serve", "--no-such-flag"], ["no-such-command"], []):
+        r = run_tessera(args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr[-300:])
+    assert run_tessera(["--help"]).returncode == 0 and run_tessera(["serve", "--help"]).returncode == 0
+    r = run_tessera(["serve", MODEL, "--host", "192.0.2.1", "--port", "0"])  # TEST-NET-1: not this host's
+    assert r.returncode == 5 and "--host" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
+@case
+def the_default_model_is_found_from_any_directory():
+    env = {"TESSERA_MODEL": "", "TESSERA_MODELS": "", "XDG_DATA_HOME": ""}
+    # From / (no models/ there): the user's data dir, else the checkout scripts/setup filled.
+    r = run_tessera(["inspect"], cwd="/", env=env)
+    assert r.returncode == 0 and "SmolLM2-135M-Instruct.Q4_1.gguf" in r.stdout, (r.returncode, r.stderr[-500:])
+    with tempfile.TemporaryDirectory() as d:
+        for sub in ("cwd/models", "mine", "data/tessera/models"):
+            os.makedirs(os.path.join(d, sub))
+        name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+        def where(**extra):
+            r = run_tessera(["inspect"], cwd=os.path.join(d, "cwd"), env={**env, **extra})
+            assert r.returncode == 0, r.stderr[-500:]
+            return r.stdout.splitlines()[0]
+
+        os.symlink(os.path.abspath(MODEL), os.path.join(d, "data/tessera/models", name))
+        assert os.path.join(d, "data/tessera/models", name) in where(XDG_DATA_HOME=os.path.join(d, "data"))
+        os.symlink(os.path.abspath(MODEL), os.path.join(d, "mine", name))
+        assert os.path.join(d, "mine", name) in where(TESSERA_MODELS=os.path.join(d, "mine"),
+                                                      XDG_DATA_HOME=os.path.join(d, "data"))
+        os.symlink(os.path.abspath(MODEL), os.path.join(d, "cwd/models", name))
+        assert os.path.join(d, "cwd/models", name) in where(TESSERA_MODELS=os.path.join(d, "mine"))
+
+
+# ---- logging --------------------------------------------------------------------------------------
+
+def json_lines(text):
+    """Every line of a --log-format json stderr as an object; an AssertionError names the first that is not."""
+    out = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"not a JSON line: {line!r}") from None
+        assert isinstance(obj, dict) and {"time", "level", "msg"} <= obj.keys(), line
+        out.append(obj)
+    return out
+
+
+@case
+def json_logs_are_one_object_per_line_and_client_errors_are_info():
+    # Without --quiet: the loader's summary and warnings are lines too.
+    engine = [a for a in ENGINE if a != "--quiet"]
+    other = served([BIN, "serve", MODEL, *engine, "--log-format", "json"], log_prefix="tessera-api-json-")
+    try:
+        assert other.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})[0] == 200
+        assert other.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": "x"})[0] == 400
+        assert other.request("POST", "/v1/completions", {"prompt": "word " * 2000, "max_tokens": 2})[0] == 400
+        assert other.request("GET", "/no/such/route")[0] == 404
+    finally:
+        other.proc.terminate()
+        status = other.proc.wait(timeout=30)
+    text = other.log()
+    other.log_file.close()
+    os.unlink(other.log_file.name)
+    assert status == 0, text[-1000:]
+    lines = json_lines(text)
+    msgs = [l["msg"] for l in lines]
+    assert any(m.startswith("loaded ") for m in msgs) and any("serving" in m for m in msgs), msgs[:10]
+    assert any(m == "stopped" for m in msgs), msgs[-5:]
+    access = [l for l in lines if "status" in l and l.get("path") != "/health"]  # served() polls /health
+    assert sorted(l["status"] for l in access) == [200, 400, 400, 404], access
+    assert all(l["level"] == "info" for l in access), access
+    # The refused prompt's own line (the engine said why) is info too: nothing the client did is an error.
+    assert not [l for l in lines if l["level"] in ("error", "critical")], [l for l in lines if l["level"] != "info"]
+    # A startup failure is a JSON line as well.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        r = run_tessera(["serve", MODEL, *ENGINE, "--log-format", "json", "--port", str(taken.getsockname()[1])])
+    failure = json_lines(r.stderr)
+    assert r.returncode == 5 and failure and failure[-1]["level"] == "critical", r.stderr
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as bad:
+        bad.write("[server]\nport = \"x\"\n")
+        bad.flush()
+        r = run_tessera(["serve", MODEL, "--log-format", "json", "--config", bad.name])
+        assert r.returncode == 2 and "server.port" in json_lines(r.stderr)[-1]["msg"], r.stderr
+
+
+srv.stop(expect_clean=True)
+os.unlink(template_file.name)
+sys.exit(summary())
