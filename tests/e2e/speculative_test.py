@@ -102,15 +102,18 @@ def streamed_chat_is_the_same():
     assert a == b, (a, b)
 
 
+def assert_same_concurrent_texts(a_server, b_server, prompts, max_tokens=24):
+    # All prompts at once on each server: the texts must be the same, prompt by prompt.
+    def run(s):
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(lambda p: s.complete(p, max_tokens=max_tokens).choices[0].text, prompts))
+    a, b = run(a_server), run(b_server)
+    assert a == b, [(x, y) for x, y in zip(a, b) if x != y]
+
+
 @case
 def concurrent_requests_give_the_same_text():
-    prompts = [grounded(i) for i in range(6)]
-
-    def run(s):
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            return list(pool.map(lambda p: s.complete(p, max_tokens=24).choices[0].text, prompts))
-    a, b = run(plain), run(spec)
-    assert a == b, [(x, y) for x, y in zip(a, b) if x != y]
+    assert_same_concurrent_texts(plain, spec, [grounded(i) for i in range(6)])
 
 
 @case
@@ -207,13 +210,8 @@ def draft_model_streamed_chat_is_the_same():
 
 @case
 def draft_model_concurrent_requests_give_the_same_text():
-    prompts = [OPEN_PROMPTS[i % len(OPEN_PROMPTS)] + " " * (i // len(OPEN_PROMPTS)) for i in range(8)]
-
-    def run(s):
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            return list(pool.map(lambda p: s.complete(p, max_tokens=24).choices[0].text, prompts))
-    a, b = run(plain), run(draft)
-    assert a == b, [(x, y) for x, y in zip(a, b) if x != y]
+    assert_same_concurrent_texts(
+        plain, draft, [OPEN_PROMPTS[i % len(OPEN_PROMPTS)] + " " * (i // len(OPEN_PROMPTS)) for i in range(8)])
 
 
 @case

@@ -21,30 +21,11 @@
 namespace tessera {
 namespace {
 
+using testing::markov_executor;
 using testing::sim_executor;
 
 constexpr int32_t vocab = 64;
 constexpr int32_t k_tokens = 4;
-
-// The target's logits depend on the history's last token only (a Markov model): greedy output falls
-// into cycles, which a history-hash draft mostly fails to guess (rejections on every step).
-class markov_executor : public sim_executor {
- public:
-  using sim_executor::sim_executor;
-  void execute(const step_batch& batch, step_output& out) override {
-    sim_executor::execute(batch, out);
-    const auto v = static_cast<size_t>(config().vocab_size);
-    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
-      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
-      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
-        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
-        const std::vector<float> l = testing::fake_logits(std::vector<token_id>{t}, config().vocab_size);
-        std::copy(l.begin(), l.end(),
-                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * v));
-      }
-    }
-  }
-};
 
 // A draft executor that checks the rollback directly: every position a draft forward pass attends to
 // (before its first new token) that the target's sequence already has must hold the sequence's token

@@ -248,4 +248,25 @@ class sim_executor : public executor {
   int64_t fail_at_ = -1;
 };
 
+// The simulator with a first-order Markov model: a row's logits depend only on its own token (not the
+// whole history), so greedy continuations fall into cycles, which the n-gram proposer predicts and a
+// history-hash draft mostly fails to guess (the speculative decoding tests use both).
+class markov_executor : public sim_executor {
+ public:
+  using sim_executor::sim_executor;
+  void execute(const step_batch& batch, step_output& out) override {
+    sim_executor::execute(batch, out);
+    const auto v = static_cast<size_t>(config().vocab_size);
+    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
+      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
+      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
+        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
+        const std::vector<float> l = fake_logits(std::vector<token_id>{t}, config().vocab_size);
+        std::copy(l.begin(), l.end(),
+                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * v));
+      }
+    }
+  }
+};
+
 }  // namespace tessera::testing

@@ -28,6 +28,7 @@ namespace {
 
 using test_support::chi_square;
 using testing::fake_logits;
+using testing::markov_executor;
 using testing::sim_executor;
 
 // ---- the n-gram proposer ---------------------------------------------------------------------------
@@ -233,26 +234,6 @@ TEST(block_manager_truncate, returns_the_blocks_of_rejected_positions_and_caches
 }
 
 // ---- the engine ----------------------------------------------------------------------------------
-
-// The simulator's paging checks with a first-order Markov model: a row's logits depend only on its
-// own token, so greedy continuations fall into cycles that the n-gram proposer predicts.
-class markov_executor : public sim_executor {
- public:
-  using sim_executor::sim_executor;
-  void execute(const step_batch& batch, step_output& out) override {
-    sim_executor::execute(batch, out);
-    const auto vocab = static_cast<size_t>(config().vocab_size);
-    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
-      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
-      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
-        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
-        const std::vector<float> l = fake_logits(std::vector<token_id>{t}, config().vocab_size);
-        std::copy(l.begin(), l.end(),
-                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * vocab));
-      }
-    }
-  }
-};
 
 constexpr int32_t vocab = 64;
 

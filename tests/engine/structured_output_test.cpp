@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -83,10 +84,13 @@ struct result {
   std::map<int32_t, std::string> error;
 };
 
-std::map<request_id, result> run(llm_engine& engine) {
+// `after_step`: called after every step (to look at engine.last_record()).
+std::map<request_id, result> run(llm_engine& engine, const std::function<void()>& after_step = {}) {
   std::map<request_id, result> all;
   for (int i = 0; i < 10000 && engine.has_unfinished(); ++i) {
-    for (const request_output& o : engine.step()) {
+    const std::vector<request_output> outs = engine.step();
+    if (after_step) after_step();
+    for (const request_output& o : outs) {
       result& r = all[o.id];
       r.tokens[o.index].insert(r.tokens[o.index].end(), o.token_ids.begin(), o.token_ids.end());
       r.text[o.index] += o.text;
@@ -112,7 +116,17 @@ TEST(structured_output, the_mask_decides_every_token_and_completion_stops) {
   free_params.temperature = 0;
   free_params.max_tokens = 12;
   const request_id b = engine.add_request(prompt, free_params);
-  auto all = run(engine);
+  // The step records' running rows say which sequence is constrained (the dashboard marks it).
+  int rows_of_a = 0, rows_of_b = 0;
+  auto all = run(engine, [&] {
+    for (const sequence_blocks& row : engine.last_record().running) {
+      rows_of_a += row.request == a;
+      rows_of_b += row.request == b;
+      EXPECT_EQ(row.constrained, row.request == a);
+    }
+  });
+  EXPECT_GT(rows_of_a, 5);
+  EXPECT_GT(rows_of_b, 5);
   ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
   EXPECT_EQ(all[a].tokens[0], spell("structured"));  // not one token of the model's own choice
   EXPECT_EQ(all[a].text[0], "structured");
@@ -128,36 +142,6 @@ TEST(structured_output, the_mask_decides_every_token_and_completion_stops) {
   EXPECT_EQ(all[b].tokens[0], expected);
   EXPECT_GT(backend->masks.load(), 9);  // one mask per constrained step, off the engine thread
   EXPECT_EQ(engine.stats().num_token_masks, static_cast<uint64_t>(backend->masks.load()));
-}
-
-// The step record's running rows say which sequences are constrained (the dashboard marks them).
-TEST(structured_output, step_records_mark_the_constrained_sequences) {
-  auto backend = make_backend();
-  sim_executor exec(4, 64, 0, vocab);
-  llm_engine engine(exec, char_tokenizer(), opts(backend));
-  const std::vector<token_id> prompt = {5, 6, 7};
-  const request_id a = engine.add_request(prompt, constrained("structured"));
-  sampling_params free_params;
-  free_params.temperature = 0;
-  free_params.max_tokens = 12;
-  const request_id b = engine.add_request(prompt, free_params);
-  int rows_of_a = 0, rows_of_b = 0;
-  for (int i = 0; i < 1000 && engine.has_unfinished(); ++i) {
-    engine.step();
-    for (const sequence_blocks& row : engine.last_record().running) {
-      if (row.request == a) {
-        ++rows_of_a;
-        EXPECT_TRUE(row.constrained);
-      }
-      if (row.request == b) {
-        ++rows_of_b;
-        EXPECT_FALSE(row.constrained);
-      }
-      EXPECT_EQ(row.num_draft_tokens, 0);  // speculative decoding is off
-    }
-  }
-  EXPECT_GT(rows_of_a, 5);
-  EXPECT_GT(rows_of_b, 5);
 }
 
 TEST(structured_output, every_sampling_parameter_composes_with_the_mask) {
