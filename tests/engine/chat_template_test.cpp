@@ -500,9 +500,10 @@ TEST(ChatTemplate, SyntaxErrorsAreReportedWithTheLine) {
 
 TEST(ChatTemplate, UnsupportedConstructsAreRefused) {
   for (const char* bad :
-       {"{% macro m() %}x{% endmacro %}", "{% include 'other' %}", "{% import 'x' as y %}", "{% extends 'base' %}",
-        "{% raw %}{{ x }}{% endraw %}", "{% filter upper %}x{% endfilter %}", "{% for x in y recursive %}{% endfor %}",
-        "{{ '%s' % 1 }}", "{{ 1.5|round }}", "{{ x|groupby('a') }}", "{{ x is escaped }}"}) {
+       {"{% macro m() %}{% call m() %}x{% endcall %}{% endmacro %}", "{% call m() %}x{% endcall %}",
+        "{% include 'other' %}", "{% import 'x' as y %}", "{% extends 'base' %}", "{% raw %}{{ x }}{% endraw %}",
+        "{% filter upper %}x{% endfilter %}", "{% for x in y recursive %}{% endfor %}", "{{ '%s' % 1 }}",
+        "{{ 1.5|round }}", "{{ x|groupby('a') }}", "{{ x is escaped }}"}) {
     EXPECT_EQ(error_kind(bad), chat_template_error_kind::unsupported) << bad;
   }
 }
@@ -589,7 +590,66 @@ INSTANTIATE_TEST_SUITE_P(
         "ns.v|tojson }}",
         "{% set ns = namespace(v=[1]) %}{% for i in range(60) %}{% set ns.v = [ns.v, ns.v] %}{% endfor %}{{ ns.v }}",
         // huge integer powers are bounded by overflow checks; huge float loops by steps
-        "{% for i in range(100000) %}{% for j in range(100) %}{% set x = 2 ** 62 %}{% endfor %}{% endfor %}"));
+        "{% for i in range(100000) %}{% for j in range(100) %}{% set x = 2 ** 62 %}{% endfor %}{% endfor %}",
+        // macros: unbounded recursion (depth), exponential fan-out (steps), doubling strings (size)
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+        "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s }}{% endif %}{% endmacro %}{{ d('x', 60) "
+        "}}"));
+
+// Macro recursion is bounded by limits::max_depth, which every macro call also counts against, so a
+// hostile template cannot overflow the native stack; a legitimately deep recursion still renders.
+TEST(ChatTemplate, MacroRecursionIsBoundedByTheDepthLimit) {
+  const std::string countdown =
+      "{% macro count(n) %}{% if n > 0 %}{{ n }},{{ count(n - 1) }}{% endif %}{% endmacro %}{{ count(N) }}";
+  auto with_n = [&](int n) {
+    std::string src = countdown;
+    src.replace(src.find('N'), 1, std::to_string(n));
+    return src;
+  };
+  EXPECT_EQ(chat_template::parse(with_n(3)).render({}, {}), "3,2,1,");
+  // Deep enough for any schema a tool definition carries (Hermes' json_to_python_type recurses
+  // once per nesting level).
+  EXPECT_NO_THROW(chat_template::parse(with_n(40)).render({}, {}));
+  try {
+    chat_template::parse(with_n(100000)).render({}, {});
+    ADD_FAILURE() << "deep recursion rendered";
+  } catch (const chat_template_error& e) {
+    EXPECT_EQ(e.kind(), chat_template_error_kind::limit);
+    EXPECT_NE(std::string(e.what()).find("recursion depth limit (256)"), std::string::npos) << e.what();
+  }
+  render_options shallow;
+  shallow.limits.max_depth = 16;
+  EXPECT_EQ(error_kind(with_n(40), {}, shallow), chat_template_error_kind::limit);
+  EXPECT_EQ(chat_template::parse(with_n(2)).render({}, shallow), "2,1,");
+}
+
+// What a macro call checks, beyond the Jinja2 fixtures (snippets.txt): the errors' kinds and texts.
+TEST(ChatTemplate, MacroCallErrors) {
+  EXPECT_EQ(error_kind("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"), chat_template_error_kind::render);
+  EXPECT_EQ(error_kind("{% macro m(a) %}{% endmacro %}{{ m(b=2) }}"), chat_template_error_kind::render);
+  EXPECT_EQ(error_kind("{% macro m(a, b=1, c) %}{% endmacro %}"), chat_template_error_kind::syntax);
+  EXPECT_EQ(error_kind("{% macro m(a, a) %}{% endmacro %}"), chat_template_error_kind::syntax);
+  EXPECT_EQ(error_kind("{% macro m() %}{% break %}{% endmacro %}"), chat_template_error_kind::syntax);
+  EXPECT_EQ(error_kind("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}"),
+            chat_template_error_kind::syntax);
+  try {
+    chat_template::parse("{% macro greet(name) %}hi {{ name }}{% endmacro %}{{ greet('a', 'b') }}").render({}, {});
+    ADD_FAILURE();
+  } catch (const chat_template_error& e) {
+    EXPECT_NE(std::string(e.what()).find("macro 'greet' takes not more than 1 argument(s)"), std::string::npos)
+        << e.what();
+  }
+  // raise_exception inside a macro surfaces as itself.
+  try {
+    chat_template::parse("{% macro check(r) %}{{ raise_exception('bad role ' ~ r) }}{% endmacro %}{{ check('x') }}")
+        .render({}, {});
+    ADD_FAILURE();
+  } catch (const chat_template_error& e) {
+    EXPECT_EQ(e.kind(), chat_template_error_kind::raised);
+    EXPECT_STREQ(e.what(), "bad role x");
+  }
+}
 
 TEST(ChatTemplate, DeepSourceNestingIsASyntaxErrorNotACrash) {
   const std::string parens = std::string(100000, '(') + "1" + std::string(100000, ')');

@@ -46,17 +46,34 @@ struct expr {
 };
 using expr_ptr = std::unique_ptr<expr>;
 
-enum class node_kind { sequence, text, output, if_chain, for_loop, set_value, set_block, break_loop, continue_loop };
+enum class node_kind {
+  sequence,
+  text,
+  output,
+  if_chain,
+  for_loop,
+  set_value,
+  set_block,
+  break_loop,
+  continue_loop,
+  macro_def,
+};
 
 struct template_node {
   node_kind kind = node_kind::sequence;
   int line = 1;
-  std::string text;
-  std::vector<std::string> targets;  // for/set: variable names
+  std::string text;                  // text; macro: its name
+  std::vector<std::string> targets;  // for/set: variable names; macro: parameter names
   std::string attribute;             // set ns.attribute = ...
-  std::vector<expr_ptr> exprs;       // if: conditions; for: [iterable, filter or null]; set: [value]
+  std::vector<expr_ptr> exprs;       // if: conditions; for: [iterable, filter or null]; set: [value]; macro: a default
+                                     // per parameter, or null
   std::vector<std::vector<std::unique_ptr<template_node>>> bodies;
   bool uses_loop = false;  // for: the body mentions `loop`
+  // macro: the body mentions `varargs`, `kwargs` or `caller`, so the macro accepts extra positional
+  // arguments, extra keyword arguments or a `caller` keyword (jinja2/parser.py, parse_macro).
+  bool catches_varargs = false;
+  bool catches_kwargs = false;
+  bool catches_caller = false;
 };
 using node_ptr = std::unique_ptr<template_node>;
 using node_list = std::vector<node_ptr>;

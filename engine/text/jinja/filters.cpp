@@ -550,8 +550,8 @@ bool apply_test(render_budget& budget, const std::string& name, const value& v, 
   if (name == "true") return v.kind == value_kind::boolean && v.b;
   if (name == "false") return v.kind == value_kind::boolean && !v.b;
   if (name == "mapping") return v.kind == value_kind::dict;
-  if (name == "sequence")
-    return v.kind == value_kind::string || v.kind == value_kind::list || v.kind == value_kind::dict;
+  if (name == "sequence")  // len() and __getitem__: Undefined has both (jinja2/tests.py, test_sequence)
+    return v.kind == value_kind::string || v.kind == value_kind::list || v.kind == value_kind::dict || v.is_undefined();
   if (name == "iterable")
     return v.kind == value_kind::string || v.kind == value_kind::list || v.kind == value_kind::dict || v.is_undefined();
   if (name == "callable") return v.kind == value_kind::function || v.is_undefined();  // Undefined has __call__

@@ -143,6 +143,7 @@ value call_function(render_budget& budget, const value& fn, const call_args& arg
     case builtin_function::strftime_now: return strftime_now(budget, args, now_unix_seconds);
     case builtin_function::bound_method: return call_method(budget, fn.list->items[0], *fn.s, args);
     case builtin_function::loop_cycle: return loop_cycle(args, self);
+    case builtin_function::macro: break;  // the renderer runs macros (renderer.cpp, call_macro)
   }
   fail_render("unknown function");
 }

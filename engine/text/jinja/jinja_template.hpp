@@ -1,9 +1,9 @@
 // A small, sandboxed interpreter for the Jinja2 subset that Hugging Face chat templates use.
 //
 // Chat templates come from model files, so they are untrusted programs: every render runs under a
-// step budget, a recursion-depth bound and an output-size bound, and the language has no file
-// access, imports, includes or macros. Semantics follow Jinja2 3.1 as configured by transformers'
-// apply_chat_template (ImmutableSandboxedEnvironment, trim_blocks=True, lstrip_blocks=True, the
+// step budget, a recursion-depth bound (which also bounds macro recursion) and an output-size
+// bound, and the language has no file access, imports or includes. Semantics follow Jinja2 3.1 as configured by
+// transformers' apply_chat_template (ImmutableSandboxedEnvironment, trim_blocks=True, lstrip_blocks=True, the
 // loopcontrols extension, a json.dumps-based tojson filter and a raise_exception global):
 // https://jinja.palletsprojects.com/en/3.1.x/templates/ and
 // transformers/utils/chat_template_utils.py (_compile_jinja_template).
@@ -34,7 +34,7 @@ namespace tessera {
 
 enum class chat_template_error_kind {
   syntax,       // the template does not parse
-  unsupported,  // valid Jinja that this interpreter deliberately does not run (macros, includes, ...)
+  unsupported,  // valid Jinja that this interpreter deliberately does not run ({% call %}, includes, ...)
   render,       // a runtime error: type error, undefined value used, unknown filter, ...
   raised,       // the template called raise_exception('...') (usually: a conversation it rejects)
   limit,        // a resource bound was hit (steps, depth, output size)
@@ -57,18 +57,20 @@ namespace jinja {
 // Resource bounds for one render.
 struct limits {
   uint64_t max_steps = 1'000'000;      // evaluation steps (nodes, loop iterations, elements, bytes/64 built)
-  size_t max_depth = 256;              // evaluator recursion and value nesting depth
+  size_t max_depth = 256;              // evaluator recursion (macro calls included) and value nesting depth
   size_t max_output_bytes = 8u << 20;  // rendered text, and any single string value
 };
 
 struct value;
 struct list_data;
 struct dict_data;
+struct macro_data;
 
 enum class value_kind : uint8_t { undefined, none, boolean, integer, floating, string, list, dict, ns, function };
 
-// Built-in callables that can be values: globals, loop.cycle, and str/dict methods taken as values
-// (`s.split` without a call; the value's `s` names the method and `list` holds the object).
+// Callables that can be values: globals, loop.cycle, str/dict methods taken as values (`s.split`
+// without a call; the value's `s` names the method and `list` holds the object), and the
+// template's own {% macro %}s (the value's `macro` holds the definition).
 enum class builtin_function : uint8_t {
   raise_exception,
   namespace_ctor,
@@ -76,7 +78,8 @@ enum class builtin_function : uint8_t {
   dict_ctor,
   strftime_now,
   loop_cycle,
-  bound_method
+  bound_method,
+  macro
 };
 
 // A Jinja value. Strings, lists and dicts are shared and immutable; a namespace is shared and mutable.
@@ -88,7 +91,8 @@ struct value {
   builtin_function fn = builtin_function::raise_exception;
   std::shared_ptr<const std::string> s;
   std::shared_ptr<const list_data> list;
-  std::shared_ptr<const dict_data> dict;  // dict or namespace (a namespace's data is mutated in place)
+  std::shared_ptr<const dict_data> dict;    // dict or namespace (a namespace's data is mutated in place)
+  std::shared_ptr<const macro_data> macro;  // function: a {% macro %}
 
   static value undefined() { return {}; }
   static value none() {
@@ -144,12 +148,21 @@ struct dict_data {
   bool holds_namespace = false;
 };
 
-// Variables visible to the template, in addition to the built-in globals.
-using context = std::vector<std::pair<std::string, value>>;
-
 namespace detail {
 struct template_node;
 }  // namespace detail
+
+// A {% macro %} defined while rendering. Jinja compiles a macro to a Python closure, so its body sees
+// the variables of the scopes it was defined in as they are when it is called, and nothing of its
+// caller's scopes: `scope_depth` is how many scopes of the render were open at the definition.
+struct macro_data {
+  std::string name;
+  const detail::template_node* definition = nullptr;  // the program's macro node (outlives the render)
+  size_t scope_depth = 0;
+};
+
+// Variables visible to the template, in addition to the built-in globals.
+using context = std::vector<std::pair<std::string, value>>;
 
 // A parsed template. Immutable and thread-safe: render() keeps all state on its own stack.
 class program {

@@ -220,14 +220,60 @@ class parser {
       std::string end;
       n->bodies.push_back(parse_body({"endgeneration"}, &end));
       expect_block_end();
-    } else if (tag == "macro" || tag == "call" || tag == "filter" || tag == "import" || tag == "from" ||
-               tag == "include" || tag == "extends" || tag == "block" || tag == "raw" || tag == "with" ||
-               tag == "autoescape" || tag == "do") {
+    } else if (tag == "macro") {
+      parse_macro(*n);
+    } else if (tag == "call" || tag == "filter" || tag == "import" || tag == "from" || tag == "include" ||
+               tag == "extends" || tag == "block" || tag == "raw" || tag == "with" || tag == "autoescape" ||
+               tag == "do") {
       fail_unsupported("'{% " + tag + " %}'", line);
     } else {
       syntax_error(line, "unknown tag '" + tag + "'");
     }
     return n;
+  }
+
+  // `{% macro name(a, b=default, ...) %}body{% endmacro %}`, as jinja2/parser.py parses it: no
+  // trailing comma, no parameter without a default after one with a default.
+  void parse_macro(template_node& n) {
+    n.kind = node_kind::macro_def;
+    n.text = parse_assignable_name();
+    expect_op("(");
+    while (!is_op(")")) {
+      if (!n.targets.empty()) expect_op(",");
+      const int line = cur().line;
+      std::string param = parse_assignable_name();
+      // Python refuses it when it compiles the macro's function.
+      if (std::find(n.targets.begin(), n.targets.end(), param) != n.targets.end())
+        syntax_error(line, "duplicate argument '" + param + "' in macro definition");
+      n.targets.push_back(std::move(param));
+      if (is_op("=")) {
+        advance();
+        n.exprs.push_back(parse_expression(true));
+      } else {
+        if (!n.exprs.empty() && n.exprs.back()) syntax_error(line, "non-default argument follows default argument");
+        n.exprs.push_back(nullptr);
+      }
+    }
+    advance();  // )
+    expect_body_start();
+    // A macro's body is a function of its own: `break` there needs a loop inside the macro.
+    const int saved_loop_depth = loop_depth_;
+    loop_depth_ = 0;
+    std::string end;
+    n.bodies.push_back(parse_body({"endmacro"}, &end));
+    loop_depth_ = saved_loop_depth;
+    expect_block_end();
+    n.catches_varargs = mentions_name(n.bodies[0], "varargs");
+    n.catches_kwargs = mentions_name(n.bodies[0], "kwargs");
+    n.catches_caller = mentions_name(n.bodies[0], "caller");
+  }
+  // A name that can be assigned to: Jinja's literals true/false/none are names it refuses here.
+  std::string parse_assignable_name() {
+    static const char* const literals[] = {"true", "false", "none", "True", "False", "None"};
+    if (cur().type == tok::name &&
+        std::any_of(std::begin(literals), std::end(literals), [&](const char* l) { return cur().text == l; }))
+      syntax_error(cur().line, "can't assign to '" + cur().text + "'");
+    return expect_name();
   }
 
   // Jinja resolves filter and test names when it compiles a template, except inside "soft" frames
@@ -263,6 +309,11 @@ class parser {
       case node_kind::set_block:
         for (const auto& c : n.bodies[0]) resolve(*c, false);
         return;
+      case node_kind::macro_def:  // a function of its own: a strict frame, like a loop body
+        for (const auto& e : n.exprs)
+          if (e) resolve(*e, false);
+        for (const auto& c : n.bodies[0]) resolve(*c, false);
+        return;
       default:
         for (const auto& e : n.exprs)
           if (e) resolve(*e, soft);
@@ -271,19 +322,21 @@ class parser {
     }
   }
 
-  static bool mentions_loop(const expr& e) {
-    if (e.kind == expr_kind::name && e.name == "loop") return true;
-    return std::any_of(e.kids.begin(), e.kids.end(), [](const expr_ptr& k) { return k && mentions_loop(*k); });
+  static bool mentions_name(const expr& e, const char* name) {
+    if (e.kind == expr_kind::name && e.name == name) return true;
+    return std::any_of(e.kids.begin(), e.kids.end(), [&](const expr_ptr& k) { return k && mentions_name(*k, name); });
   }
-  static bool mentions_loop(const node_list& body) {
+  static bool mentions_name(const node_list& body, const char* name) {
     for (const auto& n : body) {
       for (const auto& e : n->exprs)
-        if (e && mentions_loop(*e)) return true;
+        if (e && mentions_name(*e, name)) return true;
       for (const auto& b : n->bodies)
-        if (mentions_loop(b)) return true;
+        if (mentions_name(b, name)) return true;
     }
     return false;
   }
+  static bool mentions_loop(const expr& e) { return mentions_name(e, "loop"); }
+  static bool mentions_loop(const node_list& body) { return mentions_name(body, "loop"); }
 
   // Left-associative chains (a + b + ..., x|f|g..., x.a.b...) are built by loops, not recursion,
   // so their height is checked here; it bounds every later recursion over the tree (resolution,

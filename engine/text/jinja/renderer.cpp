@@ -1,6 +1,9 @@
 #include "engine/text/jinja/renderer.hpp"
 
+#include <algorithm>
+#include <iterator>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -64,6 +67,37 @@ class renderer {
     ~frame_guard() { r_.frames_.pop_back(); }
     renderer& r_;
   };
+
+  // The scopes of a macro call, for as long as it lives: the scopes open at the definition stay
+  // visible, those of the caller above them are set aside, and the call gets a scope of its own.
+  // (A macro called after the scope it was defined in has closed sees what is open at that depth.)
+  struct macro_scope {
+    macro_scope(renderer& r, size_t scope_depth) : r_(r) {
+      const size_t keep = std::min(scope_depth, r_.frames_.size());
+      hidden_.assign(std::make_move_iterator(r_.frames_.begin() + static_cast<std::ptrdiff_t>(keep)),
+                     std::make_move_iterator(r_.frames_.end()));
+      r_.frames_.resize(keep);
+      r_.frames_.emplace_back();
+    }
+    ~macro_scope() {
+      r_.frames_.pop_back();
+      for (auto& f : hidden_) r_.frames_.push_back(std::move(f));
+    }
+    macro_scope(const macro_scope&) = delete;
+    macro_scope& operator=(const macro_scope&) = delete;
+    renderer& r_;
+    std::vector<frame> hidden_;
+  };
+
+  // Runs `body` with its output captured: the text of a block set or a macro call.
+  std::string capture(const node_list& body) {
+    std::string saved = std::move(out_);
+    out_.clear();
+    exec_body(body);
+    std::string captured = std::move(out_);
+    out_ = std::move(saved);
+    return captured;
+  }
 
   void emit(std::string_view s) {
     budget_.check_size(out_.size() + s.size());
@@ -135,15 +169,23 @@ class renderer {
         return flow::normal;
       }
       case node_kind::set_block: {
-        std::string saved = std::move(out_);
-        out_.clear();
+        std::string captured;
         {
           frame_guard scope(*this);
-          exec_body(n.bodies[0]);
+          captured = capture(n.bodies[0]);
         }
-        std::string captured = std::move(out_);
-        out_ = std::move(saved);
         set_var(n.targets[0], budget_.make_string(std::move(captured)));
+        return flow::normal;
+      }
+      case node_kind::macro_def: {
+        // Defining a macro binds its name in the current scope; its defaults are evaluated per call.
+        auto m = std::make_shared<macro_data>();
+        m->name = n.text;
+        m->definition = &n;
+        m->scope_depth = frames_.size();
+        value fn = value::function(builtin_function::macro);
+        fn.macro = std::move(m);
+        set_var(n.text, std::move(fn));
         return flow::normal;
       }
       case node_kind::break_loop: return flow::break_loop;
@@ -337,10 +379,78 @@ class renderer {
         if (!loop_attr) return call_member(obj, callee.name, eval_args(e));
       }
       value fn = get_attribute(obj, callee.name);
-      return call_function(budget_, fn, eval_args(e), obj, now_);
+      return call_value(fn, eval_args(e), obj);
     }
     value fn = eval(callee);
-    return call_function(budget_, fn, eval_args(e), value::undefined(), now_);
+    return call_value(fn, eval_args(e), value::undefined());
+  }
+
+  // fn(args): a macro runs here (it needs the renderer), every other function in globals.*.
+  value call_value(const value& fn, call_args args, const value& self) {
+    if (fn.kind == value_kind::function && fn.fn == builtin_function::macro)
+      return call_macro(*fn.macro, std::move(args));
+    return call_function(budget_, fn, args, self, now_);
+  }
+
+  // A macro call, bound as jinja2.runtime.Macro.__call__ binds it: positional arguments first;
+  // keywords then fill the parameters after them (a keyword naming a parameter already given
+  // positionally is an extra keyword); a parameter left over takes its default, evaluated now in the
+  // macro's scope (so it may use the parameters before it), or is undefined. Extra arguments are an
+  // error unless the body uses `varargs` / `kwargs`, which then hold them. The result is the text
+  // the body renders (a plain str in Jinja, autoescape being off).
+  value call_macro(const macro_data& m, call_args args) {
+    const template_node& def = *m.definition;
+    const std::vector<std::string>& params = def.targets;
+    render_budget::recursion_guard guard(budget_);
+    budget_.spend(1 + params.size());
+    const size_t given = std::min(args.positional.size(), params.size());
+    std::vector<std::optional<value>> bound(params.size());
+    for (size_t k = 0; k < given; ++k) bound[k] = std::move(args.positional[k]);
+    std::vector<std::pair<std::string, value>> extra_keywords;
+    for (auto& [name, v] : args.keyword) {
+      const auto it = std::find(params.begin() + static_cast<std::ptrdiff_t>(given), params.end(), name);
+      const auto index = static_cast<size_t>(it - params.begin());
+      if (it != params.end() && !bound[index])
+        bound[index] = std::move(v);
+      else
+        extra_keywords.emplace_back(name, std::move(v));
+    }
+    std::optional<value> caller;
+    if (def.catches_caller && std::find(params.begin(), params.end(), "caller") == params.end()) {
+      caller = value::undefined();
+      for (auto it = extra_keywords.begin(); it != extra_keywords.end(); ++it) {
+        if (it->first == "caller") {
+          caller = std::move(it->second);
+          extra_keywords.erase(it);
+          break;
+        }
+      }
+    }
+    if (!def.catches_kwargs && !extra_keywords.empty())
+      fail_render("macro '" + m.name + "' takes no keyword argument '" + extra_keywords[0].first + "'");
+    if (!def.catches_varargs && args.positional.size() > params.size())
+      fail_render("macro '" + m.name + "' takes not more than " + std::to_string(params.size()) + " argument(s)");
+
+    macro_scope scope(*this, m.scope_depth);
+    if (caller) set_var("caller", std::move(*caller));
+    if (def.catches_kwargs) {
+      std::vector<std::pair<value, value>> entries;
+      entries.reserve(extra_keywords.size());
+      for (auto& [name, v] : extra_keywords) entries.emplace_back(value::string(name), std::move(v));
+      set_var("kwargs", budget_.make_dict(std::move(entries)));
+    }
+    if (def.catches_varargs) {
+      std::vector<value> rest;
+      for (size_t k = params.size(); k < args.positional.size(); ++k) rest.push_back(std::move(args.positional[k]));
+      set_var("varargs", budget_.make_list(std::move(rest), true));
+    }
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (bound[k])
+        set_var(params[k], std::move(*bound[k]));
+      else
+        set_var(params[k], def.exprs[k] ? eval(*def.exprs[k]) : value::undefined());
+    }
+    return budget_.make_string(capture(def.bodies[0]));
   }
 
   // obj.name(args) on a string, dict or list: a method, or a dict entry that holds a function.
@@ -348,7 +458,7 @@ class renderer {
     if (std::optional<value> result = try_call_method(budget_, obj, name, args)) return std::move(*result);
     if (obj.kind == value_kind::dict) {
       const value attr = get_attribute(obj, name);
-      if (attr.kind == value_kind::function) return call_function(budget_, attr, args, obj, now_);
+      if (attr.kind == value_kind::function) return call_value(attr, args, obj);
     }
     fail_no_method(obj, name);
   }

@@ -190,8 +190,11 @@ void append_repr(render_budget& budget, std::string& out, const value& v) {
       append_string_repr(out, v.str());
       return;
     case value_kind::function:
-      out += v.fn == builtin_function::bound_method ? "<built-in method " + *v.s + ">"
-                                                    : std::string("<built-in function>");
+      if (v.fn == builtin_function::macro)
+        out += "<Macro '" + v.macro->name + "'>";  // jinja2.runtime.Macro.__repr__
+      else
+        out += v.fn == builtin_function::bound_method ? "<built-in method " + *v.s + ">"
+                                                      : std::string("<built-in function>");
       return;
     case value_kind::list: {
       const bool tuple = v.list->is_tuple;
@@ -375,6 +378,7 @@ bool equals(render_budget& budget, const value& a, const value& b) {
     }
     case value_kind::ns: return a.dict == b.dict;
     case value_kind::function:
+      if (a.fn == builtin_function::macro) return b.fn == builtin_function::macro && a.macro == b.macro;
       return a.fn == b.fn && (a.fn != builtin_function::bound_method || (*a.s == *b.s && a.list == b.list));
     default: return false;
   }
@@ -502,6 +506,9 @@ value get_entry_attribute(const value& obj, const std::string& name) {
         return value::function(builtin_function::loop_cycle);
       return value::undefined();
     }
+    case value_kind::function:  // a macro's name (the one attribute of jinja2.runtime.Macro templates use)
+      if (obj.fn == builtin_function::macro && name == "name") return value::string(obj.macro->name);
+      return value::undefined();
     default: return value::undefined();
   }
 }
