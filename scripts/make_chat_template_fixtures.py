@@ -47,6 +47,7 @@ NAMED_TOKENS = {
     "phi3_5": ("<s>", "<|endoftext|>"),
     "qwen2_5": ("", "<|im_end|>"),
     "qwen3": ("", "<|im_end|>"),
+    "hermes_style": ("<|begin_of_text|>", "<|im_end|>"),  # our Hermes-2-Pro-style tool template
     "features": ("<s>", "</s>"),
     "whitespace": ("<s>", "</s>"),
 }

@@ -2,8 +2,8 @@
 """Render tool-calling chat-template fixtures with transformers: the oracle for tool-aware templates.
 
 Writes tests/data/chat_templates/tools_expected.json: the tool-aware templates of
-tests/data/chat_templates (Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3 and SmolLM2, which ignores
-tools) rendered by transformers' render_jinja_template -- the function apply_chat_template(...,
+tests/data/chat_templates (Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3, SmolLM2, which ignores
+tools, and hermes_style, our Hermes-2-Pro-style template with a recursive macro) rendered by transformers' render_jinja_template -- the function apply_chat_template(...,
 tools=...) calls -- for conversations with tool definitions, assistant tool calls and tool results.
 tests/engine/chat_template_test.cpp (ToolTemplatesMatchTransformers) must reproduce every output
 byte for byte and fail wherever transformers raised.
@@ -25,7 +25,7 @@ from make_chat_template_fixtures import DATA, FIXED_NOW, NAMED_TOKENS, compile_t
 
 from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
 
-TEMPLATES = ["llama3_1", "llama3_2", "mistral_v0_3", "mistral_nemo", "qwen2_5", "qwen3", "smollm2"]
+TEMPLATES = ["llama3_1", "llama3_2", "mistral_v0_3", "mistral_nemo", "qwen2_5", "qwen3", "smollm2", "hermes_style"]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city (°C or °F).",

@@ -333,9 +333,9 @@ std::vector<chat_message> tool_conversation(const json& conv) {
 }
 
 TEST(ChatTemplate, ToolTemplatesMatchTransformers) {
-  // Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3 (Hermes-style <tool_call>) and SmolLM2 with tool
-  // definitions, assistant tool calls (content null) and tool results, against transformers'
-  // render_jinja_template (what apply_chat_template(..., tools=...) runs).
+  // Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3 (Hermes-style <tool_call>), SmolLM2 and hermes_style.jinja (a
+  // Hermes-2-Pro-style template with a recursive macro) with tool definitions, assistant tool calls (content null) and
+  // tool results, against transformers' render_jinja_template (what apply_chat_template(..., tools=...) runs).
   int compared = 0, errors_matched = 0;
   std::map<std::string, std::shared_ptr<chat_template>> cache;
   for (const auto& c : tool_fixtures().at("cases").items) {
@@ -738,7 +738,7 @@ TEST(ChatTemplate, MutatedTemplatesNeverCrash) {
       {"system", "S"}, {"user", "Hi {{ there }}"}, {"assistant", "Yo"}, {"user", "é"}};
   int rendered = 0, rejected = 0;
   for (const char* file : {"smollm2.jinja", "llama2.jinja", "llama3_1.jinja", "mistral_v0_3.jinja", "gemma3.jinja",
-                           "phi3_5.jinja", "qwen3.jinja", "features.jinja", "whitespace.jinja"}) {
+                           "phi3_5.jinja", "qwen3.jinja", "features.jinja", "whitespace.jinja", "hermes_style.jinja"}) {
     const std::string original = read_file(data_dir + file);
     for (int round = 0; round < 150; ++round) {
       std::string src = original;
