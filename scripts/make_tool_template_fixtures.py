@@ -3,8 +3,9 @@
 
 Writes tests/data/chat_templates/tools_expected.json: the tool-aware templates of
 tests/data/chat_templates (Llama 3.1/3.2, Mistral v0.3/Nemo, Qwen 2.5/3, SmolLM2, which ignores
-tools, and hermes_style, our Hermes-2-Pro-style template with a recursive macro) rendered by transformers' render_jinja_template -- the function apply_chat_template(...,
-tools=...) calls -- for conversations with tool definitions, assistant tool calls and tool results.
+tools, and hermes_style, our Hermes-2-Pro-style template with a recursive macro) rendered by
+transformers' render_jinja_template -- the function apply_chat_template(..., tools=...) calls -- for
+conversations with tool definitions, assistant tool calls and tool results.
 tests/engine/chat_template_test.cpp (ToolTemplatesMatchTransformers) must reproduce every output
 byte for byte and fail wherever transformers raised.
 
