@@ -501,13 +501,16 @@ def client_that_never_reads_is_disconnected():
         time.sleep(0.5)
     assert srv.metrics()[key] - before[key] == 1, (srv.metrics()[key], before[key])
     # The counter moves when the timer closes the socket; the open-connections gauge only when the
-    # session is destroyed, after its cancelled write has completed: wait for that, boundedly.
+    # session is destroyed, after its cancelled write has completed: wait for that, boundedly. The
+    # gauge must come back to what it was before this client connected (that count includes the
+    # /metrics request itself, and, twice under ASan on a loaded machine, one more connection still
+    # open from an earlier case: not this client's, which is what this case checks).
     open_key = 'tessera_connections_open{protocol="http"}'
     deadline = time.time() + 30 * SLOW
-    while srv.metrics()[open_key] != 1 and time.time() < deadline:  # 1: the /metrics request itself
+    while srv.metrics()[open_key] > before[open_key] and time.time() < deadline:
         time.sleep(0.2)
     m = srv.metrics()
-    assert m[open_key] == 1, m
+    assert m[open_key] <= before[open_key], (m[open_key], before[open_key])
     assert srv.rss_kib() - rss_before < 64 * 1024, (srv.rss_kib(), rss_before)
     s.close()
 
