@@ -1,6 +1,6 @@
 # -DTESSERA_SANITIZE=address|undefined|address+undefined|thread applies to every target in the tree
-# (thread: but for the CPU kernels, see below). UndefinedBehaviorSanitizer does not recover: the first
-# report aborts the test, so a report cannot scroll past unnoticed.
+# but the CPU kernels (see the end of this file). UndefinedBehaviorSanitizer does not recover: the
+# first report aborts the test, so a report cannot scroll past unnoticed.
 if(TESSERA_SANITIZE STREQUAL "address")
   add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
   add_link_options(-fsanitize=address)
@@ -13,18 +13,6 @@ elseif(TESSERA_SANITIZE STREQUAL "undefined")
 elseif(TESSERA_SANITIZE STREQUAL "thread")
   add_compile_options(-fsanitize=thread)
   add_link_options(-fsanitize=thread)
-  # Except the CPU executor's SIMD kernels (cpu/kernels_*.cpp): pure loops over buffers that one
-  # execute() call partitions among its pool threads. Instrumented, every vector load and store goes
-  # through TSan and the real-model actor tests run more than 30x slower (minutes per step batch on
-  # 2 cores). Left uninstrumented they are invisible to TSan, which can only hide races inside the
-  # kernels, never invent one; the thread pool that hands them work, the executor, the engine and the
-  # actors stay instrumented. Set after cpu/ has been read (source properties are per directory).
-  function(tessera_tsan_skip_kernels)
-    file(GLOB kernels ${PROJECT_SOURCE_DIR}/cpu/kernels_*.cpp)
-    set_source_files_properties(${kernels} DIRECTORY ${PROJECT_SOURCE_DIR}/cpu
-                                PROPERTIES COMPILE_OPTIONS -fno-sanitize=thread)
-  endfunction()
-  cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR} CALL tessera_tsan_skip_kernels)
 elseif(NOT TESSERA_SANITIZE STREQUAL "")
   message(FATAL_ERROR "TESSERA_SANITIZE must be address, undefined, address+undefined or thread (got '${TESSERA_SANITIZE}')")
 endif()
@@ -36,4 +24,30 @@ endif()
 # every other build.
 if(TESSERA_SANITIZE MATCHES "address|undefined" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   add_compile_options(-Wno-maybe-uninitialized)
+endif()
+
+if(NOT TESSERA_SANITIZE STREQUAL "")
+  # -O1, as the sanitizers' own documentation advises: instrumented code stays fast enough for the
+  # real-model e2e suites, and GCC compiles it in half the time of -O2 (ws_session.cpp under
+  # ASan+UBSan: 80 s instead of 152 s on a CI core), which decides whether CI fits its 40 minutes.
+  string(REPLACE "-O2" "-O1" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")
+  string(REPLACE "-O2" "-O1" CMAKE_C_FLAGS_RELWITHDEBINFO "${CMAKE_C_FLAGS_RELWITHDEBINFO}")
+
+  # The CPU executor's SIMD kernels (cpu/kernels_*.cpp) are built uninstrumented, at -O2: pure loops over
+  # buffers that one execute() call partitions among its pool threads.
+  # - ThreadSanitizer: instrumented, every vector load and store goes through TSan and the real-model
+  #   actor tests run more than 30x slower (minutes per step batch on 2 cores). Left uninstrumented
+  #   they are invisible to TSan, which can only hide races inside the kernels, never invent one; the
+  #   thread pool that hands them work, the executor, the engine and the actors stay instrumented.
+  # - ASan+UBSan: the three SIMD tables took 560 s of compile time (the AVX-512 one alone 312 s, the
+  #   longest single step of CI) for code whose memory accesses the uninstrumented build already
+  #   checks: tests/cpu/kernel_bounds_test.cpp runs every table with each buffer ending at a
+  #   PROT_NONE page, so a read or write past what a kernel's contract allows faults there.
+  # Set after cpu/ has been read (source properties are per directory).
+  function(tessera_sanitizers_skip_kernels)
+    file(GLOB kernels ${PROJECT_SOURCE_DIR}/cpu/kernels_*.cpp)
+    set_source_files_properties(${kernels} DIRECTORY ${PROJECT_SOURCE_DIR}/cpu
+                                PROPERTIES COMPILE_OPTIONS "-fno-sanitize=all;-O2")
+  endfunction()
+  cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR} CALL tessera_sanitizers_skip_kernels)
 endif()

@@ -42,6 +42,10 @@ struct server_options {
   // A connection whose client takes no bytes for this long while a write is pending is closed and its
   // generations aborted (a client that never reads would otherwise hold its KV and output forever).
   std::chrono::seconds write_timeout{30};
+  // SO_SNDBUF of accepted connections; 0: the kernel's (autotuned up to net.ipv4.tcp_wmem's maximum,
+  // 4 MiB by default). What a client that stops reading can leave queued in the kernel before the
+  // write deadline starts to count (the hardening tests make it small to reach that point quickly).
+  int send_buffer_bytes = 0;
   std::chrono::seconds ws_idle_timeout{300};
   // An unauthenticated WebSocket (a key is required and the upgrade carried none) that sends no
   // valid "auth" message this soon is closed (1008).

@@ -58,6 +58,10 @@ void listener::do_accept() {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       try {
+        if (state_.opt.send_buffer_bytes > 0) {
+          boost::system::error_code opt_ec;  // best effort: the kernel's default serves as well
+          socket.set_option(net::socket_base::send_buffer_size(state_.opt.send_buffer_bytes), opt_ec);
+        }
         std::make_shared<http_session>(state_, std::move(socket))->run();
       } catch (const std::exception& e) {  // out of memory, say: that connection is dropped, not the acceptor
         state_.metrics.record_exception();

@@ -240,6 +240,9 @@ TEST(hardening, client_that_never_reads_is_closed_after_the_write_timeout) {
   server_options so;
   so.write_timeout = 2s;
   so.ws_max_queued_messages = 1 << 20;  // the write deadline, not the queue bound, must end it
+  // A small server-side send buffer: with the kernel's (autotuned up to 4 MB, ~40k tokens of this
+  // model) the sockets filled only after ~20 s, ~120 s under ASan+UBSan.
+  so.send_buffer_bytes = 16 * 1024;
   loopback_server s(so);
   const auto before = metrics(s);
   net::io_context ioc;
@@ -260,8 +263,6 @@ TEST(hardening, client_that_never_reads_is_closed_after_the_write_timeout) {
   ws.write(net::buffer(start_message("g", 1000000)));
   EXPECT_EQ(metrics(s)["tessera_connections_open{protocol=\"websocket\"}"], 1);
   // Neither socket is read: both must be closed and both generations aborted.
-  // The sockets fill only after the server's send buffers do (up to tcp_wmem's 4 MB, ~40k tokens of
-  // this model): ~20 s, ~120 s under ASan+UBSan, where a 120 s deadline made the test flaky.
   const auto m = wait_idle(s, before.at(submitted_key) + 2, 400s);
   expect_idle(m, before.at(submitted_key) + 2);
   EXPECT_EQ(m.at(aborted_key) - before.at(aborted_key), 2);
