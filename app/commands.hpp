@@ -80,6 +80,26 @@ class inspect_command {
   bool tensors_ = false;
 };
 
+// `tessera pull NAME...`, `tessera list`, `tessera rm NAME...`: the model library (app/model_lookup.hpp,
+// app/model_pull.hpp; app/library_commands.cpp).
+class library_commands {
+ public:
+  void add_to(CLI::App& app);
+  bool selected() const;
+  int run();
+
+ private:
+  int run_pull();
+  int run_list();
+  int run_rm();
+
+  CLI::App* pull_ = nullptr;
+  CLI::App* list_ = nullptr;
+  CLI::App* rm_ = nullptr;
+  std::vector<std::string> pull_names_;
+  std::vector<std::string> rm_names_;
+};
+
 // `tessera serve`: the OpenAI-compatible server (app/serve.cpp).
 class serve_command {
  public:

@@ -74,7 +74,8 @@ void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
   if (flags.draft_model.empty())
     throw invalid_request("--speculative draft needs --draft-model PATH (the draft model)");
   try {
-    b.draft_model = load_model(flags.draft_model, dummy ? load_format::dummy : load_format::automatic);
+    b.draft_model =
+        load_model(resolve_model(flags.draft_model).path, dummy ? load_format::dummy : load_format::automatic);
   } catch (const std::exception& e) { throw invalid_request(flag + ": cannot load it: " + e.what()); }
   const model_config& target = b.model.weights->config;
   const model_config& draft = b.draft_model->weights->config;
@@ -141,7 +142,8 @@ std::string resolve_device(const std::string& requested) {
 
 void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("-m,--model", model,
-                 "Model: a .gguf file or a Hugging Face directory (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+                 "Model: a library name (tessera list, tessera pull NAME), a .gguf file or a Hugging Face directory "
+                 "(default: smollm2-135m, SmolLM2-135M-Instruct.Q4_1.gguf, found as app/model_lookup.hpp says)");
   cmd.add_option("-t,--threads", threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("--block-size", block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   cmd.add_option("--kv-cache-memory", kv_cache_memory_gib, "KV cache size in GiB")->check(CLI::Range(0.0, 4096.0));
@@ -283,8 +285,10 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
   engine_bundle b;
   const std::string device = resolve_device(flags.device);  // before loading: fail fast
   const bool dummy = flags.load_format == "dummy";
-  b.model = load_model(flags.model.empty() ? find_default_model() : std::filesystem::path(flags.model),
-                       dummy ? load_format::dummy : load_format::automatic);
+  // MODEL: a path, a library name or nothing (the default model): app/model_lookup.hpp.
+  const resolved_model model = resolve_model(flags.model);
+  b.model_name = model.name;
+  b.model = load_model(model.path, dummy ? load_format::dummy : load_format::automatic);
   const bool tty = !flags.quiet && messages.progress && isatty(STDERR_FILENO);
   if (!dummy) fault_in_weights(*b.model.weights, tty);  // dummy weights are in memory already
   for (const auto& w : b.model.warnings) warn(w);

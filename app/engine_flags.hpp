@@ -17,7 +17,7 @@
 namespace tessera::app {
 
 struct engine_flags {
-  std::string model;  // empty: default_model_path()
+  std::string model;  // a path or a library name (app/model_lookup.hpp); empty: the default model
   int threads = 0;    // 0: all cores
   int block_size = 16;
   double kv_cache_memory_gib = 1.0;  // device KV pool size
@@ -57,6 +57,7 @@ struct engine_flags {
 // Everything a subcommand needs to run requests.
 struct engine_bundle {
   loaded_model model;
+  std::string model_name;  // the library name MODEL was given by (app/model_lookup.hpp); "" for a path
   std::unique_ptr<executor> exec;
   // --speculative draft: the draft model and its executor (CPU, with its own KV pool), which the
   // engine's draft-model proposer uses alone.

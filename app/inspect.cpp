@@ -62,12 +62,13 @@ void inspect_command::add_to(CLI::App& app) {
   cmd_ = app.add_subcommand("inspect", "Print a model's architecture, features, tensor types and (GGUF) metadata");
   cmd_->add_option(
       "model", model_,
-      "Path to a .gguf file or a Hugging Face model directory (default: the model fetched by scripts/setup)");
+      "A library name (tessera list), a .gguf file or a Hugging Face model directory (default: the default model, "
+      "smollm2-135m)");
   cmd_->add_flag("--tensors", tensors_, "List every tensor (GGUF)");
 }
 
 int inspect_command::run() {
-  const auto path = model_.empty() ? find_default_model() : std::filesystem::path(model_);
+  const std::filesystem::path path = resolve_model(model_).path;
   if (is_hf_model_dir(path)) return inspect_hf(path);
   auto file = gguf_file::open(path);
   std::printf("file: %s\nGGUF version %u, alignment %llu, %zu tensors\n", path.c_str(), file->version(),

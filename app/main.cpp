@@ -3,6 +3,7 @@
 //   bench      latency (single stream) and throughput (offline workload) measurements as JSON
 //   inspect    a model file's metadata and tensors
 //   serve      the OpenAI-compatible HTTP + WebSocket server
+//   pull, list, rm   the model library (models by name: app/model_lookup.hpp)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   inspect.add_to(app);
   tessera::app::serve_command serve;
   serve.add_to(app);
+  tessera::app::library_commands library;
+  library.add_to(app);
 
   add_env_names_everywhere(app);
 
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
     if (bench.selected()) return bench.run();
     if (inspect.selected()) return inspect.run();
     if (serve.selected()) return serve.run();
+    if (library.selected()) return library.run();
   } catch (const tessera::load_error& e) {
     std::fprintf(stderr, "tessera: cannot load model: %s\n", e.what());
     return tessera::app::exit_model_load;

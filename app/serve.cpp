@@ -35,7 +35,9 @@ void serve_command::add_to(CLI::App& app) {
   cmd_ = app.add_subcommand("serve", "Serve the OpenAI-compatible API (HTTP, SSE, WebSocket)");
   // Defaults show in --help; tests/app/config_test.cpp checks config/tessera.toml lists the same ones.
   cmd_->option_defaults()->always_capture_default();
-  cmd_->add_option("model", positional_model_, "Model: a .gguf file (same as --model)");
+  cmd_->add_option("model", positional_model_,
+                   "Model: a library name (tessera list, tessera pull NAME), a .gguf file or a Hugging Face "
+                   "model directory (same as --model)");
   cmd_->add_option("--config", config_path_,
                    "TOML file of option values, e.g. config/tessera.toml (flags given here override it)")
       ->check(CLI::ExistingFile);
@@ -216,7 +218,11 @@ int serve_command::run() {
   so.listen_fd_v6 = listening.is_v6();
   so.listen_fd = listening.release();  // the listener owns it from here
   so.api_key = api_key_;
-  so.model_name = model_names_.empty() ? b.model.path.filename().string() : model_names_.front();
+  // By default the model is named as it was given: its library name (what a client of `tessera serve
+  // gemma3-270m` will send), else its file or directory name.
+  so.model_name = !model_names_.empty()   ? model_names_.front()
+                  : !b.model_name.empty() ? b.model_name
+                                          : b.model.path.filename().string();
   if (model_names_.size() > 1) so.model_aliases.assign(model_names_.begin() + 1, model_names_.end());
   so.max_body_bytes = max_body_bytes_;
   so.num_threads = server_threads_;

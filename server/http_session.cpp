@@ -177,8 +177,18 @@ void http_session::handle() {
   switch (r.to) {
     case route::ui_file:
     case route::preflight: return send_message(std::move(*r.ready), keep_alive);
-    case route::completions: return start_generation(api_kind::completion, keep_alive);
-    case route::chat_completions: return start_generation(api_kind::chat, keep_alive);
+    case route::completions:
+    case route::chat_completions: {
+      const api_kind kind = r.to == route::chat_completions ? api_kind::chat : api_kind::completion;
+      return start_generation(
+          parse_generation_request(request_.body(), kind, state_.engine.config().vocab_size, state_.opt.limits),
+          std::nullopt, keep_alive);
+    }
+    case route::responses: {
+      responses_request rr =
+          parse_responses_request(request_.body(), state_.engine.config().vocab_size, state_.opt.limits);
+      return start_generation(std::move(rr.chat), std::move(rr.echo), keep_alive);
+    }
     case route::tokenize: return start_tokenize(keep_alive);
     case route::ws_generate:
     case route::ws_events: {
@@ -244,9 +254,8 @@ void http_session::on_tokenized(uint64_t serial, int status, const char* param, 
 
 // ---- generations ------------------------------------------------------------------------------
 
-void http_session::start_generation(api_kind kind, bool keep_alive) {
-  const int32_t vocab = state_.engine.config().vocab_size;
-  generation_request req = parse_generation_request(request_.body(), kind, vocab, state_.opt.limits);
+void http_session::start_generation(generation_request req, std::optional<responses_echo> responses, bool keep_alive) {
+  const api_kind kind = req.kind;
   if (!req.model.empty() && !serves_model(state_.opt, req.model)) {
     throw api_error(404,
                     "the model '" + sanitize_utf8(req.model) + "' does not exist (this server serves " +
@@ -267,11 +276,17 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   gen_.emplace();
   gen_->serial = num_requests_;
   // As vLLM: responses name the first served model name whichever alias the request used.
-  gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(), state_.opt.model_name};
+  gen_->meta = {responses ? state_.new_id("resp", '_') : state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"),
+                unix_seconds(), state_.opt.model_name};
   const int32_t num_choices = num_prompts(req) * req.params.n;
   gen_->progress = stream_progress(num_choices);
   gen_->choices.resize(static_cast<size_t>(num_choices));
-  if (kind == api_kind::chat && parses_output(state_.opt.parsers, req.tools)) {
+  if (responses) {
+    gen_->responses_ids = {gen_->meta.id, state_.new_id("msg", '_'), gen_->meta.created, gen_->meta.model};
+    if (req.stream) gen_->responses_events.emplace(*responses, gen_->responses_ids);
+    gen_->responses = std::move(responses);
+  } else if (kind == api_kind::chat && parses_output(state_.opt.parsers, req.tools)) {
+    // (Not for /v1/responses: its plain-text subset passes the model's text as it is.)
     for (int32_t i = 0; i < req.params.n; ++i) gen_->outputs.emplace_back(state_.opt.parsers, req.tools);
     for (auto& c : gen_->choices) c.parsed = true;
   }
@@ -366,6 +381,10 @@ void http_session::on_delta(stream_delta& d, std::string& out) {
   c.text += o.text;
   c.token_ids.insert(c.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
   c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+  if (g.responses_events) {
+    g.responses_events->text(g.req, o.text, *g.sse, out);
+    return;
+  }
   if (!g.outputs.empty()) {
     chat_output_stream& parser = g.outputs[static_cast<size_t>(o.index)];
     const int32_t calls_before = parser.num_calls();
@@ -458,11 +477,15 @@ void http_session::on_final(const stream_final& f) {
       if (value.is_double()) std::snprintf(text, sizeof text, "%.6f", value.get_double());
       res.set(timing_header(key), value.is_double() ? std::string(text) : json::serialize(value));
     }
-    res.body() = full_response(g.req, g.meta, g.choices, f, tok);
+    res.body() = g.responses ? responses_body(*g.responses, g.req, g.responses_ids, g.choices.front().text, f)
+                             : full_response(g.req, g.meta, g.choices, f, tok);
     gen_.reset();
     return send_message(std::move(res), keep_alive);
   }
-  g.sse->finish(g.req, g.meta, f, out, &calls_per_choice);
+  if (g.responses_events)
+    g.responses_events->finish(g.req, f, *g.sse, out);
+  else
+    g.sse->finish(g.req, g.meta, f, out, &calls_per_choice);
   state_.metrics.record_http(200);
   log_response(200);
   gen_.reset();

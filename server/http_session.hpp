@@ -34,6 +34,7 @@
 #include "server/guarded_handlers.hpp"
 #include "server/metrics.hpp"
 #include "server/openai_format.hpp"
+#include "server/responses_format.hpp"
 #include "server/router.hpp"
 #include "server/server_state.hpp"
 #include "server/sse_writer.hpp"
@@ -64,6 +65,11 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
     // text arrives; empty: the text passes as is.
     std::vector<chat_output_stream> outputs;
     std::optional<sse_writer> sse;  // req.stream only
+    // /v1/responses (server/responses_format.hpp): what its Response repeats, its ids, and when
+    // streamed its events' state. The chat request runs as any other; only its answer differs.
+    std::optional<responses_echo> responses;
+    response_ids responses_ids;
+    std::optional<responses_stream> responses_events;
     bool keep_alive = true;
   };
 
@@ -88,7 +94,7 @@ class http_session : public std::enable_shared_from_this<http_session>, guarded_
   void start_tokenize(bool keep_alive);
   void on_tokenized(uint64_t serial, int status, const char* param, std::string body);
   // generations
-  void start_generation(api_kind kind, bool keep_alive);
+  void start_generation(generation_request req, std::optional<responses_echo> responses, bool keep_alive);
   void on_stream_ready(uint64_t serial);
   void on_delta(actors::stream_delta& d, std::string& out);  // d's choice index is the response's
   void on_prompt_final(size_t prompt_index, actors::stream_final f);

@@ -17,9 +17,9 @@ server_state::server_state(actors::engine_facade& e, server_options options) : e
 
 server_state::~server_state() = default;
 
-std::string server_state::new_id(const char* prefix) {
+std::string server_state::new_id(const char* prefix, char separator) {
   char text[64];
-  std::snprintf(text, sizeof text, "%s-%s%llx", prefix, id_prefix_.c_str(),
+  std::snprintf(text, sizeof text, "%s%c%s%llx", prefix, separator, id_prefix_.c_str(),
                 static_cast<unsigned long long>(next_id_.fetch_add(1)));
   return text;
 }

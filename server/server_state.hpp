@@ -59,8 +59,9 @@ struct server_state {
   server_state(const server_state&) = delete;
   server_state& operator=(const server_state&) = delete;
 
-  // "chatcmpl-<6 random hex digits of this process><counter>", unique per server.
-  std::string new_id(const char* prefix);
+  // "chatcmpl-<6 random hex digits of this process><counter>", unique per server; `separator` '_'
+  // for the Responses API's ids ("resp_...", "msg_...").
+  std::string new_id(const char* prefix, char separator = '-');
 
   // Submits a parsed generation. Throws api_error when the runtime refuses it at once (429 overloaded,
   // 503 unhealthy or shutting down, 400 invalid), counting 429/503 in the metrics.

