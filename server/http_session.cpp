@@ -179,6 +179,7 @@ void http_session::handle() {
     case route::preflight: return send_message(std::move(*r.ready), keep_alive);
     case route::completions: return start_generation(api_kind::completion, keep_alive);
     case route::chat_completions: return start_generation(api_kind::chat, keep_alive);
+    case route::embeddings: return start_generation(api_kind::embedding, keep_alive);
     case route::tokenize: return start_tokenize(keep_alive);
     case route::ws_generate:
     case route::ws_events: {
@@ -246,7 +247,12 @@ void http_session::on_tokenized(uint64_t serial, int status, const char* param, 
 
 void http_session::start_generation(api_kind kind, bool keep_alive) {
   const int32_t vocab = state_.engine.config().vocab_size;
-  generation_request req = parse_generation_request(request_.body(), kind, vocab, state_.opt.limits);
+  // An embedding runs as a generation does (one engine request per input, the same stream machinery),
+  // with no tokens and its vector in each final (llm_engine::add_embedding_request).
+  generation_request req =
+      kind == api_kind::embedding
+          ? parse_embedding_request(request_.body(), vocab, state_.engine.config().hidden_size, state_.opt.limits)
+          : parse_generation_request(request_.body(), kind, vocab, state_.opt.limits);
   if (!req.model.empty() && !serves_model(state_.opt, req.model)) {
     throw api_error(404,
                     "the model '" + sanitize_utf8(req.model) + "' does not exist (this server serves " +
@@ -267,7 +273,8 @@ void http_session::start_generation(api_kind kind, bool keep_alive) {
   gen_.emplace();
   gen_->serial = num_requests_;
   // As vLLM: responses name the first served model name whichever alias the request used.
-  gen_->meta = {state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"), unix_seconds(), state_.opt.model_name};
+  const char* id_prefix = kind == api_kind::chat ? "chatcmpl" : kind == api_kind::embedding ? "embd" : "cmpl";
+  gen_->meta = {state_.new_id(id_prefix), unix_seconds(), state_.opt.model_name};
   const int32_t num_choices = num_prompts(req) * req.params.n;
   gen_->progress = stream_progress(num_choices);
   gen_->choices.resize(static_cast<size_t>(num_choices));
@@ -431,13 +438,14 @@ void http_session::on_final(const stream_final& f) {
     // tokenizer actor that died) is the server's, whether or not the request reached the engine.
     const int status = f.runtime_fault ? 500 : 400;
     std::string msg = f.error.empty() ? "request failed" : f.error;
+    const char* prompt_field = g.req.kind == api_kind::embedding ? "input" : "prompt";
     gen_.reset();
     // A request refused for one of its fields (a schema that does not compile, a max_tokens beyond
     // the context) names that field.
     const bool field_error = status == 400 && !f.error_param.empty();
     return send_error(api_error(status, msg,
                                 field_error     ? f.error_param
-                                : status == 400 ? "prompt"
+                                : status == 400 ? prompt_field
                                                 : "",
                                 field_error     ? refusal_code(f.error_param)
                                 : status == 400 ? "invalid_prompt"
@@ -458,7 +466,8 @@ void http_session::on_final(const stream_final& f) {
       if (value.is_double()) std::snprintf(text, sizeof text, "%.6f", value.get_double());
       res.set(timing_header(key), value.is_double() ? std::string(text) : json::serialize(value));
     }
-    res.body() = full_response(g.req, g.meta, g.choices, f, tok);
+    res.body() = g.req.kind == api_kind::embedding ? embeddings_response(g.req, g.meta, f)
+                                                   : full_response(g.req, g.meta, g.choices, f, tok);
     gen_.reset();
     return send_message(std::move(res), keep_alive);
   }

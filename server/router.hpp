@@ -26,6 +26,7 @@ enum class route : uint8_t {
   openapi,  // GET /openapi.json (server/openapi.json)
   completions,
   chat_completions,
+  embeddings,  // POST /v1/embeddings
   tokenize,
   detokenize,
   ws_generate,  // GET /v1/ws (upgrade)
