@@ -295,7 +295,9 @@ class engine_actor : public caf::event_based_actor {
     try {
       truncate_prompt(ids, t.request->prompt.truncate_prompt_tokens, engine_->get_scheduler().options().max_model_len,
                       t.request->params);
-      t.engine_request = engine_->add_request(std::move(ids), t.request->params, t.request->priority, t.grammar);
+      t.engine_request = t.request->pooling != pooling_type::none
+                             ? engine_->add_embedding_request(std::move(ids), t.request->pooling, t.request->priority)
+                             : engine_->add_request(std::move(ids), t.request->params, t.request->priority, t.grammar);
     } catch (const invalid_request& e) {
       close_ticket(ticket, finish_reason::error, e.what(), false, e.param());
       return;
@@ -365,6 +367,7 @@ class engine_actor : public caf::event_based_actor {
       c.num_draft_tokens = out.num_draft_tokens;
       c.num_accepted_draft_tokens = out.num_accepted_draft_tokens;
       c.timeline = out.timeline;
+      c.embedding = std::move(out.embedding);  // the final carries it; the delta need not
       t.finished.push_back(std::move(c));
     }
     auto delta = std::make_shared<stream_delta>();

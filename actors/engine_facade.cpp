@@ -230,6 +230,26 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
     return reject(submit_error::invalid,
                   "'" + params.structured->field + "': structured output is not available in this build");
   }
+  return send_submit(std::move(prompt), params, priority, pooling_type::none);
+}
+
+submit_result engine_facade::submit_embedding(prompt_input prompt, pooling_type pooling, int32_t priority) {
+  sampling_params params;  // unused by an embedding
+  params.max_tokens = 1;
+  return send_submit(std::move(prompt), params, priority, pooling);
+}
+
+submit_result engine_facade::send_submit(prompt_input prompt, const sampling_params& params, int32_t priority,
+                                         pooling_type pooling) {
+  submit_result result;
+  auto reject = [&](submit_error e, std::string message) {
+    in_->num_rejected.fetch_add(1);
+    result.error = e;
+    result.message = std::move(message);
+    return result;
+  };
+  if (!in_->accepting.load()) return reject(submit_error::shutting_down, "the engine is shutting down");
+  if (!shared_->healthy.load()) return reject(submit_error::unhealthy, "the engine is unhealthy: " + health().message);
   if (shared_->num_queued.fetch_add(1) >= options_.max_waiting) {
     shared_->num_queued.fetch_sub(1);
     return reject(submit_error::overloaded,
@@ -243,6 +263,7 @@ submit_result engine_facade::submit(prompt_input prompt, const sampling_params& 
   request->prompt = std::move(prompt);
   request->params = params;
   request->priority = priority;
+  request->pooling = pooling;
   request->submitted_at = runtime_clock::now();
 
   auto buffer = std::make_shared<stream_buffer>(static_cast<size_t>(options_.max_buffered_deltas));

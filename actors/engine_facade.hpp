@@ -134,6 +134,10 @@ class engine_facade {
   // max_waiting requests are queued, or the sampling parameters are invalid. Everything else (prompt
   // too long, template errors) arrives as the stream's final message with reason error.
   submit_result submit(prompt_input prompt, const sampling_params& params, int32_t priority = 0);
+  // An embedding request (llm_engine::add_embedding_request): the stream ends with a final whose
+  // choices[0].embedding is the pooled vector. Refused at once as submit() is; a prompt the engine
+  // refuses (empty, too long, an executor without hidden states) ends the stream with reason error.
+  submit_result submit_embedding(prompt_input prompt, pooling_type pooling, int32_t priority = 0);
   // Aborts a request by id; unknown or finished ids are ignored.
   void abort(ticket_id id);
 
@@ -169,6 +173,8 @@ class engine_facade {
   int64_t kv_block_bytes() const { return kv_block_bytes_; }
 
  private:
+  // What submit and submit_embedding share once the request is valid: admission, the stream, the send.
+  submit_result send_submit(prompt_input prompt, const sampling_params& params, int32_t priority, pooling_type pooling);
   std::unique_ptr<facade_internals> in_;
   std::shared_ptr<runtime_shared> shared_;
   std::shared_ptr<const tokenizer> tok_;

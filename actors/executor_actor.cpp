@@ -47,7 +47,8 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       spec_(metadata.kv_spec()),
       block_bytes_(metadata.kv_block_bytes()),
       name_(metadata.name()),
-      kv_dtype_(metadata.kv_cache_dtype()) {}
+      kv_dtype_(metadata.kv_cache_dtype()),
+      pools_hidden_states_(metadata.pools_hidden_states()) {}
 
 actor_executor::~actor_executor() = default;
 

@@ -80,6 +80,7 @@ class fault_injecting_executor : public executor {
   int64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
   const char* name() const override { return inner_->name(); }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
+  bool pools_hidden_states() const override { return inner_->pools_hidden_states(); }
   void execute(const step_batch& batch, step_output& out) override;
 
   // The fault execute() call number `call` gets under the plan's seeded draw.

@@ -39,6 +39,8 @@ struct submit_request {
   prompt_input prompt;
   sampling_params params;
   int32_t priority = 0;
+  // An embedding request (llm_engine::add_embedding_request) when not none; `params` is unused then.
+  pooling_type pooling = pooling_type::none;
   runtime_clock::time_point submitted_at = runtime_clock::now();
 };
 
@@ -58,6 +60,7 @@ struct choice_result {
   int32_t num_draft_tokens = 0;  // speculative decoding: drafts verified, of which accepted
   int32_t num_accepted_draft_tokens = 0;
   std::vector<lifecycle_entry> timeline;
+  std::vector<float> embedding;  // an embedding request's pooled vector (moved here from its output)
 };
 
 // subscriber <- engine actor: the one terminal message of a stream, after every delta.

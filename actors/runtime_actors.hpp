@@ -107,6 +107,8 @@ class actor_executor : public executor {
   void execute(const step_batch& batch, step_output& out) override;
   const char* name() const override { return name_.c_str(); }
   const char* kv_cache_dtype() const override { return kv_dtype_.c_str(); }
+  // The executor actor's executor returns hidden states (embeddings) or not; the engine asks this one.
+  bool pools_hidden_states() const override { return pools_hidden_states_; }
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
@@ -120,6 +122,7 @@ class actor_executor : public executor {
   int64_t block_bytes_ = 0;
   std::string name_;
   std::string kv_dtype_;
+  bool pools_hidden_states_ = false;
   std::string failure_;
   std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread
 };

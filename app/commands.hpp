@@ -116,6 +116,7 @@ class serve_command {
   std::string api_key_;
   std::vector<std::string> model_names_;  // --served-model-name a b / repeated --alias: the first is reported
   std::string chat_template_kwargs_;      // --chat-template-kwargs: a JSON object, every chat request's default
+  std::string pooling_ = "mean";          // --pooling: /v1/embeddings' pooling (mean | last)
   bool allow_truncation_ = false;         // --allow-truncation: too-long prompts keep their last tokens
   size_t max_body_bytes_ = 2 * 1024 * 1024;
   int max_waiting_ = 256;

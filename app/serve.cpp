@@ -63,6 +63,10 @@ void serve_command::add_to(CLI::App& app) {
   cmd_->add_flag("--allow-truncation", allow_truncation_,
                  "A prompt too long for the context keeps its last tokens that fit (with max_tokens) instead of "
                  "a 400; a request's truncate_prompt_tokens (vLLM's) overrides it");
+  cmd_->add_option("--pooling", pooling_,
+                   "How /v1/embeddings pools a prompt's final hidden states: mean (every token; llama-server's "
+                   "default for generative models) or last (the last token's)")
+      ->check(CLI::IsMember({"mean", "last"}));
   cmd_->add_option("--chat-template-kwargs", chat_template_kwargs_,
                    "JSON object of extra chat-template variables, e.g. '{\"enable_thinking\": false}' "
                    "(a request's chat_template_kwargs override it key by key)");
@@ -245,6 +249,7 @@ int serve_command::run() {
   so.limits.max_model_len = facade.max_model_len();
   so.limits.default_chat_template_kwargs = chat_template_kwargs_;
   so.limits.allow_truncation = allow_truncation_;
+  so.pooling = parse_pooling_type(pooling_).value_or(pooling_type::mean);  // --pooling checked it
 
   // SIGINT/SIGTERM end the server: block them here, wait for one on a helper thread.
   sigset_t signals;

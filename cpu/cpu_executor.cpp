@@ -140,7 +140,7 @@ class cpu_executor final : public executor {
     // 64 bytes more: the attention kernels read whole vectors past a tile's last slot.
     kv_device_ = allocate(block_bytes_ * spec_.num_device_blocks + 64);
     kv_host_ = allocate(block_bytes_ * spec_.num_host_blocks + 64);
-    num_phases_ = 10 + 16 * static_cast<int64_t>(config_.num_layers);
+    num_phases_ = 11 + 16 * static_cast<int64_t>(config_.num_layers);
     counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
     // Attention scratch per thread: scores / probabilities, outputs, running max and sum, query rows.
     attn_rows_ = attn_chunk * (config_.num_heads / config_.num_kv_heads);
@@ -162,6 +162,7 @@ class cpu_executor final : public executor {
   // Attention starts at the window's first key (below) and the K/V write is at the new positions, so
   // entries of freed blocks before the window are never touched.
   bool reads_only_window() const override { return true; }
+  bool pools_hidden_states() const override { return true; }
   const char* kv_cache_dtype() const override { return cpu::to_string(kv_dt_); }
 
   void execute(const step_batch& batch, step_output& out) override;
@@ -235,6 +236,8 @@ class cpu_executor final : public executor {
   step_layout layout_;  // token rows, positions, owning sequences, logits rows (engine/step_layout.hpp)
   std::vector<attn_task> attn_tasks_;
   float* logits_out_ = nullptr;
+  float* hidden_out_ = nullptr;                          // step_output::hidden: one row per pooled sequence
+  std::vector<float> px_;                                // per pooled sequence: the normed row being added
   std::vector<std::vector<float>> rope_cos_, rope_sin_;  // per table: [T, rope_dims / 2]
   std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_, tmp_;
   std::vector<act_block> xq_;  // the current matmul input in the formats its matrices need
@@ -444,6 +447,8 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
     rope_sin_[r].resize(T * half);
   }
   logits_out_ = out.logits.data();  // sized by build_step_layout
+  hidden_out_ = out.hidden.data();  // zeroed by build_step_layout: mean pooling adds into it
+  px_.resize(layout_.pooled_seqs.size() * hidden);
 }
 
 void cpu_executor::execute(const step_batch& batch, step_output& out) {
@@ -776,6 +781,24 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       linear(L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
     }
   }
+
+  // Embeddings: the final norm of each pooled sequence's rows (what transformers calls the last
+  // hidden state), summed over the slice for mean pooling or of its last row only. One task per
+  // sequence, its rows in order, so the sum does not depend on the thread count.
+  parallel(static_cast<int64_t>(layout_.pooled_seqs.size()), [&](int64_t j) {
+    const auto s = static_cast<size_t>(layout_.pooled_seqs[static_cast<size_t>(j)]);
+    const step_layout::sequence_rows& sr = layout_.seqs[s];
+    float* dst = hidden_out_ + j * hidden;
+    if (batch.seqs[s].hidden == sequence_slice::hidden_mode::last) {
+      rms_norm(x_.data() + (sr.token_begin + sr.num_tokens - 1) * hidden, output_norm_.data(), dst, hidden, eps);
+      return;
+    }
+    float* row = px_.data() + j * hidden;
+    for (int32_t t = sr.token_begin; t < sr.token_begin + sr.num_tokens; ++t) {
+      rms_norm(x_.data() + t * hidden, output_norm_.data(), row, hidden, eps);
+      for (int64_t d = 0; d < hidden; ++d) dst[d] += row[d];
+    }
+  });
 
   // Final norm of the rows whose logits were asked for, then the output projection.
   const auto R = static_cast<int64_t>(layout_.logit_tokens.size());

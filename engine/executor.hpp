@@ -39,6 +39,10 @@ struct sequence_slice {
   // With logits == last and an executor that samples_on_device(): sample there and return the token
   // in step_output::sampled instead of the logits row. Ignored by other executors.
   std::optional<device_sampling> sampling;
+  // Embedding sequences (engine/pooling.hpp; only for an executor that pools_hidden_states()): which
+  // rows of the final-normed hidden state to return in step_output::hidden: none, the sum over this
+  // slice's rows (mean pooling: the engine adds the chunks up), or its last row (last pooling).
+  enum class hidden_mode : uint8_t { none, sum, last } hidden = hidden_mode::none;
 };
 
 struct block_copy {
@@ -69,9 +73,18 @@ struct step_output {
   // Executors whose samples_on_device() is true: one entry per seqs[i], token >= 0 where the executor
   // sampled (then num_rows[i] == 0). Other executors leave it untouched.
   std::vector<sampled_token> sampled;
+  // Pooled hidden states: for seqs[i] with a hidden_mode, row hidden_row[i] of `hidden`
+  // ([rows, hidden_size], the final norm's output, before the LM head); -1 for the others.
+  int32_t hidden_size = 0;
+  std::vector<float> hidden;
+  std::vector<int32_t> hidden_row;
 
   std::span<const float> row(int32_t r) const {
     return {logits.data() + static_cast<size_t>(r) * vocab_size, static_cast<size_t>(vocab_size)};
+  }
+  std::span<const float> hidden_of(size_t seq) const {
+    if (seq >= hidden_row.size() || hidden_row[seq] < 0) return {};
+    return {hidden.data() + static_cast<size_t>(hidden_row[seq]) * hidden_size, static_cast<size_t>(hidden_size)};
   }
 };
 
@@ -99,6 +112,9 @@ class executor {
   // of config().kv_window() (the CPU executor: its attention starts at the window's first key). The
   // engine then frees those blocks and hands such entries as no_block.
   virtual bool reads_only_window() const { return false; }
+  // True when execute() honours sequence_slice::hidden (the CPU executor); the engine refuses
+  // embedding requests otherwise.
+  virtual bool pools_hidden_states() const { return false; }
 };
 
 }  // namespace tessera

@@ -75,10 +75,7 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
     }
     grammar = options_.constraints->compile(*params.structured);  // throws invalid_request
   }
-  for (token_id t : prompt)
-    if (t < 0 || t >= vocab)
-      throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" +
-                            std::to_string(vocab) + " tokens)");
+  check_prompt_ids(prompt);
   const int64_t limit = sched_.options().max_model_len, num_prompt = static_cast<int64_t>(prompt.size());
   if (!params.truncate_to_context && limit > 0 && num_prompt <= limit && num_prompt + params.max_tokens > limit) {
     // vLLM's wording, so that clients which parse it (to retry with a smaller max_tokens) keep working.
@@ -89,10 +86,36 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
                               " in the completion). Please reduce the length of the prompt or max_tokens.",
                           "max_tokens");
   }
+  return enqueue(std::move(prompt), params, priority, std::move(grammar), pooling_type::none);
+}
+
+request_id llm_engine::add_embedding_request(std::vector<token_id> prompt, pooling_type pooling, int32_t priority) {
+  if (pooling == pooling_type::none) throw invalid_request("an embedding request needs a pooling type (mean or last)");
+  if (!exec_.pools_hidden_states()) {
+    throw invalid_request(std::string("embeddings are not available with the ") + exec_.name() +
+                          " executor (it does not return hidden states); serve the model with --device cpu");
+  }
+  check_prompt_ids(prompt);
+  sampling_params params;  // unused: nothing is sampled
+  params.max_tokens = 1;
+  return enqueue(std::move(prompt), params, priority, nullptr, pooling);
+}
+
+void llm_engine::check_prompt_ids(const std::vector<token_id>& prompt) const {
+  const int32_t vocab = exec_.config().vocab_size;
+  for (token_id t : prompt)
+    if (t < 0 || t >= vocab)
+      throw invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary (" +
+                            std::to_string(vocab) + " tokens)");
+}
+
+request_id llm_engine::enqueue(std::vector<token_id> prompt, const sampling_params& params, int32_t priority,
+                               std::shared_ptr<const compiled_constraint> grammar, pooling_type pooling) {
   const request_id id = next_request_;
   next_request_ = next_request_.next();
   const seq_id first = next_seq_;
   auto seq = std::make_unique<sequence>();
+  seq->pooling = pooling;
   seq->id = first;
   seq->request = id;
   seq->choice_index = 0;
@@ -110,6 +133,7 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
   r.prompt = std::move(prompt);
   r.forked = params.n == 1;  // "all choices exist"
   r.grammar = params.structured ? std::move(grammar) : nullptr;
+  if (pooling != pooling_type::none) r.pool.emplace(pooling, exec_.config().hidden_size);
   r.choices.push_back(std::make_unique<choice_state>(0, first, r.params, r.prompt, eos_ids_, tok_));
   if (r.grammar) r.choices.back()->constraint = r.grammar->start();
   seq_owner_[first] = {id, 0};
@@ -267,6 +291,7 @@ std::vector<request_output> llm_engine::step() {
   scheduler_output p = plan(ctx);
   execute(p, ctx);
   if (!ctx.failed) {
+    pool_hidden(p);
     apply(p);
     sample(p, ctx);
   }
@@ -323,6 +348,22 @@ void llm_engine::execute(scheduler_output& p, step_context& ctx) {
   record_.execute_seconds = seconds_since(t_exec);
 }
 
+// Embedding sequences: each chunk's hidden rows join the request's pool (before commit, while
+// num_computed still says where the chunk began: a chunk at 0 is a fresh start, after a recompute
+// preemption too).
+void llm_engine::pool_hidden(const scheduler_output& p) {
+  for (size_t i = 0; i < p.scheduled.size(); ++i) {
+    const scheduled_sequence& s = p.scheduled[i];
+    if (s.seq->pooling == pooling_type::none) continue;
+    const choice_ref* owner = owner_of(s.id);
+    if (!owner) continue;
+    request_state& r = requests_.at(owner->request);
+    if (!r.pool) continue;
+    if (s.seq->num_computed == 0) r.pool->reset();
+    r.pool->add(logits_.hidden_of(i), s.num_new_tokens);
+  }
+}
+
 void llm_engine::apply(scheduler_output& p) {
   sched_.commit(p);
   if (p.num_prefill_tokens > p.num_decode_tokens) sched_.observe_prefill(p.num_prefill_tokens, record_.execute_seconds);
@@ -350,7 +391,11 @@ void llm_engine::sample(scheduler_output& p, step_context& ctx) {
   }
   for (size_t i = 0; i < p.scheduled.size(); ++i) {
     if (!p.scheduled[i].samples) continue;
-    if (p.scheduled[i].num_draft_tokens > 0)
+    // (Through the owner, not scheduled[i].seq: a failure earlier in this loop may have freed it.)
+    const choice_ref* owner = owner_of(p.scheduled[i].id);
+    if (owner && requests_.at(owner->request).pool)
+      finish_embedding(i, p, ctx);
+    else if (p.scheduled[i].num_draft_tokens > 0)
       verify_sequence(i, p, ctx);
     else
       sample_sequence(i, p, ctx);
@@ -421,8 +466,11 @@ const llm_engine::choice_ref* llm_engine::owner_of(seq_id s) const {
 // stays on the host, as does a sampler device_request() declines.
 void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batch, step_context& ctx) {
   for (size_t i = 0; i < p.scheduled.size() && i < batch.seqs.size(); ++i) {
-    // A draft is verified on the host from every row (engine/speculative/verifier.hpp).
-    if (!p.scheduled[i].samples || p.scheduled[i].num_draft_tokens > 0) continue;
+    // A draft is verified on the host from every row (engine/speculative/verifier.hpp); an embedding
+    // samples nothing.
+    if (!p.scheduled[i].samples || p.scheduled[i].num_draft_tokens > 0 ||
+        p.scheduled[i].seq->pooling != pooling_type::none)
+      continue;
     const choice_ref* owner = owner_of(p.scheduled[i].id);
     if (!owner) continue;
     const request_state& r = requests_.at(owner->request);
@@ -522,6 +570,25 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
     }
     accept_token(r, *c, res, output_for(ctx.outs, ctx.index, r, *c));
   }
+  drop_if_done(r.id);
+}
+
+// Scheduled sequence i, an embedding, computed its prompt's last token: its pooled vector is the
+// request's one output, and its blocks are freed.
+void llm_engine::finish_embedding(size_t i, scheduler_output& p, step_context& ctx) {
+  const choice_ref* owner = owner_of(p.scheduled[i].id);
+  if (!owner) return;
+  request_state& r = requests_.at(owner->request);
+  if (!r.pool || logits_.hidden_of(i).empty() || !r.pool->complete() ||
+      r.pool->num_tokens() != static_cast<int32_t>(r.prompt.size())) {
+    fail_request(r, "executor returned no hidden states", ctx.outs, ctx.index);
+    drop_if_done(r.id);
+    return;
+  }
+  choice_state& c = *r.choices.front();
+  request_output& out = output_for(ctx.outs, ctx.index, r, c);
+  out.embedding = r.pool->finish();
+  finish_choice(r, c, finish_reason::stop, out, lifecycle_stage::finished, event_kind::finished);
   drop_if_done(r.id);
 }
 

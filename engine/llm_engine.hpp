@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/executor.hpp"
+#include "engine/pooling.hpp"
 #include "engine/sampler.hpp"
 #include "engine/sampling_params.hpp"
 #include "engine/scheduler.hpp"
@@ -85,6 +86,8 @@ struct request_output {
   int32_t num_draft_tokens = 0;
   int32_t num_accepted_draft_tokens = 0;
   std::vector<lifecycle_entry> timeline;  // on the final output: the choice's lifecycle
+  // An embedding request's final output: the pooled, L2-normalised vector (engine/pooling.hpp).
+  std::vector<float> embedding;
 };
 
 struct engine_stats {
@@ -137,6 +140,12 @@ class llm_engine {
   // null: compiled here, blocking, with options.constraints.
   request_id add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority = 0,
                          std::shared_ptr<const compiled_constraint> grammar = nullptr);
+  // An embedding request (/v1/embeddings): the prompt is prefilled, chunk by chunk and batched with
+  // everything else, its hidden states pooled by `pooling` (mean or last), and nothing is sampled; its
+  // one output is final (reason stop) with `embedding` set, and its KV blocks are freed then. Throws
+  // invalid_request for pooling none, an executor that does not pool_hidden_states(), and the
+  // prompts add_request refuses.
+  request_id add_embedding_request(std::vector<token_id> prompt, pooling_type pooling, int32_t priority = 0);
   ~llm_engine();
   // Aborts a request in any state; its final outputs (reason abort) come with the next step().
   // Unknown or finished ids are ignored.
@@ -181,6 +190,7 @@ class llm_engine {
     std::shared_ptr<const compiled_constraint> grammar;
     bool forked = false;
     std::vector<std::unique_ptr<choice_state>> choices;
+    std::optional<embedding_pool> pool;  // embedding requests only
   };
 
   // Which choice of which request a sequence is (the n > 1 fork makes one sequence per choice).
@@ -207,6 +217,7 @@ class llm_engine {
   step_context begin_step();
   scheduler_output plan(step_context& ctx);
   void execute(scheduler_output& plan, step_context& ctx);
+  void pool_hidden(const scheduler_output& plan);
   void apply(scheduler_output& plan);
   void sample(scheduler_output& plan, step_context& ctx);
   std::vector<request_output> emit(scheduler_output& plan, step_context& ctx);
@@ -218,6 +229,10 @@ class llm_engine {
   std::span<const uint32_t> mask_of(const step_context& ctx, size_t i) const;
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
   void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
+  void finish_embedding(size_t i, scheduler_output& plan, step_context& ctx);
+  void check_prompt_ids(const std::vector<token_id>& prompt) const;
+  request_id enqueue(std::vector<token_id> prompt, const sampling_params& params, int32_t priority,
+                     std::shared_ptr<const compiled_constraint> grammar, pooling_type pooling);
   void verify_sequence(size_t i, scheduler_output& plan, step_context& ctx);
   void propose_drafts();
   void release_preempted_drafts(const scheduler_output& plan);

@@ -338,6 +338,13 @@ int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_outpu
   return d;
 }
 
+// The prefix an admission may take from the cache. None for an embedding: its pooled vector needs the
+// hidden state of every prompt token, which a cached block does not keep (only its K/V). Its own
+// full blocks still enter the cache at commit, for generations that share the prompt.
+int32_t scheduler::reusable_prefix_tokens(const sequence& seq) const {
+  return seq.pooling != pooling_type::none ? 0 : blocks_.cached_prefix_tokens(seq.tokens);
+}
+
 scheduler_output scheduler::schedule() {
   scheduler_output plan;
   plan.step = ++step_;
@@ -352,7 +359,7 @@ scheduler_output scheduler::schedule() {
   if (!waiting_.empty() && !running_.empty() && swapped_.empty() &&
       waiting_.front()->priority < running_.back()->priority) {
     sequence* head = waiting_.front();
-    const int32_t cached = blocks_.cached_prefix_tokens(head->tokens);
+    const int32_t cached = reusable_prefix_tokens(*head);
     const int32_t chunk = std::min(head->num_tokens() - cached, budget);
     const int32_t need = blocks_.blocks_needed(head->id, head->tokens, cached, chunk) + watermark;
     int32_t reclaimable = blocks_.num_free_blocks();
@@ -463,7 +470,7 @@ scheduler_output scheduler::schedule() {
         blocked = waiting_reason::token_budget;
         break;
       }
-      const int32_t cached = blocks_.cached_prefix_tokens(seq->tokens);
+      const int32_t cached = reusable_prefix_tokens(*seq);
       const int32_t num_new = prefill_chunk(cached, seq->num_tokens() - cached, budget, plan);
       if (num_new <= 0) {
         blocked = waiting_reason::token_budget;
@@ -514,6 +521,13 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
     slice.logits = s.num_draft_tokens > 0 ? sequence_slice::logits_mode::all
                    : s.samples            ? sequence_slice::logits_mode::last
                                           : sequence_slice::logits_mode::none;
+    if (s.seq->pooling != pooling_type::none) {
+      // An embedding: no logits, its hidden rows instead (every chunk's sum, or the prompt's last row).
+      slice.logits = sequence_slice::logits_mode::none;
+      slice.hidden = s.seq->pooling == pooling_type::mean ? sequence_slice::hidden_mode::sum
+                     : s.samples                          ? sequence_slice::hidden_mode::last
+                                                          : sequence_slice::hidden_mode::none;
+    }
     batch.seqs.push_back(std::move(slice));
   }
   return batch;

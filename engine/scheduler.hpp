@@ -165,6 +165,7 @@ class scheduler {
   // slots are allocated. 0: plain decode (the draft is dropped).
   int32_t allocate_draft(sequence* seq, int32_t budget, scheduler_output& plan);
   int32_t watermark_blocks() const;
+  int32_t reusable_prefix_tokens(const sequence& seq) const;
   // The prefill chunk of a sequence with `remaining` tokens to prefill after `num_computed`, within the
   // token budget, the long-prefill cap and (when in force) the step-time target; 0: none this step.
   int32_t prefill_chunk(int32_t num_computed, int32_t remaining, int32_t budget, scheduler_output& plan) const;

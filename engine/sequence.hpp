@@ -11,6 +11,7 @@
 
 #include "engine/base/token_id.hpp"
 #include "engine/ids.hpp"
+#include "engine/pooling.hpp"
 
 namespace tessera {
 
@@ -62,6 +63,9 @@ struct sequence {
   // a step is planned. Not part of the sequence: the scheduler verifies (a prefix of) it with the next
   // decode, or drops it; only the tokens the target model accepts are appended to `tokens`.
   std::vector<token_id> draft;
+  // Embedding sequences (engine/pooling.hpp): prefill only, never sampled; the scheduler gives them
+  // no cached prefix, since mean pooling needs every prompt token's hidden state computed.
+  pooling_type pooling = pooling_type::none;
 
   sequence_status status = sequence_status::waiting;
   waiting_reason waiting = waiting_reason::none;

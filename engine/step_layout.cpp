@@ -18,10 +18,13 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
   layout.logit_tokens.clear();
   layout.device_sampled_seqs.clear();
   layout.device_sampled_tokens.clear();
+  layout.pooled_seqs.clear();
   layout.max_context = 0;
   out.vocab_size = config.vocab_size;
   out.first_row.assign(batch.seqs.size(), 0);
   out.num_rows.assign(batch.seqs.size(), 0);
+  out.hidden_size = config.hidden_size;
+  out.hidden_row.assign(batch.seqs.size(), -1);
 
   const int32_t bs = spec.block_size;
   const int32_t window = config.kv_window();  // 0: every layer may read every past position
@@ -69,8 +72,13 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
       out.num_rows[s] = sr.num_tokens;
     }
     rows += out.num_rows[s];
+    if (n > 0 && sl.hidden != sequence_slice::hidden_mode::none) {
+      out.hidden_row[s] = static_cast<int32_t>(layout.pooled_seqs.size());
+      layout.pooled_seqs.push_back(static_cast<int32_t>(s));
+    }
   }
   out.logits.resize(layout.logit_tokens.size() * static_cast<size_t>(config.vocab_size));
+  out.hidden.assign(layout.pooled_seqs.size() * static_cast<size_t>(config.hidden_size), 0.0f);
   if (samples_on_device) out.sampled.assign(batch.seqs.size(), sampled_token{});
 }
 

@@ -33,6 +33,9 @@ struct step_layout {
   // sampling state) and their last token row, in batch order. They get no host logits row.
   std::vector<int32_t> device_sampled_seqs;
   std::vector<int32_t> device_sampled_tokens;
+  // Sequences with a hidden_mode (embeddings), in batch order; their row of step_output::hidden is
+  // their index here.
+  std::vector<int32_t> pooled_seqs;
   // The longest context of the step: max over sequences (empty ones too) of num_computed + tokens.
   int32_t max_context = 0;
 
@@ -44,7 +47,8 @@ struct step_layout {
 // slice has a negative or too large num_computed, a block table that does not cover its tokens, a
 // used block id outside the device pool of `spec`, or a token id outside `config`'s vocabulary.
 // It shapes `out` for the executor to fill: vocab_size, first_row and num_rows per sequence, logits
-// sized for the host rows, and (samples_on_device) one empty `sampled` entry per sequence.
+// sized for the host rows, (samples_on_device) one empty `sampled` entry per sequence, and hidden_size,
+// hidden_row and a zeroed `hidden` for the pooled sequences.
 // After a throw `layout` and `out` are unspecified; nothing else has been touched. Swaps and copies
 // are check_block_moves' (each executor calls it where it applies them).
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,

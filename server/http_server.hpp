@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/engine_facade.hpp"
+#include "engine/pooling.hpp"
 #include "server/chat_output.hpp"
 #include "server/request_parser.hpp"
 #include "server/ws_message.hpp"
@@ -53,6 +54,8 @@ struct server_options {
   size_t ws_max_message_bytes = k_ws_default_max_message_bytes;
   size_t ws_max_queued_messages = 4096;  // per socket; a reader slower than this is disconnected
   request_limits limits;
+  // /v1/embeddings: how a prompt's hidden states become its vector (--pooling mean | last).
+  pooling_type pooling = pooling_type::mean;
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
   // empty: none (see find_webui_dir in server/static_files.hpp).
   std::string webui_dir;

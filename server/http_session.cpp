@@ -189,6 +189,12 @@ void http_session::handle() {
           parse_responses_request(request_.body(), state_.engine.config().vocab_size, state_.opt.limits);
       return start_generation(std::move(rr.chat), std::move(rr.echo), keep_alive);
     }
+    case route::embeddings:
+      // An embedding runs as a generation does (one engine request per input, the same stream
+      // machinery), with no tokens and its vector in each final (llm_engine::add_embedding_request).
+      return start_generation(parse_embedding_request(request_.body(), state_.engine.config().vocab_size,
+                                                      state_.engine.config().hidden_size, state_.opt.limits),
+                              std::nullopt, keep_alive);
     case route::tokenize: return start_tokenize(keep_alive);
     case route::ws_generate:
     case route::ws_events: {
@@ -276,8 +282,9 @@ void http_session::start_generation(generation_request req, std::optional<respon
   gen_.emplace();
   gen_->serial = num_requests_;
   // As vLLM: responses name the first served model name whichever alias the request used.
-  gen_->meta = {responses ? state_.new_id("resp", '_') : state_.new_id(kind == api_kind::chat ? "chatcmpl" : "cmpl"),
-                unix_seconds(), state_.opt.model_name};
+  const char* id_prefix = kind == api_kind::chat ? "chatcmpl" : kind == api_kind::embedding ? "embd" : "cmpl";
+  gen_->meta = {responses ? state_.new_id("resp", '_') : state_.new_id(id_prefix), unix_seconds(),
+                state_.opt.model_name};
   const int32_t num_choices = num_prompts(req) * req.params.n;
   gen_->progress = stream_progress(num_choices);
   gen_->choices.resize(static_cast<size_t>(num_choices));
@@ -450,13 +457,14 @@ void http_session::on_final(const stream_final& f) {
     // tokenizer actor that died) is the server's, whether or not the request reached the engine.
     const int status = f.runtime_fault ? 500 : 400;
     std::string msg = f.error.empty() ? "request failed" : f.error;
+    const char* prompt_field = g.req.kind == api_kind::embedding ? "input" : "prompt";
     gen_.reset();
     // A request refused for one of its fields (a schema that does not compile, a max_tokens beyond
     // the context) names that field.
     const bool field_error = status == 400 && !f.error_param.empty();
     return send_error(api_error(status, msg,
                                 field_error     ? f.error_param
-                                : status == 400 ? "prompt"
+                                : status == 400 ? prompt_field
                                                 : "",
                                 field_error     ? refusal_code(f.error_param)
                                 : status == 400 ? "invalid_prompt"
@@ -477,8 +485,9 @@ void http_session::on_final(const stream_final& f) {
       if (value.is_double()) std::snprintf(text, sizeof text, "%.6f", value.get_double());
       res.set(timing_header(key), value.is_double() ? std::string(text) : json::serialize(value));
     }
-    res.body() = g.responses ? responses_body(*g.responses, g.req, g.responses_ids, g.choices.front().text, f)
-                             : full_response(g.req, g.meta, g.choices, f, tok);
+    res.body() = g.responses                          ? responses_body(*g.responses, g.req, g.responses_ids, g.choices.front().text, f)
+                 : g.req.kind == api_kind::embedding ? embeddings_response(g.req, g.meta, f)
+                                                     : full_response(g.req, g.meta, g.choices, f, tok);
     gen_.reset();
     return send_message(std::move(res), keep_alive);
   }

@@ -1,6 +1,8 @@
 #include "server/openai_format.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 namespace tessera::server {
 
@@ -183,6 +185,55 @@ std::string full_response(const generation_request& req, const response_meta& me
   body["choices"] = std::move(out);
   body["usage"] = usage_json(final);
   body["timings"] = timings_json(final);
+  return json::serialize(body);
+}
+
+namespace {
+
+// The vector as the openai SDK decodes encoding_format "base64": its float32 values' little-endian
+// bytes (numpy.frombuffer(base64.b64decode(s), dtype="float32")), standard alphabet, padded.
+std::string base64_float32(const std::vector<float>& v) {
+  static constexpr char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes;
+  bytes.reserve(v.size() * 4);
+  for (float f : v) {
+    const auto u = std::bit_cast<uint32_t>(f);
+    for (int b = 0; b < 4; ++b) bytes += static_cast<char>((u >> (8 * b)) & 0xff);
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t chunk = 0;
+    for (size_t j = 0; j < 3; ++j) chunk = (chunk << 8) | (j < n ? static_cast<unsigned char>(bytes[i + j]) : 0u);
+    for (size_t j = 0; j < 4; ++j) out += j <= n ? alphabet[(chunk >> (18 - 6 * j)) & 0x3f] : '=';
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string embeddings_response(const generation_request& req, const response_meta& meta,
+                                const actors::stream_final& final) {
+  std::vector<const actors::choice_result*> ordered;
+  for (const auto& c : final.choices) ordered.push_back(&c);
+  std::sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) { return a->index < b->index; });
+  json::array data;
+  for (const actors::choice_result* c : ordered) {
+    json::object item{{"object", "embedding"}, {"index", c->index}};
+    if (req.embedding_base64) {
+      item["embedding"] = base64_float32(c->embedding);
+    } else {
+      json::array values;
+      values.reserve(c->embedding.size());
+      for (float x : c->embedding) values.push_back(static_cast<double>(x));
+      item["embedding"] = std::move(values);
+    }
+    data.push_back(std::move(item));
+  }
+  json::object body{
+      {"id", meta.id}, {"object", "list"}, {"created", meta.created}, {"model", meta.model}, {"data", std::move(data)}};
+  body["usage"] = json::object{{"prompt_tokens", final.num_prompt_tokens}, {"total_tokens", final.num_prompt_tokens}};
   return json::serialize(body);
 }
 

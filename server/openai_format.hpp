@@ -83,4 +83,11 @@ std::string full_response(const generation_request& req, const response_meta& me
                           const std::vector<choice_accumulator>& choices, const actors::stream_final& final,
                           const tokenizer* tok);
 
+// /v1/embeddings' body: {"id", "object": "list", "created", "model", "data": [{"object": "embedding",
+// "index", "embedding"}], "usage": {"prompt_tokens", "total_tokens"}}, one item per input in order,
+// each the vector of its final's choice (a JSON array of numbers, or with req.embedding_base64 the
+// base64 of its little-endian float32 bytes).
+std::string embeddings_response(const generation_request& req, const response_meta& meta,
+                                const actors::stream_final& final);
+
 }  // namespace tessera::server

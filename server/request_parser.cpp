@@ -239,11 +239,13 @@ bool is_ignored_field(std::string_view key) {
 // /v1/completions' "prompt", in OpenAI's four shapes: a string, an array of strings, an array of token
 // ids, or an array of arrays of token ids (a batch). A problem names the field and, in a batch, the
 // prompt ("prompt[2]").
-std::vector<actors::prompt_input> get_prompts(element v, int32_t vocab_size, const request_limits& limits) {
+// /v1/embeddings' "input" has the same shapes (`field` names it).
+std::vector<actors::prompt_input> get_prompts(element v, int32_t vocab_size, const request_limits& limits,
+                                              const std::string& field = "prompt") {
   constexpr std::string_view shapes =
       "must be a string, an array of strings, an array of token ids or an array of arrays of token ids";
-  auto bad_prompt = [](const std::string& at, std::string_view what) {
-    throw api_error(400, "'" + at + "' " + std::string(what), "prompt");
+  auto bad_prompt = [&field](const std::string& at, std::string_view what) {
+    throw api_error(400, "'" + at + "' " + std::string(what), field);
   };
   auto text_prompt = [&](element s, const std::string& at) {
     std::string text{std::string_view(s)};
@@ -257,23 +259,23 @@ std::vector<actors::prompt_input> get_prompts(element v, int32_t vocab_size, con
   };
   std::vector<actors::prompt_input> prompts;
   if (v.is_string()) {
-    prompts.push_back(text_prompt(v, "prompt"));
+    prompts.push_back(text_prompt(v, field));
     return prompts;
   }
-  if (!v.is_array()) bad_prompt("prompt", shapes);
+  if (!v.is_array()) bad_prompt(field, shapes);
   sj::dom::array arr(v);
-  if (arr.size() == 0) bad_prompt("prompt", "must not be empty");
+  if (arr.size() == 0) bad_prompt(field, "must not be empty");
   element first = arr.at(0);
   if (!first.is_string() && !first.is_array()) {
-    prompts.push_back(ids_prompt(v, "prompt"));  // one prompt of token ids
+    prompts.push_back(ids_prompt(v, field));  // one prompt of token ids
     return prompts;
   }
   if (arr.size() > static_cast<size_t>(limits.max_prompts)) {
-    bad_prompt("prompt", "holds " + std::to_string(arr.size()) + " prompts, more than this server's limit of " +
-                             std::to_string(limits.max_prompts));
+    bad_prompt(field, "holds " + std::to_string(arr.size()) + " prompts, more than this server's limit of " +
+                          std::to_string(limits.max_prompts));
   }
   for (element item : arr) {
-    const std::string at = "prompt[" + std::to_string(prompts.size()) + "]";
+    const std::string at = field + "[" + std::to_string(prompts.size()) + "]";
     // A batch is all strings or all token-id lists, as OpenAI's schema has it.
     if (first.is_string() && item.is_string())
       prompts.push_back(text_prompt(item, at));
@@ -572,6 +574,51 @@ int64_t estimated_response_bytes(const generation_request& req, const request_li
   const int64_t per_token = k_response_bytes_per_token +
                             (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
   return int64_t{num_prompts(req)} * req.params.n * tokens * per_token;
+}
+
+generation_request parse_embedding_request(std::string_view body, int32_t vocab_size, int32_t hidden_size,
+                                           const request_limits& limits) {
+  sj::dom::parser parser;
+  const sj::padded_string padded(body);
+  element doc = parse_object(parser, padded);
+  generation_request req;
+  req.kind = api_kind::embedding;
+  bool have_input = false, add_special = true;
+  for (auto [key, value] : sj::dom::object(doc)) {
+    if (value.is_null() && key != "input") continue;  // null: the default
+    if (key == "model") {
+      req.model = get_string(value, key);
+    } else if (key == "input") {
+      have_input = true;
+      std::vector<actors::prompt_input> inputs = get_prompts(value, vocab_size, limits, "input");
+      req.prompt = std::move(inputs.front());
+      req.more_prompts.assign(std::make_move_iterator(inputs.begin() + 1), std::make_move_iterator(inputs.end()));
+    } else if (key == "encoding_format") {
+      const std::string format = get_string(value, key);
+      if (format != "float" && format != "base64") bad(key, "must be 'float' or 'base64'");
+      req.embedding_base64 = format == "base64";
+    } else if (key == "dimensions") {
+      // OpenAI's matryoshka truncation: only models trained for it keep their meaning when cut, which a
+      // generative model's hidden state is not; so only the full size is accepted (as vLLM does for
+      // models without matryoshka support).
+      const int64_t d = get_integer(value, key);
+      if (d != hidden_size) {
+        bad(key, "must be " + std::to_string(hidden_size) +
+                     ", this model's embedding size (truncated embeddings are not supported)");
+      }
+    } else if (key == "user") {
+      req.user = get_string(value, key);
+    } else if (key == "add_special_tokens") {
+      add_special = get_bool(value, key);
+    } else {
+      bad(key, "is not a recognized request field");
+    }
+  }
+  if (!have_input) throw api_error(400, "'input' is required", "input");
+  req.prompt.add_special = add_special;  // text inputs only (prompt_input::add_special)
+  for (auto& more : req.more_prompts) more.add_special = add_special;
+  req.params.max_tokens = 1;  // nothing is generated
+  return req;
 }
 
 tokenize_request parse_tokenize_request(std::string_view body) {

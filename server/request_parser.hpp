@@ -14,7 +14,7 @@
 
 namespace tessera::server {
 
-enum class api_kind : uint8_t { completion, chat };
+enum class api_kind : uint8_t { completion, chat, embedding };
 
 // Bounds on what a request may ask for, on top of sampling_limits (reference-notes, default limits).
 struct request_limits {
@@ -63,6 +63,8 @@ struct generation_request {
   int32_t top_logprobs = 0;
   std::string user;
   tool_request tools;  // chat: tools / tool_choice / parallel_tool_calls (server/tool_request.hpp)
+  // /v1/embeddings: encoding_format "base64" (little-endian float32 bytes, base64) rather than "float".
+  bool embedding_base64 = false;
 };
 
 // How many prompts the request holds (1 + more_prompts).
@@ -77,6 +79,12 @@ void check_chat_template_kwargs(std::string_view json_text);
 // Parses a /v1/completions or /v1/chat/completions body. vocab_size bounds every token id.
 generation_request parse_generation_request(std::string_view body, api_kind kind, int32_t vocab_size,
                                             const request_limits& limits = {});
+
+// Parses a /v1/embeddings body: {"input": a string, strings, token ids or lists of token ids (one
+// engine request each, in `prompt` and `more_prompts`), "model", "encoding_format": "float" |
+// "base64", "dimensions" (only `hidden_size`), "user", "add_special_tokens"}. kind is embedding.
+generation_request parse_embedding_request(std::string_view body, int32_t vocab_size, int32_t hidden_size,
+                                           const request_limits& limits = {});
 
 // /tokenize: {"prompt": string} (or {"messages": [...]} for chat) plus "add_special_tokens" and
 // "parse_special" (a prompt's special-token text, e.g. "<|im_start|>", becomes the special token).

@@ -111,6 +111,7 @@ constexpr route_entry routes[] = {
     {"/v1/completions", http::verb::post, route::completions},
     {"/v1/chat/completions", http::verb::post, route::chat_completions},
     {"/v1/responses", http::verb::post, route::responses},
+    {"/v1/embeddings", http::verb::post, route::embeddings},
     {"/tokenize", http::verb::post, route::tokenize},
     {"/detokenize", http::verb::post, route::detokenize},
     {"/v1/ws", http::verb::get, route::ws_generate},

@@ -27,6 +27,7 @@ enum class route : uint8_t {
   completions,
   chat_completions,
   responses,  // POST /v1/responses (server/responses_request.hpp)
+  embeddings,  // POST /v1/embeddings
   tokenize,
   detokenize,
   ws_generate,  // GET /v1/ws (upgrade)

@@ -25,7 +25,9 @@ std::string server_state::new_id(const char* prefix, char separator) {
 }
 
 actors::stream_handle server_state::submit(const generation_request& req) {
-  actors::submit_result r = engine.submit(req.prompt, req.params, req.priority);
+  actors::submit_result r = req.kind == api_kind::embedding
+                                ? engine.submit_embedding(req.prompt, opt.pooling, req.priority)
+                                : engine.submit(req.prompt, req.params, req.priority);
   if (!r) {
     const int status = r.error == actors::submit_error::overloaded ? 429
                        : r.error == actors::submit_error::invalid  ? 400

@@ -7,7 +7,8 @@
 //   2. writes (token, position) of the new tokens into their slots — refusing to write a block that
 //      another slice of the same step reads or writes (a missing copy-on-write);
 //   3. returns deterministic fake logits that are a function of the WHOLE token history as read
-//      back from the cache plus the new tokens.
+//      back from the cache plus the new tokens, and for embedding slices (sequence_slice::hidden)
+//      fake hidden rows (fake_hidden) made the same way, summed over the slice or its last one.
 // So any paging bug (sharing without CoW, a bad swap/copy, a block reused while still owned, a
 // stale prefix-cache hit) either trips a check here or changes the logits, and thus the tokens the
 // engine generates, which tests compare with an oracle computed from the true token history.
@@ -68,6 +69,14 @@ inline std::vector<token_id> visible_history(std::span<const token_id> history, 
   return v;
 }
 
+// The fake model's final hidden state at the last token of `history` (what an embedding pools):
+// `hidden_size` values in [-1, 1), a function of the whole history like the logits.
+inline std::vector<float> fake_hidden(std::span<const token_id> history, int32_t hidden_size) {
+  std::vector<float> h = fake_logits(history, hidden_size);
+  for (float& v : h) v /= 4.0f;
+  return h;
+}
+
 // Token of rank `rank` (0 = argmax) in fake_logits(history); ties broken by the lower id.
 inline token_id ranked_token(std::span<const token_id> history, int32_t vocab_size, int32_t rank = 0) {
   std::vector<float> l = fake_logits(history, vocab_size);
@@ -88,6 +97,7 @@ class sim_executor : public executor {
     config_.name = "sim";
     config_.num_layers = 1;
     config_.vocab_size = vocab_size;
+    config_.hidden_size = 4;
     config_.context_length = 1 << 20;
     device_.assign(static_cast<size_t>(num_device_blocks) * block_size, slot{});
     host_.assign(static_cast<size_t>(num_host_blocks) * block_size, slot{});
@@ -98,6 +108,7 @@ class sim_executor : public executor {
   int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "sim"; }
   bool reads_only_window() const override { return true; }
+  bool pools_hidden_states() const override { return true; }
 
   // One sliding-window layer of w positions (0: full attention): config().kv_window() becomes w.
   void set_window(int32_t w) {
@@ -171,6 +182,9 @@ class sim_executor : public executor {
     out.logits.clear();
     out.first_row.assign(batch.seqs.size(), 0);
     out.num_rows.assign(batch.seqs.size(), 0);
+    out.hidden_size = config_.hidden_size;
+    out.hidden.clear();
+    out.hidden_row.assign(batch.seqs.size(), -1);
     int32_t row = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const sequence_slice& s = batch.seqs[i];
@@ -217,6 +231,19 @@ class sim_executor : public executor {
         out.logits.insert(out.logits.end(), l.begin(), l.end());
       }
       row += num_rows;
+      if (s.hidden != sequence_slice::hidden_mode::none && !s.tokens.empty()) {
+        const auto hs = static_cast<size_t>(config_.hidden_size);
+        out.hidden_row[i] = static_cast<int32_t>(out.hidden.size() / hs);
+        out.hidden.resize(out.hidden.size() + hs, 0.0f);
+        float* dst = out.hidden.data() + out.hidden.size() - hs;
+        const size_t first_row = s.hidden == sequence_slice::hidden_mode::last ? s.tokens.size() - 1 : 0;
+        for (size_t j = first_row; j < s.tokens.size(); ++j) {
+          const size_t upto = history.size() - (s.tokens.size() - 1 - j);
+          const std::vector<float> h =
+              fake_hidden(visible_history(std::span(history).first(upto), window_), config_.hidden_size);
+          for (size_t d = 0; d < hs; ++d) dst[d] += h[d];
+        }
+      }
       histories_[s.seq] = std::move(history);
     }
   }

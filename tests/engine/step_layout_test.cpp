@@ -237,3 +237,35 @@ TEST(step_layout, starts_afresh_each_step) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Embedding slices (sequence_slice::hidden) get one zeroed row of step_output::hidden each, in batch
+// order, and no logits row; empty ones get none.
+TEST(step_layout, pooled_sequences_get_their_hidden_rows) {
+  model_config c = tiny_config();
+  c.hidden_size = 3;
+  step_batch b;
+  b.seqs.push_back(slice({1, 2, 3}, 0, {0}, mode::none));
+  b.seqs.back().hidden = sequence_slice::hidden_mode::sum;
+  b.seqs.push_back(slice({4}, 3, {1}, mode::last));  // a decode between them
+  b.seqs.push_back(slice({5, 6}, 0, {2}, mode::none));
+  b.seqs.back().hidden = sequence_slice::hidden_mode::last;
+  b.seqs.push_back(slice({}, 0, {3}, mode::none));  // nothing new: nothing pooled
+  b.seqs.back().hidden = sequence_slice::hidden_mode::sum;
+  step_layout layout;
+  step_output out;
+  out.hidden.assign(100, 7.0f);  // a reused output: the rows are zeroed
+  build_step_layout(b, pool(4, 8), c, false, "cpu", layout, out);
+  EXPECT_EQ(layout.pooled_seqs, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(out.hidden_row, (std::vector<int32_t>{0, -1, 1, -1}));
+  EXPECT_EQ(out.hidden_size, 3);
+  EXPECT_EQ(out.hidden, std::vector<float>(6, 0.0f));
+  EXPECT_EQ(out.num_rows, (std::vector<int32_t>{0, 1, 0, 0}));
+  EXPECT_EQ(out.hidden_of(2).size(), 3u);
+  EXPECT_TRUE(out.hidden_of(1).empty());
+}
+
+}  // namespace
+}  // namespace tessera

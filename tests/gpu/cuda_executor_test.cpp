@@ -282,6 +282,26 @@ TEST(CudaExecutorFeatures, RefusesWhatItDoesNotImplementByName) {
   }
 }
 
+// Embeddings (sequence_slice::hidden) are not implemented here (docs/gpu_executor.md): the executor
+// says so, and the engine refuses an embedding request with a message naming it (a 400 from the server).
+TEST(CudaExecutorFeatures, RefusesEmbeddingsNamingTheExecutor) {
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  cuda_executor_options o;
+  o.kv = small_pool();
+  const auto gpu = make_cuda_executor(make_dummy_weights(tiny_config(rope_style::half)), o);
+  EXPECT_FALSE(gpu->pools_hidden_states());
+  engine_options eo;
+  eo.block_size = small_pool().block_size;
+  llm_engine engine(*gpu, nullptr, eo);
+  try {
+    engine.add_embedding_request({1, 2, 3}, pooling_type::mean);
+    ADD_FAILURE() << "an embedding request was accepted by the cuda executor's engine";
+  } catch (const invalid_request& e) {
+    EXPECT_NE(std::string(e.what()).find("not available with the cuda executor"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(engine.has_unfinished());
+}
+
 struct executor_case {
   rope_style rope;
   cuda_dtype dtype;

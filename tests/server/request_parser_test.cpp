@@ -112,6 +112,86 @@ TEST(request_parser, prompt_batches) {
       api_error);
 }
 
+TEST(request_parser, embedding_requests) {
+  const int32_t hidden = 576;
+  auto parse = [&](std::string_view body) { return parse_embedding_request(body, vocab, hidden); };
+  generation_request r = parse(R"({"model":"m","input":"Hello","user":"u"})");
+  EXPECT_EQ(r.kind, api_kind::embedding);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt.text, "Hello");
+  EXPECT_TRUE(r.prompt.add_special);
+  EXPECT_TRUE(r.more_prompts.empty());
+  EXPECT_FALSE(r.embedding_base64);
+  EXPECT_FALSE(r.stream);
+  r = parse(R"({"add_special_tokens":false,"input":["a","b","c"],"encoding_format":"base64","dimensions":576})");
+  EXPECT_TRUE(r.embedding_base64);
+  ASSERT_EQ(r.more_prompts.size(), 2u);
+  EXPECT_EQ(r.more_prompts[1].text, "c");
+  EXPECT_FALSE(r.prompt.add_special);
+  EXPECT_FALSE(r.more_prompts[1].add_special);
+  r = parse(R"({"input":[1,2,3],"encoding_format":"float"})");
+  EXPECT_EQ(r.prompt.ids, (std::vector<token_id>{1, 2, 3}));
+  r = parse(R"({"input":[[1],[2,3]]})");
+  ASSERT_EQ(r.more_prompts.size(), 1u);
+  EXPECT_EQ(r.more_prompts[0].ids, (std::vector<token_id>{2, 3}));
+  auto error = [&](std::string_view body) {
+    try {
+      parse(body);
+    } catch (const api_error& e) { return e; }
+    ADD_FAILURE() << "no error for " << body;
+    return api_error(0, "");
+  };
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({})", "input"},
+           {R"({"input":""})", "input"},
+           {R"({"input":[]})", "input"},
+           {R"({"input":[[1],[]]})", "input"},
+           {R"({"input":{"a":1}})", "input"},
+           {R"({"input":[5000]})", "input"},
+           {R"({"input":"x","encoding_format":"hex"})", "encoding_format"},
+           {R"({"input":"x","encoding_format":1})", "encoding_format"},
+           {R"({"input":"x","dimensions":64})", "dimensions"},
+           {R"({"input":"x","dimensions":"576"})", "dimensions"},
+           {R"({"input":"x","stream":true})", "stream"},
+           {R"({"input":"x","max_tokens":3})", "max_tokens"},
+       }) {
+    const api_error e = error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param.substr(0, param.size()), param) << body << ": " << e.what();
+  }
+  EXPECT_NE(std::string(error(R"({"input":"x","dimensions":64})").what()).find("576"), std::string::npos);
+}
+
+TEST(openai_format, embeddings_response_float_and_base64) {
+  generation_request req;
+  req.kind = api_kind::embedding;
+  actors::stream_final f;
+  f.num_prompt_tokens = 7;
+  for (int i : {1, 0}) {  // out of order: the response sorts by index
+    actors::choice_result c;
+    c.index = i;
+    c.embedding = i == 0 ? std::vector<float>{1.0f, -2.5f} : std::vector<float>{0.5f};
+    f.choices.push_back(c);
+  }
+  const response_meta meta{"embd-1", 123, "m"};
+  boost::json::value v = boost::json::parse(embeddings_response(req, meta, f));
+  EXPECT_EQ(v.at("object"), "list");
+  EXPECT_EQ(v.at("model"), "m");
+  EXPECT_EQ(v.at("usage").at("prompt_tokens"), 7);
+  EXPECT_EQ(v.at("usage").at("total_tokens"), 7);
+  const auto& data = v.at("data").as_array();
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_EQ(data[0].at("index"), 0);
+  EXPECT_EQ(data[0].at("object"), "embedding");
+  EXPECT_EQ(data[0].at("embedding").as_array().size(), 2u);
+  EXPECT_DOUBLE_EQ(data[0].at("embedding").as_array()[1].as_double(), -2.5);
+  req.embedding_base64 = true;
+  v = boost::json::parse(embeddings_response(req, meta, f));
+  // float32 LE: 1.0 = 00 00 80 3f, -2.5 = 00 00 20 c0 -> base64 of those 8 bytes; 0.5 = 00 00 00 3f.
+  EXPECT_EQ(v.at("data").as_array()[0].at("embedding"), "AACAPwAAIMA=");
+  EXPECT_EQ(v.at("data").as_array()[1].at("embedding"), "AAAAPw==");
+}
+
 TEST(request_parser, echo) {
   EXPECT_TRUE(parse_generation_request(R"({"prompt":"x","echo":true})", api_kind::completion, vocab).echo);
   EXPECT_FALSE(parse_generation_request(R"({"prompt":"x","echo":false})", api_kind::completion, vocab).echo);
