@@ -79,7 +79,9 @@ class fault_injecting_executor : public executor {
   const kv_cache_spec& kv_spec() const override { return inner_->kv_spec(); }
   int64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
   const char* name() const override { return inner_->name(); }
+  const char* kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
+  bool reads_only_window() const override { return inner_->reads_only_window(); }
   bool pools_hidden_states() const override { return inner_->pools_hidden_states(); }
   void execute(const step_batch& batch, step_output& out) override;
 

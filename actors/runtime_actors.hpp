@@ -107,7 +107,12 @@ class actor_executor : public executor {
   void execute(const step_batch& batch, step_output& out) override;
   const char* name() const override { return name_.c_str(); }
   const char* kv_cache_dtype() const override { return kv_dtype_.c_str(); }
-  // The executor actor's executor returns hidden states (embeddings) or not; the engine asks this one.
+  // What the executor actor's executor can do, which the engine asks this one: it samples on the
+  // device (the CUDA executor), reads only the attention window (so the engine frees the blocks before
+  // it), returns hidden states (embeddings). Each must be passed on: a capability this adapter forgets
+  // is silently off in every served engine (tests/actors/actor_protocol_test.cpp checks each).
+  bool samples_on_device() const override { return samples_on_device_; }
+  bool reads_only_window() const override { return reads_only_window_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
 
   const std::string& failure() const { return failure_; }
@@ -122,6 +127,8 @@ class actor_executor : public executor {
   int64_t block_bytes_ = 0;
   std::string name_;
   std::string kv_dtype_;
+  bool samples_on_device_ = false;
+  bool reads_only_window_ = false;
   bool pools_hidden_states_ = false;
   std::string failure_;
   std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread

@@ -485,7 +485,7 @@ void http_session::on_final(const stream_final& f) {
       if (value.is_double()) std::snprintf(text, sizeof text, "%.6f", value.get_double());
       res.set(timing_header(key), value.is_double() ? std::string(text) : json::serialize(value));
     }
-    res.body() = g.responses                          ? responses_body(*g.responses, g.req, g.responses_ids, g.choices.front().text, f)
+    res.body() = g.responses ? responses_body(*g.responses, g.req, g.responses_ids, g.choices.front().text, f)
                  : g.req.kind == api_kind::embedding ? embeddings_response(g.req, g.meta, f)
                                                      : full_response(g.req, g.meta, g.choices, f, tok);
     gen_.reset();

@@ -26,7 +26,7 @@ enum class route : uint8_t {
   openapi,  // GET /openapi.json (server/openapi.json)
   completions,
   chat_completions,
-  responses,  // POST /v1/responses (server/responses_request.hpp)
+  responses,   // POST /v1/responses (server/responses_request.hpp)
   embeddings,  // POST /v1/embeddings
   tokenize,
   detokenize,

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "actor_test_support.hpp"
+#include "actors/fault_injection.hpp"
 #include "actors/runtime_actors.hpp"
 
 namespace tessera::actors {
@@ -122,6 +123,44 @@ TEST_F(actor_test, actor_executor_forwards_and_fails_for_good_after_a_failure) {
   EXPECT_THROW(adapter.execute(batch, out), std::runtime_error);
   EXPECT_TRUE(adapter.failed());
   EXPECT_THROW(adapter.execute(batch, out), std::runtime_error) << "a dead executor stays dead";
+}
+
+// An executor that claims every optional capability (and names its KV dtype), to see each one through
+// the adapters in front of the real executor. Only its claims are looked at, never execute().
+struct claims_everything : sim_executor {
+  using sim_executor::sim_executor;
+  const char* kv_cache_dtype() const override { return "bf16"; }
+  bool samples_on_device() const override { return true; }
+  bool reads_only_window() const override { return true; }
+  bool pools_hidden_states() const override { return true; }
+};
+
+void expect_same_capabilities(const executor& got, const executor& want) {
+  EXPECT_STREQ(got.name(), want.name());
+  EXPECT_STREQ(got.kv_cache_dtype(), want.kv_cache_dtype());
+  EXPECT_EQ(got.samples_on_device(), want.samples_on_device());
+  EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
+  EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());
+}
+
+// The served engine talks to the executor through actor_executor (and, in fault-injection runs, the
+// fault-injecting wrapper): a capability either forgets is off in every served engine (the window's
+// blocks never freed, device sampling never used), with no error anywhere.
+TEST_F(actor_test, the_adapters_report_every_capability_of_the_executor_behind_them) {
+  for (bool claims : {true, false}) {
+    std::shared_ptr<sim_executor> exec = claims ? std::make_shared<claims_everything>(16, 8, 0, test_vocab)
+                                                : std::make_shared<sim_executor>(16, 8, 0, test_vocab);
+    caf::actor a = spawn_executor_actor(sys, exec);
+    actor_executor adapter(sys, a, *exec);
+    expect_same_capabilities(adapter, *exec);
+    std::unique_ptr<executor> inner = claims ? std::make_unique<claims_everything>(16, 8, 0, test_vocab)
+                                             : std::make_unique<sim_executor>(16, 8, 0, test_vocab);
+    const executor& inner_ref = *inner;
+    fault_injecting_executor faulty(std::move(inner), fault_plan{});
+    expect_same_capabilities(faulty, inner_ref);
+    caf::scoped_actor self{sys};
+    self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
 }
 
 TEST_F(actor_test, kv_manager_publishes_the_latest_occupancy_and_keeps_the_last_block_view) {

@@ -107,9 +107,7 @@ void* checked(void* p) {
 void* operator new(size_t size) { return checked(guarded_alloc(size, natural_alignment(size))); }
 void* operator new[](size_t size) { return checked(guarded_alloc(size, natural_alignment(size))); }
 void* operator new(size_t size, std::align_val_t al) { return checked(guarded_alloc(size, static_cast<size_t>(al))); }
-void* operator new[](size_t size, std::align_val_t al) {
-  return checked(guarded_alloc(size, static_cast<size_t>(al)));
-}
+void* operator new[](size_t size, std::align_val_t al) { return checked(guarded_alloc(size, static_cast<size_t>(al))); }
 void* operator new(size_t size, const std::nothrow_t&) noexcept { return guarded_alloc(size, natural_alignment(size)); }
 void* operator new[](size_t size, const std::nothrow_t&) noexcept {
   return guarded_alloc(size, natural_alignment(size));
