@@ -214,33 +214,26 @@ engine_facade::~engine_facade() {
 }
 
 submit_result engine_facade::submit(prompt_input prompt, const sampling_params& params, int32_t priority) {
-  submit_result result;
-  auto reject = [&](submit_error e, std::string message) {
-    in_->num_rejected.fetch_add(1);
-    result.error = e;
-    result.message = std::move(message);
-    return result;
-  };
-  if (!in_->accepting.load()) return reject(submit_error::shutting_down, "the engine is shutting down");
-  if (!shared_->healthy.load()) return reject(submit_error::unhealthy, "the engine is unhealthy: " + health().message);
+  std::string invalid;
   try {
     params.validate(config_.vocab_size, options_.engine.limits);
-  } catch (const std::exception& e) { return reject(submit_error::invalid, e.what()); }
-  if (params.structured && !options_.engine.constraints) {
-    return reject(submit_error::invalid,
-                  "'" + params.structured->field + "': structured output is not available in this build");
+  } catch (const std::exception& e) { invalid = e.what(); }
+  if (invalid.empty() && params.structured && !options_.engine.constraints) {
+    invalid = "'" + params.structured->field + "': structured output is not available in this build";
   }
-  return send_submit(std::move(prompt), params, priority, pooling_type::none);
+  return send_submit(std::move(prompt), params, priority, pooling_type::none, std::move(invalid));
 }
 
 submit_result engine_facade::submit_embedding(prompt_input prompt, pooling_type pooling, int32_t priority) {
   sampling_params params;  // unused by an embedding
   params.max_tokens = 1;
-  return send_submit(std::move(prompt), params, priority, pooling);
+  return send_submit(std::move(prompt), params, priority, pooling, {});
 }
 
+// The refusals in their order: shutting down, unhealthy, the request's own fault (`invalid`, found by
+// the caller), overload.
 submit_result engine_facade::send_submit(prompt_input prompt, const sampling_params& params, int32_t priority,
-                                         pooling_type pooling) {
+                                         pooling_type pooling, std::string invalid) {
   submit_result result;
   auto reject = [&](submit_error e, std::string message) {
     in_->num_rejected.fetch_add(1);
@@ -250,6 +243,7 @@ submit_result engine_facade::send_submit(prompt_input prompt, const sampling_par
   };
   if (!in_->accepting.load()) return reject(submit_error::shutting_down, "the engine is shutting down");
   if (!shared_->healthy.load()) return reject(submit_error::unhealthy, "the engine is unhealthy: " + health().message);
+  if (!invalid.empty()) return reject(submit_error::invalid, std::move(invalid));
   if (shared_->num_queued.fetch_add(1) >= options_.max_waiting) {
     shared_->num_queued.fetch_sub(1);
     return reject(submit_error::overloaded,

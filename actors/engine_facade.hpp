@@ -174,7 +174,8 @@ class engine_facade {
 
  private:
   // What submit and submit_embedding share once the request is valid: admission, the stream, the send.
-  submit_result send_submit(prompt_input prompt, const sampling_params& params, int32_t priority, pooling_type pooling);
+  submit_result send_submit(prompt_input prompt, const sampling_params& params, int32_t priority, pooling_type pooling,
+                            std::string invalid);
   std::unique_ptr<facade_internals> in_;
   std::shared_ptr<runtime_shared> shared_;
   std::shared_ptr<const tokenizer> tok_;

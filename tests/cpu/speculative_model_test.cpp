@@ -21,19 +21,14 @@
 #include "engine/model/model_loader.hpp"
 #include "engine/speculative/draft_model_proposer.hpp"
 #include "engine/speculative/vocabulary_check.hpp"
+#include "tests/support/greedy_params.hpp"
 #include "tests/support/ngram_speculation.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace tessera {
 namespace {
 
-sampling_params greedy(int32_t max_tokens) {
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;  // always max_tokens: the comparison covers the whole output
-  return p;
-}
+sampling_params greedy(int32_t max_tokens) { return test_support::greedy_to_length(max_tokens); }
 
 engine_options options(int32_t blocks, int32_t host, bool speculative,
                        preemption_mode mode = preemption_mode::automatic) {

@@ -188,14 +188,14 @@ def gauge(name):
     return sum(v for k, v in srv.metrics().items() if k == name or k.startswith(name + "{"))
 
 
-@case
-def a_client_that_leaves_a_streamed_batch_frees_every_prompts_blocks():
-    body = json.dumps({"prompt": PROMPTS, "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True})
+def leave_a_stream_and_expect_every_block_freed(path, body, marker):
+    """Starts a streamed request on a raw socket, closes it once `marker` has arrived (the request is
+    running), and waits (boundedly) for the engine to have no running request and no used KV block."""
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
     got = b""
-    while b"data: {" not in got:
+    while marker not in got:
         chunk = s.recv(4096)
         assert chunk, got
         got += chunk
@@ -205,6 +205,12 @@ def a_client_that_leaves_a_streamed_batch_frees_every_prompts_blocks():
     while time.time() < deadline and (gauge("tessera_num_requests_running") > 0 or gauge("tessera_kv_blocks_used") > 0):
         time.sleep(0.1)
     assert gauge("tessera_num_requests_running") == 0 and gauge("tessera_kv_blocks_used") == 0, srv.metrics()
+
+
+@case
+def a_client_that_leaves_a_streamed_batch_frees_every_prompts_blocks():
+    body = json.dumps({"prompt": PROMPTS, "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True})
+    leave_a_stream_and_expect_every_block_freed("/v1/completions", body, b"data: {")
 
 
 # ---- echo -------------------------------------------------------------------------------------------
@@ -442,20 +448,7 @@ def responses_outside_the_plain_text_subset_are_400s_naming_the_field():
 @case
 def a_client_that_leaves_a_streamed_response_frees_its_blocks():
     body = json.dumps({"input": "Tell a long story.", "max_output_tokens": 500, "stream": True})
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-    s.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-    got = b""
-    while b"response.output_text.delta" not in got:
-        chunk = s.recv(4096)
-        assert chunk, got
-        got += chunk
-    assert gauge("tessera_num_requests_running") > 0
-    s.close()
-    deadline = time.time() + 30
-    while time.time() < deadline and (gauge("tessera_num_requests_running") > 0 or gauge("tessera_kv_blocks_used") > 0):
-        time.sleep(0.1)
-    assert gauge("tessera_num_requests_running") == 0 and gauge("tessera_kv_blocks_used") == 0, srv.metrics()
+    leave_a_stream_and_expect_every_block_freed("/v1/responses", body, b"response.output_text.delta")
 
 
 # ---- /openapi.json ----------------------------------------------------------------------------------

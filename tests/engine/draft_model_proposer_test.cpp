@@ -17,6 +17,7 @@
 #include "engine/llm_engine.hpp"
 #include "engine/sim_executor.hpp"
 #include "engine/speculative/draft_model_proposer.hpp"
+#include "tests/support/greedy_params.hpp"
 
 namespace tessera {
 namespace {
@@ -74,13 +75,7 @@ engine_options opts(int32_t blocks, int32_t host, std::shared_ptr<executor> draf
   return o;
 }
 
-sampling_params greedy(int32_t max_tokens) {
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+sampling_params greedy(int32_t max_tokens) { return test_support::greedy_to_length(max_tokens); }
 
 sampling_params seeded(int32_t max_tokens, uint64_t seed) {
   sampling_params p;

@@ -13,6 +13,7 @@
 #include "engine/base/error.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/sim_executor.hpp"
+#include "tests/support/greedy_params.hpp"
 
 namespace tessera {
 namespace {
@@ -75,13 +76,7 @@ std::map<request_id, result> run_to_end(llm_engine& engine, std::vector<engine_e
   return all;
 }
 
-sampling_params greedy(int32_t max_tokens) {
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+sampling_params greedy(int32_t max_tokens) { return test_support::greedy_to_length(max_tokens); }
 
 // One output, final, no tokens: the vector only.
 const std::vector<float>& embedding_of(const result& r) {

@@ -20,6 +20,7 @@
 #include "engine/speculative/speculative_options.hpp"
 #include "engine/speculative/verifier.hpp"
 #include "tests/support/chi_square.hpp"
+#include "tests/support/greedy_params.hpp"
 #include "tests/support/ngram_speculation.hpp"
 #include "tests/support/scripted_constraints.hpp"
 
@@ -247,13 +248,7 @@ engine_options spec_opts(int32_t blocks, bool speculative, int32_t host = 0) {
   return o;
 }
 
-sampling_params greedy(int32_t max_tokens) {
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+sampling_params greedy(int32_t max_tokens) { return test_support::greedy_to_length(max_tokens); }
 
 std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len, int32_t v = vocab) {
   std::vector<token_id> p;
