@@ -145,6 +145,11 @@ def a_streamed_batch_covers_every_choice():
     assert events[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"], events[-1]
 
 
+def openai_client():
+    import openai
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+
+
 @case
 def batches_through_the_openai_client():
     try:
@@ -152,7 +157,7 @@ def batches_through_the_openai_client():
     except ImportError:
         print("  (openai not installed: skipped)")
         return
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+    client = openai_client()
     r = client.completions.create(model="first-name", prompt=PROMPTS[:2], max_tokens=4, temperature=0, n=2)
     assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.model == "first-name", r
     assert r.usage.prompt_tokens == tokens_of(PROMPTS[0]) + tokens_of(PROMPTS[1]), r.usage
@@ -350,11 +355,6 @@ def allow_truncation_makes_too_long_prompts_keep_what_fits():
 
 # ---- /v1/responses ---------------------------------------------------------------------------------
 
-def openai_client():
-    import openai
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
-
-
 ASK = {"instructions": "Answer in one word.", "input": "Name a colour of the sky.", "max_output_tokens": 12,
        "temperature": 0}
 ASK_AS_CHAT = {"messages": [{"role": "system", "content": ASK["instructions"]}, {"role": "user", "content": ASK["input"]}],
@@ -513,11 +513,10 @@ def cosine(a, b):
 @case
 def embeddings_through_the_openai_client_float_and_base64():
     try:
-        import openai
+        client = openai_client()
     except ImportError:
         print("  (openai not installed: skipped)")
         return
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
     text = EMBED_FIXTURE["inputs"][0]["text"]
     as_float = client.embeddings.create(model="first-name", input=text, encoding_format="float")
     as_base64 = client.embeddings.create(model="second/name", input=text, encoding_format="base64")
