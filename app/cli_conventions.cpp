@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -116,6 +117,23 @@ std::vector<std::string> rewrite_foreign_spellings(int argc, char** argv) {
     if (!rewritten) out.emplace_back(arg);
   }
   return out;
+}
+
+bool json_log_format_requested(const std::vector<std::string>& args) {
+  std::optional<std::string_view> format;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    if (arg == "--log-format" && i + 1 < args.size()) {
+      format = args[++i];
+    } else if (arg.starts_with("--log-format=")) {
+      format = arg.substr(std::string_view("--log-format=").size());
+    }
+  }
+  if (!format) {
+    const char* env = std::getenv("TESSERA_LOG_FORMAT");
+    if (env != nullptr) format = env;
+  }
+  return format == "json";
 }
 
 std::string suggest_option(const CLI::App& cmd, const std::string& unknown) {

@@ -30,6 +30,11 @@ CLI::Validator human_token_count();
 // "-md FILE" -> "--draft-model FILE").
 std::vector<std::string> rewrite_foreign_spellings(int argc, char** argv);
 
+// Whether the command line (or TESSERA_LOG_FORMAT) asks for `--log-format json`, read before CLI11
+// parses, so that a usage error is written as a JSON line too (a log collector gets one object per line
+// whatever went wrong). Only the last --log-format counts, as in CLI11.
+bool json_log_format_requested(const std::vector<std::string>& args);
+
 // For an option `cmd` does not know: the Tessera flag it most likely means ("" when nothing is close).
 std::string suggest_option(const CLI::App& cmd, const std::string& unknown);
 

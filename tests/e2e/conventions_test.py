@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of the conventions users bring from vLLM and llama-server (issue #19), on the real
 server and the real default model:
-  metrics:   /metrics parses with prometheus_client's parser: no `unknown` type, no family twice, no
+  metrics:   /metrics passes `promtool check metrics` and parses with prometheus_client's parser: no `unknown` type, no family twice, no
              family without samples, counters named `_total` and nothing else, vLLM's names under
              `tessera:` with a `model_name` label, and the time-to-first-token histogram counting a
              long stream while it still runs;
@@ -116,6 +116,34 @@ def metrics_parse_with_prometheus_client():
         sample_value(fams, "tessera_generation_tokens", "tessera_generation_tokens_total") > 0
     assert sample_value(fams, "tessera:request_generation_tokens", "tessera:request_generation_tokens_count") >= 1
     assert 0 <= sample_value(fams, "tessera:kv_cache_usage_perc", "tessera:kv_cache_usage_perc") <= 1
+
+
+@case
+def metrics_pass_promtool():
+    # promtool (Prometheus' own tool, Debian's prometheus package; scripts/setup --test-deps) parses the
+    # exposition with the server's parser and lints it: names, units, _total on counters only, HELP text.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        assert os.environ.get("CI") != "true", "promtool is missing (scripts/setup --test-deps installs it)"
+        print("  (skipped: no promtool)")
+        return
+    post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    text = scrape()
+    p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    # Its one objection is to vLLM's own names: the `tessera:` set carries vLLM's `vllm:` names (a colon,
+    # which promtool reserves for recording rules) so that dashboards built for vLLM work; vLLM's own
+    # /metrics draws the same line. Tessera's own names (tessera_*) pass every lint.
+    problems = [l for l in (p.stdout + p.stderr).splitlines() if l.strip()]
+    assert p.returncode in (0, 3) and "error while linting" not in p.stdout + p.stderr, (p.returncode, problems[:10])
+    colon = [l for l in problems if re.fullmatch(r"tessera:\S+ metric names should not contain ':'", l)]
+    objected = {re.sub(r"_total$", "", l.split()[0]) for l in colon}  # promtool names a counter with _total
+    assert problems == colon and objected == set(VLLM_FAMILIES), (set(problems) - set(colon), objected ^ set(VLLM_FAMILIES))
+    # It does check: a counter without HELP and a gauge named like a counter are named.
+    bad = text + "# TYPE tessera_no_help_total counter\ntessera_no_help_total 1\n" + \
+        "# HELP tessera_odd gauge\n# TYPE tessera_odd counter\ntessera_odd 1\n"
+    p = subprocess.run([promtool, "check", "metrics"], input=bad, capture_output=True, text=True, timeout=60)
+    said = p.stdout + p.stderr
+    assert "tessera_no_help_total no help text" in said and 'tessera_odd counter metrics should have "_total"' in said, said
 
 
 @case

@@ -409,13 +409,19 @@ def make_request_parser():
                         "content": [{"type": "output_text", "text": "b", "annotations": []}]}],
              "truncation": "auto", "text": {"format": {"type": "text"}}, "tools": [], "include": []}),
         (4, {"input": "x", "tools": [{"type": "function", "name": "f"}], "previous_response_id": "resp_1"}),
+        # /v1/embeddings (selector 5): each input shape, the formats, dimensions.
+        (5, {"model": "m", "input": "The sky is blue", "encoding_format": "float"}),
+        (5, {"input": ["a", "b"], "encoding_format": "base64", "dimensions": 576, "user": "u"}),
+        (5, {"input": [[1, 2, 3], [4]], "add_special_tokens": False}),
+        (5, {"input": [7, 8, 9], "dimensions": 64}),
     ]
     for i, (kind, body) in enumerate(bodies):
         write("request_parser", f"body_{i:02d}.bin", bytes([kind]) + json.dumps(body).encode())
     # Malformed bodies from the server's bad-input table.
     for i, (kind, raw) in enumerate([(0, b"{"), (0, b'{"prompt": [1, 2, 49152]}'), (1, b'{"messages": []}'),
                                      (0, b'{"prompt": "x", "max_tokens": 1e400}'), (3, b'{"tokens": [-1]}'),
-                                     (0, b'{"prompt": "x", "logit_bias": {"99999999": 1}}'), (2, b"[]")]):
+                                     (0, b'{"prompt": "x", "logit_bias": {"99999999": 1}}'), (2, b"[]"),
+                                     (5, b'{"input": [[1, 49152]]}'), (5, b'{"input": []}')]):
         write("request_parser", f"bad_{i:02d}.bin", bytes([kind]) + raw)
 
 

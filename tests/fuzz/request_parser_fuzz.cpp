@@ -1,9 +1,10 @@
 // The OpenAI request-body parser (server/request_parser.hpp): the first input byte picks the parser,
 // the rest is the body.
 //
-//   byte % 5 == 0: parse_generation_request(completion)   1: parse_generation_request(chat)
+//   byte % 6 == 0: parse_generation_request(completion)   1: parse_generation_request(chat)
 //                2: parse_tokenize_request                 3: parse_detokenize_request
 //                4: parse_responses_request (/v1/responses, server/responses_request.hpp)
+//                5: parse_embedding_request (/v1/embeddings)
 //
 // Oracles besides the sanitizers: only api_error escapes (its JSON envelope is then serialized), every
 // token id that comes back is inside the vocabulary, and an accepted request's sampling parameters
@@ -22,6 +23,7 @@ using namespace tessera;
 using namespace tessera::server;
 
 constexpr int32_t k_vocab = 49152;  // the default model's
+constexpr int32_t k_hidden = 576;
 
 void check_ids(const std::vector<token_id>& ids, const char* what) {
   for (token_id id : ids)
@@ -35,10 +37,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body = fuzz::as_text(data + 1, size - 1);
   const request_limits limits;
   try {
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
       case 0:
       case 1: {
-        const api_kind kind = data[0] % 5 == 0 ? api_kind::completion : api_kind::chat;
+        const api_kind kind = data[0] % 6 == 0 ? api_kind::completion : api_kind::chat;
         const generation_request req = parse_generation_request(body, kind, k_vocab, limits);
         check_ids(req.prompt.ids, "prompt");
         check_ids(req.params.stop_token_ids, "stop_token_ids");
@@ -60,6 +62,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: check_ids(parse_detokenize_request(body, k_vocab, limits), "tokens"); break;
+      case 5: {
+        // An accepted one is an embedding of one or more prompts, each inside the vocabulary, that
+        // generates nothing.
+        const generation_request req = parse_embedding_request(body, k_vocab, k_hidden, limits);
+        fuzz::check(req.kind == api_kind::embedding && req.params.max_tokens == 1,
+                    "an embedding request that generates");
+        check_ids(req.prompt.ids, "input");
+        for (const auto& more : req.more_prompts) check_ids(more.ids, "input");
+        break;
+      }
       default: {
         // An accepted one is a chat request over messages, its parameters valid as chat's.
         const responses_request req = parse_responses_request(body, k_vocab, limits);
