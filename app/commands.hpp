@@ -98,6 +98,7 @@ class library_commands {
   CLI::App* rm_ = nullptr;
   std::vector<std::string> pull_names_;
   std::vector<std::string> rm_names_;
+  bool list_verify_ = false;
 };
 
 // `tessera serve`: the OpenAI-compatible server (app/serve.cpp).

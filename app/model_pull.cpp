@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <system_error>
 #include <utility>
 
+#include "app/check_stamp.hpp"
 #include "app/child_process.hpp"
 #include "app/sha256.hpp"
 
@@ -139,13 +141,34 @@ const char* to_string(file_check c) {
 
 fs::path pull_dir_of(const catalogue_entry& e, const fs::path& library) { return library / (".pull-" + e.name); }
 
-file_check check_model_file(const fs::path& file, const catalogue_entry& e,
-                            const std::function<void(int64_t, int64_t)>& progress) {
+namespace {
+
+// missing or wrong_size from a stat(), nullopt when only the hash can tell.
+std::optional<file_check> check_size(const fs::path& file, const catalogue_entry& e) {
   std::error_code ec;
   const auto size = fs::file_size(file, ec);
   if (ec) return file_check::missing;
   if (static_cast<int64_t>(size) != e.size) return file_check::wrong_size;
+  return std::nullopt;
+}
+
+}  // namespace
+
+file_check check_model_file(const fs::path& file, const catalogue_entry& e,
+                            const std::function<void(int64_t, int64_t)>& progress) {
+  if (const auto c = check_size(file, e)) return *c;
   return sha256_file(file, progress) == e.sha256 ? file_check::ok : file_check::wrong_sha256;
+}
+
+file_check check_library_file(const fs::path& file, const catalogue_entry& e, bool verify,
+                              const std::function<void(int64_t, int64_t)>& progress) {
+  if (const auto c = check_size(file, e)) return *c;
+  std::optional<std::string> sha = verify ? std::nullopt : stamped_sha256(file);
+  if (!sha) {
+    sha = sha256_file(file, progress);
+    write_check_stamp(file, *sha);
+  }
+  return *sha == e.sha256 ? file_check::ok : file_check::wrong_sha256;
 }
 
 pull_result pull_model(const catalogue_entry& e, const fs::path& library, bool tty) {
@@ -156,7 +179,7 @@ pull_result pull_model(const catalogue_entry& e, const fs::path& library, bool t
   const fs::path target = library / e.file;
   step_printer out(e, tty);
   if (fs::exists(target, ec)) {
-    const file_check c = check_model_file(target, e);
+    const file_check c = check_library_file(target, e, /*verify=*/false);
     if (c == file_check::ok) return {target, true};
     std::fprintf(stderr, "pull %s: %s is in the library with a %s: fetching it again\n", e.name.c_str(), target.c_str(),
                  c == file_check::wrong_size ? "wrong size" : "wrong sha256");
@@ -269,6 +292,7 @@ pull_result pull_model(const catalogue_entry& e, const fs::path& library, bool t
   fs::rename(tmp.part, target, ec);
   if (ec) throw pull_error("cannot move " + tmp.part.string() + " to " + target.string() + ": " + ec.message());
   tmp.part.clear();
+  write_check_stamp(target, e.sha256);  // a rename keeps the inode and mtime the hash was taken of
   return {target, false};
 }
 

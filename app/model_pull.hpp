@@ -36,6 +36,11 @@ std::filesystem::path pull_dir_of(const catalogue_entry& e, const std::filesyste
 file_check check_model_file(const std::filesystem::path& file, const catalogue_entry& e,
                             const std::function<void(int64_t, int64_t)>& progress = {});
 
+// check_model_file for a file of the library: a valid check stamp (app/check_stamp.hpp) stands for
+// the hash unless `verify`; a file that is hashed gets a stamp for next time.
+file_check check_library_file(const std::filesystem::path& file, const catalogue_entry& e, bool verify,
+                              const std::function<void(int64_t, int64_t)>& progress = {});
+
 struct pull_result {
   std::filesystem::path path;
   bool already_there = false;  // the file was in the library with the right sha256: nothing fetched

