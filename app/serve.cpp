@@ -243,6 +243,7 @@ int serve_command::run() {
     spdlog::error("--webui-dir {} has no index.html", webui_dir_);
     return finish(exit_usage);
   }
+  if (!so.webui_dir.empty()) so.webui_vendor = server::resolve_vendor_files();
   so.limits.sampling = to_engine_options(engine_).limits;
   so.parsers = parsers;
   so.limits.max_response_bytes = max_response_bytes_;
@@ -292,7 +293,10 @@ int serve_command::run() {
   if (so.host != "127.0.0.1" && so.host != "::1" && so.host != "localhost" && so.api_key.empty()) {
     spdlog::warn("bound to {} without --api-key: anyone who can reach this address can use the server", so.host);
   }
-  if (!so.webui_dir.empty()) spdlog::info("web UI (chat, dashboard) at / from {}", so.webui_dir);
+  if (!so.webui_dir.empty()) {
+    spdlog::info("web UI (chat, dashboard) at / from {}", so.webui_dir);
+    for (const std::string& m : so.webui_vendor.missing) spdlog::warn("{}", m);
+  }
   spdlog::info("chat outputs: tool-call parser {}, reasoning parser {}", server::to_string(parsers.tools),
                server::to_string(parsers.reasoning));
   int sig = 0;

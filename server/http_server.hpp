@@ -17,6 +17,7 @@
 #include "engine/pooling.hpp"
 #include "server/chat_output.hpp"
 #include "server/request_parser.hpp"
+#include "server/vendor_libraries.hpp"
 #include "server/ws_message.hpp"
 
 namespace tessera::server {
@@ -59,6 +60,8 @@ struct server_options {
   // The browser UI's directory (webui/), served without auth on GET paths the API does not claim;
   // empty: none (see find_webui_dir in server/static_files.hpp).
   std::string webui_dir;
+  // The browser libraries served at /vendor/ with the UI (server/vendor_libraries.hpp), resolved at startup.
+  vendor_files webui_vendor;
   // How chat outputs are split into reasoning_content / content / tool_calls (server/chat_output.hpp):
   // chosen by --tool-call-parser / --reasoning-parser or detected from the model's chat template.
   output_parsers parsers;

@@ -12,7 +12,7 @@ server_state::server_state(actors::engine_facade& e, server_options options) : e
   char prefix[16];
   std::snprintf(prefix, sizeof prefix, "%06x", rd() & 0xFFFFFF);
   id_prefix_ = prefix;
-  if (!opt.webui_dir.empty()) ui = std::make_unique<static_files>(opt.webui_dir);
+  if (!opt.webui_dir.empty()) ui = std::make_unique<static_files>(opt.webui_dir, opt.webui_vendor);
 }
 
 server_state::~server_state() = default;

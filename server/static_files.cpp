@@ -92,10 +92,17 @@ fs::path find_webui_dir(const std::string& configured) {
   return {};
 }
 
-static_files::static_files(fs::path root) : root_(fs::canonical(root)) {}
+static_files::static_files(fs::path root, vendor_files vendor)
+    : root_(fs::canonical(root)), vendor_(std::move(vendor.found)) {}
 
 std::optional<http::response<http::string_body>> static_files::respond(const http::request<http::string_body>& req,
                                                                        std::string_view url_path) const {
+  // /vendor/...: only the table's libraries, at the paths resolved at startup, never the UI directory.
+  if (url_path.starts_with("/vendor/")) {
+    const auto it = vendor_.find(vendor_name(url_path));
+    if (it == vendor_.end()) return std::nullopt;
+    return file_response(req, it->second, ui_content_type(it->first));
+  }
   const std::optional<std::string> rel = ui_relative_path(url_path);
   if (!rel) return std::nullopt;
   std::error_code ec;
@@ -104,6 +111,12 @@ std::optional<http::response<http::string_body>> static_files::respond(const htt
   // A symlink inside the UI directory must not lead outside it.
   const auto [root_end, file_it] = std::mismatch(root_.begin(), root_.end(), file.begin(), file.end());
   if (root_end != root_.end()) return std::nullopt;
+  return file_response(req, file, ui_content_type(*rel));
+}
+
+std::optional<http::response<http::string_body>> static_files::file_response(
+    const http::request<http::string_body>& req, const fs::path& file, std::string_view type) {
+  std::error_code ec;
   const auto size = fs::file_size(file, ec);
   if (ec || size > max_ui_file_bytes) return std::nullopt;
   std::ifstream in(file, std::ios::binary);
@@ -119,7 +132,6 @@ std::optional<http::response<http::string_body>> static_files::respond(const htt
   res.set(http::field::etag, etag);
   res.set(http::field::cache_control, "no-cache");
   res.set("X-Content-Type-Options", "nosniff");
-  const std::string_view type = ui_content_type(*rel);
   if (!not_modified) {
     res.set(http::field::content_type, type);
     res.body() = std::move(body);

@@ -12,8 +12,13 @@
 #include <string>
 #include <string_view>
 
+#include "server/vendor_libraries.hpp"
+
 namespace tessera::server {
 
+// /vendor/<name> is not looked up in the UI directory: it serves the Debian packages' browser libraries
+// resolved at startup (server/vendor_libraries.hpp), and nothing else under /vendor/.
+//
 // "/" -> "index.html", "/dashboard" -> "dashboard.html", "/js/app.js" -> "js/app.js"; nullopt for a
 // path that is not a safe UI file name (traversal, encoded bytes, hidden files, unknown extension).
 std::optional<std::string> ui_relative_path(std::string_view url_path);
@@ -28,7 +33,8 @@ std::filesystem::path find_webui_dir(const std::string& configured);
 
 class static_files {
  public:
-  explicit static_files(std::filesystem::path root);  // root must exist (see find_webui_dir)
+  // root must exist (see find_webui_dir); vendor: the libraries served at /vendor/ (resolve_vendor_files).
+  explicit static_files(std::filesystem::path root, vendor_files vendor = {});
 
   const std::filesystem::path& root() const { return root_; }
 
@@ -38,7 +44,12 @@ class static_files {
       const boost::beast::http::request<boost::beast::http::string_body>& req, std::string_view url_path) const;
 
  private:
-  std::filesystem::path root_;  // canonical
+  static std::optional<boost::beast::http::response<boost::beast::http::string_body>> file_response(
+      const boost::beast::http::request<boost::beast::http::string_body>& req, const std::filesystem::path& file,
+      std::string_view content_type);
+
+  std::filesystem::path root_;                                        // canonical
+  std::map<std::string, std::filesystem::path, std::less<>> vendor_;  // name -> canonical file
 };
 
 }  // namespace tessera::server

@@ -9,9 +9,19 @@ preemption) and drives both pages with Playwright:
   dashboard: the KV mosaic fills while synthetic load runs and is empty once it has finished, a
              preemption event appears in the timeline, hovering a tile describes the block, clicking
              a request shows its lifecycle;
+  rich chat: marked + DOMPurify + highlight.js in the page (a table with alignment, nested lists,
+             hljs tokens, markup in the answer shown as text and never run, safe links), the Copy
+             button read back from the clipboard, a question edited and re-sent (twice, the second
+             cancelling the first's generation) answered by the real model; the same page without the
+             /vendor/ libraries on its fallback renderer and plain charts;
+  default pool: a second server with the default 2,912-block KV pool under 16 streams: the held view
+             shows every request's tiles in its colour (canvas pixels), the charts have clock-labelled
+             time axes, unit titles and tooltips, TTFT points appear while requests run, the layout has
+             no dead areas at 1280x800, 1920x1080 and 390x844, and the dashboard says idle afterwards;
   restart:   the server is restarted with an API key: the pages reconnect by themselves and show the
              API-key banner until the key is entered.
-Screenshots (1280x800) go to OUT_DIR (chat.png, dashboard.png, chat_phone.png).
+Screenshots go to OUT_DIR (chat.png, chat-edit.png, dashboard.png, dashboard-phone.png, and
+chat-stream.png, chat_phone.png, dashboard-small-pool.png, dashboard-1920.png).
 Prints "N passed, M failed" and exits non-zero on any failure; exits 77 (skipped) when Playwright or
 Chromium is missing outside CI.
 Usage: webui_test.py TESSERA_BINARY MODEL OUT_DIR
@@ -62,8 +72,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(port, *extra):
-    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(port), *ENGINE, *extra],
+def start_server(port, *extra, engine=ENGINE):
+    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(port), *engine, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -114,6 +124,16 @@ def static_routes(port):
     check("GET /dashboard serves the dashboard", status == 200 and b'id="mosaic"' in body, status)
     status, _, r = http_get(port, "/js/chat.js")
     check("JS modules are served as JavaScript", status == 200 and "javascript" in r.getheader("Content-Type", ""))
+    # Debian's browser libraries at /vendor/ (server/vendor_libraries.cpp), and nothing else there.
+    for name, marker in [("marked.js", b"marked"), ("purify.js", b"DOMPurify"), ("highlight.js", b"hljs"),
+                         ("chart.js", b"Chart.js")]:
+        status, body, r = http_get(port, "/vendor/" + name)
+        check(f"/vendor/{name} serves the Debian library as JavaScript", status == 200 and marker in body[:4000] and
+              "javascript" in r.getheader("Content-Type", "") and r.getheader("X-Content-Type-Options") == "nosniff",
+              (status, body[:80]))
+    for bad in ["/vendor/other.js", "/vendor/../js/chat.js", "/vendor/Marked.js", "/vendor/marked.js.map"]:
+        status, _, _ = http_get(port, bad)
+        check(f"{bad} is not served", status == 404, status)
     for bad in ["/../CMakeLists.txt", "/js/../../README.md", "/%2e%2e/CMakeLists.txt", "/.git/config",
                 "/README.md", "/js//chat.js", "/js/chat.js%00.html"]:
         status, _, _ = http_get(port, bad)
@@ -181,7 +201,7 @@ def chat_tests(page, port):
     check("Regenerate streams a new answer in place of the last", started and n_after == n_before, (n_before, n_after))
     wait_for(lambda: page.evaluate(
         "() => [...document.querySelectorAll('.message.assistant')].pop().querySelector('.body').textContent.length") > 30, 20)
-    page.screenshot(path=os.path.join(OUT_DIR, "chat.png"))
+    page.screenshot(path=os.path.join(OUT_DIR, "chat-stream.png"))
     page.keyboard.press("Escape")  # Escape stops too
     check("Escape stops the generation", wait_for(lambda: page.evaluate(
         "() => !document.querySelector('.message.assistant.streaming')"), 15))
@@ -263,7 +283,7 @@ def dashboard_tests(page, port):
                     time.sleep(0.2)
                     tip = page.inner_text("#block-info")
                     check("hovering a tile describes the block", "device block 0" in tip, tip)
-                    page.screenshot(path=os.path.join(OUT_DIR, "dashboard.png"))
+                    page.screenshot(path=os.path.join(OUT_DIR, "dashboard-small-pool.png"))
                     shot = True
         done = page.evaluate("() => (document.getElementById('load-status').textContent || '')")
         if "0 running, 8 done" in done and preempted and shot:
@@ -317,7 +337,7 @@ def dashboard_tests(page, port):
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowDown")
-    cols = page.evaluate("() => Math.floor(document.getElementById('mosaic').clientWidth / 29)")
+    cols = page.evaluate("() => window.tesseraDashboard.mosaic().layout.cols")
     info = page.inner_text("#block-info")
     check("arrow keys move through the mosaic's blocks", info.startswith("device block ") and
           int(info.split()[2].rstrip(":")) in (2 + cols, 2 + cols - 1, 2 + cols + 1, 39), info)
@@ -337,6 +357,298 @@ def dashboard_tests(page, port):
     time.sleep(0.2)
     tip = page.inner_text("#block-info")
     check("hovering the big mosaic's last row finds a swap block", "swap (host) block" in tip, tip)
+
+# An answer as a model writes one: a table (aligned columns), nested lists, a fenced code block, and
+# markup that must stay text (a script, an image with a handler, a javascript: link).
+RICH_CODE = 'def greet(name: str) -> str:\n    # say hello\n    return f"Hello, {name}!"'
+RICH_ANSWER = ("Here is a comparison:\n\n| Model | Parameters | Context |\n|:------|-----------:|:-------:|\n"
+               "| SmolLM2 | 135M | 8k |\n| Gemma 3 | 270M | 32k |\n\nSteps:\n1. Load the model\n   - from GGUF\n"
+               "     - quantized\n2. Serve it\n\n```python\n" + RICH_CODE + "\n```\n\n"
+               "Raw HTML stays text: <script>window.hacked = 1</script> <img src=x onerror=\"window.hacked = 2\">\n"
+               "[bad link](javascript:window.hacked=3) and [the docs](https://example.com/docs)\n")
+RICH_CONVERSATION = [{"id": "rich", "title": "Tables and code", "created": 1, "messages": [
+    {"role": "user", "content": "Compare two small models in a table and show a Python example."},
+    {"role": "assistant", "content": RICH_ANSWER, "numTokens": 160, "firstT": 0.08, "lastT": 1.9,
+     "finishReason": "stop"}]}]
+CHAT_SETTINGS = {"system": "You are a helpful assistant.", "temperature": 0, "top_p": 1, "top_k": 0,
+                 "max_tokens": 96, "seed": 1}
+
+
+def seed_conversation(page, port):
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.evaluate("([c, s]) => { localStorage.setItem('tessera.conversations', JSON.stringify(c));"
+                  " localStorage.setItem('tessera.settings', JSON.stringify(s)); }", [RICH_CONVERSATION, CHAT_SETTINGS])
+    page.reload()
+    wait_for(lambda: page.get_attribute("#conn-state", "data-state") == "ok", 20)
+
+
+def last_answer_done(page):
+    return page.evaluate("() => { const m = [...document.querySelectorAll('.message.assistant')].pop();"
+                         " return !!m && !m.classList.contains('streaming') && m.querySelector('.stats').textContent.includes('finish'); }")
+
+
+def rich_chat_tests(browser, port):
+    """marked + DOMPurify + highlight.js in the real page; the copy button; editing and re-sending."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1,
+                              permissions=["clipboard-read", "clipboard-write"])
+    errors = []
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    seed_conversation(page, port)
+    check("the chat renders with marked + DOMPurify + highlight.js",
+          page.evaluate("() => document.body.dataset.markdown") == "marked+highlight",
+          page.evaluate("() => document.body.dataset.markdown"))
+    table = page.evaluate("""() => { const t = document.querySelector('.message.assistant .body table');
+        return t && { head: [...t.querySelectorAll('thead th')].map(c => c.textContent),
+                      rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent)),
+                      align: [...t.querySelectorAll('thead th')].map(c => c.getAttribute('align')) }; }""")
+    check("a Markdown table becomes a table with its header, cells and column alignment", table == {
+        "head": ["Model", "Parameters", "Context"], "rows": [["SmolLM2", "135M", "8k"], ["Gemma 3", "270M", "32k"]],
+        "align": ["left", "right", "center"]}, table)
+    nested = page.evaluate("() => [...document.querySelectorAll('.message.assistant ol > li > ul > li > ul > li')]"
+                           ".map(e => e.textContent)")
+    check("nested lists nest (ol > ul > ul)", nested == ["quantized"], nested)
+    code = page.evaluate("""() => { const c = document.querySelector('.message.assistant .code-block pre code');
+        const spans = (cls) => [...c.querySelectorAll('span.' + cls)].map(s => s.textContent);
+        return c && { lang: c.closest('.code-block').querySelector('.code-lang').textContent, hljs: c.classList.contains('hljs'),
+                      keyword: spans('hljs-keyword'), string: spans('hljs-string'), comment: spans('hljs-comment'),
+                      text: c.textContent }; }""")
+    check("code is highlighted: hljs keyword, string and comment tokens", code and code["lang"] == "python" and
+          code["hljs"] and {"def", "return"} <= set(code["keyword"]) and any("Hello" in x for x in code["string"]) and
+          any("say hello" in x for x in code["comment"]), code)
+    check("highlighting keeps the code's text exactly", code and code["text"].rstrip("\n") == RICH_CODE, code)
+    safety = page.evaluate("""() => { const b = document.querySelector('.message.assistant .body');
+        return { pwned: window.hacked ?? null, scripts: b.querySelectorAll('script, img, iframe, style').length,
+                 text: b.textContent, links: [...b.querySelectorAll('a')].map(a => [a.textContent, a.getAttribute('href'), a.rel]),
+                 handlers: [...b.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on'))).length }; }""")
+    check("<script> and <img onerror> in model output show as text and never run", safety["pwned"] is None and
+          safety["scripts"] == 0 and safety["handlers"] == 0 and "<script>window.hacked = 1</script>" in safety["text"] and
+          '<img src=x onerror="window.hacked = 2">' in safety["text"], safety)
+    check("links keep http(s) targets only (javascript: is dropped, its words kept)",
+          safety["links"] == [["the docs", "https://example.com/docs", "noopener noreferrer nofollow"]] and
+          "bad link" in safety["text"], safety["links"])
+    page.click(".message.assistant .copy-code")
+    copied = wait_for(lambda: page.inner_text(".message.assistant .copy-code") == "Copied", 5)
+    clip = page.evaluate("() => navigator.clipboard.readText()")
+    check("the copy button puts the code on the clipboard", copied and clip.rstrip("\n") == RICH_CODE, clip)
+    page.mouse.move(0, 0)
+    page.screenshot(path=os.path.join(OUT_DIR, "chat.png"))
+
+    # Edit the question and send it again: the old answer (and everything after it) is replaced by the
+    # real model's new answer. A second edit while that one streams cancels it on the server.
+    page.click(".message.user .edit-message")
+    check("Edit opens the message in a text box", page.is_visible(".message.user .edit-form textarea") and
+          page.input_value(".message.user .edit-form textarea") == RICH_CONVERSATION[0]["messages"][0]["content"])
+    page.fill(".message.user .edit-form textarea", "Count from one to forty in words.")
+    page.keyboard.press("Enter")
+    streaming = wait_for(lambda: page.evaluate(
+        "() => { const m = document.querySelector('.message.assistant.streaming'); return m && m.querySelector('.body').textContent.length > 3; }"), 30)
+    check("the edited message is sent and a new answer streams", streaming)
+    page.click(".message.user .edit-message")
+    page.fill(".message.user .edit-form textarea", "Write a Python function that returns the square of a number.")
+    page.keyboard.press("Enter")
+    done = wait_for(lambda: last_answer_done(page), 120, 0.1)
+    conv = page.evaluate("() => JSON.parse(localStorage.getItem('tessera.conversations'))[0].messages"
+                         ".map(m => [m.role, m.content, !!m.edited, m.finishReason || null])")
+    check("re-sending replaced the conversation after the edited message", done and len(conv) == 2 and
+          conv[0] == ["user", "Write a Python function that returns the square of a number.", True, None] and
+          conv[1][0] == "assistant" and conv[1][1] and conv[1][1] != RICH_ANSWER and conv[1][3] in ("stop", "length"),
+          conv)
+    shown = page.evaluate("() => [...document.querySelectorAll('.message')].map(m => m.querySelector('.role-name').textContent)")
+    check("the page shows the edited question and one new answer, no table left",
+          shown == ["You (edited)", "Assistant"] and page.query_selector(".message table") is None, shown)
+    idle = wait_for(lambda: b"\ntessera_num_requests_running 0\n" in http_get(port, "/metrics")[1], 30, 0.2)
+    check("the generation the second edit replaced was cancelled on the server", idle)
+    answer = conv[1][1] if len(conv) == 2 else ""
+    if "```" in answer:
+        hl = page.evaluate("() => document.querySelectorAll('.message.assistant .code-block code.hljs span[class^=hljs-]').length")
+        check("the model's own code answer is highlighted", hl > 0, hl)
+    print(f"     the model's answer to the edit: {answer[:120]!r}", flush=True)
+    page.screenshot(path=os.path.join(OUT_DIR, "chat-edit.png"))
+    check("no JavaScript errors on the rich chat page", not errors, errors[:5])
+    ctx.close()
+
+
+def fallback_tests(browser, port):
+    """Without the /vendor/ libraries (packages missing) the pages still work with their own renderers."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1)
+    ctx.route("**/vendor/**", lambda route: route.abort())
+    errors = []
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    seed_conversation(page, port)
+    got = page.evaluate("""() => { const b = document.querySelector('.message.assistant .body');
+        return { renderer: document.body.dataset.markdown, code: !!b.querySelector('.code-block pre code'),
+                 copy: !!b.querySelector('.code-block .copy-code'), scripts: b.querySelectorAll('script, img').length,
+                 text: b.textContent, pwned: window.hacked ?? null }; }""")
+    check("without marked/DOMPurify the chat falls back to its built-in renderer", got["renderer"] == "builtin" and
+          got["code"] and got["copy"] and got["scripts"] == 0 and got["pwned"] is None and
+          "<script>window.hacked = 1</script>" in got["text"], got)
+    page.goto(f"http://127.0.0.1:{port}/dashboard")
+    plain = wait_for(lambda: page.evaluate("() => document.body.dataset.charts"), 10)
+    check("without Chart.js the dashboard draws its plain charts", plain == "plain", plain)
+    check("no JavaScript errors without the libraries", not errors, errors[:5])
+    ctx.close()
+
+
+DEFAULT_POOL_ENGINE = ["--threads", "2", "--max-model-len", "1024", "--quiet"]  # the default 1 GiB KV pool
+UNITS = {"tps": "tokens/s", "batch": "sequences", "ttft": "s", "itl": "ms"}
+
+
+def layout_report(page):
+    """Where the dashboard's cards lie: rows of cards, whether each row spans the width with equal
+    heights, how much of the area they cover, horizontal overflow."""
+    return page.evaluate("""() => {
+        const main = document.querySelector('main.dash'), cs = getComputedStyle(main), mr = main.getBoundingClientRect();
+        const left = mr.left + parseFloat(cs.paddingLeft), right = mr.right - parseFloat(cs.paddingRight);
+        const cards = [...main.children].filter(e => e.offsetParent).map(e => { const r = e.getBoundingClientRect();
+            return { name: e.getAttribute('aria-label'), top: r.top + scrollY, bottom: r.bottom + scrollY, left: r.left, right: r.right }; });
+        const rows = [];
+        for (const c of cards.sort((a, b) => a.top - b.top || a.left - b.left)) {
+            const row = rows.find(r => Math.abs(r[0].top - c.top) < 3);
+            if (row) row.push(c); else rows.push([c]);
+        }
+        const top = Math.min(...cards.map(c => c.top)), bottom = Math.max(...cards.map(c => c.bottom));
+        const area = cards.reduce((a, c) => a + (c.right - c.left) * (c.bottom - c.top), 0);
+        return { rows: rows.map(r => ({ names: r.map(c => c.name), heights: r.map(c => Math.round(c.bottom - c.top)),
+                   spans: Math.abs(r[0].left - left) < 3 && Math.abs(r[r.length - 1].right - right) < 3,
+                   even: r.every(c => Math.abs(c.bottom - r[0].bottom) < 3) })),
+                 coverage: area / ((right - left) * (bottom - top)),
+                 overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+                 mosaicFill: (() => { const w = document.querySelector('.mosaic-wrap'), c = document.getElementById('mosaic');
+                                      return c.offsetHeight / Math.max(1, w.clientHeight); })() };
+    }""")
+
+
+def check_layout(page, what, columns):
+    r = layout_report(page)
+    rows_ok = all(row["spans"] and row["even"] and len(row["names"]) == columns for row in r["rows"])
+    check(f"dashboard at {what}: every row of cards spans the width with equal heights (no dead areas)",
+          rows_ok and r["coverage"] > 0.9 and r["overflow"] <= 0, r)
+    return r
+
+
+MOSAIC_PIXELS = """() => {
+    const d = window.tesseraDashboard; d.redrawMosaic();
+    const m = d.mosaic(), pool = d.view.device, L = m.layout, dpr = devicePixelRatio || 1;
+    const ctx = document.getElementById('mosaic').getContext('2d');
+    const ids = m.shown.device ? [...m.shown.device] : [...Array(pool.size).keys()];
+    const owners = new Map();
+    ids.forEach((id, k) => { if (pool.ref[id] > 0 && !owners.has(pool.owner[id])) owners.set(pool.owner[id], k); });
+    const tiles = [...owners].map(([owner, k]) => {
+        const x = (k % L.cols) * L.pitch + L.size / 2, y = L.deviceTop + Math.floor(k / L.cols) * L.pitch + L.size - 1.5;
+        return { owner, blocks: pool.blocksOf(owner).length, px: [...ctx.getImageData(Math.floor(x * dpr), Math.floor(y * dpr), 1, 1).data].slice(0, 3) };
+    });
+    return { view: m.view, size: L.size, total: pool.size, tiles, running: (d.model.latest || {}).num_running || 0,
+             segments: document.querySelectorAll('#usage-bar .useg[data-request]').length };
+}"""
+
+
+def hsl_rgb(h, s, l):
+    import colorsys
+    return [round(c * 255) for c in colorsys.hls_to_rgb(h / 360, l, s)]
+
+
+def mosaic_shows_each_request(page, what, at_least):
+    m = page.evaluate(MOSAIC_PIXELS)
+    # A held tile's lower part is drawn in its request's colour (blocks.js: ownerHue, hsl(h 70% 52%)).
+    wrong = [t for t in m["tiles"] if any(abs(a - b) > 12 for a, b in zip(t["px"], hsl_rgb(round((t["owner"] * 137.508) % 360), 0.7, 0.52)))]
+    check(f"{what}: the default pool ({m['total']} blocks) shows each running request's blocks as tiles of its colour",
+          m["total"] > 2000 and m["view"] == "held" and m["size"] >= 10 and len(m["tiles"]) >= at_least and not wrong and
+          m["segments"] >= at_least, {**m, "tiles": m["tiles"][:4], "wrong": wrong[:4]})
+    return m
+
+
+def chart_report(page):
+    return page.evaluate("""() => Object.fromEntries(Object.entries(window.tesseraDashboard.charts).map(([k, c]) => {
+        const ch = c.chart; return [k, { x: ch.scales.x.ticks.map(t => t.label), xTitle: ch.options.scales.x.title.text,
+            yTitle: ch.options.scales.y.title.text, yTicks: ch.scales.y.ticks.length, points: ch.data.datasets.map(d => d.data.length),
+            width: Math.round(ch.chartArea.right - ch.chartArea.left), height: Math.round(ch.chartArea.bottom - ch.chartArea.top) }]; }))""")
+
+
+def default_pool_dashboard(browser):
+    """The dashboard on the default KV pool (thousands of blocks) under 16 streams: the held view with
+    every request visible, charts with axes, units, time labels and tooltips, TTFT while requests run,
+    idle afterwards, and the layout at 1280x800, 1920x1080 and phone width."""
+    import re
+    port = free_port()
+    proc = start_server(port, engine=DEFAULT_POOL_ENGINE)
+    try:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1)
+        errors = []
+        page = ctx.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{port}/dashboard")
+        wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.step >= 0"), 20)
+        check("Chart.js draws the dashboard's charts", page.evaluate("() => document.body.dataset.charts") == "chart.js")
+        check("idle before any load: the dashboard says idle",
+              wait_for(lambda: page.inner_text("#engine-state") == "idle" and page.inner_text("#v-tps") == "idle", 10),
+              page.inner_text("#engine-state"))
+        # The phone-width page watches from the start too (it sees every request's arrival).
+        phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1).new_page()
+        phone.on("pageerror", lambda e: errors.append(str(e)))
+        phone.goto(f"http://127.0.0.1:{port}/dashboard")
+        wait_for(lambda: phone.evaluate("() => window.tesseraDashboard.view.step >= 0"), 20)
+        page.fill("#load-n", "16")
+        page.fill("#load-prompt", "64")
+        page.fill("#load-max", "192")
+        page.click("#load-form button[type=submit]")
+        page.mouse.move(0, 0)
+        # TTFT points appear while the requests still run (the first_token events, not their ends).
+        ttft_live = wait_for(lambda: page.evaluate("""() => { const d = window.tesseraDashboard;
+            const pts = d.charts.ttft.chart.data.datasets[0].data.length;
+            const finished = [...d.model.requests.values()].filter(r => r.endedAt !== null).length;
+            return pts >= 8 && finished === 0 && (d.model.latest || {}).num_running >= 8 ? pts : 0; }"""), 120, 0.1)
+        check("the TTFT chart fills while the requests run", ttft_live, ttft_live)
+        full = wait_for(lambda: page.evaluate(MOSAIC_PIXELS)["segments"] >= 16, 60, 0.1)
+        check("16 streams hold blocks at once", full)
+        mosaic_shows_each_request(page, "1280x800", 16)
+        check("the mosaic fills its card", layout_report(page)["mosaicFill"] > 0.6, layout_report(page)["mosaicFill"])
+        time.sleep(1.2)  # one more chart redraw with the newest points
+        charts = chart_report(page)
+        clock = re.compile(r"^\d\d:\d\d:\d\d$")
+        check("charts have time axes with clock labels, y axes titled with their units, and data",
+              all(len(c["x"]) >= 2 and all(clock.match(x) for x in c["x"]) and c["xTitle"] == "time" and
+                  c["yTitle"] == UNITS[k] and c["yTicks"] >= 2 and c["width"] > 100 and c["height"] > 60
+                  for k, c in charts.items()) and charts["tps"]["points"][0] > 0 and charts["batch"]["points"][0] > 0, charts)
+        # A tooltip on the newest TTFT point: its time, value with unit, and request.
+        at = page.evaluate("""() => { const ch = window.tesseraDashboard.charts.ttft.chart, meta = ch.getDatasetMeta(0);
+            const el = meta.data[meta.data.length - 1], r = ch.canvas.getBoundingClientRect();
+            return el ? { x: r.left + el.x, y: r.top + el.y } : null; }""")
+        tip = None
+        if at:
+            page.mouse.move(at["x"], at["y"])
+            tip = wait_for(lambda: page.evaluate("""() => { const t = window.tesseraDashboard.charts.ttft.chart.tooltip;
+                return t && t.opacity > 0 ? { title: t.title, body: t.body.flatMap(b => b.lines) } : null; }"""), 3)
+        check("hovering a TTFT point shows a tooltip with time, seconds and the request", tip and clock.match(tip["title"][0]) and
+              any(re.search(r"per request: [\d.]+ s \(request #\d+\)", line) for line in tip["body"]), tip)
+        page.mouse.move(0, 0)
+        check_layout(page, "1280x800", 2)
+        page.screenshot(path=os.path.join(OUT_DIR, "dashboard.png"), full_page=True)
+        page.set_viewport_size({"width": 1920, "height": 1080})
+        time.sleep(0.6)
+        check_layout(page, "1920x1080", 2)
+        mosaic_shows_each_request(page, "1920x1080", 8)
+        page.screenshot(path=os.path.join(OUT_DIR, "dashboard-1920.png"), full_page=True)
+        page.set_viewport_size({"width": 1280, "height": 800})
+
+        got = wait_for(lambda: phone.evaluate(MOSAIC_PIXELS)["segments"] >= 8, 20)
+        check_layout(phone, "390x844 (phone)", 1)
+        if got:
+            mosaic_shows_each_request(phone, "390x844", 8)
+        phone.screenshot(path=os.path.join(OUT_DIR, "dashboard-phone.png"), full_page=True)
+        phone.context.close()
+
+        done = wait_for(lambda: "0 running, 16 done" in page.inner_text("#load-status"), 300, 0.2)
+        check("the 16 streams finish", done, page.inner_text("#load-status"))
+        idle = wait_for(lambda: page.inner_text("#engine-state") == "idle" and page.inner_text("#v-tps") == "idle" and
+                        page.evaluate("() => window.tesseraDashboard.model.series.tokensPerSecond.last()") == 0, 10, 0.2)
+        check("idle afterwards: the dashboard says idle and the rate drops to 0, not the last busy value", idle,
+              [page.inner_text("#engine-state"), page.inner_text("#v-tps")])
+        check("no JavaScript errors on the default-pool dashboard", not errors, errors[:5])
+        ctx.close()
+    finally:
+        stop_server(proc)
 
 
 def restart_with_key(pages, port, proc):
@@ -391,6 +703,9 @@ def main():
             dash.on("pageerror", lambda e: errors.append(str(e)))
             dashboard_tests(dash, port)
             phone_test(browser, port)
+            rich_chat_tests(browser, port)
+            fallback_tests(browser, port)
+            default_pool_dashboard(browser)
             proc = restart_with_key([chat, dash], port, proc)
             check("no JavaScript errors on the pages", not errors, errors[:5])
             browser.close()

@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { BlockView, hitTest, mosaicLayout, ownerHue, tileOrigin, tileStyle } from '../../webui/js/blocks.js';
+import { BlockView, heldBlocks, hitTest, mosaicLayout, mosaicView, ownerHue, poolUsage, tileOrigin, tileStyle } from '../../webui/js/blocks.js';
 
 // Encodes tiles as the server does (server/event_hub.cpp encode_block_runs), for round trips.
 function encode(tiles, previous) {
@@ -121,4 +121,37 @@ test('tile styles mark free, cached, shared and selected blocks', () => {
   assert.equal(tileStyle(v.device, 3, 16, 7).dim, true);
   assert.equal(tileStyle(v.device, 2, 16, 7).selected, true);
   assert.notEqual(ownerHue(1), ownerHue(2));
+});
+
+test('a default-size pool: the held view shows each request\'s blocks together, at a visible size', () => {
+  // 2,912 blocks (SmolLM2-135M's default pool), 16 requests of 8 blocks scattered over it.
+  const v = new BlockView();
+  const runs = [];
+  for (let r = 0; r < 16; r++) for (let k = 0; k < 8; k++) runs.push(k * 353 + r * 11, 1, 100 + r, 1, 16, 0);
+  runs.push(2900, 4, 0, 0, 0, 1);
+  assert.ok(v.apply({ step: 1, full: true, device: { total: 2912, blocks: 2912, runs }, host: { total: 0, blocks: 0, runs: [] } }));
+  const full = mosaicLayout(2912, 0, 760, 300, { maxTile: 48 });
+  assert.ok(full.size < 10, `the whole pool needs ${full.size} px tiles`);
+  const held = heldBlocks(v.device);
+  assert.equal(held.length, 128);
+  // Grouped: owners never decrease, each owner's 8 blocks in a row, in block-id order.
+  for (let i = 1; i < held.length; i++) {
+    const a = v.device.owner[held[i - 1]], b = v.device.owner[held[i]];
+    assert.ok(a < b || (a === b && held[i - 1] < held[i]));
+  }
+  assert.deepEqual([...held.slice(0, 8)].map((i) => v.device.owner[i]), Array(8).fill(100));
+  assert.equal(mosaicView('auto', full, held.length), 'held');
+  assert.equal(mosaicView('auto', full, 0), 'all', 'nothing held: the pool itself');
+  assert.equal(mosaicView('all', full, held.length), 'all');
+  assert.equal(mosaicView('auto', mosaicLayout(40, 0, 760, 300, { maxTile: 48 }), 10), 'all', 'a small pool is drawn whole');
+  const zoomed = mosaicLayout(held.length, 0, 760, 300, { maxTile: 48 });
+  assert.ok(zoomed.size >= 20 && zoomed.height <= 300, `held tiles ${zoomed.size} px, ${zoomed.height} px tall`);
+  assert.ok(mosaicLayout(5, 0, 760, 300, { maxTile: 48 }).size === 48 && mosaicLayout(5, 0, 760, 300).size === 28);
+
+  const u = poolUsage(v.device);
+  assert.equal(u.owners.length, 16);
+  assert.deepEqual(u.owners[0], { owner: 100, blocks: 8 });
+  assert.equal(u.held, 128);
+  assert.equal(u.cachedFree, 4);
+  assert.equal(u.free, 2912 - 128 - 4);
 });

@@ -202,3 +202,43 @@ test('conversations persist through storage; streaming state does not', () => {
   mem.set('tessera.conversations', '{not json');
   assert.deepEqual(new ChatStore(storage).conversations, []);
 });
+
+test('TTFT per request is charted at its first token, while the request still runs', () => {
+  const m = new DashboardModel();
+  m.ingest(coalesce([msg(1, [{ kind: 'queued', request: 7, seq: 7, step: 1, age: 0.4 }, { kind: 'admitted', request: 7, seq: 7, step: 1, age: 0.3 }])]), 10);
+  assert.equal(m.series.ttftRequests.v.length, 0, 'no point before the first token');
+  m.ingest(coalesce([msg(2, [{ kind: 'first_token', request: 7, seq: 7, step: 2, age: 0.05 }])]), 10.5);
+  const s = m.series.ttftRequests;
+  assert.equal(s.v.length, 1);
+  assert.ok(Math.abs(s.v[0] - (10.45 - 9.6)) < 1e-9, `arrival 9.6 to first token 10.45: ${s.v[0]}`);
+  assert.equal(s.meta[0], 7);
+  assert.equal(m.requests.get(7).state, 'running', 'the request is still running');
+  // A second sequence's first token (n > 1) adds nothing; a request whose arrival this page missed
+  // (it connected later) gets no point rather than a wrong one.
+  m.ingest(coalesce([msg(3, [{ kind: 'first_token', request: 7, seq: 8, step: 3 }, { kind: 'admitted', request: 9, seq: 9, step: 3 },
+    { kind: 'first_token', request: 9, seq: 9, step: 3 }])]), 11);
+  assert.equal(s.v.length, 1);
+});
+
+test('idle: the engine\'s last step left nothing to run, or no step for 2 s and /metrics counts none', () => {
+  const m = new DashboardModel();
+  assert.equal(m.isIdle(0), false, 'nothing known yet');
+  m.ingestMetrics('tessera:num_requests_running{model_name="m"} 0\ntessera:num_requests_waiting{model_name="m"} 0\n', 0.5);
+  assert.equal(m.isIdle(0.5), true, 'an idle engine publishes no step: /metrics says so');
+  m.ingest(coalesce([msg(1)]), 1);  // one running
+  assert.equal(m.isIdle(1.5), false);
+  assert.equal(m.tick(1.5), false);
+  const n = m.series.tokensPerSecond.v.length;
+  assert.equal(m.series.tokensPerSecond.last(), 100, '2 decode tokens in 20 ms');
+  assert.equal(m.isIdle(3.5), true, 'no step for 2 s and /metrics counted no request');
+  m.ingestMetrics('tessera:num_requests_running 1\n', 3.6);
+  assert.equal(m.isIdle(3.7), false, 'stale step message but /metrics sees a request: not idle');
+  m.ingest(coalesce([msg(2, [], { num_running: 0, num_decode_tokens: 0 })]), 4);
+  assert.equal(m.isIdle(4), true, 'the last step ran nothing');
+  assert.equal(m.tick(4), true);
+  assert.equal(m.tick(4.5), true);
+  assert.equal(m.tick(5.1), true);
+  assert.equal(m.series.tokensPerSecond.last(), 0, 'the rate drops to zero instead of keeping the last value');
+  assert.equal(m.series.batchSize.last(), 0);
+  assert.equal(m.series.tokensPerSecond.v.length, n + 3, 'the step at 4 s, then one zero per second of idle');
+});

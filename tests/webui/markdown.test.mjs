@@ -2,6 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
+import { ATTACKS } from './attacks.mjs';
 import { ALLOWED_TAGS, parseMarkdown, renderTree, safeHref, treeText } from '../../webui/js/markdown.js';
 
 function walk(nodes, fn) {
@@ -36,24 +37,6 @@ function fakeDocument() {
     createTextNode: (text) => ({ text }),
   };
 }
-
-const ATTACKS = [
-  '<script>alert(1)</script>',
-  '<img src=x onerror=alert(1)>',
-  'hello <b onmouseover="alert(1)">bold</b>',
-  '[click](javascript:alert(1))',
-  '[click](JaVaScRiPt:alert(1))',
-  '[click]( javascript:alert(1))',
-  '[x](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)',
-  '[x](vbscript:msgbox(1))',
-  '```html\n<script>alert(1)</script>\n```',
-  '`<iframe src=//evil>`',
-  '**<svg onload=alert(1)>**',
-  '> <style>body{display:none}</style>',
-  '- <a href="javascript:alert(1)">x</a>',
-  '```" onmouseover="alert(1)\ncode\n```',
-  '<!-- comment --><div>',
-];
 
 test('model output never becomes markup: only whitelisted elements, HTML stays text', () => {
   for (const src of ATTACKS) {

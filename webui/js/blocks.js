@@ -81,10 +81,11 @@ export class BlockView {
 // ---- layout -------------------------------------------------------------------------------------
 
 // Tiles for `numDevice` + `numHost` blocks in a `width` px wide area, at most `maxHeight` px tall
-// when possible: the largest square tile (2..28 px) that fits, a 1 px gap from 6 px up, the host pool
-// below the device pool after a labelled gap.
+// when possible: the largest square tile (2..maxTile px, default 28) that fits, a 1 px gap from 6 px
+// up, the host pool below the device pool after a labelled gap.
 export function mosaicLayout(numDevice, numHost, width, maxHeight, opts = {}) {
   const labelHeight = opts.labelHeight ?? 18;
+  const maxTile = Math.max(2, opts.maxTile ?? 28);
   const w = Math.max(1, Math.floor(width));
   const fits = (size) => {
     const gap = size >= 6 ? 1 : 0;
@@ -94,7 +95,7 @@ export function mosaicLayout(numDevice, numHost, width, maxHeight, opts = {}) {
     return { size, gap, cols, height: h };
   };
   let best = fits(2);
-  for (let size = 28; size >= 2; size--) {
+  for (let size = maxTile; size >= 2; size--) {
     const l = fits(size);
     if (l.height <= maxHeight) {
       best = l;
@@ -131,6 +132,42 @@ export function hitTest(layout, x, y) {
     if (index < n) return { pool, index };
   }
   return null;
+}
+
+// ---- large pools ---------------------------------------------------------------------------------
+
+// A default-size pool has thousands of blocks; drawn whole, a request's few blocks are specks of 2-3
+// px among them. The held view draws only the held blocks, each request's together (by request, then
+// block id), at the tile size their number allows; hover and selection still name the real block ids.
+
+// Ids of a pool's held blocks, grouped by owner request.
+export function heldBlocks(pool) {
+  const ids = [];
+  for (let i = 0; i < pool.size; i++) if (pool.ref[i] > 0) ids.push(i);
+  ids.sort((a, b) => pool.owner[a] - pool.owner[b] || a - b);
+  return Int32Array.from(ids);
+}
+
+// The view to draw: mode 'all' or 'held' as asked; 'auto' is the held view when the whole pool's
+// tiles (fullLayout) would be smaller than minTile px (too small to tell one request's blocks from
+// the next) and some block is held.
+export function mosaicView(mode, fullLayout, numHeld, minTile = 10) {
+  if (mode === 'all' || mode === 'held') return mode;
+  return fullLayout.size < minTile && numHeld > 0 ? 'held' : 'all';
+}
+
+// A pool's use for the utilisation bar: blocks per owner request (most first), free blocks that
+// still hold a cached prefix, and plain free blocks.
+export function poolUsage(pool) {
+  const byOwner = new Map();
+  let cachedFree = 0, free = 0;
+  for (let i = 0; i < pool.size; i++) {
+    if (pool.ref[i] > 0) byOwner.set(pool.owner[i], (byOwner.get(pool.owner[i]) || 0) + 1);
+    else if (pool.cached[i]) cachedFree++;
+    else free++;
+  }
+  const owners = [...byOwner].map(([owner, blocks]) => ({ owner, blocks })).sort((a, b) => b.blocks - a.blocks || a.owner - b.owner);
+  return { owners, held: pool.size - cachedFree - free, cachedFree, free, total: pool.size };
 }
 
 // ---- colours ------------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
 // The chat page: conversations (localStorage), generations streamed over one /v1/ws socket (several
-// at once, in any conversations), stop / regenerate, settings, and per-message statistics.
+// at once, in any conversations), stop / regenerate, editing and re-sending a message, settings, and
+// per-message statistics. Answers render as Markdown through marked + DOMPurify + highlight.js when
+// the server serves them (rich_markdown.js), else through the built-in renderer (markdown.js).
+import { addCodeChrome } from './code_blocks.js';
 import { LiveSocket, authHeaders, wireHeader } from './conn.js';
 import { coalesceDeltas } from './events.js';
 import { parseMarkdown, renderTree } from './markdown.js';
+import { createRichMarkdown } from './rich_markdown.js';
 import { ChatStore, DEFAULT_SETTINGS, buildRequest, formatStats, messageStats, newId } from './store.js';
 
 const $ = (id) => document.getElementById(id);
+const rich = createRichMarkdown(window);
+document.body.dataset.markdown = rich ? rich.name : 'builtin';  // which renderer (the browser test reads it)
 const store = new ChatStore(window.localStorage);
 const gens = new Map();  // generation id -> { conv, msg }
 let pending = [];        // deltas not yet rendered
@@ -43,7 +49,19 @@ function messageElement(m) {
   div.className = 'message ' + m.role;
   const role = document.createElement('div');
   role.className = 'role';
-  role.textContent = m.role === 'user' ? 'You' : 'Assistant';
+  const who = document.createElement('span');
+  who.className = 'role-name';
+  who.textContent = m.role === 'user' ? (m.edited ? 'You (edited)' : 'You') : 'Assistant';
+  role.append(who);
+  if (m.role === 'user') {
+    const edit = document.createElement('button');
+    edit.type = 'button';
+    edit.className = 'edit-message';
+    edit.textContent = 'Edit';
+    edit.setAttribute('aria-label', 'Edit this message and send it again');
+    edit.addEventListener('click', () => startEdit(div, m));
+    role.append(edit);
+  }
   const body = document.createElement('div');
   body.className = 'body';
   const stats = document.createElement('div');
@@ -68,8 +86,13 @@ function detailsBlock(className, summary, text, open) {
 
 function fillMessage(div, m) {
   const body = div.querySelector('.body');
-  if (m.role === 'assistant') renderTree(document, body, parseMarkdown(m.content));
-  else body.textContent = m.content;  // the user's own text, shown verbatim
+  if (m.role === 'assistant') {
+    if (rich) rich.render(body, m.content);
+    else renderTree(document, body, parseMarkdown(m.content));
+    addCodeChrome(window, body);
+  } else {
+    body.textContent = m.content;  // the user's own text, shown verbatim
+  }
   if (m.role === 'assistant' && m.reasoning) {
     // Reasoning first, collapsed once the answer is done (open while it streams).
     body.prepend(detailsBlock('reasoning', 'Reasoning', m.reasoning, !!m.streaming && !m.content));
@@ -217,6 +240,64 @@ function send(text) {
   const conv = current;
   if (conv.messages.length === 0 || conv.title === 'New chat') conv.title = text.slice(0, 40) || 'New chat';
   conv.messages.push({ role: 'user', content: text });
+  generate(conv);
+}
+
+// Edit a user message in place; sending it replaces it and everything after it (generations still
+// running there are cancelled on the server) and generates a new answer.
+function startEdit(div, m) {
+  const body = div.querySelector('.body');
+  const form = document.createElement('form');
+  form.className = 'edit-form';
+  const area = document.createElement('textarea');
+  area.value = m.content;
+  area.rows = Math.min(12, m.content.split('\n').length + 1);
+  area.setAttribute('aria-label', 'Edited message');
+  const buttons = document.createElement('div');
+  buttons.className = 'edit-buttons';
+  const sendButton = document.createElement('button');
+  sendButton.type = 'submit';
+  sendButton.className = 'primary';
+  sendButton.textContent = 'Send';
+  const cancel = document.createElement('button');
+  cancel.type = 'button';
+  cancel.textContent = 'Cancel';
+  buttons.append(sendButton, cancel);
+  form.append(area, buttons);
+  body.replaceChildren(form);
+  div.classList.add('editing');
+  area.focus();
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const text = area.value.trim();
+    if (text) resend(m, text);
+  });
+  cancel.addEventListener('click', renderMessages);
+  area.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      form.requestSubmit();
+    } else if (e.key === 'Escape') {
+      e.stopPropagation();  // cancels the edit, not a running generation
+      renderMessages();
+    }
+  });
+}
+
+function resend(m, text) {
+  const conv = current;
+  const i = conv.messages.indexOf(m);
+  if (i < 0) return;
+  // Late deltas of a cancelled generation find no entry in `gens` and are dropped.
+  for (const later of conv.messages.slice(i)) {
+    if (later.genId && gens.has(later.genId)) {
+      socket.send({ type: 'cancel', id: later.genId });
+      gens.delete(later.genId);
+    }
+  }
+  conv.messages.splice(i);
+  conv.messages.push({ role: 'user', content: text, edited: true });
+  if (i === 0) conv.title = text.slice(0, 40);
   generate(conv);
 }
 

@@ -1,13 +1,17 @@
 // The dashboard page: /v1/events drives the KV mosaic, gauges, time series, event timeline and the
 // request table; /metrics adds TTFT, ITL and the prefix-cache hit rate; a second socket on /v1/ws
-// runs the synthetic load. Incoming messages are coalesced and drawn once per animation frame.
-import { BlockView, TILE_FREE, hitTest, mosaicLayout, tileOrigin, tileStyle } from './blocks.js';
+// runs the synthetic load. Incoming messages are coalesced and drawn once per animation frame; the
+// charts (Chart.js when the server serves it, charts.js) are redrawn at most twice a second.
+import { BlockView, heldBlocks, hitTest, mosaicLayout, mosaicView, ownerHue, poolUsage, tileOrigin, tileStyle } from './blocks.js';
+import { createTimeChart, plainChart } from './charts.js';
 import { LiveSocket, authHeaders, wireHeader } from './conn.js';
 import { DashboardModel, EVENT_LABELS, coalesce, lifecycleBars, lifecycleMarks } from './events.js';
 
 const $ = (id) => document.getElementById(id);
 const t0 = performance.now();
 const now = () => (performance.now() - t0) / 1000;
+const wall0 = Date.now();
+const toMs = (t) => wall0 + t * 1000;  // a model time (s since load) as wall-clock ms, for time labels
 
 const view = new BlockView();
 const model = new DashboardModel();
@@ -19,11 +23,15 @@ let cursor = null;     // keyboard cursor {pool, index}
 let selected = null;   // engine request id
 let mosaicDirty = true;
 let panelsDirty = true;
+let mosaicMode = 'auto';                   // 'auto' | 'all' | 'held' (the radio buttons)
+let shown = { device: null, host: null };  // held view: display index -> block id; null: every block
+let shownView = 'all';
 
 // Exposed for the end-to-end test and for poking around in the console.
 const stats = { numMessages: 0 };
 // redrawMosaic() draws synchronously and returns the milliseconds it took.
-window.tesseraDashboard = { view, model, stats, redrawMosaic: () => {
+const charts = {};  // name -> { chart (Chart.js) } or null without Chart.js
+window.tesseraDashboard = { view, model, stats, charts, mosaic: () => ({ view: shownView, layout, shown }), redrawMosaic: () => {
   const t = performance.now();
   drawMosaic();
   return performance.now() - t;
@@ -66,13 +74,38 @@ function frame() {
 const canvas = $('mosaic');
 const ctx = canvas.getContext('2d');
 
+const MAX_TILE = 48;
+
+// The block a tile shows: the display index itself, or in the held view the id it stands for.
+function blockAt(poolName, index) {
+  const ids = shown[poolName];
+  return ids ? ids[index] : index;
+}
+
+// Room for the mosaic: beside the charts (desktop) its card has their height (app.css) and the tiles
+// fill what is left of it; stacked (phone), a share of the window.
+function mosaicMaxHeight() {
+  const wrap = canvas.parentElement;
+  if (getComputedStyle(wrap).overflowY === 'auto') return Math.max(120, wrap.clientHeight - 2);
+  return Math.max(200, Math.min(window.innerHeight * 0.5, 480));
+}
+
 function drawMosaic() {
   const wrap = canvas.parentElement;
   const width = wrap.clientWidth;
-  const maxHeight = Math.max(200, Math.min(window.innerHeight * 0.55, 520));
+  const maxHeight = mosaicMaxHeight();
   const nd = view.device.size || (model.latest ? model.latest.device.total : 0);
   const nh = view.host.size;
-  layout = mosaicLayout(nd, nh, width, maxHeight);
+  const full = mosaicLayout(nd, nh, width, maxHeight, { maxTile: MAX_TILE });
+  const held = { device: heldBlocks(view.device), host: heldBlocks(view.host) };
+  shownView = mosaicView(mosaicMode, full, held.device.length + held.host.length);
+  if (shownView === 'held') {
+    shown = held;
+    layout = mosaicLayout(held.device.length, held.host.length, width, maxHeight, { maxTile: MAX_TILE });
+  } else {
+    shown = { device: null, host: null };
+    layout = full;
+  }
   const dpr = window.devicePixelRatio || 1;
   if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(layout.height * dpr)) {
     canvas.width = Math.round(width * dpr);
@@ -84,9 +117,15 @@ function drawMosaic() {
   ctx.fillStyle = '#9aa4b5';
   ctx.font = '12px system-ui, sans-serif';
   ctx.textBaseline = 'top';
-  const dUsed = view.device.numUsed(), hUsed = view.host.numUsed();
-  ctx.fillText(`Device pool: ${view.device.size} blocks, ${dUsed} held`, 0, 2);
-  if (nh) ctx.fillText(`Swap (host) pool: ${nh} blocks, ${hUsed} held`, 0, layout.hostLabelTop + 2);
+  const dUsed = held.device.length, hUsed = held.host.length;
+  const n = (x) => x.toLocaleString('en-US');
+  if (shownView === 'held') {
+    ctx.fillText(`Device pool: ${n(dUsed)} held of ${n(view.device.size)} blocks, by request`, 0, 2);
+    if (nh) ctx.fillText(`Swap (host) pool: ${n(hUsed)} held of ${n(nh)} blocks`, 0, layout.hostLabelTop + 2);
+  } else {
+    ctx.fillText(`Device pool: ${n(view.device.size)} blocks, ${n(dUsed)} held`, 0, 2);
+    if (nh) ctx.fillText(`Swap (host) pool: ${n(nh)} blocks, ${n(hUsed)} held`, 0, layout.hostLabelTop + 2);
+  }
   drawPool(view.device, 'device');
   drawPool(view.host, 'host');
   for (const mark of [hover, cursor]) {
@@ -99,14 +138,50 @@ function drawMosaic() {
   canvas.dataset.deviceUsed = String(dUsed);
   canvas.dataset.hostUsed = String(hUsed);
   canvas.dataset.step = String(view.step);
-  $('mosaic-caption').textContent = view.step >= 0 ? `(view of step ${view.step})` : '(waiting for the first block view)';
+  canvas.dataset.view = shownView;
+  const zoom = shownView === 'held' ? `held blocks only, ${layout.size} px tiles` : `${layout.size} px tiles`;
+  $('mosaic-caption').textContent = view.step >= 0 ? `(step ${view.step}; ${zoom})` : '(waiting for the first block view)';
+  drawUsage();
+}
+
+// The device pool's use as one bar: a segment per request (its colour; hover: its blocks), cached free
+// blocks, free blocks. Readable at any pool size, whichever view the mosaic shows.
+function drawUsage() {
+  const u = poolUsage(view.device);
+  const bar = $('usage-bar');
+  bar.replaceChildren();
+  const pctOf = (k) => (u.total ? (100 * k) / u.total : 0);
+  for (const { owner, blocks } of u.owners.slice(0, 200)) {
+    const seg = document.createElement('span');
+    seg.className = 'useg' + (owner === selected ? ' selected' : '');
+    seg.style.width = pctOf(blocks).toFixed(3) + '%';
+    seg.style.background = `hsl(${ownerHue(owner)} 70% 52%)`;
+    seg.title = `request ${owner}: ${blocks} blocks (${pctOf(blocks).toFixed(1)}%)`;
+    seg.dataset.request = String(owner);
+    seg.addEventListener('click', () => select(owner === selected ? null : owner));
+    bar.append(seg);
+  }
+  if (u.cachedFree) {
+    const seg = document.createElement('span');
+    seg.className = 'useg cached';
+    seg.style.width = pctOf(u.cachedFree).toFixed(3) + '%';
+    seg.title = `${u.cachedFree} free blocks holding a cached prefix`;
+    bar.append(seg);
+  }
+  $('usage-text').textContent = u.total
+    ? `${u.owners.length} request${u.owners.length === 1 ? '' : 's'} hold ${u.held.toLocaleString('en-US')} of ` +
+      `${u.total.toLocaleString('en-US')} device blocks (${pctOf(u.held).toFixed(1)}%)` +
+      (u.cachedFree ? `, ${u.cachedFree.toLocaleString('en-US')} free with a cached prefix` : '')
+    : '';
 }
 
 function drawPool(pool, name) {
   const s = layout.size;
   const { maxFilled } = view;
-  for (let i = 0; i < pool.size; i++) {
-    const o = tileOrigin(layout, name, i);
+  const count = shown[name] ? shown[name].length : pool.size;
+  for (let k = 0; k < count; k++) {
+    const i = blockAt(name, k);
+    const o = tileOrigin(layout, name, k);
     const st = tileStyle(pool, i, maxFilled, selected);
     ctx.globalAlpha = st.dim ? 0.3 : 1;
     if (pool.ref[i] > 0) {
@@ -136,7 +211,7 @@ function drawPool(pool, name) {
 
 function describe(hit) {
   const pool = hit.pool === 'host' ? view.host : view.device;
-  const b = pool.info(hit.index);
+  const b = pool.info(blockAt(hit.pool, hit.index));
   const where = hit.pool === 'host' ? 'swap (host) block' : 'device block';
   if (b.ref <= 0) return `${where} ${b.id}: free${b.cached ? ', holds a cached prefix (revivable)' : ''}`;
   return `${where} ${b.id}: request ${b.owner}, ref count ${b.ref}, ${b.filled} tokens filled` +
@@ -173,11 +248,12 @@ canvas.addEventListener('mouseleave', () => {
 canvas.addEventListener('click', () => {
   if (!hover) return select(null);
   const pool = hover.pool === 'host' ? view.host : view.device;
-  select(pool.ref[hover.index] > 0 ? pool.owner[hover.index] : null);
+  const id = blockAt(hover.pool, hover.index);
+  select(pool.ref[id] > 0 ? pool.owner[id] : null);
 });
 canvas.addEventListener('keydown', (e) => {
-  if (!layout) return;
-  const total = { device: view.device.size, host: view.host.size };
+  if (!layout || !(layout.numDevice + layout.numHost)) return;
+  const total = { device: layout.numDevice, host: layout.numHost };
   if (!cursor) cursor = { pool: 'device', index: 0 };
   const step = { ArrowLeft: -1, ArrowRight: 1, ArrowUp: -layout.cols, ArrowDown: layout.cols }[e.key];
   if (step !== undefined) {
@@ -190,7 +266,8 @@ canvas.addEventListener('keydown', (e) => {
     $('block-info').textContent = describe(cursor);
   } else if (e.key === 'Enter') {
     const pool = cursor.pool === 'host' ? view.host : view.device;
-    select(pool.ref[cursor.index] > 0 ? pool.owner[cursor.index] : null);
+    const id = blockAt(cursor.pool, cursor.index);
+    select(pool.ref[id] > 0 ? pool.owner[id] : null);
   } else if (e.key === 'Escape') {
     select(null);
   } else {
@@ -199,6 +276,14 @@ canvas.addEventListener('keydown', (e) => {
   mosaicDirty = true;
   queueFrame();
 });
+for (const radio of document.querySelectorAll('input[name="mosaic-view"]')) {
+  radio.addEventListener('change', () => {
+    mosaicMode = radio.value;
+    hover = cursor = null;
+    mosaicDirty = true;
+    queueFrame();
+  });
+}
 window.addEventListener('resize', () => {
   mosaicDirty = panelsDirty = true;
   queueFrame();
@@ -237,11 +322,7 @@ function drawPanels() {
     $('g-hit-text').textContent = pct(model.prefixHitRate);
   }
   $('dropped').textContent = model.numDroppedEvents ? `(${model.numDroppedEvents} dropped)` : '';
-  const s = model.series;
-  drawChart($('ch-tps'), s.tokensPerSecond, '#4fb3bf', $('v-tps'), (v) => v.toFixed(0));
-  drawChart($('ch-batch'), s.batchSize, '#e0a040', $('v-batch'), (v) => v.toFixed(0));
-  drawChart($('ch-ttft'), s.ttft, '#9a7fd1', $('v-ttft'), (v) => v.toFixed(3));
-  drawChart($('ch-itl'), s.itl, '#d16f7f', $('v-itl'), (v) => (v * 1000).toFixed(1), 1000);
+  drawCharts();
   // The lists are rebuilt; keep keyboard focus on the same request button.
   const focused = document.activeElement && document.activeElement.classList.contains('req-link')
     ? [document.activeElement.closest('section').id || document.activeElement.closest('section').className, document.activeElement.getAttribute('aria-label')]
@@ -259,34 +340,46 @@ function drawPanels() {
   }
 }
 
-function drawChart(cv, series, color, label, fmt, scale = 1) {
-  const w = cv.clientWidth, h = cv.clientHeight;
-  const dpr = window.devicePixelRatio || 1;
-  if (cv.width !== Math.round(w * dpr)) (cv.width = Math.round(w * dpr)), (cv.height = Math.round(h * dpr));
-  const c = cv.getContext('2d');
-  c.setTransform(dpr, 0, 0, dpr, 0, 0);
-  c.clearRect(0, 0, w, h);
-  const last = series.last();
-  label.textContent = last === null ? '' : fmt(last);
-  if (series.t.length < 1) return;
-  const tNow = now();
-  const tMin = tNow - series.windowSeconds;
-  const vMax = Math.max(series.max() * 1.1, 1e-9);
-  c.strokeStyle = color;
-  c.lineWidth = 1.5;
-  c.beginPath();
-  series.t.forEach((t, k) => {
-    const x = ((t - tMin) / series.windowSeconds) * w;
-    const y = h - 2 - (series.v[k] / vMax) * (h - 4);
-    if (k === 0) c.moveTo(x, y);
-    else c.lineTo(x, y);
-  });
-  c.stroke();
-  c.fillStyle = '#9aa4b5';
-  c.font = '10px system-ui, sans-serif';
-  c.textBaseline = 'top';
-  c.fillText(fmt(vMax), 2, 1);
-  void scale;
+// ---- charts ---------------------------------------------------------------------------------------
+
+const WINDOW_SECONDS = 180;
+// What each chart shows: its series (model.series keys), unit, number format and colours. TTFT has
+// one point per request at its first token (the /v1/events first_token event, so it fills while
+// requests run) and the /metrics histogram's mean between scrapes.
+const CHARTS = {
+  tps: { unit: 'tokens/s', scale: 1, format: (v) => v.toFixed(0), datasets: [{ key: 'tokensPerSecond', label: 'generated', color: '#4fb3bf' }] },
+  batch: { unit: 'sequences', scale: 1, format: (v) => v.toFixed(0), datasets: [{ key: 'batchSize', label: 'in the batch', color: '#e0a040' }] },
+  ttft: { unit: 's', scale: 1, format: (v) => (v < 10 ? v.toFixed(2) : v.toFixed(1)),
+    datasets: [{ key: 'ttftRequests', label: 'per request', color: '#b39cf0', points: true },
+      { key: 'ttft', label: 'mean (/metrics)', color: '#6f5aa8' }] },
+  itl: { unit: 'ms', scale: 1000, format: (v) => v.toFixed(v < 10 ? 1 : 0), datasets: [{ key: 'itl', label: 'between tokens', color: '#d16f7f' }] },
+};
+let lastChartDraw = -Infinity;
+
+function setupCharts() {
+  for (const [name, spec] of Object.entries(CHARTS)) {
+    charts[name] = window.Chart ? createTimeChart(window.Chart, $('ch-' + name), spec) : null;
+  }
+  document.body.dataset.charts = window.Chart ? 'chart.js' : 'plain';
+}
+
+function drawCharts() {
+  const t = now();
+  const idle = model.isIdle(t);
+  $('engine-state').textContent = idle ? 'idle' : model.latest ? 'busy' : '–';
+  $('engine-state').dataset.state = idle ? 'idle' : model.latest ? 'busy' : 'unknown';
+  for (const [name, spec] of Object.entries(CHARTS)) {
+    const last = spec.datasets.map((d) => model.series[d.key].last()).find((v) => v !== null) ?? null;
+    // Idle: say so, not the last busy value.
+    $('v-' + name).textContent = idle ? 'idle' : last === null ? '' : `${spec.format(last * spec.scale)} ${spec.unit}`;
+  }
+  if (t - lastChartDraw < 0.5) return;  // at most twice a second (the event stream runs at ~10/s)
+  lastChartDraw = t;
+  for (const [name, spec] of Object.entries(CHARTS)) {
+    const series = spec.datasets.map((d) => model.series[d.key]);
+    if (charts[name]) charts[name].update(series, toMs, toMs(t), WINDOW_SECONDS, wall0);
+    else plainChart($('ch-' + name), series.find((x) => x.t.length) || series[0], spec.datasets[0].color, t, spec.format, spec.scale);
+  }
 }
 
 function requestButton(id) {
@@ -474,12 +567,13 @@ async function scrapeMetrics() {
 
 setInterval(scrapeMetrics, 2000);
 setInterval(() => {
-  panelsDirty = true;  // ages and open lifecycle bars move on even without messages
+  model.tick(now());   // idle: the rate charts drop to zero
+  panelsDirty = true;  // ages, open lifecycle bars and charts move on even without messages
   queueFrame();
 }, 1000);
+setupCharts();
 scrapeMetrics();
 events.connect();
 load.connect();
 mosaicDirty = true;
 queueFrame();
-void TILE_FREE;

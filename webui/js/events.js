@@ -52,11 +52,13 @@ export class Series {
     this.maxPoints = maxPoints;
     this.t = [];
     this.v = [];
+    this.meta = [];  // per point: what it is (a request id for per-request series), or null
   }
-  push(t, v) {
+  push(t, v, meta = null) {
     if (!Number.isFinite(v)) return;
     this.t.push(t);
     this.v.push(v);
+    this.meta.push(meta);
     this.trim(t);
   }
   trim(now) {
@@ -65,6 +67,7 @@ export class Series {
     if (drop) {
       this.t.splice(0, drop);
       this.v.splice(0, drop);
+      this.meta.splice(0, drop);
     }
   }
   last() {
@@ -86,6 +89,13 @@ export function parsePrometheus(textBody) {
     if (m) out.set(m[1], Number(m[2]));
   }
   return out;
+}
+
+// A gauge's value whether or not the sample carries labels (model_name="..."); null when absent.
+export function sampleValue(samples, name) {
+  if (samples.has(name)) return samples.get(name);
+  for (const [k, v] of samples) if (k.startsWith(name + '{')) return v;
+  return null;
 }
 
 // Mean of a histogram over the interval between two scrapes (null when nothing was observed).
@@ -130,7 +140,8 @@ export class DashboardModel {
     this.series = {
       tokensPerSecond: new Series(windowSeconds),
       batchSize: new Series(windowSeconds),
-      ttft: new Series(windowSeconds),
+      ttft: new Series(windowSeconds),          // mean between two /metrics scrapes
+      ttftRequests: new Series(windowSeconds),  // one point per request, at its first token (events)
       itl: new Series(windowSeconds),
       deviceUsed: new Series(windowSeconds),
     };
@@ -140,6 +151,9 @@ export class DashboardModel {
     this.prevMetrics = null;
     this.prevMetricsT = 0;
     this.prefixHitRate = null;
+    this.lastMessageT = null;  // receive time of the newest step message
+    this.metricsBusy = null;   // /metrics: requests running, waiting or swapped (null: not scraped yet)
+    this.lastIdleT = null;     // last time the idle zeros were pushed
   }
 
   request(id, t) {
@@ -159,6 +173,7 @@ export class DashboardModel {
     const m = update.latest;
     if (m) {
       this.latest = m;
+      this.lastMessageT = t;
       // Tokens produced by the newest step over its duration: the engine's decode rate right now.
       if (m.step_seconds > 0) this.series.tokensPerSecond.push(t, (m.num_decode_tokens | 0) / m.step_seconds);
       this.series.batchSize.push(t, m.num_batch_seqs | 0);
@@ -198,7 +213,13 @@ export class DashboardModel {
     r.events.push(entry);
     if (e.kind === 'admitted' && r.admittedAt === null) r.admittedAt = t;
     // n > 1: one first_token per sequence; the request's is the earliest.
-    if (e.kind === 'first_token' && r.firstTokenAt === null) r.firstTokenAt = t;
+    if (e.kind === 'first_token' && r.firstTokenAt === null) {
+      r.firstTokenAt = t;
+      // Time to first token as the engine saw it (arrival to first token), charted as it happens: a
+      // long request's TTFT shows while it still runs, not once it ends.
+      // Only for requests whose arrival this page saw (not those queued before it connected).
+      if (r.events[0].kind === 'queued') this.series.ttftRequests.push(t, Math.max(0, t - r.events[0].t), r.id);
+    }
     // Already queued by noteSubmitted: the engine's arrival continues that segment.
     if (e.kind === 'queued' && r.state === 'queued') return;
     if (e.kind.startsWith('preempted')) {
@@ -252,8 +273,35 @@ export class DashboardModel {
     if (ttft !== null) this.series.ttft.push(t, ttft);
     if (itl !== null) this.series.itl.push(t, itl);
     if (cur.has('tessera_prefix_cache_hit_rate')) this.prefixHitRate = cur.get('tessera_prefix_cache_hit_rate');
+    const busy = ['tessera:num_requests_running', 'tessera:num_requests_waiting', 'tessera:num_requests_swapped']
+      .map((n) => sampleValue(cur, n));
+    this.metricsBusy = busy.every((v) => v === null) ? null : busy.reduce((a, v) => a + (v || 0), 0);
     this.prevMetrics = cur;
     this.prevMetricsT = t;
+  }
+
+  // Whether the engine is idle at time t: its newest step left nothing running, waiting or swapped,
+  // or no step message came for 2 s and /metrics counts no request. The engine publishes nothing while
+  // idle, so without this the charts would keep showing the last busy value.
+  isIdle(t) {
+    const m = this.latest;
+    if (!m) return this.metricsBusy === 0;
+    if ((m.num_running | 0) + (m.num_waiting | 0) + (m.num_swapped | 0) === 0) return true;
+    return t - (this.lastMessageT ?? -Infinity) > 2 && this.metricsBusy === 0;
+  }
+
+  // Called about once a second: while idle, the rate series drop to (and stay at) zero.
+  tick(t) {
+    if (!this.isIdle(t)) {
+      this.lastIdleT = null;
+      return false;
+    }
+    if (this.lastIdleT === null || t - this.lastIdleT >= 1) {
+      this.series.tokensPerSecond.push(t, 0);
+      this.series.batchSize.push(t, 0);
+      this.lastIdleT = t;
+    }
+    return true;
   }
 
   // Inter-token latency seen by this client's own streams (the WebSocket path), for when /metrics has
