@@ -50,7 +50,8 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       kv_dtype_(metadata.kv_cache_dtype()),
       samples_on_device_(metadata.samples_on_device()),
       reads_only_window_(metadata.reads_only_window()),
-      pools_hidden_states_(metadata.pools_hidden_states()) {}
+      pools_hidden_states_(metadata.pools_hidden_states()),
+      scores_prompts_(metadata.scores_prompts()) {}
 
 actor_executor::~actor_executor() = default;
 

@@ -114,6 +114,7 @@ class actor_executor : public executor {
   bool samples_on_device() const override { return samples_on_device_; }
   bool reads_only_window() const override { return reads_only_window_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
+  bool scores_prompts() const override { return scores_prompts_; }
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
@@ -130,6 +131,7 @@ class actor_executor : public executor {
   bool samples_on_device_ = false;
   bool reads_only_window_ = false;
   bool pools_hidden_states_ = false;
+  bool scores_prompts_ = false;
   std::string failure_;
   std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread
 };

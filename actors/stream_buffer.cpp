@@ -31,6 +31,7 @@ void stream_buffer::push_delta(const stream_delta& d) {
         o.token_ids.insert(o.token_ids.end(), d.output.token_ids.begin(), d.output.token_ids.end());
         o.text += d.output.text;
         o.logprobs.insert(o.logprobs.end(), d.output.logprobs.begin(), d.output.logprobs.end());
+        if (!d.output.prompt_logprobs.empty()) o.prompt_logprobs = d.output.prompt_logprobs;  // once per choice
         o.finished = d.output.finished;
         o.reason = d.output.reason;
         o.error = d.output.error;

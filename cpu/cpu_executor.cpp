@@ -140,7 +140,8 @@ class cpu_executor final : public executor {
     // 64 bytes more: the attention kernels read whole vectors past a tile's last slot.
     kv_device_ = allocate(block_bytes_ * spec_.num_device_blocks + 64);
     kv_host_ = allocate(block_bytes_ * spec_.num_host_blocks + 64);
-    num_phases_ = 11 + 16 * static_cast<int64_t>(config_.num_layers);
+    base_phases_ = 11 + 16 * static_cast<int64_t>(config_.num_layers);
+    num_phases_ = base_phases_;
     counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
     // Attention scratch per thread: scores / probabilities, outputs, running max and sum, query rows.
     attn_rows_ = attn_chunk * (config_.num_heads / config_.num_kv_heads);
@@ -163,6 +164,7 @@ class cpu_executor final : public executor {
   // entries of freed blocks before the window are never touched.
   bool reads_only_window() const override { return true; }
   bool pools_hidden_states() const override { return true; }
+  bool scores_prompts() const override { return true; }
   const char* kv_cache_dtype() const override { return cpu::to_string(kv_dt_); }
 
   void execute(const step_batch& batch, step_output& out) override;
@@ -228,7 +230,8 @@ class cpu_executor final : public executor {
   int64_t block_bytes_ = 0;
   std::unique_ptr<std::byte[], free_deleter> kv_device_;
   std::unique_ptr<std::byte[], free_deleter> kv_host_;
-  int64_t num_phases_ = 0;
+  int64_t base_phases_ = 0;  // a step's phases of the pool (parallel() calls) without prompt logprobs
+  int64_t num_phases_ = 0;   // the counters allocated
   std::unique_ptr<padded_counter[]> counters_;
 
   // ---- per-step state (sized by plan_step, read by every thread in forward) ----------------
@@ -237,6 +240,9 @@ class cpu_executor final : public executor {
   std::vector<attn_task> attn_tasks_;
   float* logits_out_ = nullptr;
   float* hidden_out_ = nullptr;                          // step_output::hidden: one row per pooled sequence
+  prompt_logprob* scored_out_ = nullptr;                 // step_output::prompt_logprobs: one per scored row
+  int64_t score_rows_ = 1;                               // scored prompt rows per LM-head group
+  std::vector<float> sx_, slogits_;                      // one group's normed rows and logits
   std::vector<float> px_;                                // per pooled sequence: the normed row being added
   std::vector<std::vector<float>> rope_cos_, rope_sin_;  // per table: [T, rope_dims / 2]
   std::vector<float> x_, xn_, qkv_, attn_, gu_, mlp_, lx_, tmp_;
@@ -449,6 +455,23 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   logits_out_ = out.logits.data();  // sized by build_step_layout
   hidden_out_ = out.hidden.data();  // zeroed by build_step_layout: mean pooling adds into it
   px_.resize(layout_.pooled_seqs.size() * hidden);
+  // Prompt logprobs: the LM head runs over the scored rows in groups of about 4 M logits (85 rows of
+  // SmolLM2's 49,152-token vocabulary), so a 2,048-token chunk needs 16 MB of logits, not 400 MB. Each
+  // group takes 3 phases of the pool; the counters grow to what the step needs.
+  const auto num_scored = static_cast<int64_t>(layout_.scored_tokens.size());
+  const auto vocab = static_cast<int64_t>(config_.vocab_size);
+  score_rows_ = std::max<int64_t>(1, std::min<int64_t>(num_scored, (int64_t{4} << 20) / vocab));
+  const int64_t num_groups = (num_scored + score_rows_ - 1) / score_rows_;
+  const int64_t phases = base_phases_ + 3 * num_groups;
+  if (phases > num_phases_) {
+    num_phases_ = phases;
+    counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
+  }
+  if (num_scored > 0) {
+    sx_.resize(static_cast<size_t>(score_rows_) * hidden);
+    slogits_.resize(static_cast<size_t>(score_rows_ * vocab));
+  }
+  scored_out_ = out.prompt_logprobs.data();  // sized by build_step_layout
 }
 
 void cpu_executor::execute(const step_batch& batch, step_output& out) {
@@ -799,6 +822,28 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       for (int64_t d = 0; d < hidden; ++d) dst[d] += row[d];
     }
   });
+
+  // Prompt logprobs: the scored rows' final norm and LM head, a group at a time (plan_step), each row
+  // then reduced to its target's logprob and rank and the top tokens (engine/prompt_logprobs.hpp); only
+  // those leave the executor.
+  const auto S = static_cast<int64_t>(layout_.scored_tokens.size());
+  const int32_t vocab = config_.vocab_size;
+  for (int64_t g0 = 0; g0 < S; g0 += score_rows_) {
+    const int64_t G = std::min(score_rows_, S - g0);
+    parallel(G, [&](int64_t r) {
+      rms_norm(x_.data() + layout_.scored_tokens[static_cast<size_t>(g0 + r)] * hidden, output_norm_.data(),
+               sx_.data() + r * hidden, hidden, eps);
+      quantize_rows(output_, sx_.data(), r);
+    });
+    linear(output_, sx_.data(), hidden, static_cast<int32_t>(G), slogits_.data(), vocab, false);
+    parallel(G, [&](int64_t r) {
+      float* row = slogits_.data() + r * vocab;
+      if (feat.final_softcap.on()) soft_cap(row, vocab, feat.final_softcap.cap);
+      const auto at = static_cast<size_t>(g0 + r);
+      scored_out_[at] =
+          score_prompt_row({row, static_cast<size_t>(vocab)}, layout_.scored_targets[at], layout_.scored_top_k[at]);
+    });
+  }
 
   // Final norm of the rows whose logits were asked for, then the output projection.
   const auto R = static_cast<int64_t>(layout_.logit_tokens.size());

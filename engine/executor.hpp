@@ -14,6 +14,7 @@
 #include "engine/device_sampling.hpp"
 #include "engine/ids.hpp"
 #include "engine/model/model_config.hpp"
+#include "engine/prompt_logprobs.hpp"
 
 namespace tessera {
 
@@ -43,6 +44,13 @@ struct sequence_slice {
   // rows of the final-normed hidden state to return in step_output::hidden: none, the sum over this
   // slice's rows (mean pooling: the engine adds the chunks up), or its last row (last pooling).
   enum class hidden_mode : uint8_t { none, sum, last } hidden = hidden_mode::none;
+  // Prompt logprobs (engine/prompt_logprobs.hpp; only for an executor that scores_prompts()): rows
+  // [prompt_first_row, prompt_first_row + prompt_targets.size()) of this slice are scored, row j against
+  // prompt_targets[j - prompt_first_row] (the prompt token that follows it), with the prompt_top_k most
+  // likely tokens, into step_output::prompt_logprobs. Independent of `logits`.
+  int32_t prompt_first_row = 0;
+  std::vector<token_id> prompt_targets;
+  int32_t prompt_top_k = 0;
 };
 
 struct block_copy {
@@ -78,6 +86,11 @@ struct step_output {
   int32_t hidden_size = 0;
   std::vector<float> hidden;
   std::vector<int32_t> hidden_row;
+  // Scored prompt rows: for seqs[i] with prompt_targets, entries [prompt_first[i], prompt_first[i] +
+  // prompt_count[i]) of `prompt_logprobs`, one per target in order (prompt_count[i] 0 for the others).
+  std::vector<prompt_logprob> prompt_logprobs;
+  std::vector<int32_t> prompt_first;
+  std::vector<int32_t> prompt_count;
 
   std::span<const float> row(int32_t r) const {
     return {logits.data() + static_cast<size_t>(r) * vocab_size, static_cast<size_t>(vocab_size)};
@@ -85,6 +98,10 @@ struct step_output {
   std::span<const float> hidden_of(size_t seq) const {
     if (seq >= hidden_row.size() || hidden_row[seq] < 0) return {};
     return {hidden.data() + static_cast<size_t>(hidden_row[seq]) * hidden_size, static_cast<size_t>(hidden_size)};
+  }
+  std::span<const prompt_logprob> prompt_logprobs_of(size_t seq) const {
+    if (seq >= prompt_count.size() || prompt_count[seq] <= 0) return {};
+    return {prompt_logprobs.data() + prompt_first[seq], static_cast<size_t>(prompt_count[seq])};
   }
 };
 
@@ -115,6 +132,9 @@ class executor {
   // True when execute() honours sequence_slice::hidden (the CPU executor); the engine refuses
   // embedding requests otherwise.
   virtual bool pools_hidden_states() const { return false; }
+  // True when execute() honours sequence_slice::prompt_targets (the CPU executor); the engine refuses
+  // requests for prompt logprobs otherwise.
+  virtual bool scores_prompts() const { return false; }
 };
 
 }  // namespace tessera

@@ -75,6 +75,12 @@ request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_
     }
     grammar = options_.constraints->compile(*params.structured);  // throws invalid_request
   }
+  if (params.prompt_logprobs >= 0 && !exec_.scores_prompts()) {
+    throw invalid_request(std::string("prompt logprobs (echo with logprobs, or prompt_logprobs) are not available "
+                                      "with the ") +
+                              exec_.name() + " executor; serve the model with --device cpu",
+                          "prompt_logprobs");
+  }
   check_prompt_ids(prompt);
   const int64_t limit = sched_.options().max_model_len, num_prompt = static_cast<int64_t>(prompt.size());
   if (!params.truncate_to_context && limit > 0 && num_prompt <= limit && num_prompt + params.max_tokens > limit) {
@@ -116,6 +122,8 @@ request_id llm_engine::enqueue(std::vector<token_id> prompt, const sampling_para
   const seq_id first = next_seq_;
   auto seq = std::make_unique<sequence>();
   seq->pooling = pooling;
+  seq->prefill_only = pooling != pooling_type::none || params.max_tokens == 0;
+  if (pooling == pooling_type::none) seq->prompt_logprobs = params.prompt_logprobs;
   seq->id = first;
   seq->request = id;
   seq->choice_index = 0;
@@ -134,6 +142,8 @@ request_id llm_engine::enqueue(std::vector<token_id> prompt, const sampling_para
   r.forked = params.n == 1;  // "all choices exist"
   r.grammar = params.structured ? std::move(grammar) : nullptr;
   if (pooling != pooling_type::none) r.pool.emplace(pooling, exec_.config().hidden_size);
+  if (pooling == pooling_type::none && params.prompt_logprobs >= 0)
+    r.prompt_scores.emplace(r.prompt, params.prompt_logprobs);
   r.choices.push_back(std::make_unique<choice_state>(0, first, r.params, r.prompt, eos_ids_, tok_));
   if (r.grammar) r.choices.back()->constraint = r.grammar->start();
   seq_owner_[first] = {id, 0};
@@ -292,6 +302,7 @@ std::vector<request_output> llm_engine::step() {
   execute(p, ctx);
   if (!ctx.failed) {
     pool_hidden(p);
+    collect_prompt_logprobs(p);
     apply(p);
     sample(p, ctx);
   }
@@ -364,6 +375,27 @@ void llm_engine::pool_hidden(const scheduler_output& p) {
   }
 }
 
+// Prompt logprobs: each chunk's scored rows join the request's collector, which skips positions it
+// already holds (a chunk recomputed after a preemption) and refuses rows that leave a gap; the scheduler
+// then asks only for the positions still missing. A request whose rows did not come back is failed when
+// its prompt's last token has been computed (sample()), not here: the plan's sequences stay valid until
+// the step ends.
+void llm_engine::collect_prompt_logprobs(const scheduler_output& p) {
+  for (size_t i = 0; i < p.scheduled.size(); ++i) {
+    const scheduled_sequence& s = p.scheduled[i];
+    if (!s.seq->scores_prompt()) continue;
+    const choice_ref* owner = owner_of(s.id);
+    if (!owner) continue;
+    request_state& r = requests_.at(owner->request);
+    if (!r.prompt_scores) continue;
+    const sequence::scored_rows rows = s.seq->prompt_rows(s.num_new_tokens - s.num_draft_tokens);
+    const std::span<const prompt_logprob> got = logits_.prompt_logprobs_of(i);
+    if (rows.count == 0 || got.size() != static_cast<size_t>(rows.count)) continue;
+    r.prompt_scores->add(s.seq->num_computed + rows.first + 1, got);
+    s.seq->prompt_logprobs_next = r.prompt_scores->next_position();
+  }
+}
+
 void llm_engine::apply(scheduler_output& p) {
   sched_.commit(p);
   if (p.num_prefill_tokens > p.num_decode_tokens) sched_.observe_prefill(p.num_prefill_tokens, record_.execute_seconds);
@@ -395,6 +427,8 @@ void llm_engine::sample(scheduler_output& p, step_context& ctx) {
     const choice_ref* owner = owner_of(p.scheduled[i].id);
     if (owner && requests_.at(owner->request).pool)
       finish_embedding(i, p, ctx);
+    else if (owner && p.scheduled[i].seq->prefill_only)
+      finish_scoring(i, p, ctx);
     else if (p.scheduled[i].num_draft_tokens > 0)
       verify_sequence(i, p, ctx);
     else
@@ -467,10 +501,8 @@ const llm_engine::choice_ref* llm_engine::owner_of(seq_id s) const {
 void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batch, step_context& ctx) {
   for (size_t i = 0; i < p.scheduled.size() && i < batch.seqs.size(); ++i) {
     // A draft is verified on the host from every row (engine/speculative/verifier.hpp); an embedding
-    // samples nothing.
-    if (!p.scheduled[i].samples || p.scheduled[i].num_draft_tokens > 0 ||
-        p.scheduled[i].seq->pooling != pooling_type::none)
-      continue;
+    // or a max_tokens 0 request samples nothing.
+    if (!p.scheduled[i].samples || p.scheduled[i].num_draft_tokens > 0 || p.scheduled[i].seq->prefill_only) continue;
     const choice_ref* owner = owner_of(p.scheduled[i].id);
     if (!owner) continue;
     const request_state& r = requests_.at(owner->request);
@@ -557,6 +589,7 @@ void llm_engine::sample_sequence(size_t i, scheduler_output& p, step_context& ct
     std::vector<choice_state*> forked = fork_choices(r, s.id, p);
     samplers.insert(samplers.end(), forked.begin(), forked.end());
   }
+  if (!attach_prompt_logprobs(r, samplers, ctx)) return;
   const std::span<const uint32_t> allowed = mask_of(ctx, i);
   for (choice_state* c : samplers) {
     sample_result res;
@@ -589,6 +622,48 @@ void llm_engine::finish_embedding(size_t i, scheduler_output& p, step_context& c
   request_output& out = output_for(ctx.outs, ctx.index, r, c);
   out.embedding = r.pool->finish();
   finish_choice(r, c, finish_reason::stop, out, lifecycle_stage::finished, event_kind::finished);
+  drop_if_done(r.id);
+}
+
+// The first output of each of `choices` carries the request's prompt logprobs (once: a choice that is
+// recomputed after its first token does not repeat them). False when they are incomplete (the executor
+// did not return every scored row): the request has failed then.
+bool llm_engine::attach_prompt_logprobs(request_state& r, std::span<choice_state* const> choices, step_context& ctx) {
+  if (!r.prompt_scores || r.prompt_scores_sent) return true;
+  if (!r.prompt_scores->complete()) {
+    fail_request(r, "executor returned no prompt logprobs", ctx.outs, ctx.index);
+    drop_if_done(r.id);
+    return false;
+  }
+  for (choice_state* c : choices) output_for(ctx.outs, ctx.index, r, *c).prompt_logprobs = r.prompt_scores->all();
+  r.prompt_scores_sent = true;
+  return true;
+}
+
+// Scheduled sequence i, a generation with max_tokens 0, computed its prompt's last token: every choice
+// ends (reason length, as OpenAI answers echo with max_tokens 0) with the prompt logprobs and no token.
+// Choices past the first never became sequences (nothing was sampled to fork on).
+void llm_engine::finish_scoring(size_t i, scheduler_output& p, step_context& ctx) {
+  const choice_ref* owner = owner_of(p.scheduled[i].id);
+  if (!owner) return;
+  request_state& r = requests_.at(owner->request);
+  choice_state& c = *r.choices.front();
+  choice_state* const first[1] = {&c};
+  if (!attach_prompt_logprobs(r, first, ctx)) return;
+  request_output& out = output_for(ctx.outs, ctx.index, r, c);
+  finish_choice(r, c, finish_reason::length, out, lifecycle_stage::finished, event_kind::finished);
+  for (int32_t k = 1; k < r.params.n; ++k) {
+    request_output more;
+    more.id = r.id;
+    more.index = k;
+    more.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    more.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
+    more.finished = true;
+    more.reason = finish_reason::length;
+    if (r.prompt_scores) more.prompt_logprobs = r.prompt_scores->all();
+    ctx.index[{r.id, k}] = ctx.outs.size();
+    ctx.outs.push_back(std::move(more));
+  }
   drop_if_done(r.id);
 }
 

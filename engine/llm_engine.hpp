@@ -21,6 +21,7 @@
 
 #include "engine/executor.hpp"
 #include "engine/pooling.hpp"
+#include "engine/prompt_logprobs.hpp"
 #include "engine/sampler.hpp"
 #include "engine/sampling_params.hpp"
 #include "engine/scheduler.hpp"
@@ -88,6 +89,9 @@ struct request_output {
   std::vector<lifecycle_entry> timeline;  // on the final output: the choice's lifecycle
   // An embedding request's final output: the pooled, L2-normalised vector (engine/pooling.hpp).
   std::vector<float> embedding;
+  // params.prompt_logprobs >= 0: on each choice's first output (the one with its first token, or the
+  // final one with max_tokens 0), every prompt position's logprob, the first one without (rank 0).
+  std::vector<prompt_logprob> prompt_logprobs;
 };
 
 struct engine_stats {
@@ -190,7 +194,9 @@ class llm_engine {
     std::shared_ptr<const compiled_constraint> grammar;
     bool forked = false;
     std::vector<std::unique_ptr<choice_state>> choices;
-    std::optional<embedding_pool> pool;  // embedding requests only
+    std::optional<embedding_pool> pool;                     // embedding requests only
+    std::optional<prompt_logprob_collector> prompt_scores;  // params.prompt_logprobs >= 0 only
+    bool prompt_scores_sent = false;
   };
 
   // Which choice of which request a sequence is (the n > 1 fork makes one sequence per choice).
@@ -218,6 +224,7 @@ class llm_engine {
   scheduler_output plan(step_context& ctx);
   void execute(scheduler_output& plan, step_context& ctx);
   void pool_hidden(const scheduler_output& plan);
+  void collect_prompt_logprobs(const scheduler_output& plan);
   void apply(scheduler_output& plan);
   void sample(scheduler_output& plan, step_context& ctx);
   std::vector<request_output> emit(scheduler_output& plan, step_context& ctx);
@@ -230,6 +237,8 @@ class llm_engine {
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
   void sample_sequence(size_t i, scheduler_output& plan, step_context& ctx);
   void finish_embedding(size_t i, scheduler_output& plan, step_context& ctx);
+  void finish_scoring(size_t i, scheduler_output& plan, step_context& ctx);
+  bool attach_prompt_logprobs(request_state& r, std::span<choice_state* const> choices, step_context& ctx);
   void check_prompt_ids(const std::vector<token_id>& prompt) const;
   request_id enqueue(std::vector<token_id> prompt, const sampling_params& params, int32_t priority,
                      std::shared_ptr<const compiled_constraint> grammar, pooling_type pooling);

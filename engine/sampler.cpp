@@ -352,6 +352,23 @@ void sampler::process_logits(std::span<float> logits) const {
   }
 }
 
+raw_logprobs compute_raw_logprobs(std::span<const float> row, size_t top_k) {
+  raw_logprobs out;
+  float max_raw = neg_inf;
+  for (float v : row) max_raw = std::max(max_raw, v);
+  double sum = 0.0;
+  for (float v : row) sum += std::exp(v - max_raw);
+  out.log_normalizer = max_raw + std::log(sum);
+  if (top_k > 0) {
+    std::vector<candidate> top;
+    select_top(row, top_k, top);
+    std::sort(top.begin(), top.end(), ranks_before);
+    out.top.reserve(top.size());
+    for (const candidate& c : top) out.top.emplace_back(c.id, static_cast<float>(c.score - out.log_normalizer));
+  }
+  return out;
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const uint32_t> allowed) {
   if (logits.empty()) throw std::invalid_argument("sampler::sample: empty logits row");
   const size_t vocab = logits.size();
@@ -374,20 +391,9 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const uin
   sample_result result;
   double log_normalizer = 0.0;
   if (params_.logprobs >= 0) {
-    float max_raw = neg_inf;
-    for (float v : work) max_raw = std::max(max_raw, v);
-    double sum = 0.0;
-    for (float v : work) sum += std::exp(v - max_raw);
-    log_normalizer = max_raw + std::log(sum);
-    if (params_.logprobs > 0) {
-      std::vector<candidate> top;
-      select_top(work, static_cast<size_t>(params_.logprobs), top);
-      std::sort(top.begin(), top.end(), ranks_before);
-      result.top_logprobs.reserve(top.size());
-      for (const candidate& c : top) {
-        result.top_logprobs.emplace_back(c.id, static_cast<float>(c.score - log_normalizer));
-      }
-    }
+    raw_logprobs raw_lp = compute_raw_logprobs(work, static_cast<size_t>(params_.logprobs));
+    log_normalizer = raw_lp.log_normalizer;
+    result.top_logprobs = std::move(raw_lp.top);
   }
 
   process_logits(work);

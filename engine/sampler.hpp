@@ -34,6 +34,16 @@ struct sample_result {
   std::vector<std::pair<token_id, float>> top_logprobs;
 };
 
+// The raw distribution of one sanitized logits row (no NaN, no +inf: sampling_math::sanitize_logit):
+// its log normalizer (log sum exp) and its top_k most likely entries as logprobs, most likely first
+// (ties: lower id first). What sample() reports as logprobs, and what prompt logprobs are scored with
+// (engine/prompt_logprobs.hpp).
+struct raw_logprobs {
+  double log_normalizer = 0.0;
+  std::vector<std::pair<token_id, float>> top;
+};
+raw_logprobs compute_raw_logprobs(std::span<const float> row, size_t top_k);
+
 class sampler {
  public:
   // fork_index: which of the request's n sequences this is (0..n-1); with a seed, fork i's stream is

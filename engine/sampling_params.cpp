@@ -98,7 +98,12 @@ void sampling_params::validate(int32_t vocab_size, const sampling_limits& limits
     }
   }
 
-  if (max_tokens < 1) reject("max_tokens", "must be >= 1, got " + std::to_string(max_tokens));
+  // 0: the prompt is prefilled and nothing generated (its prompt logprobs, vLLM's echo with max_tokens 0).
+  if (max_tokens < 0) reject("max_tokens", "must be >= 0, got " + std::to_string(max_tokens));
+  if (prompt_logprobs < -1 || prompt_logprobs > limits.max_logprobs) {
+    reject("prompt_logprobs", "must be in [0, " + std::to_string(limits.max_logprobs) + "] (or -1: none), got " +
+                                  std::to_string(prompt_logprobs));
+  }
   if (min_tokens < 0) reject("min_tokens", "must be >= 0, got " + std::to_string(min_tokens));
   if (min_tokens > max_tokens) {
     reject("min_tokens",

@@ -40,7 +40,7 @@ struct sampling_params {
   float frequency_penalty = 0.0f;                      // OpenAI: l -= frequency * count, over generated tokens
   std::vector<std::pair<token_id, float>> logit_bias;  // added to the raw logits
   std::optional<uint64_t> seed;                        // absent: a fresh random seed per sequence
-  int32_t max_tokens = 16;                             // generated tokens at most (finish_reason::length)
+  int32_t max_tokens = 16;                             // generated tokens at most (finish_reason::length); 0: none
   // false: the prompt plus max_tokens must fit max_model_len, else the request is refused (vLLM's
   // rule for a max_tokens the client asked for); true: the output also ends (length) at max_model_len.
   bool truncate_to_context = true;
@@ -49,7 +49,10 @@ struct sampling_params {
   std::vector<token_id> stop_token_ids;
   bool ignore_eos = false;  // keep generating past EOS (until max_tokens / a stop)
   bool include_stop_str_in_output = false;
-  int32_t logprobs = -1;            // -1: none; 0..20: the sampled token's logprob plus top-N
+  int32_t logprobs = -1;  // -1: none; 0..20: the sampled token's logprob plus top-N
+  // -1: none; 0..20: every prompt token's logprob (after the tokens before it) plus the top-N at each
+  // position (vLLM's prompt_logprobs; engine/prompt_logprobs.hpp).
+  int32_t prompt_logprobs = -1;
   bool skip_special_tokens = true;  // detokenizer: drop special tokens' text
   // Constrained decoding (docs/structured_output.md): every token is sampled from the tokens the
   // grammar allows, and the sequence finishes (reason stop) when the grammar is complete.

@@ -342,7 +342,9 @@ int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_outpu
 // hidden state of every prompt token, which a cached block does not keep (only its K/V). Its own
 // full blocks still enter the cache at commit, for generations that share the prompt.
 int32_t scheduler::reusable_prefix_tokens(const sequence& seq) const {
-  return seq.pooling != pooling_type::none ? 0 : blocks_.cached_prefix_tokens(seq.tokens);
+  // Likewise a sequence whose prompt logprobs are still being scored: they come from the logits of every
+  // prompt position, which the cache does not keep either.
+  return seq.pooling != pooling_type::none || seq.scores_prompt() ? 0 : blocks_.cached_prefix_tokens(seq.tokens);
 }
 
 scheduler_output scheduler::schedule() {
@@ -521,12 +523,19 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
     slice.logits = s.num_draft_tokens > 0 ? sequence_slice::logits_mode::all
                    : s.samples            ? sequence_slice::logits_mode::last
                                           : sequence_slice::logits_mode::none;
+    if (s.seq->prefill_only) slice.logits = sequence_slice::logits_mode::none;  // nothing is sampled
     if (s.seq->pooling != pooling_type::none) {
       // An embedding: no logits, its hidden rows instead (every chunk's sum, or the prompt's last row).
-      slice.logits = sequence_slice::logits_mode::none;
       slice.hidden = s.seq->pooling == pooling_type::mean ? sequence_slice::hidden_mode::sum
                      : s.samples                          ? sequence_slice::hidden_mode::last
                                                           : sequence_slice::hidden_mode::none;
+    }
+    if (const sequence::scored_rows rows = s.seq->prompt_rows(s.num_new_tokens - s.num_draft_tokens); rows.count > 0) {
+      // Prompt logprobs: each row is scored against the prompt token after it.
+      slice.prompt_first_row = rows.first;
+      slice.prompt_top_k = s.seq->prompt_logprobs;
+      const auto target = s.seq->tokens.begin() + s.seq->num_computed + rows.first + 1;
+      slice.prompt_targets.assign(target, target + rows.count);
     }
     batch.seqs.push_back(std::move(slice));
   }

@@ -1,5 +1,7 @@
 #include "engine/sequence.hpp"
 
+#include <algorithm>
+
 #include "engine/step_record.hpp"
 
 namespace tessera {
@@ -63,6 +65,15 @@ std::string_view to_string(preemption_reason reason) {
     case preemption_reason::priority: return "priority";
   }
   return "?";
+}
+
+sequence::scored_rows sequence::prompt_rows(int32_t num_new) const {
+  if (!scores_prompt()) return {};
+  // Row p predicts token p + 1: the unscored positions [next, num_prompt) are rows [next - 1, num_prompt - 1).
+  const int32_t begin = std::max(num_computed, prompt_logprobs_next - 1);
+  const int32_t end = std::min(num_computed + num_new, num_prompt_tokens - 1);
+  if (end <= begin) return {};
+  return {begin - num_computed, end - begin};
 }
 
 }  // namespace tessera

@@ -66,6 +66,23 @@ struct sequence {
   // Embedding sequences (engine/pooling.hpp): prefill only, never sampled; the scheduler gives them
   // no cached prefix, since mean pooling needs every prompt token's hidden state computed.
   pooling_type pooling = pooling_type::none;
+  // No token is ever sampled: embeddings, and generations with max_tokens 0 (prompt logprobs only). The
+  // sequence ends in the step that computes its prompt's last token; it asks for no logits.
+  bool prefill_only = false;
+  // Prompt logprobs (engine/prompt_logprobs.hpp): -1 none; else the top tokens wanted per position.
+  // prompt_logprobs_next is the first prompt position not scored yet: the rows before it are not asked
+  // for again (a recompute), and while it is short of the prompt the scheduler gives the sequence no
+  // cached prefix (a cached block holds K/V, not the logits of its positions).
+  int32_t prompt_logprobs = -1;
+  int32_t prompt_logprobs_next = 1;
+  bool scores_prompt() const { return prompt_logprobs >= 0 && prompt_logprobs_next < num_prompt_tokens; }
+  // The rows of a chunk of `num_new` tokens from num_computed that score prompt positions still
+  // unscored: rows [first, first + count) of the chunk, row j scoring position num_computed + j + 1.
+  struct scored_rows {
+    int32_t first = 0;
+    int32_t count = 0;
+  };
+  scored_rows prompt_rows(int32_t num_new) const;
 
   sequence_status status = sequence_status::waiting;
   waiting_reason waiting = waiting_reason::none;

@@ -19,12 +19,17 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
   layout.device_sampled_seqs.clear();
   layout.device_sampled_tokens.clear();
   layout.pooled_seqs.clear();
+  layout.scored_tokens.clear();
+  layout.scored_targets.clear();
+  layout.scored_top_k.clear();
   layout.max_context = 0;
   out.vocab_size = config.vocab_size;
   out.first_row.assign(batch.seqs.size(), 0);
   out.num_rows.assign(batch.seqs.size(), 0);
   out.hidden_size = config.hidden_size;
   out.hidden_row.assign(batch.seqs.size(), -1);
+  out.prompt_first.assign(batch.seqs.size(), 0);
+  out.prompt_count.assign(batch.seqs.size(), 0);
 
   const int32_t bs = spec.block_size;
   const int32_t window = config.kv_window();  // 0: every layer may read every past position
@@ -76,9 +81,25 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
       out.hidden_row[s] = static_cast<int32_t>(layout.pooled_seqs.size());
       layout.pooled_seqs.push_back(static_cast<int32_t>(s));
     }
+    if (!sl.prompt_targets.empty()) {
+      const int64_t num_scored = static_cast<int64_t>(sl.prompt_targets.size());
+      if (sl.prompt_first_row < 0 || sl.prompt_first_row + num_scored > n)
+        refuse("scored prompt rows outside the slice");
+      if (sl.prompt_top_k < 0) refuse("negative prompt top-k");
+      out.prompt_first[s] = static_cast<int32_t>(layout.scored_tokens.size());
+      out.prompt_count[s] = static_cast<int32_t>(num_scored);
+      for (int64_t j = 0; j < num_scored; ++j) {
+        const token_id t = sl.prompt_targets[static_cast<size_t>(j)];
+        if (t < 0 || t >= config.vocab_size) refuse("prompt target token id out of range");
+        layout.scored_tokens.push_back(sr.token_begin + sl.prompt_first_row + static_cast<int32_t>(j));
+        layout.scored_targets.push_back(t);
+        layout.scored_top_k.push_back(sl.prompt_top_k);
+      }
+    }
   }
   out.logits.resize(layout.logit_tokens.size() * static_cast<size_t>(config.vocab_size));
   out.hidden.assign(layout.pooled_seqs.size() * static_cast<size_t>(config.hidden_size), 0.0f);
+  out.prompt_logprobs.assign(layout.scored_tokens.size(), prompt_logprob{});
   if (samples_on_device) out.sampled.assign(batch.seqs.size(), sampled_token{});
 }
 

@@ -36,6 +36,11 @@ struct step_layout {
   // Sequences with a hidden_mode (embeddings), in batch order; their row of step_output::hidden is
   // their index here.
   std::vector<int32_t> pooled_seqs;
+  // Scored prompt rows (sequence_slice::prompt_targets), in step_output::prompt_logprobs order: each
+  // one's token row, the token it is scored against, and how many top tokens it wants.
+  std::vector<int32_t> scored_tokens;
+  std::vector<token_id> scored_targets;
+  std::vector<int32_t> scored_top_k;
   // The longest context of the step: max over sequences (empty ones too) of num_computed + tokens.
   int32_t max_context = 0;
 
@@ -47,8 +52,10 @@ struct step_layout {
 // slice has a negative or too large num_computed, a block table that does not cover its tokens, a
 // used block id outside the device pool of `spec`, or a token id outside `config`'s vocabulary.
 // It shapes `out` for the executor to fill: vocab_size, first_row and num_rows per sequence, logits
-// sized for the host rows, (samples_on_device) one empty `sampled` entry per sequence, and hidden_size,
-// hidden_row and a zeroed `hidden` for the pooled sequences.
+// sized for the host rows, (samples_on_device) one empty `sampled` entry per sequence, hidden_size,
+// hidden_row and a zeroed `hidden` for the pooled sequences, and prompt_first / prompt_count with
+// `prompt_logprobs` sized for the scored rows. Scored rows outside their slice, targets outside the
+// vocabulary and a negative top-k are refused too.
 // After a throw `layout` and `out` are unspecified; nothing else has been touched. Swaps and copies
 // are check_block_moves' (each executor calls it where it applies them).
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,

@@ -379,7 +379,10 @@ void http_session::on_delta(stream_delta& d, std::string& out) {
   generation& g = *gen_;
   request_output& o = d.output;
   if (!g.progress.take_delta(d, state_.metrics)) return;
-  if (!g.echo_pending.empty() && has_output(o)) {
+  // The prompt goes with the choice's first output, or its final one when it generated nothing
+  // (max_tokens 0: the prompt alone; not a failure, which stays a plain error before any chunk).
+  const bool ended_well = o.finished && (o.reason == finish_reason::stop || o.reason == finish_reason::length);
+  if (!g.echo_pending.empty() && (has_output(o) || ended_well || !o.prompt_logprobs.empty())) {
     std::string& echo = g.echo_pending[static_cast<size_t>(o.index)];
     o.text.insert(0, echo);
     echo.clear();
@@ -388,6 +391,7 @@ void http_session::on_delta(stream_delta& d, std::string& out) {
   c.text += o.text;
   c.token_ids.insert(c.token_ids.end(), o.token_ids.begin(), o.token_ids.end());
   c.logprobs.insert(c.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+  if (!o.prompt_logprobs.empty()) c.prompt_logprobs = o.prompt_logprobs;
   if (g.responses_events) {
     g.responses_events->text(g.req, o.text, *g.sse, out);
     return;
@@ -410,8 +414,11 @@ void http_session::on_delta(stream_delta& d, std::string& out) {
   // No chunk without text: a token whose text the detokenizer holds back (part of a UTF-8 character,
   // a special token it skips) goes with the next chunk; only its logprobs, when asked for, are worth
   // a chunk of their own.
-  if (!g.sse || (o.text.empty() && !(g.req.want_logprobs && !o.logprobs.empty()))) return;
-  g.sse->event(delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get()), out);
+  const bool echoed_logprobs = g.req.echo_logprobs && !o.prompt_logprobs.empty();
+  if (!g.sse || (o.text.empty() && !(g.req.want_logprobs && (!o.logprobs.empty() || echoed_logprobs)))) return;
+  g.sse->event(
+      delta_chunk(g.req, g.meta, o, g.progress.first_of_choice(o.index), state_.engine.tok().get(), &c.logprob_offset),
+      out);
 }
 
 void http_session::take_piece(choice_accumulator& c, chat_piece piece) {

@@ -112,38 +112,76 @@ json::value logprob_value(float lp) { return std::isfinite(lp) ? json::value(lp)
 
 json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& lps, const tokenizer* tok,
                           size_t text_offset) {
-  if (kind == api_kind::chat) {
-    json::array content;
-    for (const auto& lp : lps) {
-      const std::string raw = piece(tok, lp.token);
-      json::array top;
-      for (const auto& [id, l] : lp.top) {
-        const std::string r = piece(tok, id);
-        top.push_back(
-            json::object{{"token", sanitize_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
-      }
-      content.push_back(json::object{{"token", sanitize_utf8(raw)},
-                                     {"logprob", logprob_value(lp.logprob)},
-                                     {"bytes", bytes_json(raw)},
-                                     {"top_logprobs", std::move(top)}});
-    }
-    return json::object{{"content", std::move(content)}};
-  }
-  json::array tokens, token_logprobs, top_logprobs, offsets;
+  if (kind != api_kind::chat) return completion_logprobs_json({}, lps, -1, tok, text_offset);
+  json::array content;
   for (const auto& lp : lps) {
-    const std::string text = sanitize_utf8(piece(tok, lp.token));
+    const std::string raw = piece(tok, lp.token);
+    json::array top;
+    for (const auto& [id, l] : lp.top) {
+      const std::string r = piece(tok, id);
+      top.push_back(json::object{{"token", sanitize_utf8(r)}, {"logprob", logprob_value(l)}, {"bytes", bytes_json(r)}});
+    }
+    content.push_back(json::object{{"token", sanitize_utf8(raw)},
+                                   {"logprob", logprob_value(lp.logprob)},
+                                   {"bytes", bytes_json(raw)},
+                                   {"top_logprobs", std::move(top)}});
+  }
+  return json::object{{"content", std::move(content)}};
+}
+
+json::value completion_logprobs_json(std::span<const prompt_logprob> prompt, const std::vector<token_logprob>& lps,
+                                     int32_t top_k, const tokenizer* tok, size_t& text_offset) {
+  json::array tokens, token_logprobs, top_logprobs, offsets;
+  // One entry: the token's text, its logprob and its top alternatives plus itself (OpenAI: "up to
+  // logprobs + 1" of them), or nulls (the prompt's first token).
+  auto add = [&](token_id token, const float* logprob, std::span<const std::pair<token_id, float>> top) {
+    const std::string text = sanitize_utf8(piece(tok, token));
     tokens.push_back(json::string(text));
-    token_logprobs.push_back(logprob_value(lp.logprob));
-    json::object top;
-    for (const auto& [id, l] : lp.top) top[sanitize_utf8(piece(tok, id))] = logprob_value(l);
-    top_logprobs.push_back(std::move(top));
+    if (logprob) {
+      token_logprobs.push_back(logprob_value(*logprob));
+      json::object alternatives;
+      for (const auto& [id, l] : top) alternatives[sanitize_utf8(piece(tok, id))] = logprob_value(l);
+      if (!alternatives.contains(text)) alternatives[text] = logprob_value(*logprob);
+      top_logprobs.push_back(std::move(alternatives));
+    } else {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+    }
     offsets.push_back(text_offset);
     text_offset += text.size();
+  };
+  for (const prompt_logprob& p : prompt) {
+    const auto n = std::min(p.top.size(), static_cast<size_t>(std::max(top_k, 0)));
+    add(p.token, p.has_logprob() ? &p.logprob : nullptr, std::span(p.top).first(n));
   }
+  for (const auto& lp : lps) add(lp.token, &lp.logprob, lp.top);
   return json::object{{"tokens", std::move(tokens)},
                       {"token_logprobs", std::move(token_logprobs)},
                       {"top_logprobs", std::move(top_logprobs)},
                       {"text_offset", std::move(offsets)}};
+}
+
+json::value prompt_logprobs_json(std::span<const prompt_logprob> prompt, int32_t top_k, const tokenizer* tok) {
+  json::array out;
+  for (const prompt_logprob& p : prompt) {
+    if (!p.has_logprob()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    // The prompt token first with its rank, then the top tokens ranked 1, 2, ... (one entry per id).
+    json::object position;
+    auto entry = [&](token_id id, float logprob, int32_t rank) {
+      const std::string key = std::to_string(id);
+      if (position.contains(key)) return;
+      position[key] = json::object{
+          {"logprob", logprob_value(logprob)}, {"rank", rank}, {"decoded_token", sanitize_utf8(piece(tok, id))}};
+    };
+    entry(p.token, p.logprob, p.rank);
+    const auto n = std::min(p.top.size(), static_cast<size_t>(std::max(top_k, 0)));
+    for (size_t k = 0; k < n; ++k) entry(p.top[k].first, p.top[k].second, static_cast<int32_t>(k + 1));
+    out.push_back(std::move(position));
+  }
+  return out;
 }
 
 json::object response_envelope(const generation_request& req, const response_meta& meta, bool chunk) {
@@ -178,9 +216,27 @@ std::string full_response(const generation_request& req, const response_meta& me
     } else {
       choice["text"] = sanitize_utf8(c.text);
     }
-    choice["logprobs"] = req.want_logprobs ? logprobs_json(req.kind, c.logprobs, tok, 0) : json::value(nullptr);
+    if (!req.want_logprobs) {
+      choice["logprobs"] = nullptr;
+    } else if (req.kind == api_kind::chat) {
+      choice["logprobs"] = logprobs_json(req.kind, c.logprobs, tok, 0);
+    } else {
+      // Echo: the prompt's tokens first (the text begins with the prompt too).
+      size_t offset = 0;
+      choice["logprobs"] =
+          completion_logprobs_json(req.echo_logprobs ? std::span(c.prompt_logprobs) : std::span<const prompt_logprob>(),
+                                   c.logprobs, req.top_logprobs, tok, offset);
+    }
     choice["finish_reason"] = choice_finish_json(reason, !c.calls.empty());
+    // vLLM's prompt_logprobs: per choice in completions, once per response in chat (below).
+    if (req.prompt_logprobs >= 0 && req.kind != api_kind::chat)
+      choice["prompt_logprobs"] = prompt_logprobs_json(c.prompt_logprobs, req.prompt_logprobs, tok);
     out.push_back(std::move(choice));
+  }
+  if (req.prompt_logprobs >= 0 && req.kind == api_kind::chat) {
+    body["prompt_logprobs"] = prompt_logprobs_json(
+        choices.empty() ? std::span<const prompt_logprob>() : std::span(choices.front().prompt_logprobs),
+        req.prompt_logprobs, tok);
   }
   body["choices"] = std::move(out);
   body["usage"] = usage_json(final);

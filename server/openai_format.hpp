@@ -4,6 +4,7 @@
 #include <boost/json.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ struct choice_accumulator {
   std::string text;
   std::vector<token_id> token_ids;
   std::vector<token_logprob> logprobs;
+  std::vector<prompt_logprob> prompt_logprobs;  // params.prompt_logprobs >= 0: every prompt position
+  size_t logprob_offset = 0;                    // a stream's next text_offset (completions' logprobs)
   // Chat with output parsers (server/chat_output.hpp): the text split into the message's parts.
   bool parsed = false;
   std::string reasoning;
@@ -73,6 +76,18 @@ boost::json::array tool_calls_json(const std::vector<parsed_tool_call>& calls, i
 // text_offset; chat: content[{token, logprob, bytes, top_logprobs}]).
 boost::json::value logprobs_json(api_kind kind, const std::vector<token_logprob>& logprobs, const tokenizer* tok,
                                  size_t text_offset);
+// Completions' (legacy) logprobs object over `prompt`'s positions (echo: the prompt's first token has
+// null logprob and top_logprobs, the others their top_k alternatives) followed by `generated`. Each
+// top_logprobs holds the token's alternatives plus the token itself when it is not among them (OpenAI:
+// up to logprobs + 1 entries). text_offset counts from `text_offset`, which is left past the entries
+// (a stream's next chunk continues from it).
+boost::json::value completion_logprobs_json(std::span<const prompt_logprob> prompt,
+                                            const std::vector<token_logprob>& generated, int32_t top_k,
+                                            const tokenizer* tok, size_t& text_offset);
+// vLLM's prompt_logprobs: one item per prompt position, null for the first, else an object keyed by
+// token id ({"<id>": {"logprob", "rank", "decoded_token"}}): the prompt token, then its top_k most
+// likely tokens (ranks 1..top_k).
+boost::json::value prompt_logprobs_json(std::span<const prompt_logprob> prompt, int32_t top_k, const tokenizer* tok);
 
 // {"id", "object", "created", "model"}: how every response and stream chunk begins. `chunk`: the
 // object of a stream chunk ("chat.completion.chunk") rather than of a whole response.

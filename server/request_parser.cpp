@@ -337,6 +337,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   int32_t completion_logprobs = -1;
   bool chat_logprobs = false;
   int32_t top_logprobs = -1;
+  int32_t prompt_logprobs = -1;
   structured_output_fields structured;
 
   for (auto [key, value] : sj::dom::object(doc)) {
@@ -361,7 +362,8 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
         bad(key, "is a completions field (a chat template's special tokens are always parsed)");
       parse_special = get_bool(value, key);
     } else if (key == "max_tokens" || key == "max_completion_tokens") {
-      p.max_tokens = get_int(value, key, 1, limits.max_tokens);
+      // 0 is checked below: only with echo (the prompt alone, as OpenAI and vLLM answer it).
+      p.max_tokens = get_int(value, key, 0, limits.max_tokens);
       have_max_tokens = true;
     } else if (key == "min_tokens") {
       p.min_tokens = get_int(value, key, 0, limits.max_tokens);
@@ -424,6 +426,11 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     } else if (key == "top_logprobs") {
       if (kind != api_kind::chat) bad(key, "is a chat completions field (use 'logprobs')");
       top_logprobs = get_int(value, key, 0, limits.sampling.max_logprobs);
+    } else if (key == "prompt_logprobs") {
+      // vLLM's: each prompt token's logprob with this many top tokens (the choices' or, for chat, the
+      // response's "prompt_logprobs").
+      if (value.is_bool()) bad(key, "must be an integer (the number of top logprobs per prompt token)");
+      prompt_logprobs = get_int(value, key, 0, limits.sampling.max_logprobs);
     } else if (key == "stream") {
       req.stream = get_bool(value, key);
     } else if (key == "stream_options") {
@@ -522,10 +529,13 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
     req.top_logprobs = std::max(completion_logprobs, 0);
   }
   p.logprobs = req.want_logprobs ? req.top_logprobs : -1;
-  // vLLM answers echo + logprobs with the prompt tokens' logprobs too; the engine does not compute
-  // those (it keeps only the last prompt row's logits), so the pair is refused rather than half-answered.
-  if (req.echo && req.want_logprobs) {
-    bad("echo", "cannot be combined with 'logprobs' here (prompt-token logprobs are not computed)");
+  // Echo with logprobs covers the prompt's tokens too (their logprobs, computed by the engine: the first
+  // token has none), as vLLM and OpenAI answer it; prompt_logprobs asks for them on its own.
+  req.prompt_logprobs = prompt_logprobs;
+  req.echo_logprobs = req.echo && req.want_logprobs;
+  p.prompt_logprobs = std::max(prompt_logprobs, req.echo_logprobs ? req.top_logprobs : -1);
+  if (p.max_tokens == 0 && !req.echo) {
+    bad("max_tokens", "must be at least 1 (0 only with 'echo': the prompt alone, with its logprobs when asked for)");
   }
   if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
   p.structured = std::move(structured.spec);
@@ -568,12 +578,41 @@ void check_chat_template_kwargs(std::string_view json_text) {
   }
 }
 
+namespace {
+
+// The most tokens `prompt` can have: a token-id prompt's count; a text prompt's bytes plus a BOS
+// (every token covers at least one byte of text) within max_model_len; a chat's max_model_len (its
+// rendered text is not known here). 0 with neither bound known.
+int64_t prompt_token_bound(const actors::prompt_input& prompt, const request_limits& limits) {
+  const int64_t context = limits.max_model_len > 0 ? limits.max_model_len : 0;
+  int64_t n = 0;
+  if (prompt.type == actors::prompt_input::kind::token_ids) {
+    n = static_cast<int64_t>(prompt.ids.size());
+  } else if (prompt.type == actors::prompt_input::kind::text) {
+    n = static_cast<int64_t>(prompt.text.size()) + 1;
+  } else {
+    n = context;
+  }
+  return context > 0 ? std::min(n, context) : n;
+}
+
+}  // namespace
+
 int64_t estimated_response_bytes(const generation_request& req, const request_limits& limits) {
   int64_t tokens = req.params.max_tokens;
   if (limits.max_model_len > 0) tokens = std::min<int64_t>(tokens, limits.max_model_len);
   const int64_t per_token = k_response_bytes_per_token +
                             (req.want_logprobs ? (1 + int64_t{req.top_logprobs}) * k_response_bytes_per_logprob : 0);
-  return int64_t{num_prompts(req)} * req.params.n * tokens * per_token;
+  int64_t bytes = int64_t{num_prompts(req)} * req.params.n * tokens * per_token;
+  // Prompt logprobs: per prompt token, per choice with echo and once more for a prompt_logprobs field.
+  if (req.params.prompt_logprobs >= 0) {
+    const int64_t per_prompt_token = (2 + int64_t{req.params.prompt_logprobs}) * k_response_bytes_per_logprob;
+    const int64_t copies = (req.echo_logprobs ? req.params.n : 0) + (req.prompt_logprobs >= 0 ? req.params.n : 0);
+    int64_t prompt_tokens = prompt_token_bound(req.prompt, limits);
+    for (const auto& more : req.more_prompts) prompt_tokens += prompt_token_bound(more, limits);
+    bytes += prompt_tokens * copies * per_prompt_token;
+  }
+  return bytes;
 }
 
 generation_request parse_embedding_request(std::string_view body, int32_t vocab_size, int32_t hidden_size,

@@ -61,6 +61,11 @@ struct generation_request {
   bool include_usage = false;  // stream_options.include_usage
   bool want_logprobs = false;  // chat: logprobs true; completions: logprobs given
   int32_t top_logprobs = 0;
+  // Prompt logprobs (engine params.prompt_logprobs is the larger of the two asks): vLLM's
+  // prompt_logprobs field (-1: not asked; else the top tokens per position, answered as
+  // "prompt_logprobs"), and completions' echo with logprobs (the logprobs object covers the prompt).
+  int32_t prompt_logprobs = -1;
+  bool echo_logprobs = false;
   std::string user;
   tool_request tools;  // chat: tools / tool_choice / parallel_tool_calls (server/tool_request.hpp)
   // /v1/embeddings: encoding_format "base64" (little-endian float32 bytes, base64) rather than "float".

@@ -54,7 +54,7 @@ json::value delta_logprobs(api_kind kind, const request_output& o, const tokeniz
 }  // namespace
 
 std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
-                        bool first_of_choice, const tokenizer* tok) {
+                        bool first_of_choice, const tokenizer* tok, size_t* text_offset) {
   json::object body = response_envelope(req, meta, true);
   json::object choice{{"index", o.index}};
   if (req.kind == api_kind::chat) {
@@ -65,7 +65,19 @@ std::string delta_chunk(const generation_request& req, const response_meta& meta
   } else {
     choice["text"] = delta_text(o);
   }
-  choice["logprobs"] = req.want_logprobs ? delta_logprobs(req.kind, o, tok) : json::value(nullptr);
+  if (!req.want_logprobs) {
+    choice["logprobs"] = nullptr;
+  } else if (req.kind == api_kind::chat) {
+    choice["logprobs"] = delta_logprobs(req.kind, o, tok);
+  } else {
+    // Completions: with echo the choice's first chunk leads with the prompt's entries (its text with the
+    // prompt), and text_offset runs on over the whole choice.
+    size_t local = 0;
+    size_t& offset = text_offset ? *text_offset : local;
+    choice["logprobs"] =
+        completion_logprobs_json(req.echo_logprobs ? std::span(o.prompt_logprobs) : std::span<const prompt_logprob>(),
+                                 o.logprobs, req.top_logprobs, tok, offset);
+  }
   choice["finish_reason"] = nullptr;
   body["choices"] = json::array{std::move(choice)};
   if (req.include_usage) body["usage"] = nullptr;

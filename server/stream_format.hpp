@@ -54,9 +54,11 @@ void record_final(const actors::stream_final& final, server_metrics& metrics);
 
 // ---- OpenAI stream chunks (the JSON of one SSE event; sse_writer frames them) ----------------------
 
-// A delta of choice o.index.
+// A delta of choice o.index. Completions' logprobs start at *text_offset (the choice's text so far, in
+// its tokens' bytes) and leave it past this delta's; null: at 0. With echo and logprobs, a delta that
+// carries o.prompt_logprobs (the choice's first) lists the prompt's tokens first.
 std::string delta_chunk(const generation_request& req, const response_meta& meta, const request_output& o,
-                        bool first_of_choice, const tokenizer* tok);
+                        bool first_of_choice, const tokenizer* tok, size_t* text_offset = nullptr);
 // A chat delta of choice `index` after the output parsers: one chunk with reasoning_content and/or
 // content (with the delta's logprobs when asked for), then per tool call OpenAI's two chunks: the
 // header {index, id, type, function: {name, arguments: ""}} and the arguments. `first_call_index`: the

@@ -185,6 +185,8 @@ void ws_session::start(const ws_envelope& message) {
       throw api_error(400, "'prompt': batches of prompts are not supported on /v1/ws (send one generation per prompt)",
                       "prompt");
     if (req.echo) throw api_error(400, "'echo' is not supported on /v1/ws", "echo");
+    if (req.prompt_logprobs >= 0)
+      throw api_error(400, "'prompt_logprobs' is not supported on /v1/ws", "prompt_logprobs");
     stream = state_.submit(req);
   } catch (const api_error& e) {
     log_generation(e.status, "", 0, "", -1, -1);

@@ -133,6 +133,7 @@ struct claims_everything : sim_executor {
   bool samples_on_device() const override { return true; }
   bool reads_only_window() const override { return true; }
   bool pools_hidden_states() const override { return true; }
+  bool scores_prompts() const override { return true; }
 };
 
 void expect_same_capabilities(const executor& got, const executor& want) {
@@ -141,6 +142,7 @@ void expect_same_capabilities(const executor& got, const executor& want) {
   EXPECT_EQ(got.samples_on_device(), want.samples_on_device());
   EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
   EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());
+  EXPECT_EQ(got.scores_prompts(), want.scores_prompts());
 }
 
 // The served engine talks to the executor through actor_executor (and, in fault-injection runs, the

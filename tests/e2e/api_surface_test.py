@@ -6,6 +6,9 @@ and the real default model:
             summed, streamed and not, through the official openai client too; bad shapes are 400s
             naming the prompt; a client that leaves a streamed batch frees every prompt's KV blocks;
   echo:     each choice's text begins with its prompt (text or decoded token ids), streamed and not;
+  echo lp:  echo with logprobs covers the prompt's tokens (first null) through the openai client, streamed
+            and not, against a float64 numpy reference (tests/data/prompt_logprobs); max_tokens 0 is the
+            prompt alone (no cached prefix taken); vLLM's prompt_logprobs field in completions and chat;
   kwargs:   chat_template_kwargs reach the Jinja context (a --chat-template-file that reads them), over
             --chat-template-kwargs, the server's default; a bad default is a usage error (exit 2);
   names:    --served-model-name a b / repeated --alias: /v1/models lists every name, a request for any
@@ -237,8 +240,128 @@ def echo_prepends_the_prompt():
             texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
     for p in range(2):
         assert texts[p] == PROMPTS[p] + complete(prompt=PROMPTS[p])["choices"][0]["text"], texts
-    status, out = post("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1})
-    assert status == 400 and out["error"]["param"] == "echo", out
+
+
+# ---- echo with logprobs, prompt_logprobs ---------------------------------------------------------------
+
+# The reference: every prompt position's log-softmax from a float64 numpy forward pass over the GGUF's
+# dequantized weights (scripts/make_prompt_logprob_fixtures.py, tests/data/prompt_logprobs). The server
+# runs the Q4_1 weights, so the bounds are tests/cpu/prompt_logprobs_parity_test.cpp's for that path
+# (measured there: mean |error| <= 0.12, max <= 1.01; an off-by-one position scores a mean of 2.1).
+PROMPT_LP_FIXTURE = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                                "prompt_logprobs", "smollm_prompt_logprobs.json")))
+Q4_1_MEAN_LOGPROB_ERROR, Q4_1_MAX_LOGPROB_ERROR = 0.2, 1.5
+
+
+def agrees_with_reference(token_logprobs, ref):
+    """token_logprobs: the prompt's entries (first one null) against the reference's positions."""
+    assert len(token_logprobs) == len(ref["ids"]), (len(token_logprobs), len(ref["ids"]))
+    assert token_logprobs[0] is None, token_logprobs[:2]
+    errors = [abs(got - want["logprob"]) for got, want in zip(token_logprobs[1:], ref["positions"])]
+    mean, worst = sum(errors) / len(errors), max(errors)
+    assert mean < Q4_1_MEAN_LOGPROB_ERROR and worst < Q4_1_MAX_LOGPROB_ERROR, (ref["name"], mean, worst)
+    return mean, worst
+
+
+@case
+def echo_with_logprobs_covers_the_prompt_through_the_openai_client():
+    try:
+        client = openai_client()
+    except ImportError:
+        print("  (openai not installed: skipped)")
+        return
+    ref = PROMPT_LP_FIXTURE["prompts"][0]  # "short": 8 tokens
+    text, P = ref["text"], len(ref["ids"])
+    plain = client.completions.create(model="first-name", prompt=text, max_tokens=4, temperature=0, logprobs=2)
+    echoed = client.completions.create(model="first-name", prompt=text, max_tokens=4, temperature=0, logprobs=2,
+                                       echo=True)
+    c, lp = echoed.choices[0], echoed.choices[0].logprobs
+    assert c.text == text + plain.choices[0].text, (c.text, plain.choices[0].text)
+    assert echoed.usage.prompt_tokens == P and echoed.usage.completion_tokens == 4, echoed.usage
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == P + 4, lp
+    assert "".join(lp.tokens[:P]) == text, lp.tokens[:P]
+    assert lp.top_logprobs[0] is None, lp.top_logprobs[:2]
+    mean, worst = agrees_with_reference(lp.token_logprobs[:P], ref)
+    print(f"  short prompt (Q4_1) against the float64 reference: mean |error| {mean:.3f}, max {worst:.3f}")
+    # The generated part is what the request without echo reports.
+    assert lp.tokens[P:] == plain.choices[0].logprobs.tokens, (lp.tokens[P:], plain.choices[0].logprobs.tokens)
+    assert all(abs(a - b) < 1e-5 for a, b in zip(lp.token_logprobs[P:], plain.choices[0].logprobs.token_logprobs))
+    # Each top_logprobs: the 2 most likely tokens, plus the token itself when it is not one of them.
+    for tok, top in zip(lp.tokens[1:], lp.top_logprobs[1:]):
+        assert tok in top and 2 <= len(top) <= 3, (tok, top)
+    offsets = lp.text_offset
+    assert offsets[0] == 0 and all(offsets[i + 1] == offsets[i] + len(lp.tokens[i].encode()) for i in range(P + 3)), offsets
+
+
+@case
+def echo_with_logprobs_streams_the_prompt_first():
+    ref = PROMPT_LP_FIXTURE["prompts"][2]  # "chat": 37 tokens, special tokens parsed
+    body = {"prompt": ref["text"], "echo": True, "logprobs": 1, "max_tokens": 5, "temperature": 0}
+    whole = complete(**body)["choices"][0]
+    events = stream("/v1/completions", body)
+    chunks = [ch for e in events for ch in e["choices"] if ch["logprobs"]]
+    first = chunks[0]["logprobs"]
+    assert first["token_logprobs"][0] is None and len(first["tokens"]) >= len(ref["ids"]), first["tokens"][:3]
+    assert chunks[0]["text"].startswith(ref["text"]), chunks[0]["text"][:60]
+    joined = {k: [x for ch in chunks for x in ch["logprobs"][k]] for k in ("tokens", "token_logprobs", "text_offset")}
+    for k in joined:
+        assert joined[k] == whole["logprobs"][k], (k, joined[k][:5], whole["logprobs"][k][:5])
+    assert "".join(ch["text"] for e in events for ch in e["choices"]) == whole["text"]
+    agrees_with_reference(whole["logprobs"]["token_logprobs"][:len(ref["ids"])], ref)
+
+
+@case
+def max_tokens_zero_with_echo_answers_the_prompt_alone():
+    ref = PROMPT_LP_FIXTURE["prompts"][1]  # "long": 520 tokens
+    out = complete(prompt=ref["ids"], echo=True, logprobs=0, max_tokens=0, n=2)
+    assert out["usage"]["completion_tokens"] == 0 and out["usage"]["prompt_tokens"] == 520, out["usage"]
+    decoded = post("/detokenize", {"tokens": ref["ids"]})[1]["prompt"]
+    for c in out["choices"]:
+        assert c["text"] == decoded and c["finish_reason"] == "length", (c["text"][:40], c["finish_reason"])
+        assert len(c["logprobs"]["tokens"]) == 520, len(c["logprobs"]["tokens"])
+    mean, worst = agrees_with_reference(out["choices"][0]["logprobs"]["token_logprobs"], ref)
+    print(f"  long prompt (Q4_1) against the float64 reference: mean |error| {mean:.3f}, max {worst:.3f}")
+    assert out["choices"][0]["logprobs"] == out["choices"][1]["logprobs"]
+    # Again, with the prompt's blocks in the prefix cache: scored afresh (no cached prefix), the same numbers.
+    again = complete(prompt=ref["ids"], echo=True, logprobs=0, max_tokens=0)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
+    assert again["choices"][0]["logprobs"]["token_logprobs"] == out["choices"][0]["logprobs"]["token_logprobs"]
+    # Streamed: one chunk with the prompt and its logprobs, then the finish.
+    events = stream("/v1/completions", {"prompt": PROMPT_LP_FIXTURE["prompts"][0]["text"], "echo": True,
+                                        "logprobs": 0, "max_tokens": 0})
+    texts = [ch["text"] for e in events for ch in e["choices"] if ch["text"]]
+    assert texts == [PROMPT_LP_FIXTURE["prompts"][0]["text"]], texts
+    assert [ch["finish_reason"] for e in events for ch in e["choices"] if ch["finish_reason"]] == ["length"]
+    # Echo alone with max_tokens 0: the text, nothing computed beyond the prompt.
+    plain = complete(prompt="Hello there", echo=True, max_tokens=0)["choices"][0]
+    assert plain["text"] == "Hello there" and plain["logprobs"] is None, plain
+    for body, param in [({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+                        ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+                        ({"prompt": "x", "echo": True, "max_tokens": -1}, "max_tokens")]:
+        status, err = post("/v1/completions", body)
+        assert status == 400 and err["error"]["param"] == param, (body, status, err)
+
+
+@case
+def prompt_logprobs_as_vllm_answers_them():
+    ref = PROMPT_LP_FIXTURE["prompts"][0]
+    out = complete(prompt=ref["ids"], prompt_logprobs=2, max_tokens=2)
+    pl = out["choices"][0]["prompt_logprobs"]
+    assert out["choices"][0]["logprobs"] is None, out["choices"][0]
+    assert len(pl) == len(ref["ids"]) and pl[0] is None, pl[:2]
+    got = []
+    for i, (position, want) in enumerate(zip(pl[1:], ref["positions"]), start=1):
+        entry = position[str(ref["ids"][i])]
+        assert entry["rank"] >= 1 and isinstance(entry["decoded_token"], str), entry
+        got.append(entry["logprob"])
+        assert 2 <= len(position) <= 3 and {e["rank"] for k, e in position.items() if k != str(ref["ids"][i])} <= {1, 2}
+    agrees_with_reference([None, *got], ref)
+    # Chat: once per response, over the rendered prompt.
+    status, chat = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2,
+                                                 "prompt_logprobs": 0})
+    assert status == 200, chat
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    assert all(len(p) == 1 for p in chat["prompt_logprobs"][1:]), chat["prompt_logprobs"][1:3]
 
 
 # ---- chat_template_kwargs ---------------------------------------------------------------------------

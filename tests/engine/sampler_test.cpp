@@ -206,7 +206,7 @@ TEST(SamplingParamsTest, EveryBadValueIsRejectedNamingTheField) {
        [](sampling_params& p) {
          p.logit_bias.assign(1025, {1, 1.0f});
        }},
-      {"max_tokens", [](sampling_params& p) { p.max_tokens = 0; }},
+      {"max_tokens", [](sampling_params& p) { p.max_tokens = -1; }},  // 0 is a prefill only (prompt logprobs)
       {"max_tokens", [](sampling_params& p) { p.max_tokens = -5; }},
       {"min_tokens", [](sampling_params& p) { p.min_tokens = -1; }},
       {"min_tokens", [](sampling_params& p) { p.min_tokens = 17; }},  // > max_tokens (16)
@@ -227,6 +227,8 @@ TEST(SamplingParamsTest, EveryBadValueIsRejectedNamingTheField) {
       {"stop_token_ids", [](sampling_params& p) { p.stop_token_ids.assign(65, 1); }},
       {"logprobs", [](sampling_params& p) { p.logprobs = 21; }},
       {"logprobs", [](sampling_params& p) { p.logprobs = -2; }},
+      {"prompt_logprobs", [](sampling_params& p) { p.prompt_logprobs = 21; }},
+      {"prompt_logprobs", [](sampling_params& p) { p.prompt_logprobs = -2; }},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const bad_case& c : cases) {

@@ -8,7 +8,8 @@
 //      another slice of the same step reads or writes (a missing copy-on-write);
 //   3. returns deterministic fake logits that are a function of the WHOLE token history as read
 //      back from the cache plus the new tokens, and for embedding slices (sequence_slice::hidden)
-//      fake hidden rows (fake_hidden) made the same way, summed over the slice or its last one.
+//      fake hidden rows (fake_hidden) made the same way, summed over the slice or its last one, and
+//      for scored prompt rows (sequence_slice::prompt_targets) score_prompt_row over those logits.
 // So any paging bug (sharing without CoW, a bad swap/copy, a block reused while still owned, a
 // stale prefix-cache hit) either trips a check here or changes the logits, and thus the tokens the
 // engine generates, which tests compare with an oracle computed from the true token history.
@@ -109,6 +110,12 @@ class sim_executor : public executor {
   const char* name() const override { return "sim"; }
   bool reads_only_window() const override { return true; }
   bool pools_hidden_states() const override { return true; }
+  bool scores_prompts() const override { return scores_prompts_; }
+  void set_scores_prompts(bool on) { scores_prompts_ = on; }
+  // Scored prompt rows so far, per (sequence, position of the row): each prompt row should be scored once.
+  const std::map<std::pair<seq_id, int32_t>, int32_t>& scored_rows() const { return scored_; }
+  // Makes the executor return no scored rows from execute() call number `step` on (a broken executor).
+  void drop_scores_from_step(int64_t step) { drop_scores_from_ = step; }
 
   // One sliding-window layer of w positions (0: full attention): config().kv_window() becomes w.
   void set_window(int32_t w) {
@@ -185,6 +192,9 @@ class sim_executor : public executor {
     out.hidden_size = config_.hidden_size;
     out.hidden.clear();
     out.hidden_row.assign(batch.seqs.size(), -1);
+    out.prompt_logprobs.clear();
+    out.prompt_first.assign(batch.seqs.size(), 0);
+    out.prompt_count.assign(batch.seqs.size(), 0);
     int32_t row = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const sequence_slice& s = batch.seqs[i];
@@ -244,6 +254,17 @@ class sim_executor : public executor {
           for (size_t d = 0; d < hs; ++d) dst[d] += h[d];
         }
       }
+      if (!s.prompt_targets.empty() && scores_prompts_ && (drop_scores_from_ < 0 || num_steps_ < drop_scores_from_)) {
+        out.prompt_first[i] = static_cast<int32_t>(out.prompt_logprobs.size());
+        out.prompt_count[i] = static_cast<int32_t>(s.prompt_targets.size());
+        for (size_t j = 0; j < s.prompt_targets.size(); ++j) {
+          const int32_t p = s.num_computed + s.prompt_first_row + static_cast<int32_t>(j);  // the row's position
+          ++scored_[{s.seq, p}];
+          const std::vector<float> l = fake_logits(
+              visible_history(std::span(history).first(static_cast<size_t>(p) + 1), window_), config_.vocab_size);
+          out.prompt_logprobs.push_back(score_prompt_row(l, s.prompt_targets[j], s.prompt_top_k));
+        }
+      }
       histories_[s.seq] = std::move(history);
     }
   }
@@ -273,6 +294,9 @@ class sim_executor : public executor {
   int64_t num_steps_ = 0;
   int64_t num_computed_tokens_ = 0;
   int64_t fail_at_ = -1;
+  bool scores_prompts_ = true;
+  int64_t drop_scores_from_ = -1;
+  std::map<std::pair<seq_id, int32_t>, int32_t> scored_;
 };
 
 // The simulator with a first-order Markov model: a row's logits depend only on its own token (not the

@@ -302,6 +302,29 @@ TEST(CudaExecutorFeatures, RefusesEmbeddingsNamingTheExecutor) {
   EXPECT_FALSE(engine.has_unfinished());
 }
 
+// Prompt logprobs (sequence_slice::prompt_targets) are not implemented here either: refused by name,
+// with the field, so /v1/completions with echo and logprobs is a 400 saying so.
+TEST(CudaExecutorFeatures, RefusesPromptLogprobsNamingTheExecutor) {
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  cuda_executor_options o;
+  o.kv = small_pool();
+  const auto gpu = make_cuda_executor(make_dummy_weights(tiny_config(rope_style::half)), o);
+  EXPECT_FALSE(gpu->scores_prompts());
+  engine_options eo;
+  eo.block_size = small_pool().block_size;
+  llm_engine engine(*gpu, nullptr, eo);
+  sampling_params p;
+  p.prompt_logprobs = 1;
+  try {
+    engine.add_request({1, 2, 3}, p);
+    ADD_FAILURE() << "a prompt-logprobs request was accepted by the cuda executor's engine";
+  } catch (const invalid_request& e) {
+    EXPECT_NE(std::string(e.what()).find("not available with the cuda executor"), std::string::npos) << e.what();
+    EXPECT_EQ(e.param(), "prompt_logprobs");
+  }
+  EXPECT_FALSE(engine.has_unfinished());
+}
+
 struct executor_case {
   rope_style rope;
   cuda_dtype dtype;

@@ -14,6 +14,7 @@
 #include "engine/base/error.hpp"
 #include "server/http_server.hpp"
 #include "server/openai_format.hpp"
+#include "tests/support/char_tokenizer.hpp"
 
 namespace tessera::server {
 namespace {
@@ -196,8 +197,57 @@ TEST(request_parser, echo) {
   EXPECT_TRUE(parse_generation_request(R"({"prompt":"x","echo":true})", api_kind::completion, vocab).echo);
   EXPECT_FALSE(parse_generation_request(R"({"prompt":"x","echo":false})", api_kind::completion, vocab).echo);
   EXPECT_EQ(parse_error(R"({"prompt":"x","echo":1})").param, "echo");
-  EXPECT_EQ(parse_error(R"({"prompt":"x","echo":true,"logprobs":0})").param, "echo");
   EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"echo":true})", api_kind::chat).param, "echo");
+}
+
+// Echo with logprobs covers the prompt: the engine is asked for prompt logprobs with the same top-k
+// (vLLM's rule), and vLLM's prompt_logprobs field asks for them on its own (the larger ask wins).
+TEST(request_parser, echo_with_logprobs_and_prompt_logprobs) {
+  generation_request r =
+      parse_generation_request(R"({"prompt":"x","echo":true,"logprobs":2})", api_kind::completion, vocab);
+  EXPECT_TRUE(r.echo_logprobs);
+  EXPECT_EQ(r.params.prompt_logprobs, 2);
+  EXPECT_EQ(r.params.logprobs, 2);
+  EXPECT_EQ(r.prompt_logprobs, -1) << "no prompt_logprobs field in the answer unless asked";
+  r = parse_generation_request(R"({"prompt":"x","echo":true})", api_kind::completion, vocab);
+  EXPECT_FALSE(r.echo_logprobs);
+  EXPECT_EQ(r.params.prompt_logprobs, -1) << "echo alone computes nothing more";
+  r = parse_generation_request(R"({"prompt":"x","logprobs":1})", api_kind::completion, vocab);
+  EXPECT_EQ(r.params.prompt_logprobs, -1) << "logprobs without echo: generated tokens only";
+  r = parse_generation_request(R"({"prompt":"x","prompt_logprobs":3})", api_kind::completion, vocab);
+  EXPECT_FALSE(r.echo_logprobs);
+  EXPECT_EQ(r.prompt_logprobs, 3);
+  EXPECT_EQ(r.params.prompt_logprobs, 3);
+  r = parse_generation_request(R"({"prompt":"x","echo":true,"logprobs":1,"prompt_logprobs":4})", api_kind::completion,
+                               vocab);
+  EXPECT_EQ(r.params.prompt_logprobs, 4);
+  r = parse_generation_request(R"({"prompt":"x","echo":true,"logprobs":5,"prompt_logprobs":0})", api_kind::completion,
+                               vocab);
+  EXPECT_EQ(r.params.prompt_logprobs, 5);
+  r = parse_generation_request(R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":0})", api_kind::chat,
+                               vocab);
+  EXPECT_EQ(r.prompt_logprobs, 0);
+  EXPECT_EQ(r.params.prompt_logprobs, 0);
+  EXPECT_EQ(parse_error(R"({"prompt":"x","prompt_logprobs":21})").param, "prompt_logprobs");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","prompt_logprobs":-1})").param, "prompt_logprobs");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","prompt_logprobs":true})").param, "prompt_logprobs");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","prompt_logprobs":"2"})").param, "prompt_logprobs");
+}
+
+// max_tokens 0 is the prompt alone (OpenAI's and vLLM's echo answer), so only with echo.
+TEST(request_parser, max_tokens_zero_only_with_echo) {
+  const generation_request r = parse_generation_request(R"({"prompt":"x","echo":true,"logprobs":0,"max_tokens":0})",
+                                                        api_kind::completion, vocab);
+  EXPECT_EQ(r.params.max_tokens, 0);
+  EXPECT_EQ(r.params.prompt_logprobs, 0);
+  EXPECT_EQ(parse_generation_request(R"({"prompt":"x","echo":true,"max_tokens":0})", api_kind::completion, vocab)
+                .params.max_tokens,
+            0);
+  EXPECT_EQ(parse_error(R"({"prompt":"x","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","max_tokens":0,"prompt_logprobs":1})").param, "max_tokens");
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", api_kind::chat).param,
+            "max_tokens");
+  EXPECT_EQ(parse_error(R"({"prompt":"x","echo":true,"max_tokens":-1})").param, "max_tokens");
 }
 
 // vLLM's truncate_prompt_tokens, and --allow-truncation's default of -1 (a request's value wins).
@@ -474,6 +524,17 @@ TEST(request_parser, response_size_is_bounded) {
                                         R"("logprobs":true,"top_logprobs":5})",
                                         api_kind::chat, vocab, limits),
                api_error);
+  // Prompt logprobs weigh per prompt token: 10 ids, echo with 5 top logprobs, nothing generated, n 2:
+  // 10 x 2 x (2 + 5) x 96; the prompt_logprobs field doubles it.
+  const std::string ids = "[1,2,3,4,5,6,7,8,9,10]";
+  const generation_request echo =
+      parse_generation_request(R"({"prompt":)" + ids + R"(,"echo":true,"logprobs":5,"max_tokens":0,"n":2})",
+                               api_kind::completion, vocab, limits);
+  EXPECT_EQ(estimated_response_bytes(echo, limits), 10 * 2 * 7 * 96);
+  const generation_request both = parse_generation_request(
+      R"({"prompt":)" + ids + R"(,"echo":true,"logprobs":5,"prompt_logprobs":5,"max_tokens":0,"n":2})",
+      api_kind::completion, vocab, limits);
+  EXPECT_EQ(estimated_response_bytes(both, limits), 2 * 10 * 2 * 7 * 96);
   // max_tokens beyond max_model_len cannot all be generated: the estimate uses the smaller.
   limits.max_model_len = 1024;
   const generation_request capped =
@@ -558,6 +619,68 @@ TEST(format, timings_from_the_lifecycle) {
   EXPECT_EQ(t.at("num_preemptions").as_int64(), 1);
   EXPECT_EQ(t.at("num_swaps").as_int64(), 1);
   EXPECT_EQ(t.at("num_draft_tokens").as_int64(), 0);
+}
+
+// Echo with logprobs: the prompt's entries lead the completions logprobs (the first token's null),
+// text_offset runs over prompt and completion, each top_logprobs holds the top-k plus the token itself;
+// prompt_logprobs (vLLM's field) per choice in completions and once in chat.
+TEST(format, echoed_prompt_logprobs_and_the_prompt_logprobs_field) {
+  const auto tok = test_support::char_tokenizer();  // token i is one character: 1 'a', 2 'b', ...
+  generation_request req;
+  req.kind = api_kind::completion;
+  req.want_logprobs = true;
+  req.top_logprobs = 1;
+  req.echo = req.echo_logprobs = true;
+  req.prompt_logprobs = 2;
+  req.params.n = 1;
+  choice_accumulator c;
+  c.text = "abc";
+  c.prompt_logprobs = {{1, 0.0f, 0, {}}, {2, -1.5f, 3, {{5, -0.1f}, {4, -0.9f}}}};
+  c.logprobs = {{3, -0.25f, {{3, -0.25f}}}};
+  actors::stream_final f;
+  f.num_prompt_tokens = 2;
+  f.num_generated_tokens = 1;
+  actors::choice_result done;
+  done.reason = finish_reason::length;
+  f.choices.push_back(done);
+  const response_meta meta{"cmpl-1", 1700000000, "m"};
+  boost::json::object v = boost::json::parse(full_response(req, meta, {c}, f, tok.get())).as_object();
+  const boost::json::object& choice = v.at("choices").at(0).as_object();
+  const boost::json::object& lp = choice.at("logprobs").as_object();
+  EXPECT_EQ(lp.at("tokens"), (boost::json::array{"a", "b", "c"}));
+  EXPECT_TRUE(lp.at("token_logprobs").at(0).is_null());
+  EXPECT_DOUBLE_EQ(lp.at("token_logprobs").at(1).as_double(), -1.5);
+  EXPECT_TRUE(lp.at("top_logprobs").at(0).is_null());
+  // top 1 of the prompt position ("e") plus the prompt token itself ("b"); the generated "c" is its own top.
+  EXPECT_EQ(lp.at("top_logprobs").at(1).as_object().size(), 2u);
+  EXPECT_FLOAT_EQ(float(lp.at("top_logprobs").at(1).at("e").as_double()), -0.1f);
+  EXPECT_DOUBLE_EQ(lp.at("top_logprobs").at(1).at("b").as_double(), -1.5);
+  EXPECT_EQ(lp.at("top_logprobs").at(2).as_object().size(), 1u);
+  EXPECT_EQ(lp.at("text_offset"), (boost::json::array{0, 1, 2}));
+  // vLLM's prompt_logprobs: null, then the prompt token (its rank) and the top 2 (ranks 1, 2).
+  const boost::json::array& pl = choice.at("prompt_logprobs").as_array();
+  ASSERT_EQ(pl.size(), 2u);
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_EQ(pl[1].as_object().size(), 3u);
+  EXPECT_EQ(pl[1].at("2").at("rank"), 3);
+  EXPECT_EQ(pl[1].at("2").at("decoded_token"), "b");
+  EXPECT_EQ(pl[1].at("5").at("rank"), 1);
+  EXPECT_EQ(pl[1].at("4").at("rank"), 2);
+  EXPECT_FLOAT_EQ(float(pl[1].at("4").at("logprob").as_double()), -0.9f);
+  // Without echo the logprobs object covers the generated tokens only.
+  req.echo_logprobs = false;
+  v = boost::json::parse(full_response(req, meta, {c}, f, tok.get())).as_object();
+  EXPECT_EQ(v.at("choices").at(0).at("logprobs").at("tokens"), (boost::json::array{"c"}));
+  // Chat: prompt_logprobs once, on the response.
+  req.kind = api_kind::chat;
+  req.echo = req.echo_logprobs = false;
+  v = boost::json::parse(full_response(req, meta, {c}, f, tok.get())).as_object();
+  EXPECT_EQ(v.at("prompt_logprobs").as_array().size(), 2u);
+  EXPECT_FALSE(v.at("choices").at(0).as_object().contains("prompt_logprobs"));
+  // Not asked for: no field at all.
+  req.prompt_logprobs = -1;
+  v = boost::json::parse(full_response(req, meta, {c}, f, tok.get())).as_object();
+  EXPECT_FALSE(v.contains("prompt_logprobs"));
 }
 
 TEST(format, usage_carries_speculative_counts_only_when_drafts_were_verified) {

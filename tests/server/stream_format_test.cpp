@@ -117,6 +117,35 @@ TEST(stream_format, sse_and_websocket_deltas_carry_the_same_content) {
   EXPECT_FALSE(later.at("choices").at(0).at("delta").as_object().contains("role"));
 }
 
+// A completions stream with echo and logprobs: the choice's first chunk lists the prompt's tokens first
+// (the first one null), and text_offset runs on across the chunks of the choice.
+TEST(stream_format, echoed_prompt_logprobs_lead_the_first_completion_chunk) {
+  const auto tok = test_support::char_tokenizer();
+  generation_request req;
+  req.kind = api_kind::completion;
+  req.want_logprobs = true;
+  req.top_logprobs = 0;
+  req.echo = req.echo_logprobs = true;
+  const response_meta meta{"cmpl-1", 1700000000, "m"};
+  actors::stream_delta d = make_delta(0, {3}, "abc", 0.1);  // the prompt "ab" prepended by the session
+  d.output.prompt_logprobs = {{1, 0.0f, 0, {}}, {2, -1.5f, 3, {{5, -0.1f}}}};
+  d.output.logprobs = {{3, -0.25f, {}}};
+  size_t offset = 0;
+  json::object chunk = parse(delta_chunk(req, meta, d.output, true, tok.get(), &offset));
+  const json::object& lp = chunk.at("choices").at(0).at("logprobs").as_object();
+  EXPECT_EQ(chunk.at("choices").at(0).at("text"), "abc");
+  EXPECT_EQ(lp.at("tokens"), (json::array{"a", "b", "c"}));
+  EXPECT_TRUE(lp.at("token_logprobs").at(0).is_null());
+  EXPECT_EQ(lp.at("top_logprobs").at(1).as_object().size(), 1u) << "top 0: the prompt token alone";
+  EXPECT_EQ(lp.at("text_offset"), (json::array{0, 1, 2}));
+  EXPECT_EQ(offset, 3u);
+  actors::stream_delta next = make_delta(0, {4}, "d", 0.2);
+  next.output.logprobs = {{4, -0.5f, {}}};
+  chunk = parse(delta_chunk(req, meta, next.output, false, tok.get(), &offset));
+  EXPECT_EQ(chunk.at("choices").at(0).at("logprobs").at("text_offset"), (json::array{3}));
+  EXPECT_EQ(chunk.at("choices").at(0).at("logprobs").at("tokens"), (json::array{"d"}));
+}
+
 TEST(stream_format, progress_counts_tokens_and_first_messages) {
   stream_progress p(2);
   server_metrics metrics;
