@@ -330,6 +330,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   p.max_tokens = kind == api_kind::chat ? limits.default_chat_max_tokens : limits.default_completion_max_tokens;
   bool have_prompt = false, have_messages = false;
   bool have_max_tokens = false;
+  std::string_view max_tokens_key = "max_tokens";
   bool parse_special = true;
   bool have_tools = false;
   std::string request_kwargs;  // chat_template_kwargs as sent (a JSON object's text)
@@ -365,6 +366,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
       // 0 is checked below: only with echo (the prompt alone, as OpenAI and vLLM answer it).
       p.max_tokens = get_int(value, key, 0, limits.max_tokens);
       have_max_tokens = true;
+      max_tokens_key = key;  // an error names the field the client sent
     } else if (key == "min_tokens") {
       p.min_tokens = get_int(value, key, 0, limits.max_tokens);
     } else if (key == "n") {
@@ -535,7 +537,7 @@ generation_request parse_generation_request(std::string_view body, api_kind kind
   req.echo_logprobs = req.echo && req.want_logprobs;
   p.prompt_logprobs = std::max(prompt_logprobs, req.echo_logprobs ? req.top_logprobs : -1);
   if (p.max_tokens == 0 && !req.echo) {
-    bad("max_tokens", "must be at least 1 (0 only with 'echo': the prompt alone, with its logprobs when asked for)");
+    bad(max_tokens_key, "must be at least 1 (0 only with 'echo': the prompt alone, with its logprobs when asked for)");
   }
   if (req.include_usage && !req.stream) bad("stream_options", "is only allowed with 'stream': true");
   p.structured = std::move(structured.spec);

@@ -334,7 +334,7 @@ BAD = [
     ("POST", C, {"prompt": "x", "stream_options": {"include_usage": True}}, {}, 400, "stream_options"),
     ("POST", C, {"prompt": "x", "seed": "abc"}, {}, 400, "seed"),
     ("POST", C, {"prompt": "x", "best_of": 3}, {}, 400, "best_of"),
-    ("POST", C, {"prompt": "x", "echo": True, "logprobs": 1}, {}, 400, "echo"),
+    ("POST", C, {"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0, "stream": True, "stream_options": 5}, {}, 400, "stream_options"),
     ("POST", C, {"prompt": "x", "echo": "yes"}, {}, 400, "echo"),
     ("POST", C, {"prompt": "x", "wat": 1}, {}, 400, "wat"),
     ("POST", C, {"prompt": "x", "model": "gpt-4"}, {}, 404, "does not exist"),
@@ -868,9 +868,10 @@ os.unlink(config_file.name)
 def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
     # --shutdown-timeout 6: a request that ends within the grace period completes normally, a longer
     # one gets its final chunk (finish_reason "abort") and [DONE], a WebSocket generation its "final";
-    # the process exits soon after. (6 s, not less: on a machine loaded to ~2 tokens/s the short
-    # request must still end inside the grace period.)
-    grace = server("--shutdown-timeout", "6")
+    # the process exits soon after. (5 s, not less: on a machine loaded to ~2 tokens/s the short
+    # request must still end inside the grace period; 1000 tokens for the long ones, which a quiet
+    # machine makes at ~160 tokens/s: 900 could finish inside 6 s.)
+    grace = server("--shutdown-timeout", "5")
 
     def open_stream(max_tokens):
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
@@ -892,7 +893,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
         # A /v1/ws generation running at SIGTERM also gets its final message before the socket closes.
         async with websockets.connect(f"ws://127.0.0.1:{grace.port}/v1/ws") as ws:
             await ws.send(json.dumps({"type": "start", "id": "w",
-                                      "request": {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}}))
+                                      "request": {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}}))
             while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
                 pass
             grace.proc.terminate()
@@ -904,7 +905,7 @@ def sigterm_finishes_short_requests_and_aborts_long_ones_with_a_final_chunk():
             except websockets.exceptions.ConnectionClosed:
                 return None
 
-    short, long_ = open_stream(8), open_stream(900)
+    short, long_ = open_stream(8), open_stream(1000)
     time.sleep(0.5)
     t0 = time.time()
     ws_final = asyncio.run(ws_final_after_sigterm())
