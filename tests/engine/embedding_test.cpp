@@ -14,6 +14,7 @@
 #include "engine/llm_engine.hpp"
 #include "engine/sim_executor.hpp"
 #include "tests/support/greedy_params.hpp"
+#include "tests/support/random_prompt.hpp"
 
 namespace tessera {
 namespace {
@@ -23,10 +24,9 @@ using testing::sim_executor;
 
 constexpr int32_t vocab = 64;
 
+// Ids in [1, vocab) (tests/support/random_prompt.hpp).
 std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len) {
-  std::vector<token_id> p;
-  for (int32_t i = 0; i < len; ++i) p.push_back(static_cast<token_id>(1 + rng() % (vocab - 1)));
-  return p;
+  return test_support::random_prompt(rng, vocab, len);
 }
 
 // What the fake model's embedding of `prompt` is, computed from the prompt alone.

@@ -15,6 +15,7 @@
 #include "engine/base/error.hpp"
 #include "engine/sim_executor.hpp"
 #include "tests/support/char_tokenizer.hpp"
+#include "tests/support/random_prompt.hpp"
 
 namespace tessera {
 namespace {
@@ -46,10 +47,9 @@ std::vector<token_id> oracle(std::vector<token_id> history, int32_t max_tokens, 
   return out;
 }
 
+// Ids in [1, vocab) (tests/support/random_prompt.hpp).
 std::vector<token_id> random_prompt(std::mt19937& rng, int32_t len) {
-  std::vector<token_id> p;
-  for (int32_t i = 0; i < len; ++i) p.push_back(static_cast<token_id>(1 + rng() % (vocab - 1)));
-  return p;
+  return test_support::random_prompt(rng, vocab, len);
 }
 
 sampling_params greedy(int32_t max_tokens) {
