@@ -46,7 +46,9 @@ export function createTimeChart(Chart, canvas, spec) {
       maintainAspectRatio: false,
       parsing: false,
       normalized: true,
-      interaction: { mode: 'nearest', axis: 'x', intersect: false },
+      // A chart with per-request points answers for the point under the pointer (x and y): by x alone
+      // the mean line's sample nearest in time would win over the point being hovered.
+      interaction: { mode: 'nearest', axis: spec.datasets.some((d) => d.points) ? 'xy' : 'x', intersect: false },
       scales: {
         x: {
           type: 'linear',
