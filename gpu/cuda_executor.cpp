@@ -14,6 +14,8 @@
 // Then the final norm of only the rows whose logits are wanted, the LM head GEMM, the final soft-cap,
 // the GPU sampler (gpu/sampling.hpp) over the rows the engine asked to sample here, and one copy of
 // the tokens and of the remaining logits rows to pinned host memory (docs/gpu_executor.md).
+// Embedding and prompt-logprob rows are read after the step from the activations it left (the final
+// norm of the rows asked for; the LM head and the scoring reduction for scored prompt rows).
 #include "gpu/cuda_executor.hpp"
 
 #include <cublas_v2.h>
@@ -31,6 +33,7 @@
 #include "engine/model/ggml_types.hpp"
 #include "engine/model/rope.hpp"
 #include "engine/model/weight_shapes.hpp"
+#include "engine/prompt_logprobs.hpp"
 #include "engine/step_layout.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
@@ -224,6 +227,8 @@ class cuda_executor final : public executor {
   int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "cuda"; }
   bool samples_on_device() const override { return true; }
+  bool pools_hidden_states() const override { return true; }
+  bool scores_prompts() const override { return true; }
 
   void execute(const step_batch& batch, step_output& out) override {
     CUDA_CHECK(cudaSetDevice(device_));
@@ -302,6 +307,8 @@ class cuda_executor final : public executor {
         out.sampled[static_cast<size_t>(step_layout_.device_sampled_seqs[j])] = std::move(sampled[j]);
       }
     }
+    if (!step_layout_.pooled_seqs.empty()) pool_hidden_states(batch, out);
+    if (!step_layout_.scored_tokens.empty()) score_prompt_rows(out);
   }
 
  private:
@@ -661,6 +668,8 @@ class cuda_executor final : public executor {
     if (batch.seqs.empty() || batch.seqs.size() > 256) return false;
     for (const sequence_slice& sl : batch.seqs) {
       if (sl.tokens.size() != 1 || sl.logits != sequence_slice::logits_mode::last) return false;
+      // Embeddings and scored prompt rows are read from the step's activations after it (below).
+      if (sl.hidden != sequence_slice::hidden_mode::none || !sl.prompt_targets.empty()) return false;
     }
     return true;
   }
@@ -898,6 +907,107 @@ class cuda_executor final : public executor {
     }
   }
 
+  // ---- embeddings and prompt logprobs (after the step) --------------------------------------------
+  // Both read what the forward pass left on the device: x, the residual stream of every row (and, for
+  // post-norm models, tmp, the last layer's down projection that only the final norm adds), through
+  // the final norm of rms_norm_rows as the logits rows take it. A group of rows at a time, each group
+  // waited for, so a 2,048-token chunk never holds its 2,048 logits rows at once.
+
+  // The row of x that holds the layout's token row (plan_prefill moved the prompt-chunk rows last).
+  int32_t device_row(int32_t layout_row) const {
+    return num_prefill_tokens_ > 0 ? row_scratch_[static_cast<size_t>(layout_row)] : layout_row;
+  }
+
+  // The final norm of aux_rows_host_[0, n) (device rows) into `out` ([n, hidden] on the device).
+  template <class U>
+  void final_norm_of_aux_rows(U* out, int32_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(aux_rows_dev_.as<int32_t>(), aux_rows_host_.as<int32_t>(),
+                               static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    gpu::rms_norm_rows(out, x_.as<float>(), aux_rows_dev_.as<int32_t>(), output_norm_, n, config_.hidden_size,
+                       config_.rms_norm_eps, stream_, post_norms_ ? tmp_.as<float>() : nullptr,
+                       post_norms_ ? layers_.back().post_ffn_norm : nullptr);
+  }
+
+  void reserve_aux_rows(int32_t n) {
+    aux_rows_host_.reserve(static_cast<size_t>(n) * sizeof(int32_t));
+    aux_rows_dev_.reserve(static_cast<size_t>(n) * sizeof(int32_t));
+  }
+
+  // Embeddings (sequence_slice::hidden): each pooled sequence's final-normed rows in fp32, added up on
+  // the host in row order for mean pooling (the CPU executor's order), or its last row.
+  static constexpr int32_t kPoolRowsPerGroup = 512;
+
+  void pool_hidden_states(const step_batch& batch, step_output& out) {
+    const auto hidden = static_cast<size_t>(config_.hidden_size);
+    std::vector<std::pair<int32_t, int32_t>> rows;  // (device row, index into pooled_seqs)
+    for (size_t j = 0; j < step_layout_.pooled_seqs.size(); ++j) {
+      const auto s = static_cast<size_t>(step_layout_.pooled_seqs[j]);
+      const step_layout::sequence_rows& sr = step_layout_.seqs[s];
+      const bool last_only = batch.seqs[s].hidden == sequence_slice::hidden_mode::last;
+      for (int32_t t = last_only ? sr.token_begin + sr.num_tokens - 1 : sr.token_begin;
+           t < sr.token_begin + sr.num_tokens; ++t) {
+        rows.emplace_back(device_row(t), static_cast<int32_t>(j));
+      }
+    }
+    const int32_t group = std::min(kPoolRowsPerGroup, static_cast<int32_t>(rows.size()));
+    reserve_aux_rows(group);
+    pooled_dev_.reserve(static_cast<size_t>(group) * hidden * sizeof(float));
+    pooled_host_.reserve(static_cast<size_t>(group) * hidden * sizeof(float));
+    for (size_t g0 = 0; g0 < rows.size(); g0 += static_cast<size_t>(group)) {
+      const auto n = static_cast<int32_t>(std::min(rows.size() - g0, static_cast<size_t>(group)));
+      for (int32_t r = 0; r < n; ++r) aux_rows_host_.as<int32_t>()[r] = rows[g0 + static_cast<size_t>(r)].first;
+      final_norm_of_aux_rows(pooled_dev_.as<float>(), n);
+      CUDA_CHECK(cudaMemcpyAsync(pooled_host_.as<float>(), pooled_dev_.as<float>(),
+                                 static_cast<size_t>(n) * hidden * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (int32_t r = 0; r < n; ++r) {
+        const float* row = pooled_host_.as<float>() + static_cast<size_t>(r) * hidden;
+        float* dst = out.hidden.data() + static_cast<size_t>(rows[g0 + static_cast<size_t>(r)].second) * hidden;
+        for (size_t d = 0; d < hidden; ++d) dst[d] += row[d];  // zeroed by build_step_layout
+      }
+    }
+  }
+
+  // Prompt logprobs (sequence_slice::prompt_targets): the scored rows' final norm, LM head and final
+  // soft-cap on the device, a group at a time; each logits row is reduced on the host by
+  // score_prompt_row (engine/prompt_logprobs.hpp), the CPU executor's reduction.
+  int32_t score_rows_per_group() const {
+    constexpr int64_t kScoreLogitsBytes = int64_t{64} << 20;
+    const int64_t per_row = static_cast<int64_t>(config_.vocab_size) * static_cast<int64_t>(sizeof(float));
+    return static_cast<int32_t>(std::clamp<int64_t>(kScoreLogitsBytes / per_row, 1, 256));
+  }
+
+  void score_prompt_rows(step_output& out) {
+    const auto S = static_cast<int32_t>(step_layout_.scored_tokens.size());
+    const int32_t group = std::min(score_rows_per_group(), S);
+    const auto vocab = static_cast<size_t>(config_.vocab_size);
+    reserve_aux_rows(group);
+    score_x_.reserve(static_cast<size_t>(group) * static_cast<size_t>(config_.hidden_size) * sizeof(T));
+    score_logits_.reserve(static_cast<size_t>(group) * vocab * sizeof(float));
+    score_logits_host_.reserve(static_cast<size_t>(group) * vocab * sizeof(float));
+    const softcap& cap = config_.features.final_softcap;
+    for (int32_t g0 = 0; g0 < S; g0 += group) {
+      const int32_t n = std::min(group, S - g0);
+      for (int32_t r = 0; r < n; ++r) {
+        aux_rows_host_.as<int32_t>()[r] = device_row(step_layout_.scored_tokens[static_cast<size_t>(g0 + r)]);
+      }
+      final_norm_of_aux_rows(score_x_.as<T>(), n);
+      gemm(output_, config_.vocab_size, config_.hidden_size, score_x_.as<T>(), n, score_logits_.as<float>(),
+           config_.vocab_size, false);
+      if (cap.on())
+        gpu::soft_cap(score_logits_.as<float>(), static_cast<int64_t>(n) * config_.vocab_size, cap.cap, stream_);
+      CUDA_CHECK(cudaMemcpyAsync(score_logits_host_.as<float>(), score_logits_.as<float>(),
+                                 static_cast<size_t>(n) * vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (int32_t r = 0; r < n; ++r) {
+        const auto at = static_cast<size_t>(g0 + r);
+        out.prompt_logprobs[at] =
+            score_prompt_row({score_logits_host_.as<float>() + static_cast<size_t>(r) * vocab, vocab},
+                             step_layout_.scored_targets[at], step_layout_.scored_top_k[at]);
+      }
+    }
+  }
+
   std::shared_ptr<const model_weights> weights_;
   model_config config_;
   kv_cache_spec spec_;
@@ -949,6 +1059,9 @@ class cuda_executor final : public executor {
   int32_t num_prefill_tokens_ = 0;              // the step's last rows, handled by prefill_attention
   std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;
   std::vector<int32_t> row_order_, row_scratch_;
+  // Embeddings and prompt logprobs: the rows of a group, their normed rows and their logits.
+  pinned_buffer aux_rows_host_, pooled_host_, score_logits_host_;
+  device_buffer aux_rows_dev_, pooled_dev_, score_x_, score_logits_;
   meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,
       meta_copies_, meta_tiles_;
   size_t meta_size_ = 0;
