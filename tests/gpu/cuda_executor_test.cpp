@@ -725,6 +725,26 @@ void PrintTo(const fixture_case& c, std::ostream* os) {
 constexpr float kFixtureF32Tolerance = 1e-5f;
 constexpr float kFixtureBf16Tolerance = 5e-2f;
 
+// The engine the fixtures' engine tests run: 32 blocks of 16 positions on the device, none on the host,
+// chunked prefill of 16 tokens a step.
+engine_options chunked_engine_options() {
+  engine_options eo;
+  eo.block_size = 16;
+  eo.num_kv_blocks = 32;
+  eo.num_host_blocks = 0;
+  eo.watermark = 0;
+  eo.max_num_batched_tokens = 16;
+  return eo;
+}
+
+sampling_params greedy_params(int32_t max_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
 class CudaTinyModel : public ::testing::TestWithParam<fixture_case> {
  protected:
   void SetUp() override {
@@ -776,17 +796,8 @@ TEST_P(CudaTinyModel, GreedyThroughTheEngineEqualsTheCpuExecutor) {
     std::vector<float> logprobs;
   };
   auto run = [&](executor& exec) {
-    engine_options eo;
-    eo.block_size = 16;
-    eo.num_kv_blocks = 32;
-    eo.num_host_blocks = 0;
-    eo.watermark = 0;
-    eo.max_num_batched_tokens = 16;
-    llm_engine engine(exec, nullptr, eo);
-    sampling_params p;
-    p.temperature = 0;
-    p.max_tokens = 12;
-    p.ignore_eos = true;
+    llm_engine engine(exec, nullptr, chunked_engine_options());
+    sampling_params p = greedy_params(12);
     p.logprobs = 0;
     std::map<request_id, result> out;
     auto drain = [&] {
@@ -842,17 +853,8 @@ TEST_P(CudaTinyModel, EmbeddingsAndPromptLogprobsThroughTheEngineEqualTheCpuExec
     std::vector<token_id> decoded;
   };
   auto run = [&](executor& exec) {
-    engine_options eo;
-    eo.block_size = 16;
-    eo.num_kv_blocks = 32;
-    eo.num_host_blocks = 0;
-    eo.watermark = 0;
-    eo.max_num_batched_tokens = 16;
-    llm_engine engine(exec, nullptr, eo);
-    sampling_params greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 24;
-    greedy.ignore_eos = true;
+    llm_engine engine(exec, nullptr, chunked_engine_options());
+    const sampling_params greedy = greedy_params(24);
     const request_id decoding = engine.add_request(tokens(5, 4, vocab), greedy);
     engine.step();  // its prompt: it decodes while the others prefill
     const request_id mean = engine.add_embedding_request(prompt, pooling_type::mean);
