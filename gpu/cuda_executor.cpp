@@ -894,9 +894,7 @@ class cuda_executor final : public executor {
     }
     if (num_logit_rows_ == 0) return;
     T* lx = lx_.as<T>();
-    const float* last_post_norm = post_norms_ ? layers_.back().post_ffn_norm : nullptr;
-    gpu::rms_norm_rows(lx, x, meta_ptr(meta_logit_rows_), output_norm_, num_logit_rows_, hidden, eps, stream_,
-                       post_norms_ ? tmp : nullptr, last_post_norm);
+    final_norm_rows(lx, meta_ptr(meta_logit_rows_), num_logit_rows_);
     profiler_.mark(stream_, "rms_norm");
     gemm(output_, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
     profiler_.mark(stream_, "gemm lm_head");
@@ -913,6 +911,16 @@ class cuda_executor final : public executor {
   // the final norm of rms_norm_rows as the logits rows take it. A group of rows at a time, each group
   // waited for, so a 2,048-token chunk never holds its 2,048 logits rows at once.
 
+  // The final norm of rows row_index[0, n) of x (device memory) into `out` ([n, hidden]): for post-norm
+  // models with the last layer's post-normed down projection (tmp) added first, which the layer loop
+  // leaves to this norm.
+  template <class U>
+  void final_norm_rows(U* out, const int32_t* row_index, int32_t n) {
+    gpu::rms_norm_rows(out, x_.as<float>(), row_index, output_norm_, n, config_.hidden_size, config_.rms_norm_eps,
+                       stream_, post_norms_ ? tmp_.as<float>() : nullptr,
+                       post_norms_ ? layers_.back().post_ffn_norm : nullptr);
+  }
+
   // The row of x that holds the layout's token row (plan_prefill moved the prompt-chunk rows last).
   int32_t device_row(int32_t layout_row) const {
     return num_prefill_tokens_ > 0 ? row_scratch_[static_cast<size_t>(layout_row)] : layout_row;
@@ -923,9 +931,7 @@ class cuda_executor final : public executor {
   void final_norm_of_aux_rows(U* out, int32_t n) {
     CUDA_CHECK(cudaMemcpyAsync(aux_rows_dev_.as<int32_t>(), aux_rows_host_.as<int32_t>(),
                                static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    gpu::rms_norm_rows(out, x_.as<float>(), aux_rows_dev_.as<int32_t>(), output_norm_, n, config_.hidden_size,
-                       config_.rms_norm_eps, stream_, post_norms_ ? tmp_.as<float>() : nullptr,
-                       post_norms_ ? layers_.back().post_ffn_norm : nullptr);
+    final_norm_rows(out, aux_rows_dev_.as<int32_t>(), n);
   }
 
   void reserve_aux_rows(int32_t n) {
