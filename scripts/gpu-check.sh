@@ -10,7 +10,7 @@
 #      gemma3, phi3) in f32 and bf16 through the same steps, greedy through the engine with and
 #      without CUDA graphs, each model feature alone, and the fixtures' GGUF files
 #   4. `tessera bench latency` (with and without --cuda-graphs) and `throughput` with --load-format
-#      dummy on the Llama-3-8B shape, bf16
+#      dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
 #      TFLOP/s on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
@@ -131,6 +131,11 @@ common=(--model "$shape" --load-format dummy --device cuda --dtype bfloat16 --gp
 run "bench latency (Llama-3-8B shape, bf16, dummy)" 100 \
   "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency.json" || true
+# Issue #15: the Qwen2.5-7B shape (QKV biases, 152k vocabulary, GQA 28/4) on the H200, dummy weights.
+run "bench latency (Qwen2.5-7B shape, bf16, dummy)" 100 \
+  "$bin/tessera" bench latency --model "$root/bench/models/qwen2.5-7b" "${common[@]:2}" --prompt-tokens 512 \
+  --gen-tokens 128 --repeats 2
+grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_qwen.json" || true
 run "bench latency with --cuda-graphs" 100 \
   "$bin/tessera" bench latency "${common[@]}" --cuda-graphs --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_graphs.json" || true
@@ -208,7 +213,7 @@ fi
   echo '```'
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl sampling.txt latency.json latency_graphs.json latency_gemv.json profile.txt throughput.json; do
+  for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_graphs.json latency_gemv.json profile.txt throughput.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null

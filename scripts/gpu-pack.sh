@@ -14,7 +14,9 @@
 # the working tree, so they are not copied; the tree counts against the 64 MiB too.
 # The folder matches .gitignore's /build*/: name it in the device call's `carry`.
 #
-# Usage: scripts/gpu-pack.sh [BUILD_DIR]   (default build-gpu, configured with -DTESSERA_CUDA=on)
+# Usage: scripts/gpu-pack.sh [BUILD_DIR]   (default build-gpu, configured with -DTESSERA_CUDA=on; with
+#        -DTESSERA_CUDA_ARCHITECTURES=90-real the executables carry sm_90 code without PTX: 15 MiB of
+#        tools instead of 21, since each test binary has its own copy of the kernels)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
@@ -81,7 +83,12 @@ keep = most
 while keep > 1 and size(keep) + meta > budget:
     keep -= 1
 if size(keep) + meta > budget:
-    print(f"gpu-pack: WARNING: even 1 layer ({(size(1) + meta) >> 20} MiB) does not fit the budget", file=sys.stderr)
+    # The embedding alone is most of a layer's cut; with the tiny fixtures of tests/data in the tree
+    # (~21 MiB) and the tools, even one layer is over the carry limit: the pack goes without the
+    # model, and the real-model parity tests on the device skip (the fixtures still run).
+    print(f"gpu-pack: even 1 layer ({(size(1) + meta) >> 20} MiB) is over the {budget >> 20} MiB left: "
+          "no model in the pack (the real-model device tests will skip)", file=sys.stderr)
+    sys.exit(0)
 print(f"gpu-pack: model cut to {keep} layers (~{(size(keep) + meta) >> 20} MiB)")
 dst = f"{out_dir}/default-{keep}layers.gguf"
 w = gguf.GGUFWriter(dst, arch)

@@ -2,6 +2,8 @@
 
 namespace tessera::server {
 
+bool ws_text_is_valid(std::string_view payload) { return simdjson::validate_utf8(payload.data(), payload.size()); }
+
 void parse_ws_envelope(std::string_view text, ws_envelope& out) {
   const simdjson::padded_string padded(text);
   if (out.parser_.parse(padded).get(out.doc) || !out.doc.is_object()) {

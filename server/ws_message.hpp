@@ -19,6 +19,13 @@ namespace tessera::server {
 // The largest message a client may send (server_options::ws_max_message_bytes' default).
 inline constexpr size_t k_ws_default_max_message_bytes = 64 * 1024;
 
+// RFC 6455 §8.1: a text message that is not UTF-8 fails the connection (close code 1007, invalid
+// payload data). Beast checks text frames as they arrive, but Boost 1.81 only checks non-empty
+// payloads: a fragmented message whose final frame is empty ("\xE2" then an empty continuation) is
+// delivered as text with its last character cut, and the checker's half-read character carries into
+// the next message. So the session checks each whole text message again.
+bool ws_text_is_valid(std::string_view payload);
+
 // Every message's envelope: {"type": ..., "id": ...}. It holds its parsed document, so the fields the
 // session reads later (the start's request) are views into it.
 struct ws_envelope {

@@ -121,6 +121,7 @@ void ws_session::on_read(beast::error_code ec, size_t) {
   if (ec) return begin_close();
   const std::string text = beast::buffers_to_string(buffer_.data());
   buffer_.consume(buffer_.size());
+  if (ws_.got_text() && !ws_text_is_valid(text)) return close(websocket::close_code::bad_payload);
   handle(text);
   if (!closing_) do_read();
 }

@@ -515,8 +515,11 @@ TEST_P(CudaExecutor, PooledAndScoredRowsOfALongStepEqualTheCpuExecutor) {
   EXPECT_EQ(og.prompt_first, oc.prompt_first);
   EXPECT_EQ(og.prompt_count, (std::vector<int32_t>{599, 0, 3}));
   ASSERT_EQ(og.prompt_logprobs.size(), oc.prompt_logprobs.size());
-  // fp32: the same ranks and top tokens, logprobs to 1e-3 (measured <= 3e-6); bf16: logprobs within
-  // 0.1 nats (measured 0.019; a rank or a top-k order may flip at a near-tie there).
+  // fp32: the same top tokens, logprobs to 1e-3 (measured <= 3e-6), and ranks within one: the
+  // emulation gives the same ranks, but on the H200 cuBLAS sums the LM head in another order than the
+  // CPU, and 2 of 602 rows' ranks (137, 456) moved by one, a vocabulary logit within ~1e-6 of the
+  // target's. bf16: logprobs within 0.1 nats (measured 0.019; a rank or a top-k order may flip at a
+  // near-tie there).
   const float lp_tol = f32 ? 1e-3f : 1e-1f;
   float worst = 0.0f;
   for (size_t i = 0; i < oc.prompt_logprobs.size(); ++i) {
@@ -530,7 +533,7 @@ TEST_P(CudaExecutor, PooledAndScoredRowsOfALongStepEqualTheCpuExecutor) {
       if (f32) { EXPECT_EQ(g.top[k].first, c.top[k].first) << "scored row " << i << " top " << k; }
       EXPECT_NEAR(g.top[k].second, c.top[k].second, lp_tol) << "scored row " << i << " top " << k;
     }
-    if (f32) { EXPECT_EQ(g.rank, c.rank) << "scored row " << i; }
+    if (f32) { EXPECT_LE(std::abs(int64_t{g.rank} - int64_t{c.rank}), 1) << "scored row " << i; }
   }
   std::printf("  %zu scored rows: max |cpu - cuda| logprob %.3g\n", oc.prompt_logprobs.size(), double(worst));
   // The decoding slice's sampled token is unchanged by the rows read after the step.
