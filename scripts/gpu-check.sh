@@ -150,7 +150,7 @@ run "per-op profile of batch-1 decode (TESSERA_GEMV=1)" 60 \
   env TESSERA_CUDA_PROFILE=1 TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 \
   --gen-tokens 64 --repeats 1
 grep '^cuda profile' "$log" >"$out/profile.txt" || true
-run "bench throughput (Llama-3-8B shape, bf16, dummy, 200 ShareGPT-like requests)" 150 \
+run "bench throughput (Llama-3-8B shape, bf16, dummy, the ShareGPT-like workload: 320 requests)" 150 \
   "$bin/tessera" bench throughput "${common[@]}" --workload "$root/bench/workloads/sharegpt_like.jsonl" \
   --max-num-seqs 256 --max-num-batched-tokens 8192
 grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || true
