@@ -40,6 +40,7 @@ std::optional<std::string> ui_relative_path(std::string_view url_path) {
   if (url_path.empty() || url_path.front() != '/' || url_path.size() > 256) return std::nullopt;
   if (url_path == "/") return std::string("index.html");
   if (url_path == "/dashboard") return std::string("dashboard.html");
+  if (url_path == "/docs") return std::string("docs.html");  // the API docs page, as FastAPI's /docs
   std::string out;
   size_t pos = 1;
   while (pos <= url_path.size()) {

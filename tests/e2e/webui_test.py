@@ -18,10 +18,13 @@ preemption) and drives both pages with Playwright:
              shows every request's tiles in its colour (canvas pixels), the charts have clock-labelled
              time axes, unit titles and tooltips, TTFT points appear while requests run, the layout has
              no dead areas at 1280x800, 1920x1080 and 390x844, and the dashboard says idle afterwards;
+  API docs:  /docs shows every operation of /openapi.json in order with its fields (a request body's
+             allOf parts merged, linked to its schema), Try it on GET /v1/models shows the model, the
+             page fits a phone-width screen, and with --api-key it asks for the key;
   restart:   the server is restarted with an API key: the pages reconnect by themselves and show the
              API-key banner until the key is entered.
 Screenshots go to OUT_DIR (chat.png, chat-edit.png, dashboard.png, dashboard-phone.png, and
-chat-stream.png, chat_phone.png, dashboard-small-pool.png, dashboard-1920.png).
+chat-stream.png, chat_phone.png, dashboard-small-pool.png, dashboard-1920.png, docs.png).
 Prints "N passed, M failed" and exits non-zero on any failure; exits 77 (skipped) when Playwright or
 Chromium is missing outside CI.
 Usage: webui_test.py TESSERA_BINARY MODEL OUT_DIR
@@ -664,6 +667,60 @@ def default_pool_dashboard(browser):
         stop_server(proc)
 
 
+def docs_tests(browser, port):
+    """The API docs page (/docs) renders every operation of /openapi.json with its fields, and a GET
+    route can be tried in place."""
+    status, body, _ = http_get(port, "/openapi.json")
+    doc = json.loads(body)
+    operations = [(m, p) for p, item in doc["paths"].items() for m in item if m in ("get", "post", "put", "patch", "delete")]
+    status, body, _ = http_get(port, "/docs")
+    check("GET /docs serves the API docs page", status == 200 and b'id="api-routes"' in body, status)
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1)
+    page = ctx.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{port}/docs")
+    loaded = wait_for(lambda: page.get_attribute("body", "data-loaded") == "true", 20)
+    check("the docs page loads /openapi.json", loaded)
+    shown = page.evaluate("() => [...document.querySelectorAll('.api-route')].map(s => [s.dataset.method, s.dataset.path])")
+    check("the docs page shows every operation of /openapi.json, in order", [tuple(x) for x in shown] == operations,
+          (len(shown), len(operations)))
+    fields = page.evaluate("""() => [...document.querySelectorAll('section[data-path="/v1/completions"] .api-fields tbody tr')]
+        .map(tr => [tr.cells[0].textContent.trim(), tr.cells[1].textContent.trim()])""")
+    names = dict(fields)
+    check("/v1/completions lists its own and its sampling fields, the required ones marked",
+          names.get("prompt *", "").startswith("string") and "max_tokens" in names and "temperature" in names and
+          "echo" in names, fields[:6])
+    linked = page.evaluate("""() => { const a = document.querySelector('section[data-path="/v1/completions"] h4 a');
+        return a ? [a.textContent, !!document.getElementById(a.getAttribute('href').slice(1))] : null; }""")
+    check("the request body links to its schema on the page", linked == ["CompletionRequest", True], linked)
+    page.screenshot(path=os.path.join(OUT_DIR, "docs.png"))
+    models = json.loads(http_get(port, "/v1/models")[1])["data"][0]["id"]
+    page.click('section[data-path="/v1/models"][data-method="get"] button.api-try')
+    out_sel = 'section[data-path="/v1/models"][data-method="get"] pre.api-try-out'
+    tried = wait_for(lambda: page.get_attribute(out_sel, "data-status") == "200" and models in page.inner_text(out_sel), 10)
+    check("Try it on GET /v1/models shows the served model", tried, page.inner_text(out_sel)[:200])
+    page.set_viewport_size({"width": 390, "height": 844})
+    time.sleep(0.3)
+    overflow = page.evaluate("() => document.documentElement.scrollWidth")
+    check("the docs page fits a phone-width screen", overflow <= 390, overflow)
+    check("no JavaScript errors on the docs page", not errors, errors[:5])
+    ctx.close()
+
+
+def docs_need_the_key(browser, port):
+    """With --api-key, the docs page asks for the key (a fresh browser: none stored) and then loads."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    page.goto(f"http://127.0.0.1:{port}/docs")
+    check("without a key the docs page shows the API-key banner", wait_for(lambda: page.is_visible("#auth-banner"), 10))
+    page.fill("#auth-key", "sekrit")
+    page.click("#auth-form button")
+    check("with the key it loads the routes", wait_for(lambda: page.get_attribute("body", "data-loaded") == "true", 10) and
+          not page.is_visible("#auth-banner"))
+    ctx.close()
+
+
 def restart_with_key(pages, port, proc):
     stop_server(proc)
     lost = all(wait_for(lambda p=p: p.get_attribute("#conn-state", "data-state") != "ok", 15) for p in pages)
@@ -718,8 +775,10 @@ def main():
             phone_test(browser, port)
             rich_chat_tests(browser, port)
             fallback_tests(browser, port)
+            docs_tests(browser, port)
             default_pool_dashboard(browser)
             proc = restart_with_key([chat, dash], port, proc)
+            docs_need_the_key(browser, port)
             check("no JavaScript errors on the pages", not errors, errors[:5])
             browser.close()
     finally:

@@ -19,6 +19,7 @@ TEST(static_files, maps_ui_paths_and_refuses_everything_else) {
   EXPECT_EQ(ui_relative_path("/"), "index.html");
   EXPECT_EQ(ui_relative_path("/dashboard"), "dashboard.html");
   EXPECT_EQ(ui_relative_path("/dashboard.html"), "dashboard.html");
+  EXPECT_EQ(ui_relative_path("/docs"), "docs.html");
   EXPECT_EQ(ui_relative_path("/js/chat.js"), "js/chat.js");
   EXPECT_EQ(ui_relative_path("/css/app.css"), "css/app.css");
   for (const char* bad : {"", "js/chat.js", "/..", "/../etc/passwd", "/js/../../x.js", "/%2e%2e/x.js", "/.git/config",
@@ -100,6 +101,7 @@ TEST_F(static_files_dir, finds_the_configured_directory) {
   const fs::path built_in = find_webui_dir("");
   ASSERT_FALSE(built_in.empty()) << "the source tree's webui/ is compiled in";
   EXPECT_TRUE(fs::exists(built_in / "dashboard.html"));
+  EXPECT_TRUE(fs::exists(built_in / "docs.html"));
 }
 
 TEST(vendor_libraries, names_only_single_safe_segments_under_vendor) {
