@@ -2,7 +2,7 @@
 // /docs gives vLLM users), and GET routes without parameters can be tried in place. The document's
 // reading is openapi_view.js; this file only builds the DOM (text nodes throughout, never innerHTML
 // from the document).
-import { apiKey, authHeaders, setApiKey } from './conn.js';
+import { authHeaders, authPrompt, setApiKey } from './conn.js';
 import { canTry, fieldsOf, operations } from './openapi_view.js';
 
 function el(tag, attrs = {}, ...children) {
@@ -126,9 +126,7 @@ async function load() {
   }
   if (r.status === 401) {
     banner.hidden = false;
-    document.getElementById('auth-message').textContent = apiKey()
-      ? 'The API key was rejected. Enter the right key:'
-      : 'This server requires an API key. Enter it:';
+    document.getElementById('auth-message').textContent = authPrompt();
     pill.textContent = 'API key needed';
     pill.dataset.state = 'bad';
     return;

@@ -142,6 +142,11 @@ export class LiveSocket {
   }
 }
 
+// What the API-key banner asks: for a key, or for the right one when the stored key was refused.
+export function authPrompt() {
+  return apiKey() ? 'The API key was rejected. Enter the right key:' : 'This server requires an API key. Enter it:';
+}
+
 // Wires the shared header: connection pill and the API-key banner (shown while unauthorized).
 export function wireHeader(sockets) {
   const pill = document.getElementById('conn-state');
@@ -154,7 +159,7 @@ export function wireHeader(sockets) {
     const open = states.every((s) => s === 'open');
     banner.hidden = !unauthorized;
     const msg = document.getElementById('auth-message');
-    if (unauthorized) msg.textContent = apiKey() ? 'The API key was rejected. Enter the right key:' : 'This server requires an API key. Enter it:';
+    if (unauthorized) msg.textContent = authPrompt();
     pill.textContent = unauthorized ? 'API key needed' : open ? 'connected' : states.includes('connecting') ? 'connecting…' : 'reconnecting…';
     pill.dataset.state = unauthorized ? 'bad' : open ? 'ok' : 'wait';
   };
