@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <string_view>
+#include <utility>
 
 #include "cpu/cpu_executor.hpp"
 #if TESSERA_WITH_CUDA
@@ -66,6 +68,20 @@ void fault_in_weights(const model_weights& w, bool show) {
   if (show) std::fprintf(stderr, "\n");
 }
 
+// --dummy-weight-type, for --load-format dummy (the flag's check has accepted the name).
+dummy_weights_options dummy_options(const engine_flags& flags) {
+  static constexpr std::pair<std::string_view, ggml_type> kTypes[] = {{"f32", ggml_type::f32},
+                                                                      {"f16", ggml_type::f16},
+                                                                      {"bf16", ggml_type::bf16},
+                                                                      {"q8_0", ggml_type::q8_0},
+                                                                      {"q4_0", ggml_type::q4_0}};
+  dummy_weights_options o;
+  for (const auto& [name, type] : kTypes) {
+    if (flags.dummy_weight_type == name) o.type = type;
+  }
+  return o;
+}
+
 // --speculative draft: loads --draft-model, checks that it has the target's vocabulary (what both
 // tokenizers loaded: size, token texts, special ids) and builds its CPU executor with a KV pool of its
 // own. Every failure is an invalid_request naming the flag.
@@ -74,8 +90,8 @@ void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
   if (flags.draft_model.empty())
     throw invalid_request("--speculative draft needs --draft-model PATH (the draft model)");
   try {
-    b.draft_model =
-        load_model(resolve_model(flags.draft_model).path, dummy ? load_format::dummy : load_format::automatic);
+    b.draft_model = load_model(resolve_model(flags.draft_model).path,
+                               dummy ? load_format::dummy : load_format::automatic, dummy_options(flags));
   } catch (const std::exception& e) { throw invalid_request(flag + ": cannot load it: " + e.what()); }
   const model_config& target = b.model.weights->config;
   const model_config& draft = b.draft_model->weights->config;
@@ -189,6 +205,10 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--load-format", load_format,
                  "auto | dummy (random weights of the shape in --model's config.json, for benchmarks)")
       ->check(CLI::IsMember({"auto", "dummy"}));
+  cmd.add_option("--dummy-weight-type", dummy_weight_type,
+                 "--load-format dummy: element type of the random matrices: bf16 | f16 | f32 | q8_0 | q4_0 "
+                 "(q4_0: a 7-8B shape in about 4.5 GB, for CPU smoke runs)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "q8_0", "q4_0"}));
   cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
                  "CUDA: share of GPU memory used (weights, activations, then the KV pool fills the rest)")
       ->check(CLI::Range(0.01, 1.0));
@@ -288,7 +308,7 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
   // MODEL: a path, a library name or nothing (the default model): app/model_lookup.hpp.
   const resolved_model model = resolve_model(flags.model);
   b.model_name = model.name;
-  b.model = load_model(model.path, dummy ? load_format::dummy : load_format::automatic);
+  b.model = load_model(model.path, dummy ? load_format::dummy : load_format::automatic, dummy_options(flags));
   const bool tty = !flags.quiet && messages.progress && isatty(STDERR_FILENO);
   if (!dummy) fault_in_weights(*b.model.weights, tty);  // dummy weights are in memory already
   for (const auto& w : b.model.warnings) warn(w);

@@ -227,6 +227,10 @@ class cuda_executor final : public executor {
   int64_t kv_block_bytes() const override { return block_bytes_; }
   const char* name() const override { return "cuda"; }
   bool samples_on_device() const override { return true; }
+  // Both attention kernels start their walk at the window's first key and index the block table
+  // from there (gpu/attention.cu, gpu/prefill_attention.cu), and a step writes only its own tokens'
+  // slots, so the freed (no_block) entries before a window are never read: the engine may free them.
+  bool reads_only_window() const override { return true; }
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
 

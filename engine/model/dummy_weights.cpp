@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,36 @@ uint64_t splitmix64(uint64_t x) {
 // Uniform in [-1, 1) from the top 24 bits.
 float unit_uniform(uint64_t h) { return static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 
+// ggml's reference quantizers (ggml/src/ggml-quants.c, quantize_row_q8_0_ref / q4_0_ref), one block of
+// 32 values. Q8_0: fp16 scale d = max|x| / 127, then 32 int8 round(x / d). Q4_0: fp16 scale d = m / -8
+// where m is the value of largest magnitude (sign kept), then 16 bytes of 4-bit q = round(x / d) + 8
+// clamped to 15, value j in the low nibble of byte j and value j + 16 in its high nibble.
+void quantize_q8_0_block(const float* x, std::byte* out) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t h = fp32_to_fp16(d);
+  std::memcpy(out, &h, 2);
+  for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<std::byte>(static_cast<int8_t>(std::lround(x[i] * inv)));
+}
+
+void quantize_q4_0_block(const float* x, std::byte* out) {
+  float amax = 0.0f, max = 0.0f;
+  for (int i = 0; i < 32; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  const float d = max / -8.0f;
+  const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t h = fp32_to_fp16(d);
+  std::memcpy(out, &h, 2);
+  auto q = [&](float v) { return static_cast<uint8_t>(std::min(15, static_cast<int>(v * inv + 8.5f))); };
+  for (int j = 0; j < 16; ++j) out[2 + j] = static_cast<std::byte>(q(x[j]) | (q(x[j + 16]) << 4));
+}
+
 struct dummy_storage {
   std::vector<std::vector<std::byte>> buffers;
 };
@@ -36,12 +67,16 @@ class filler {
                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
   // A [rows, cols] matrix of uniform values with standard deviation `stddev` (uniform on [-a, a] has
-  // stddev a / sqrt(3)).
+  // stddev a / sqrt(3)), in the options' element type (f32 for vectors such as biases, which the
+  // executors read as floats).
   weight_tensor matrix(const std::string& name, int64_t rows, int64_t cols, float stddev) {
-    weight_tensor w = allocate(name, options_.type, rows, cols);
+    return fill_matrix(name, rows == 1 ? ggml_type::f32 : options_.type, rows, cols, stddev);
+  }
+
+  weight_tensor fill_matrix(const std::string& name, ggml_type type, int64_t rows, int64_t cols, float stddev) {
+    weight_tensor w = allocate(name, type, rows, cols);
     const float amplitude = stddev * std::sqrt(3.0f);
     const uint64_t stream = splitmix64(options_.seed ^ splitmix64(++tensor_index_));
-    const ggml_type type = options_.type;
     std::byte* base = const_cast<std::byte*>(w.data);
     parallel_rows(rows, [&](int64_t r) {
       std::byte* row = base + r * w.row_stride_bytes;
@@ -53,9 +88,20 @@ class filler {
       } else if (type == ggml_type::f16) {
         auto* out = reinterpret_cast<uint16_t*>(row);
         for (int64_t c = 0; c < cols; ++c) out[c] = fp32_to_fp16(value(c));
-      } else {
+      } else if (type == ggml_type::bf16) {
         auto* out = reinterpret_cast<uint16_t*>(row);
         for (int64_t c = 0; c < cols; ++c) out[c] = fp32_to_bf16(value(c));
+      } else {
+        for (int64_t c = 0; c < cols; c += 32) {
+          float block[32];
+          for (int64_t i = 0; i < 32; ++i) block[i] = value(c + i);
+          std::byte* at = row + (c / 32) * type_info(type).block_bytes;
+          if (type == ggml_type::q8_0) {
+            quantize_q8_0_block(block, at);
+          } else {
+            quantize_q4_0_block(block, at);
+          }
+        }
       }
     });
     return w;
@@ -106,11 +152,27 @@ class filler {
 
 }  // namespace
 
+bool is_dummy_weight_type(ggml_type t) noexcept {
+  return t == ggml_type::f32 || t == ggml_type::f16 || t == ggml_type::bf16 || t == ggml_type::q8_0 ||
+         t == ggml_type::q4_0;
+}
+
 std::shared_ptr<const model_weights> make_dummy_weights(const model_config& config,
                                                         const dummy_weights_options& options) {
   config.validate();
-  if (options.type != ggml_type::f32 && options.type != ggml_type::f16 && options.type != ggml_type::bf16) {
-    throw invalid_request("dummy weights: element type must be f32, f16 or bf16");
+  if (!is_dummy_weight_type(options.type)) {
+    throw invalid_request("dummy weights: element type must be f32, f16, bf16, q8_0 or q4_0");
+  }
+  // Quantized rows are whole blocks of 32: every matrix dimension they cover must be a multiple of it.
+  if (options.type == ggml_type::q8_0 || options.type == ggml_type::q4_0) {
+    for (const auto& [what, n] : {std::pair{"hidden_size", int64_t{config.hidden_size}},
+                                  std::pair{"intermediate_size", int64_t{config.intermediate_size}},
+                                  std::pair{"num_heads * head_dim", int64_t{config.num_heads} * config.head_dim}}) {
+      if (n % 32 != 0) {
+        throw invalid_request(std::string("dummy weights: ") + std::string(type_info(options.type).name) + " needs " +
+                              what + " to be a multiple of 32, got " + std::to_string(n));
+      }
+    }
   }
   auto storage = std::make_shared<dummy_storage>();
   auto w = std::make_shared<model_weights>();

@@ -16,7 +16,9 @@ namespace tessera {
 struct dummy_weights_options {
   uint64_t seed = 0;
   // Element type of the matrices: bf16 (default: what the GPU computes with, half the host memory of
-  // f32), f16 or f32. Norm weights are f32 ones.
+  // f32), f16, f32, or a GGUF quant type the CPU computes natively, q8_0 or q4_0 (the random values
+  // quantized as llama.cpp's reference quantizer does: a 7-8B shape in q4_0 is about 4.5 GB, which a
+  // CPU machine of 24 GiB holds with its repacked copy). Norm weights and biases are f32.
   ggml_type type = ggml_type::bf16;
   int num_threads = 0;  // 0: hardware concurrency
 };
@@ -25,6 +27,9 @@ struct dummy_weights_options {
 // standard deviation is 1/sqrt(fan_in) for matrices (activations stay O(1) through the layers, so
 // logits are not all equal and greedy decoding is not a string of ties), 0.5 for the embedding and
 // exactly 1 for the RMSNorm weights. Throws invalid_request for an unsupported element type.
+// The element types make_dummy_weights accepts.
+bool is_dummy_weight_type(ggml_type t) noexcept;
+
 std::shared_ptr<const model_weights> make_dummy_weights(const model_config& config,
                                                         const dummy_weights_options& options = {});
 

@@ -48,7 +48,7 @@ loaded_model load_hf(const fs::path& dir) {
   return model;
 }
 
-loaded_model load_dummy(const fs::path& path) {
+loaded_model load_dummy(const fs::path& path, const dummy_weights_options& options) {
   std::error_code ec;
   const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
   if (!is_hf_model_dir(dir)) {
@@ -58,7 +58,7 @@ loaded_model load_dummy(const fs::path& path) {
   loaded_model model;
   model.path = dir;
   const model_config config = read_hf_config(dir, &model.warnings);
-  model.weights = make_dummy_weights(config);
+  model.weights = make_dummy_weights(config, options);
   if (fs::exists(dir / "tokenizer.json", ec)) {  // a tokenizer.json that is not a regular file is refused
     model.tok = std::make_shared<const tokenizer>(read_hf_vocab(dir, config.vocab_size, &model.warnings));
     model.chat_template = read_hf_chat_template(dir);
@@ -72,11 +72,11 @@ loaded_model load_dummy(const fs::path& path) {
 
 }  // namespace
 
-loaded_model load_model(const fs::path& path, load_format format) {
+loaded_model load_model(const fs::path& path, load_format format, const dummy_weights_options& dummy) {
   std::error_code ec;
   if (format == load_format::dummy) {
     if (!fs::exists(path, ec)) throw load_error(path.string() + ": no such file or directory");
-    return load_dummy(path);
+    return load_dummy(path, dummy);
   }
   if (!fs::exists(path, ec)) {
     throw load_error(path.string() + ": no such file or directory (run scripts/setup to fetch the default model)");

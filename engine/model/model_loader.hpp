@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/dummy_weights.hpp"
+
 #include "engine/model/model_weights.hpp"
 #include "engine/text/tokenizer.hpp"
 
@@ -28,8 +30,9 @@ struct loaded_model {
 // placeholder vocabulary.
 enum class load_format { automatic, dummy };
 
-// Throws load_error naming the file and the problem.
-loaded_model load_model(const std::filesystem::path& path, load_format format = load_format::automatic);
+// Throws load_error naming the file and the problem. `dummy` says what load_format::dummy fills in.
+loaded_model load_model(const std::filesystem::path& path, load_format format = load_format::automatic,
+                        const dummy_weights_options& dummy = {});
 
 // The default model fetched by scripts/setup, relative to the repository / working directory.
 std::filesystem::path default_model_path();

@@ -101,11 +101,64 @@ TEST(DummyWeights, StatisticsScaleWithFanIn) {
     EXPECT_NEAR(sd, 1.0 / std::sqrt(96.0), 0.1 / std::sqrt(96.0)) << type_info(t).name;
   }
   dummy_weights_options bad;
-  bad.type = ggml_type::q4_0;
+  bad.type = ggml_type::q4_k;
   EXPECT_THROW(make_dummy_weights(tiny_config(), bad), invalid_request);
   model_config broken = tiny_config();
   broken.num_kv_heads = 3;
   EXPECT_THROW(make_dummy_weights(broken), load_error);
+}
+
+// q8_0 and q4_0 (--dummy-weight-type, for CPU smoke runs of 7-8B shapes): the f32 model's values,
+// quantized as ggml's reference quantizer does, so each value is within a quantization step of its
+// block (Q8_0: half of max|x| / 127; Q4_0: max|x| / 8, the clamped end of the range; each plus the
+// fp16 rounding of the block's scale); biases and
+// norms stay f32; a dimension that is not whole blocks of 32 is refused by name.
+TEST(DummyWeights, QuantizedTypesAreTheFloatValuesQuantizedAsGgmlDoes) {
+  model_config c = tiny_config();
+  c.features.qkv_bias = true;
+  dummy_weights_options f32;
+  f32.type = ggml_type::f32;
+  const auto exact = make_dummy_weights(c, f32);
+  for (const ggml_type t : {ggml_type::q8_0, ggml_type::q4_0}) {
+    dummy_weights_options o;
+    o.type = t;
+    const auto w = make_dummy_weights(c, o);
+    const layer_weights& l = w->layers[1];
+    EXPECT_EQ(l.w_up.type, t);
+    EXPECT_EQ(l.w_up.row_stride_bytes, 64 / 32 * type_info(t).block_bytes);
+    EXPECT_EQ(l.bq.type, ggml_type::f32);
+    EXPECT_EQ(values(l.bq), values(exact->layers[1].bq));
+    EXPECT_EQ(l.attn_norm.type, ggml_type::f32);
+    for (const auto& [got, want] :
+         {std::pair{&l.w_up, &exact->layers[1].w_up}, std::pair{&w->token_embedding, &exact->token_embedding},
+          std::pair{&l.w_down, &exact->layers[1].w_down}}) {
+      const std::vector<float> q = values(*got), x = values(*want);
+      ASSERT_EQ(q.size(), x.size());
+      double worst = 0;
+      for (size_t b = 0; b < x.size(); b += 32) {
+        float amax = 0;
+        for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        // Plus the fp16 rounding of the scale d: at most 2^-11 of it, times |q| <= 127 (or 8).
+        const float step = (t == ggml_type::q8_0 ? amax / 127.0f * 0.5f : amax / 8.0f) + amax / 2048.0f;
+        for (size_t i = b; i < b + 32; ++i) {
+          ASSERT_LE(std::fabs(q[i] - x[i]), step * 1.001f + 1e-7f) << type_info(t).name << " value " << i;
+          worst = std::max(worst, double(std::fabs(q[i] - x[i])));
+        }
+      }
+      EXPECT_GT(worst, 0.0) << "quantized, not copied";
+    }
+  }
+  model_config odd = tiny_config();
+  odd.intermediate_size = 100;
+  dummy_weights_options q4;
+  q4.type = ggml_type::q4_0;
+  try {
+    make_dummy_weights(odd, q4);
+    FAIL() << "no exception";
+  } catch (const invalid_request& e) {
+    EXPECT_NE(std::string(e.what()).find("intermediate_size to be a multiple of 32, got 100"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DummyWeights, ByteTokenizerRoundTripsText) {
@@ -134,6 +187,12 @@ TEST(DummyWeights, LoadsTheCommittedModelShapes) {
   EXPECT_EQ(qwen.num_heads, 28);
   EXPECT_EQ(qwen.num_kv_heads, 4);
   EXPECT_EQ(qwen.intermediate_size, 18944);
+  EXPECT_TRUE(qwen.features.qkv_bias);
+  const model_config llama31 = read_hf_config(models / "llama-3.1-8b");
+  EXPECT_EQ(llama31.num_layers, 32);
+  EXPECT_EQ(llama31.context_length, 131072);
+  EXPECT_EQ(llama31.vocab_size, 128256);
+  EXPECT_EQ(llama31.scaling.kind, rope_scaling_kind::llama3);
 }
 
 TEST(DummyWeights, LoadModelReadsOnlyTheConfig) {

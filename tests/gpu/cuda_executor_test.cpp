@@ -966,5 +966,111 @@ TEST(CudaTinyModels, GgufFilesEqualTheCpuExecutor) {
   EXPECT_EQ(checked, 7u);
 }
 
+// Sliding-window attention in the paged cache on the CUDA executor (tests/cpu/sliding_window_test.cpp
+// is the CPU's): the tiny Mistral fixture (2 layers, both with a window of 8) through the engine with
+// a prompt of about 19 windows, chunked (16 tokens a step) and whole, then 16 greedy tokens. The CUDA
+// executor declares reads_only_window, so the engine frees each block once no window reaches it and
+// hands its entry as no_block; the tokens equal the exact CPU executor's (which frees too), with and
+// without CUDA graphs, and the CUDA run holds at most window / block_size + 2 blocks between steps.
+TEST(CudaSlidingWindow, FreedWindowBlocksChangeNoTokenWithAndWithoutGraphs) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  const std::filesystem::path dir = fixture_dir("mistral");
+  if (!std::filesystem::exists(dir / "oracle.json")) GTEST_SKIP() << dir << " missing";
+  const loaded_model m = load_model(dir);
+  const model_config& c = m.weights->config;
+  ASSERT_EQ(c.kv_window(), 8);
+  const std::vector<token_id> prompt = tokens(150, 21, c.vocab_size);
+  struct result {
+    std::vector<token_id> tokens;
+    uint64_t window_freed = 0;
+    int32_t most_held = 0;  // the most blocks the sequence held after any step
+  };
+  auto run = [&](executor& exec, int32_t chunk) {
+    engine_options eo = chunked_engine_options();
+    eo.max_num_batched_tokens = chunk;
+    llm_engine engine(exec, nullptr, eo);
+    engine.add_request(prompt, greedy_params(16));
+    result r;
+    while (engine.has_unfinished()) {
+      for (const request_output& o : engine.step()) {
+        EXPECT_TRUE(o.error.empty()) << o.error;
+        r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      }
+      for (const sequence_blocks& b : engine.last_record().running) r.most_held = std::max(r.most_held, b.num_blocks);
+      EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+    }
+    r.window_freed = engine.stats().num_window_freed_blocks;
+    return r;
+  };
+  const kv_cache_spec kv = test_support::kv_pool(32, 0);
+  const int32_t bound = c.kv_window() / kv.block_size + 2;
+  for (const int32_t chunk : {16, 2048}) {
+    const auto cpu = cpu_exact(m.weights, kv);
+    const result want = run(*cpu, chunk);
+    ASSERT_EQ(want.tokens.size(), 16u);
+    for (const bool graphs : {false, true}) {
+      cuda_executor_options go;
+      go.kv = kv;
+      go.dtype = cuda_dtype::f32;
+      go.cuda_graphs = graphs;
+      const auto cuda = make_cuda_executor(m.weights, go);
+      ASSERT_TRUE(cuda->reads_only_window());
+      const result got = run(*cuda, chunk);
+      const std::string what = "chunk " + std::to_string(chunk) + (graphs ? ", graphs" : "");
+      EXPECT_EQ(got.tokens, want.tokens) << what;
+      EXPECT_EQ(got.window_freed, want.window_freed) << what;
+      EXPECT_GE(got.window_freed, (prompt.size() + 15 - 8 + 1) / 16 - 1) << what;
+      EXPECT_LE(got.most_held, bound) << what;
+      std::printf("  mistral tiny on cuda (%s): %llu blocks freed early, at most %d held between steps\n", what.c_str(),
+                  static_cast<unsigned long long>(got.window_freed), got.most_held);
+    }
+  }
+}
+
+// The executor itself: a decode whose table has no_block before the window gives the logits of the
+// whole table bit for bit (nothing reads those entries), and a no_block inside the window is refused
+// before any KV is touched.
+TEST(CudaSlidingWindow, ExecutorNeverReadsFreedEntries) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  const std::filesystem::path dir = fixture_dir("mistral");
+  if (!std::filesystem::exists(dir / "oracle.json")) GTEST_SKIP() << dir << " missing";
+  const loaded_model m = load_model(dir);
+  cuda_executor_options go;
+  go.kv = test_support::kv_pool(16, 0);
+  go.dtype = cuda_dtype::f32;
+  const auto ex = make_cuda_executor(m.weights, go);
+  const int32_t n = 200, window = m.weights->config.kv_window();
+  const std::vector<token_id> prompt = tokens(n, 22, m.weights->config.vocab_size);
+  std::vector<block_id> table(16);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<block_id>(15 - i);  // scattered
+  step_output out;
+  step_batch prefill;
+  prefill.seqs.push_back(slice(1, prompt, 0, table, sequence_slice::logits_mode::none));
+  ex->execute(prefill, out);
+  auto decode = [&](const std::vector<block_id>& t, std::vector<token_id> toks) {
+    step_batch d;
+    const int32_t count = static_cast<int32_t>(toks.size());
+    d.seqs.push_back(slice(1, std::move(toks), n, t, sequence_slice::logits_mode::all));
+    ex->execute(d, out);
+    std::vector<float> rows;
+    for (int32_t r = 0; r < count; ++r) {
+      const auto row = out.row(r);
+      rows.insert(rows.end(), row.begin(), row.end());
+    }
+    return rows;
+  };
+  const int32_t first_read = (n - window + 1) / 16;  // the query at n reads keys n - 7 .. n
+  std::vector<block_id> freed = table;
+  for (int32_t b = 0; b < first_read; ++b) freed[static_cast<size_t>(b)] = no_block;
+  // One token (the decode kernel), then four (the prefill kernel, a draft-like slice).
+  for (const std::vector<token_id>& toks : {std::vector<token_id>{prompt[3]}, std::vector<token_id>{1, 2, 3, 4}}) {
+    const std::vector<float> full = decode(table, toks);
+    EXPECT_EQ(decode(freed, toks), full) << toks.size() << " tokens";
+  }
+  std::vector<block_id> inside = freed;
+  inside[static_cast<size_t>(first_read)] = no_block;
+  EXPECT_THROW(decode(inside, {prompt[3]}), invalid_request);
+}
+
 }  // namespace
 }  // namespace tessera
