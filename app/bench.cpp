@@ -201,6 +201,7 @@ int bench_command::run_throughput() {
               {"speculative", engine_.speculative},
               {"spec_draft_tokens", s.num_draft_tokens},
               {"spec_accepted_tokens", s.num_accepted_draft_tokens},
+              {"spec_tree_branch_tokens", s.num_tree_branch_tokens},
               {"steps", s.num_steps}});
   return 0;
 }

@@ -234,6 +234,10 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
       ->check(CLI::Range(1, 64));
+  cmd.add_option("--ngram-branches", ngram_branches,
+                 "N-gram prompt lookup: distinct continuations verified together as a token tree (1: a chain; "
+                 "trees on the CPU executor only)")
+      ->check(CLI::Range(1, 64));
   cmd.add_option("--speculative-max-batch", speculative_max_batch,
                  "Steps with more decoding sequences than this do not speculate (decode is no longer memory-bound)")
       ->check(CLI::Range(1, 65536));
@@ -272,7 +276,7 @@ engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<exec
   if (!mode) throw invalid_request("--speculative must be off, ngram or draft (got '" + flags.speculative + "')");
   options.speculative.mode = *mode;
   options.speculative.num_tokens = flags.num_speculative_tokens;
-  options.speculative.ngram = {.min_n = flags.ngram_min, .max_n = flags.ngram_max};
+  options.speculative.ngram = {.min_n = flags.ngram_min, .max_n = flags.ngram_max, .branches = flags.ngram_branches};
   options.speculative.max_batch = flags.speculative_max_batch;
   options.speculative.draft_executor = std::move(draft_exec);
   try {

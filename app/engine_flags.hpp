@@ -49,6 +49,7 @@ struct engine_flags {
   int draft_num_kv_blocks = 0;      // the draft model's own KV pool; 0: as --kv-cache-memory allows
   int ngram_min = 1;                // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
+  int ngram_branches = 1;          // n-gram continuations merged into a token tree (1: a chain)
   int speculative_max_batch = 4;   // decoding sequences above which a step does not speculate
   std::string chat_template_file;  // --chat-template-file: a Jinja file (or the template text); "": the model's
 

@@ -153,6 +153,7 @@ class cpu_executor final : public executor {
       sc.mx.resize(static_cast<size_t>(attn_rows_));
       sc.l.resize(static_cast<size_t>(attn_rows_));
       sc.q.resize(static_cast<size_t>(attn_rows_));
+      sc.masked.resize(static_cast<size_t>(attn_ld_));
     }
   }
 
@@ -163,6 +164,8 @@ class cpu_executor final : public executor {
   // Attention starts at the window's first key (below) and the K/V write is at the new positions, so
   // entries of freed blocks before the window are never touched.
   bool reads_only_window() const override { return true; }
+  // Token trees: RoPE at each row's depth, K/V at its slot, the ancestor mask in attention (below).
+  bool verifies_token_trees() const override { return true; }
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
   const char* kv_cache_dtype() const override { return cpu::to_string(kv_dt_); }
@@ -253,7 +256,10 @@ class cpu_executor final : public executor {
   struct attn_scratch {
     std::vector<float> s, o, mx, l;
     std::vector<const float*> q;
+    std::vector<uint8_t> masked;  // a token tree's row: which keys of the current block it may not see
   };
+  // A masked score: far below any real one, finite so that the softmax's exp stays defined.
+  static constexpr float kMasked = -1e30f;
   int32_t attn_rows_ = 0;  // rows of the largest attention task
   int32_t attn_ld_ = 0;    // scores per row: the block size rounded up to 16
   std::vector<attn_scratch> scratch_;
@@ -400,7 +406,7 @@ void cpu_executor::apply_block_moves(const step_batch& batch) {
 }
 
 void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
-  build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out);
+  build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out, /*allow_trees=*/true);
   // Attention tasks: one per (sequence, kv head, run of attn_chunk tokens), its rows every query head of
   // the kv head's group, so that each K / V tile is read once for all of them. A step of few tasks (a
   // decode of one or two sequences) splits the group into one task per query head instead, so that every
@@ -421,8 +427,8 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
       }
     }
   }
-  // Heaviest attention tasks (latest positions) first, so the tail of the phase is short.
-  const std::vector<int32_t>& pos = layout_.positions;
+  // Heaviest attention tasks (latest slots) first, so the tail of the phase is short.
+  const std::vector<int32_t>& pos = layout_.slots;
   std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [&pos](const attn_task& a, const attn_task& b) {
     return pos[static_cast<size_t>(a.token_end - 1)] > pos[static_cast<size_t>(b.token_end - 1)];
   });
@@ -666,7 +672,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         for (int32_t h = 0; h < nkv; ++h) rms_norm(kk + h * hd, L.k_norm.data(), kk + h * hd, hd, eps);
       }
       for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t, L.rope_table);
-      const int32_t pos = layout_.positions[static_cast<size_t>(t)];
+      const int32_t pos = layout_.slots[static_cast<size_t>(t)];  // where its K/V goes (a tree row: not its position)
       const auto seq = static_cast<size_t>(layout_.token_seq[static_cast<size_t>(t)]);
       const std::vector<block_id>& table = batch.seqs[seq].block_table;
       const block_id blk = table[static_cast<size_t>(pos / bs)];
@@ -694,10 +700,43 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       const int32_t heads = task.head_end - task.head_begin;
       const int32_t rows = (task.token_end - task.token_begin) * heads;
       const int32_t ld = attn_ld_;
-      // Rows are token-major, so positions grow with the row index: the rows that reach into a block
+      // Rows are token-major, so slots grow with the row index: the rows that reach into a block
       // (causal: n_ctx > its first slot; window: first < its end) are a contiguous range.
-      auto n_ctx = [&](int32_t m) { return layout_.positions[static_cast<size_t>(task.token_begin + m / heads)] + 1; };
-      auto first = [&](int32_t m) { return window > 0 ? std::max(0, n_ctx(m) - window) : 0; };
+      auto n_ctx = [&](int32_t m) { return layout_.slots[static_cast<size_t>(task.token_begin + m / heads)] + 1; };
+      // A token tree (sequence_slice::tree_parents): its rows' positions are their depths, not their
+      // slots, so they are not monotonic; the walk starts at the root's window (the earliest any row
+      // needs) and tree_mask below hides, per row, the keys outside its own window and the tree rows
+      // that are not its ancestors.
+      const int32_t tree_row0 = layout_.tree_row[static_cast<size_t>(task.token_begin)];
+      const bool tree = tree_row0 >= 0;
+      const int32_t root_slot = tree ? layout_.slots[static_cast<size_t>(task.token_begin)] - tree_row0 : 0;
+      auto first = [&](int32_t m) {
+        if (window <= 0) return 0;
+        return std::max(0, (tree ? root_slot + 1 : n_ctx(m)) - window);
+      };
+      // Scores of row m's keys [lo, hi) of the block at slot `begin` that it may not see: set to
+      // kMasked (after any soft-cap), flagged in sc.masked. Returns whether any key is left.
+      const int32_t slice_begin = layout_.seqs[static_cast<size_t>(task.seq)].token_begin;
+      auto tree_mask = [&](int32_t m, int32_t begin, int32_t lo, int32_t hi, float* sr) {
+        const auto tk = static_cast<size_t>(task.token_begin + m / heads);
+        const int32_t row = layout_.tree_row[tk], position = layout_.positions[tk];
+        bool any = false;
+        for (int32_t j = lo; j < hi; ++j) {
+          const int32_t key = begin + j;
+          bool visible;
+          if (key < root_slot) {
+            visible = window <= 0 || key > position - window;
+          } else {
+            const int32_t key_row = key - root_slot;
+            const int32_t key_position = layout_.positions[static_cast<size_t>(slice_begin + key_row)];
+            visible = layout_.sees(task.seq, row, key_row) && (window <= 0 || key_position > position - window);
+          }
+          sc.masked[static_cast<size_t>(j)] = visible ? 0 : 1;
+          if (!visible) sr[j] = kMasked;
+          any = any || visible;
+        }
+        return any;
+      };
       for (int32_t m = 0; m < rows; ++m) {
         sc.q[static_cast<size_t>(m)] = qkv_.data() + static_cast<int64_t>(task.token_begin + m / heads) * qkv_cols +
                                        static_cast<int64_t>(task.head_begin + m % heads) * hd;
@@ -737,12 +776,23 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
             continue;
           }
           if (feat.attn_softcap.on()) soft_cap(sr + lo, hi - lo, feat.attn_softcap.cap);
+          if (tree && !tree_mask(m, begin, lo, hi, sr)) {  // no key of this block is this row's
+            std::fill(sr, sr + n, 0.0f);
+            continue;
+          }
           float bmax = sr[lo];
           for (int32_t j = lo + 1; j < hi; ++j) bmax = std::max(bmax, sr[j]);
           float& mx = sc.mx[static_cast<size_t>(m)];
           float& sum = sc.l[static_cast<size_t>(m)];
           const float new_max = std::max(mx, bmax);
-          const float block_sum = k.softmax_exp(sr + lo, hi - lo, new_max);
+          float block_sum = k.softmax_exp(sr + lo, hi - lo, new_max);
+          if (tree) {  // a masked key adds exactly nothing, whatever the exp approximation made of it
+            for (int32_t j = lo; j < hi; ++j) {
+              if (sc.masked[static_cast<size_t>(j)] == 0) continue;
+              block_sum -= sr[j];
+              sr[j] = 0.0f;
+            }
+          }
           std::fill(sr, sr + lo, 0.0f);
           std::fill(sr + hi, sr + n, 0.0f);
           if (new_max != mx && sum != 0.0f) {  // rescale what the earlier blocks accumulated

@@ -51,6 +51,13 @@ struct sequence_slice {
   int32_t prompt_first_row = 0;
   std::vector<token_id> prompt_targets;
   int32_t prompt_top_k = 0;
+  // Token-tree verification (SpecInfer, Miao et al. 2024; only for an executor that
+  // verifies_token_trees()): empty for the usual chain. Else one entry per token, the index in `tokens`
+  // of its parent: -1 for the first token (its parent is the computed context), and j < i for token i.
+  // Token i is at position num_computed + depth(i) (its RoPE angle, its window) but writes its K/V to
+  // the slot of position num_computed + i, and attends to the context before num_computed and to its
+  // ancestors in the tree (itself included), never to its siblings' branches.
+  std::vector<int32_t> tree_parents;
 };
 
 struct block_copy {
@@ -129,6 +136,9 @@ class executor {
   // of config().kv_window() (the CPU executor: its attention starts at the window's first key). The
   // engine then frees those blocks and hands such entries as no_block.
   virtual bool reads_only_window() const { return false; }
+  // True when execute() honours sequence_slice::tree_parents (the CPU executor); the engine verifies
+  // linear drafts only otherwise.
+  virtual bool verifies_token_trees() const { return false; }
   // True when execute() honours sequence_slice::hidden (the CPU executor); the engine refuses
   // embedding requests otherwise.
   virtual bool pools_hidden_states() const { return false; }

@@ -683,6 +683,9 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
   }
   // The sequence may finish (and be freed) while its tokens are accepted: the draft is copied first.
   std::vector<token_id> draft(s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
+  std::vector<int32_t> parents;  // a token tree's (never a constrained request's: propose_drafts)
+  if (!s.seq->draft_parents.empty())
+    parents.assign(s.seq->draft_parents.begin(), s.seq->draft_parents.begin() + s.num_draft_tokens);
   // Structured output: row 0's mask came from the grammar workers; row j's needs the grammar advanced
   // over draft[0, j), so the matcher walks the draft here, filling each next mask, and is rolled back.
   // A draft token the grammar refuses can never be drawn (its row masks it): the draft is cut there.
@@ -706,19 +709,26 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
   ++stats_.num_spec_verifications;
   request_output& out = output_for(ctx.outs, ctx.index, r, c);
   const int32_t first = logits_.first_row[i];
-  ctx.accepted[i] = verify_draft(
-      c.samp, draft,
-      [&](int32_t j) {
-        return verify_row{logits_.row(first + j), allowed(j)};
-      },
-      [&](const sample_result& res, bool from_draft) {
-        if (from_draft) {
-          ++c.num_accepted_draft_tokens;
-          ++stats_.num_accepted_draft_tokens;
-        }
-        accept_token(r, c, res, out);
-        return !c.finished;
-      });
+  const auto row = [&](int32_t j) { return verify_row{logits_.row(first + j), allowed(j)}; };
+  const auto commit = [&](const sample_result& res, bool from_draft) {
+    if (from_draft) {
+      ++c.num_accepted_draft_tokens;
+      ++stats_.num_accepted_draft_tokens;
+    }
+    accept_token(r, c, res, out);
+    return !c.finished;
+  };
+  if (parents.empty()) {
+    ctx.accepted[i] = verify_draft(c.samp, draft, row, commit);
+  } else {
+    // Only the accepted nodes 0, 1, ... have their K/V at their own positions; a branch taken after
+    // them is computed again by the next step (scheduler::accept_draft).
+    const std::vector<int32_t> path = verify_tree(c.samp, draft, parents, row, commit);
+    int32_t in_place = 0;
+    while (in_place < static_cast<int32_t>(path.size()) && path[static_cast<size_t>(in_place)] == in_place) ++in_place;
+    ctx.accepted[i] = in_place;
+    stats_.num_tree_branch_tokens += path.size() - static_cast<size_t>(in_place);
+  }
   drop_if_done(r.id);
 }
 
@@ -731,7 +741,7 @@ void llm_engine::propose_drafts() {
   const auto decoding = [](const sequence* s) { return s->num_uncomputed() == 1 && s->num_generated() > 0; };
   int32_t num_decoding = 0;
   for (sequence* s : sched_.running()) {
-    s->draft.clear();
+    s->clear_draft();
     num_decoding += decoding(s);
   }
   if (num_decoding > options_.speculative.max_batch) return;
@@ -752,10 +762,30 @@ void llm_engine::propose_drafts() {
   }
   if (requests.empty()) return;
   // One call for the whole step: a draft model batches its forward passes across these sequences.
-  std::vector<std::vector<token_id>> drafts = proposer_->propose(requests);
-  for (size_t i = 0; i < seqs.size() && i < drafts.size(); ++i) {
-    seqs[i]->draft = std::move(drafts[i]);
-    proposed_.push_back(seqs[i]->id);
+  if (!exec_.verifies_token_trees()) {
+    std::vector<std::vector<token_id>> drafts = proposer_->propose(requests);
+    for (size_t i = 0; i < seqs.size() && i < drafts.size(); ++i) {
+      seqs[i]->draft = std::move(drafts[i]);
+      proposed_.push_back(seqs[i]->id);
+    }
+    return;
+  }
+  std::vector<draft_tree> trees = proposer_->propose_trees(requests);
+  for (size_t i = 0; i < seqs.size() && i < trees.size(); ++i) {
+    sequence& s = *seqs[i];
+    s.draft = std::move(trees[i].tokens);
+    s.draft_parents = std::move(trees[i].parents);
+    // Structured output walks the grammar along one chain (verify_sequence): such a request verifies
+    // the tree's first branch only.
+    const choice_ref* owner = owner_of(s.id);
+    if (!s.draft_parents.empty() &&
+        requests_.at(owner->request).choices[static_cast<size_t>(owner->index)]->constraint) {
+      size_t chain = 0;
+      while (chain < s.draft_parents.size() && s.draft_parents[chain] == static_cast<int32_t>(chain) - 1) ++chain;
+      s.draft.resize(chain);
+      s.draft_parents.clear();
+    }
+    proposed_.push_back(s.id);
   }
 }
 

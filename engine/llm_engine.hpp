@@ -116,6 +116,9 @@ struct engine_stats {
   // verification = (accepted + verifications) / verifications.
   uint64_t num_draft_tokens = 0;
   uint64_t num_accepted_draft_tokens = 0;
+  // Token trees: accepted draft tokens from a branch other than the first (their K/V is computed again
+  // by the next step, since it was written at their nodes' slots).
+  uint64_t num_tree_branch_tokens = 0;
   uint64_t num_spec_verifications = 0;
   // Stall-free batching (docs/engine.md#the-prefill-share): the last executed step's prefill budget
   // (prefill tokens it was allowed) and the step cost model's prediction for it against its measured

@@ -211,7 +211,7 @@ sequence* scheduler::pick_victim(const sequence* for_seq) const {
 
 void scheduler::preempt(sequence* victim, preemption_reason reason, scheduler_output& plan) {
   remove_from(running_, victim);
-  victim->draft.clear();
+  victim->clear_draft();
   ++victim->num_preemptions;
   const int32_t num_blocks = blocks_.num_blocks(victim->id);
   const int64_t bytes = int64_t{num_blocks} * options_.kv_block_bytes;
@@ -321,7 +321,7 @@ int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_outpu
   const int32_t d =
       std::min({static_cast<int32_t>(seq->draft.size()), budget - 1, max_seq_len_ - seq->num_tokens() - 1});
   if (d <= 0) {
-    seq->draft.clear();
+    seq->clear_draft();
     return 0;
   }
   // Every running sequence not planned yet may need one new block for its own decode: those stay free.
@@ -331,10 +331,10 @@ int32_t scheduler::allocate_draft(sequence* seq, int32_t budget, scheduler_outpu
   const bool ok = blocks_.allocate_slots(seq->id, seq->tokens, seq->num_computed, 1 + d, reserve, plan.copies);
   seq->tokens.resize(seq->tokens.size() - static_cast<size_t>(d));
   if (!ok) {
-    seq->draft.clear();
+    seq->clear_draft();
     return 0;
   }
-  seq->draft.resize(static_cast<size_t>(d));
+  seq->cut_draft(static_cast<size_t>(d));
   return d;
 }
 
@@ -517,6 +517,16 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
     auto first = s.seq->tokens.begin() + s.seq->num_computed;
     slice.tokens.assign(first, first + (s.num_new_tokens - s.num_draft_tokens));
     slice.tokens.insert(slice.tokens.end(), s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft_tokens);
+    if (s.num_draft_tokens > 0 && !s.seq->draft_parents.empty()) {
+      // A token tree: the real tokens are a chain, the draft's roots follow the last of them.
+      const int32_t real = s.num_new_tokens - s.num_draft_tokens;
+      slice.tree_parents.resize(slice.tokens.size());
+      for (int32_t i = 0; i < real; ++i) slice.tree_parents[static_cast<size_t>(i)] = i - 1;
+      for (int32_t j = 0; j < s.num_draft_tokens; ++j) {
+        const int32_t parent = s.seq->draft_parents[static_cast<size_t>(j)];
+        slice.tree_parents[static_cast<size_t>(real + j)] = parent < 0 ? real - 1 : real + parent;
+      }
+    }
     slice.num_computed = s.seq->num_computed;
     slice.block_table = blocks_.block_table(s.seq->id);
     // A draft is verified from the rows of every one of its positions (engine/speculative/verifier.hpp).
@@ -553,7 +563,7 @@ void scheduler::commit(const scheduler_output& plan) {
 void scheduler::accept_draft(seq_id id, int32_t num_accepted) {
   sequence* seq = find(id);
   if (!seq || seq->status != sequence_status::running) return;
-  seq->draft.clear();
+  seq->clear_draft();
   if (num_accepted < 0 || seq->num_computed + num_accepted >= seq->num_tokens())
     throw std::logic_error("scheduler::accept_draft: accepted tokens were not appended");
   seq->num_computed += num_accepted;

@@ -116,7 +116,9 @@ class scheduler {
   // blocks allocated only for rejected positions are returned at once, and the draft is dropped. The
   // K/V of rejected positions in a kept block is never read and is overwritten by later steps; such a
   // block is not full of computed tokens, so it never enters the prefix cache. No-op for a finished
-  // sequence.
+  // sequence. With a token tree `num_accepted` counts only the accepted nodes whose K/V was written
+  // at their own position (nodes 0, 1, ... of the first branch); tokens accepted from another branch
+  // stay appended but uncomputed, and the next step computes them (their K/V lies at their nodes' slots).
   void accept_draft(seq_id seq, int32_t num_accepted);
 
   // A running sequence gets a sampled token (to be computed in a later step).

@@ -4,6 +4,7 @@
 // A request with sampling n > 1 becomes n sequences: the prompt is prefilled once by the first
 // sequence, which is then forked (its KV blocks shared, copy-on-write) into the others.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string_view>
@@ -63,6 +64,18 @@ struct sequence {
   // a step is planned. Not part of the sequence: the scheduler verifies (a prefix of) it with the next
   // decode, or drops it; only the tokens the target model accepts are appended to `tokens`.
   std::vector<token_id> draft;
+  // A token tree's shape (engine/speculative/proposer.hpp, draft_tree::parents): draft[i] follows
+  // draft[draft_parents[i]] (-1: the last token). Empty: the draft is a chain.
+  std::vector<int32_t> draft_parents;
+  void clear_draft() {
+    draft.clear();
+    draft_parents.clear();
+  }
+  // Keeps the first n draft tokens (parents come before children, so a tree's first n nodes are a tree).
+  void cut_draft(size_t n) {
+    draft.resize(std::min(draft.size(), n));
+    if (!draft_parents.empty()) draft_parents.resize(draft.size());
+  }
   // Embedding sequences (engine/pooling.hpp): prefill only, never sampled; the scheduler gives them
   // no cached prefix, since mean pooling needs every prompt token's hidden state computed.
   pooling_type pooling = pooling_type::none;

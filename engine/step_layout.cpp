@@ -9,10 +9,13 @@
 namespace tessera {
 
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
-                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out) {
+                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out,
+                       bool allow_trees) {
   auto refuse = [&](const char* what) { throw invalid_request(std::string(executor_name) + " executor: " + what); };
   layout.token_ids.clear();
   layout.positions.clear();
+  layout.slots.clear();
+  layout.tree_row.clear();
   layout.token_seq.clear();
   layout.seqs.clear();
   layout.logit_tokens.clear();
@@ -23,6 +26,7 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
   layout.scored_targets.clear();
   layout.scored_top_k.clear();
   layout.max_context = 0;
+  layout.ancestors.resize(batch.seqs.size());
   out.vocab_size = config.vocab_size;
   out.first_row.assign(batch.seqs.size(), 0);
   out.num_rows.assign(batch.seqs.size(), 0);
@@ -54,11 +58,36 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
     step_layout::sequence_rows sr;
     sr.token_begin = layout.num_tokens();
     sr.num_tokens = static_cast<int32_t>(n);
+    const bool tree = !sl.tree_parents.empty();
+    std::vector<uint8_t>& anc = layout.ancestors[s];
+    anc.clear();
+    if (tree) {
+      if (!allow_trees) refuse("token trees are not supported");
+      if (static_cast<int64_t>(sl.tree_parents.size()) != n || sl.tree_parents[0] != -1)
+        refuse("tree_parents must have one entry per token, -1 first");
+      if (sl.hidden != sequence_slice::hidden_mode::none || !sl.prompt_targets.empty())
+        refuse("a token tree has no hidden rows or prompt scores");
+      anc.assign(static_cast<size_t>(n * n), 0);
+    }
     for (int64_t i = 0; i < n; ++i) {
       const token_id t = sl.tokens[static_cast<size_t>(i)];
       if (t < 0 || t >= config.vocab_size) refuse("token id out of range");
       layout.token_ids.push_back(t);
-      layout.positions.push_back(static_cast<int32_t>(sl.num_computed + i));
+      if (tree) {
+        const int32_t parent = sl.tree_parents[static_cast<size_t>(i)];
+        if (i > 0 && (parent < 0 || parent >= i)) refuse("a tree parent must be an earlier token of the slice");
+        // Row i sees what its parent sees, and itself; its depth is its number of ancestors.
+        uint8_t* row = anc.data() + i * n;
+        if (i > 0) std::copy_n(anc.data() + int64_t{parent} * n, n, row);
+        row[i] = 1;
+        const auto depth = static_cast<int32_t>(std::count(row, row + n, uint8_t{1})) - 1;
+        layout.positions.push_back(static_cast<int32_t>(sl.num_computed + depth));
+        layout.tree_row.push_back(static_cast<int32_t>(i));
+      } else {
+        layout.positions.push_back(static_cast<int32_t>(sl.num_computed + i));
+        layout.tree_row.push_back(-1);
+      }
+      layout.slots.push_back(static_cast<int32_t>(sl.num_computed + i));
       layout.token_seq.push_back(static_cast<int32_t>(s));
     }
     layout.seqs.push_back(sr);

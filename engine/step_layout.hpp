@@ -23,7 +23,10 @@ struct step_layout {
 
   // One entry per token row.
   std::vector<token_id> token_ids;
-  std::vector<int32_t> positions;  // num_computed + i: the KV slot it writes, the last position it attends to
+  std::vector<int32_t> positions;  // num_computed + i (in a token tree: + depth): its RoPE and window position
+  std::vector<int32_t> slots;      // num_computed + i: the position whose KV slot it writes, the last it may read
+  // In a token tree (sequence_slice::tree_parents), the row's index in its slice; -1 elsewhere.
+  std::vector<int32_t> tree_row;
   std::vector<int32_t> token_seq;  // index into batch.seqs of the sequence that owns the row
   // One entry per batch.seqs[i].
   std::vector<sequence_rows> seqs;
@@ -43,8 +46,17 @@ struct step_layout {
   std::vector<int32_t> scored_top_k;
   // The longest context of the step: max over sequences (empty ones too) of num_computed + tokens.
   int32_t max_context = 0;
+  // Per batch.seqs[i] with a token tree: ancestors[i][a * n + b] != 0 when row b of the slice is row
+  // a's ancestor or a itself (n rows); empty for chains.
+  std::vector<std::vector<uint8_t>> ancestors;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  // Whether row `key` of slice `seq`'s tree is row `query`'s ancestor (or itself). pre: a tree slice.
+  bool sees(int32_t seq, int32_t query, int32_t key) const {
+    const std::vector<uint8_t>& a = ancestors[static_cast<size_t>(seq)];
+    const auto n = static_cast<size_t>(seqs[static_cast<size_t>(seq)].num_tokens);
+    return a[static_cast<size_t>(query) * n + static_cast<size_t>(key)] != 0;
+  }
 };
 
 // Validates every slice of `batch` and lays it out in `layout` (its vectors are reused: a steady
@@ -58,7 +70,10 @@ struct step_layout {
 // vocabulary and a negative top-k are refused too.
 // After a throw `layout` and `out` are unspecified; nothing else has been touched. Swaps and copies
 // are check_block_moves' (each executor calls it where it applies them).
+// A slice with tree_parents is refused unless `allow_trees` (its executor verifies_token_trees), or when
+// its parents do not form a tree in order, or it also asks for hidden rows or prompt scores.
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
-                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out);
+                       bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out,
+                       bool allow_trees = false);
 
 }  // namespace tessera

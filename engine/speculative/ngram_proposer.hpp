@@ -11,6 +11,11 @@
 // (read on into the draft itself, so a repeating cycle is proposed as it repeats). Longer matches are
 // tried first because they predict better; the most recent occurrence because generated text tends to
 // continue the passage it is currently copying. Cost: O(len * max_n) per call, no index kept.
+//
+// With branches > 1, propose_trees also keeps looking after that first match: the continuations of up
+// to `branches` distinct occurrences (same order: longer n first, then the more recent), merged into a
+// tree (continuations that agree share their nodes). The first match's continuation is the tree's
+// first branch, nodes 0 .. k-1, exactly the chain propose() gives.
 #pragma once
 #include <cstdint>
 
@@ -19,8 +24,9 @@
 namespace tessera {
 
 struct ngram_options {
-  int32_t min_n = 1;  // shortest suffix matched (>= 1)
-  int32_t max_n = 4;  // longest suffix matched (>= min_n)
+  int32_t min_n = 1;     // shortest suffix matched (>= 1)
+  int32_t max_n = 4;     // longest suffix matched (>= min_n)
+  int32_t branches = 1;  // continuations merged into a token tree (propose_trees); 1: a chain
 };
 
 class ngram_proposer final : public draft_proposer {
@@ -30,9 +36,14 @@ class ngram_proposer final : public draft_proposer {
   // Each request's draft from its own tokens: the lookup keeps no state between steps.
   std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) override;
   std::vector<token_id> propose(std::span<const token_id> context, int32_t max_tokens) const;
+  std::vector<draft_tree> propose_trees(std::span<const draft_request> requests) override;
+  draft_tree propose_tree(std::span<const token_id> context, int32_t max_tokens) const;
   const ngram_options& options() const { return options_; }
 
  private:
+  template <class F>
+  void for_each_match(std::span<const token_id> context, F&& found) const;
+
   ngram_options options_;
 };
 

@@ -1,8 +1,9 @@
 // Speculative decoding's first half: a proposer guesses the next few tokens of a sequence cheaply, and
 // the target model verifies all of them in one forward pass (docs/speculative.md). Proposals are
-// linear (one chain of tokens, no tree). A proposer never changes what is generated, only how many
-// tokens one step can commit: verification (engine/speculative/verifier.hpp) keeps the output
-// distribution the target's, so a bad guess costs compute, never correctness.
+// chains, or (propose_trees, for an executor that verifies_token_trees) trees of candidates that the
+// target verifies in one pass with a tree attention mask (SpecInfer). A proposer never changes what is generated, only
+// how many tokens one step can commit: verification (engine/speculative/verifier.hpp) keeps the output distribution the
+// target's, so a bad guess costs compute, never correctness.
 //
 // The engine asks once per step for every speculating sequence at once (a draft model batches its
 // forward passes across them), and tells the proposer what became of each sequence, so that a proposer
@@ -37,6 +38,15 @@ struct draft_pool_usage {
   int32_t num_sequences = 0;    // sequences with draft state
 };
 
+// A tree of candidate tokens: node i is tokens[i], a child of node parents[i] (-1: of the sequence's
+// last token), parents before children. Empty parents: a chain (parents[i] = i - 1). The proposers put
+// their best guess first, as nodes 0, 1, 2, ... each the child of the one before: those are the nodes
+// whose K/V lands where the sequence needs it when they are accepted.
+struct draft_tree {
+  std::vector<token_id> tokens;
+  std::vector<int32_t> parents;
+};
+
 class draft_proposer {
  public:
   virtual ~draft_proposer() = default;
@@ -44,6 +54,13 @@ class draft_proposer {
   // empty when it has no guess (or, for a draft model, no room in its pool this step). Runs on the
   // engine thread before every speculative step: it must cost little next to the target's pass.
   virtual std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) = 0;
+  // Trees for `requests`, one each, every root-to-leaf branch at most max_tokens long. The default
+  // proposes the chains of propose().
+  virtual std::vector<draft_tree> propose_trees(std::span<const draft_request> requests) {
+    std::vector<draft_tree> trees;
+    for (std::vector<token_id>& chain : propose(requests)) trees.push_back({std::move(chain), {}});
+    return trees;
+  }
   // After a step that proposed for `seq`: the sequence now holds `tokens` (accepted drafts and the
   // target's own token appended). State for positions past their longest common prefix with what the
   // proposer drafted is dropped: the rejected draft positions are never attended to again.

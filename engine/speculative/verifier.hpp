@@ -43,4 +43,17 @@ struct verify_row {
 int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::function<verify_row(int32_t row)>& row,
                      const std::function<bool(const sample_result&, bool accepted)>& commit);
 
+// Verifies a token tree (engine/speculative/proposer.hpp: tokens[i] a child of parents[i], -1 the
+// sequence's last token): row 0 is the target's logits after the context, row 1 + i after the context
+// and node i's branch (node i and its ancestors). From the root, draws t from the current node's row;
+// a child of that node whose token is t is accepted and the walk goes on from its row; otherwise the
+// step ends with t. It is the chain's rule applied along whichever branch the target's own draws take:
+// every token is drawn from the target's row for exactly the tokens before it, with the uniform plain
+// decoding would use at that output position, so the output is plain decoding's in distribution (and,
+// seeded, token for token). The children of a node have distinct tokens. Returns the accepted nodes,
+// in order; commit() got them and one more token, unless it ended earlier.
+std::vector<int32_t> verify_tree(sampler& samp, std::span<const token_id> tokens, std::span<const int32_t> parents,
+                                 const std::function<verify_row(int32_t row)>& row,
+                                 const std::function<bool(const sample_result&, bool accepted)>& commit);
+
 }  // namespace tessera

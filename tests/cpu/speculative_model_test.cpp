@@ -7,6 +7,8 @@
 // output must be plain decoding's, and the draft model's own KV pool must be empty after every run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -30,8 +32,9 @@ namespace {
 
 sampling_params greedy(int32_t max_tokens) { return test_support::greedy_to_length(max_tokens); }
 
+// branches > 1: n-gram token trees of that many continuations (the CPU executor verifies trees).
 engine_options options(int32_t blocks, int32_t host, bool speculative,
-                       preemption_mode mode = preemption_mode::automatic) {
+                       preemption_mode mode = preemption_mode::automatic, int32_t branches = 1) {
   engine_options o;
   o.block_size = 16;
   o.num_kv_blocks = blocks;
@@ -39,6 +42,7 @@ engine_options options(int32_t blocks, int32_t host, bool speculative,
   o.watermark = 0;
   o.preemption = mode;
   if (speculative) o.speculative = test_support::ngram_speculation(4, 16);
+  o.speculative.ngram.branches = branches;
   return o;
 }
 
@@ -88,11 +92,13 @@ run_result run(executor& exec, std::shared_ptr<const tokenizer> tok, const engin
 }
 
 // Plain, speculative with room, and speculative in `small_pool` blocks (preemption forced by the pool).
+// branches > 1: with token trees.
 void expect_identical(executor& roomy, executor& tight, std::shared_ptr<const tokenizer> tok,
                       const std::vector<std::vector<token_id>>& prompts, int32_t max_tokens, int32_t blocks,
-                      int32_t small_pool) {
+                      int32_t small_pool, int32_t branches = 1) {
   const run_result plain = run(roomy, tok, options(blocks, 0, false), prompts, max_tokens);
-  const run_result spec = run(roomy, tok, options(blocks, 0, true), prompts, max_tokens);
+  const run_result spec =
+      run(roomy, tok, options(blocks, 0, true, preemption_mode::automatic, branches), prompts, max_tokens);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(plain.tokens[i].size(), static_cast<size_t>(max_tokens));
     EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " of " << prompts.size();
@@ -102,7 +108,7 @@ void expect_identical(executor& roomy, executor& tight, std::shared_ptr<const to
   if (prompts.size() == 1) { EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps); }
   if (small_pool <= 0) return;
   for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
-    const run_result crowded = run(tight, tok, options(small_pool, 64, true, mode), prompts, max_tokens);
+    const run_result crowded = run(tight, tok, options(small_pool, 64, true, mode, branches), prompts, max_tokens);
     for (size_t i = 0; i < prompts.size(); ++i)
       EXPECT_EQ(crowded.tokens[i], plain.tokens[i]) << "request " << i << " under " << to_string(mode);
     EXPECT_GT(crowded.stats.num_preemptions_recompute + crowded.stats.num_preemptions_swap, 0u) << to_string(mode);
@@ -129,6 +135,91 @@ TEST(speculative_tiny_model, greedy_output_is_identical_batch_1_16_and_under_pre
   for (int32_t i = 0; i < 16; ++i) batch.push_back(repeating_prompt(i + 2, 3 + i % 5, 5));
   // 20 blocks of 16 slots for 16 sequences of up to ~70 tokens: preemption is unavoidable.
   expect_identical(*roomy, *tight, nullptr, batch, 40, 256, 20);
+}
+
+// Token trees (SpecInfer) on the CPU executor: the same identities with n-gram trees of 4 branches.
+TEST(speculative_tiny_model, token_trees_give_identical_greedy_output_batch_1_16_and_under_preemption) {
+  const model_config config = test_support::tiny_executor_config();
+  const auto weights = test_support::f32_dummy_weights(config, 7);
+  auto roomy = test_support::cpu_reference_executor(weights, test_support::kv_pool(256), 2);
+  auto tight = test_support::cpu_reference_executor(weights, test_support::kv_pool(20, 64), 2);
+  expect_identical(*roomy, *tight, nullptr, {repeating_prompt(1, 5, 6)}, 48, 256, 0, 4);
+  std::vector<std::vector<token_id>> batch;
+  for (int32_t i = 0; i < 16; ++i) batch.push_back(repeating_prompt(i + 2, 3 + i % 5, 5));
+  expect_identical(*roomy, *tight, nullptr, batch, 40, 256, 20, 4);
+}
+
+// The executor's tree attention itself: every row of a token tree equals the last row of its branch
+// computed as a plain chain after the same context (prefilled into other blocks), within the float
+// reordering of the two walks. The tree is deeper than the Mistral fixture's window (8), so a deep
+// row's window excludes its oldest ancestors and context; Gemma 3's fixture adds interleaved windows,
+// per-layer RoPE bases and soft-capping-free (1+w) norms; the tiny model is plain full attention.
+void expect_tree_rows_equal_chains(std::shared_ptr<const model_weights> weights, const char* what) {
+  auto exec = test_support::cpu_reference_executor(weights, test_support::kv_pool(16), 2);
+  ASSERT_TRUE(exec->verifies_token_trees());
+  const int32_t vocab = weights->config.vocab_size;
+  const std::vector<token_id> context = test_support::pseudo_tokens(37, 3, vocab);
+  // Root (the last sampled token) and 13 nodes: a first branch 10 deep, a second under the root, a
+  // third under node 2, a fourth under node 5.
+  const std::vector<int32_t> parents{-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 11, 2, 5};
+  std::vector<token_id> nodes = test_support::pseudo_tokens(static_cast<int32_t>(parents.size()), 9, vocab);
+  auto run_slice = [&](std::vector<token_id> toks, int32_t num_computed, std::vector<block_id> table,
+                       std::vector<int32_t> tree_parents, sequence_slice::logits_mode mode) {
+    step_batch b;
+    sequence_slice s;
+    s.seq = seq_id{table.front() == 0 ? 1u : 2u};
+    s.tokens = std::move(toks);
+    s.num_computed = num_computed;
+    s.block_table = std::move(table);
+    s.tree_parents = std::move(tree_parents);
+    s.logits = mode;
+    b.seqs.push_back(std::move(s));
+    step_output out;
+    exec->execute(b, out);
+    return out;
+  };
+  const std::vector<block_id> tree_table{0, 1, 2, 3}, chain_table{4, 5, 6, 7};
+  run_slice(context, 0, tree_table, {}, sequence_slice::logits_mode::none);
+  const step_output tree =
+      run_slice(nodes, static_cast<int32_t>(context.size()), tree_table, parents, sequence_slice::logits_mode::all);
+  ASSERT_EQ(tree.num_rows[0], static_cast<int32_t>(nodes.size()));
+  double worst = 0;
+  for (size_t x = 0; x < nodes.size(); ++x) {
+    std::vector<token_id> branch;
+    for (int32_t at = static_cast<int32_t>(x); at >= 0; at = parents[static_cast<size_t>(at)])
+      branch.insert(branch.begin(), nodes[static_cast<size_t>(at)]);
+    std::vector<token_id> chain = context;
+    chain.insert(chain.end(), branch.begin(), branch.end());
+    const step_output want = run_slice(chain, 0, chain_table, {}, sequence_slice::logits_mode::last);
+    const auto a = tree.row(static_cast<int32_t>(x)), b = want.row(0);
+    float scale = 1.0f, diff = 0.0f;
+    for (size_t v = 0; v < b.size(); ++v) {
+      scale = std::max(scale, std::fabs(b[v]));
+      diff = std::max(diff, std::fabs(a[v] - b[v]));
+    }
+    EXPECT_LE(diff, 1e-4f * scale) << what << ": node " << x << " (depth " << branch.size() - 1 << ")";
+    worst = std::max(worst, double(diff / scale));
+  }
+  std::printf("  %s: %zu tree rows vs their chains, max |diff| %.3g of the logit scale\n", what, nodes.size(), worst);
+  // Malformed trees are refused before anything is computed.
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{0, 0}, std::vector<int32_t>{-1, 1},
+                                          std::vector<int32_t>{-1, 0, 3}, std::vector<int32_t>{-1}}) {
+    std::vector<token_id> toks(bad.size() == 1 ? 2 : bad.size(), nodes[0]);
+    EXPECT_THROW(
+        run_slice(toks, static_cast<int32_t>(context.size()), tree_table, bad, sequence_slice::logits_mode::all),
+        invalid_request)
+        << what;
+  }
+}
+
+TEST(token_tree_executor, every_row_equals_its_branch_computed_as_a_chain) {
+  const model_config config = test_support::tiny_executor_config();
+  expect_tree_rows_equal_chains(test_support::f32_dummy_weights(config, 5), "tiny model");
+  for (const char* arch : {"mistral", "gemma3"}) {
+    const auto dir = std::filesystem::path(TESSERA_TEST_DATA_DIR) / "models" / arch;
+    if (!std::filesystem::exists(dir / "config.json")) GTEST_SKIP() << dir << " missing";
+    expect_tree_rows_equal_chains(load_model(dir).weights, arch);
+  }
 }
 
 // ---- SmolLM2-135M ------------------------------------------------------------------------------------
@@ -179,6 +270,17 @@ TEST(speculative_smollm, greedy_output_is_identical_batch_1_16_and_under_preempt
   for (int32_t i = 0; i < 16; ++i) batch.push_back(grounded_prompt(tok, i));
   // 24 blocks of 16 slots for 16 sequences of ~70 tokens: preemption is unavoidable.
   expect_identical(*roomy, *tight, smollm()->tok, batch, 24, 256, 24);
+}
+
+TEST(speculative_smollm, token_trees_give_identical_greedy_output_batch_1_16_and_under_preemption) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm()->tok;
+  auto roomy = smollm_executor(256, 0);
+  auto tight = smollm_executor(24, 64);
+  expect_identical(*roomy, *tight, smollm()->tok, {grounded_prompt(tok, 0)}, 40, 256, 0, 4);
+  std::vector<std::vector<token_id>> batch;
+  for (int32_t i = 0; i < 16; ++i) batch.push_back(grounded_prompt(tok, i));
+  expect_identical(*roomy, *tight, smollm()->tok, batch, 24, 256, 24, 4);
 }
 
 // ---- the draft-model proposer on real models ---------------------------------------------------------

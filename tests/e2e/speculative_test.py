@@ -10,7 +10,8 @@ error naming the flag. A third server speculates with a draft model (`--speculat
 the model as its own draft, llama-server's spellings): the same greedy text streamed and not, alone and
 concurrent, usage.speculative and the tessera_spec_decode_* counters move, and a draft that does not
 load or has another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
-Prints "N passed, M failed" and exits non-zero on any failure.
+A fourth verifies n-gram token trees (`--ngram-branches 4`): the same greedy text alone and concurrent,
+and a constrained request's JSON unchanged. Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: speculative_test.py TESSERA_BINARY MODEL
 """
 import concurrent.futures
@@ -61,6 +62,8 @@ spec = server(*SPEC)
 # The default model as its own draft (llama-server's -md and --draft-max): nearly every draft is accepted.
 DRAFT = ["--speculative", "draft", "-md", MODEL, "--draft-max", "4", "--speculative-max-batch", "8"]
 draft = server(*DRAFT)
+# N-gram token trees (SpecInfer-style tree attention in the CPU executor): several continuations at once.
+tree = server(*SPEC, "--ngram-branches", "4")
 
 OPEN_PROMPTS = ["The history of the printing press begins", "Three reasons to learn a second language are",
                 "Once upon a time, in a small village by the sea,", "def fibonacci(n):\n"]
@@ -117,6 +120,16 @@ def concurrent_requests_give_the_same_text():
 
 
 @case
+def token_trees_give_the_same_text_alone_and_concurrent():
+    before = tree.metrics()["tessera_spec_decode_num_accepted_tokens_total"]
+    for p in [grounded(i) for i in range(3)] + OPEN_PROMPTS:
+        a, b = plain.complete(p), tree.complete(p)
+        assert b.choices[0].text == a.choices[0].text, (p, a.choices[0].text, b.choices[0].text)
+    assert tree.metrics()["tessera_spec_decode_num_accepted_tokens_total"] > before
+    assert_same_concurrent_texts(plain, tree, [grounded(i) for i in range(6)] + OPEN_PROMPTS)
+
+
+@case
 def structured_output_gives_the_same_json():
     # The grammar (xgrammar's matcher) masks every draft row: walked over the draft and rolled back.
     fmt = {"type": "json_schema", "json_schema": {"name": "copy", "strict": True, "schema": {
@@ -130,6 +143,7 @@ def structured_output_gives_the_same_json():
         return r.choices[0].message.content, r.usage
     (a, _), (b, usage) = ask(plain), ask(spec)
     assert a == b, (a, b)
+    assert ask(tree)[0] == a  # a constrained request verifies its tree's first branch
     assert (usage.model_extra or {}).get("speculative", {}).get("proposed", 0) > 0, usage  # it did speculate
     if usage.completion_tokens < 64:  # the grammar completed: the text is one whole JSON object
         assert isinstance(json.loads(b)["text"], str), b
@@ -160,7 +174,8 @@ def bad_flags_are_cli_errors():
     for flags, word in [(["--num-speculative-tokens", "-1"], "--num-speculative-tokens"),
                         (["--num-speculative-tokens", "0"], "--num-speculative-tokens"),
                         (["--speculative", "draft"], "--speculative"),
-                        (["--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "ngram")]:
+                        (["--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "ngram"),
+                        (["--speculative", "ngram", "--ngram-branches", "0"], "--ngram-branches")]:
         p = subprocess.run([BIN, "serve", MODEL, *ENGINE, *flags, "--port", "0"], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode != 0, (flags, p.returncode)
@@ -258,7 +273,7 @@ def draft_model_bad_flags_are_startup_errors():
 
 @case
 def no_block_is_left_behind():
-    for s in (spec, draft):
+    for s in (spec, draft, tree):
         m = s.metrics()
         assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
     # The draft model's own pool is empty again too (every finished request released its draft K/V).
@@ -271,4 +286,5 @@ def no_block_is_left_behind():
 plain.stop(expect_clean=True)
 spec.stop(expect_clean=True)
 draft.stop(expect_clean=True)
+tree.stop(expect_clean=True)
 sys.exit(summary())

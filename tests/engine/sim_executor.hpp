@@ -19,6 +19,11 @@
 // the logits are a function of the visible window and its position (visible_history). Reading any
 // other slot, or a no_block entry inside the window, is an error; the freed entries before it are
 // never touched (reads_only_window), which is what lets the engine free those blocks.
+//
+// With set_verifies_trees(true) it takes token trees (sequence_slice::tree_parents): node j is written
+// to the slot of num_computed + j with its own position num_computed + depth(j), and its logits are a
+// function of the context read back and its ancestors' tokens, so a slot whose position is not its
+// index (a tree node the engine counted as computed where it does not belong) trips the read-back check.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -123,6 +128,9 @@ class sim_executor : public executor {
     config_.layers.assign(1, layer_attention{w});
   }
   int32_t window() const { return window_; }
+  void set_verifies_trees(bool on) { trees_ = on; }
+  bool verifies_token_trees() const override { return trees_; }
+  int64_t num_tree_slices() const { return num_tree_slices_; }
 
   // Every contract violation seen so far (tests assert this stays empty).
   const std::vector<std::string>& errors() const { return errors_; }
@@ -221,13 +229,31 @@ class sim_executor : public executor {
       if (known != histories_.end() && static_cast<int32_t>(known->second.size()) >= s.num_computed &&
           !std::equal(history.begin() + first, history.end(), known->second.begin() + first, same))
         error("seq " + std::to_string(s.seq.value()) + ": cached K/V differ from the tokens it computed before");
+      const bool tree = !s.tree_parents.empty();
+      if (tree && !trees_) error("seq " + std::to_string(s.seq.value()) + ": a token tree, not asked for");
+      if (tree) ++num_tree_slices_;
+      const size_t context = history.size();
+      std::vector<int32_t> depth(s.tokens.size(), 0);
       for (size_t j = 0; j < s.tokens.size(); ++j) {
+        const int32_t parent = tree ? s.tree_parents[j] : static_cast<int32_t>(j) - 1;
+        if (parent >= static_cast<int32_t>(j)) error("a tree parent after its child");
+        depth[j] = parent < 0 || parent >= static_cast<int32_t>(j) ? 0 : depth[static_cast<size_t>(parent)] + 1;
         const int32_t p = s.num_computed + static_cast<int32_t>(j);
         slot& sl = device_[static_cast<size_t>(s.block_table[static_cast<size_t>(p / bs)]) * bs + p % bs];
         sl.token = s.tokens[j];
-        sl.pos = p;
+        sl.pos = s.num_computed + depth[j];
         history.push_back(s.tokens[j]);
       }
+      // The tokens row j sees: the context, then its ancestors (a chain: every row before it) and itself.
+      auto seen_by = [&](size_t j) {
+        std::vector<token_id> h(history.begin(), history.begin() + static_cast<std::ptrdiff_t>(context));
+        std::vector<token_id> branch;
+        for (int32_t at = static_cast<int32_t>(j); at >= 0;
+             at = tree ? s.tree_parents[static_cast<size_t>(at)] : at - 1)
+          branch.push_back(s.tokens[static_cast<size_t>(at)]);
+        h.insert(h.end(), branch.rbegin(), branch.rend());
+        return h;
+      };
       num_computed_tokens_ += static_cast<int64_t>(s.tokens.size());
       const int32_t num_rows = s.logits == sequence_slice::logits_mode::none   ? 0
                                : s.logits == sequence_slice::logits_mode::last ? 1
@@ -235,9 +261,7 @@ class sim_executor : public executor {
       out.first_row[i] = row;
       out.num_rows[i] = num_rows;
       for (int32_t k = 0; k < num_rows; ++k) {
-        const size_t upto = history.size() - static_cast<size_t>(num_rows - 1 - k);
-        std::vector<float> l =
-            fake_logits(visible_history(std::span(history).first(upto), window_), config_.vocab_size);
+        const std::vector<float> l = row_logits(seen_by(s.tokens.size() - static_cast<size_t>(num_rows - k)));
         out.logits.insert(out.logits.end(), l.begin(), l.end());
       }
       row += num_rows;
@@ -269,6 +293,12 @@ class sim_executor : public executor {
     }
   }
 
+ protected:
+  // The logits row after `seen` (the context and the row's branch, its own token last).
+  virtual std::vector<float> row_logits(std::span<const token_id> seen) const {
+    return fake_logits(visible_history(seen, window_), config_.vocab_size);
+  }
+
  private:
   struct slot {
     token_id token = -1;
@@ -295,6 +325,8 @@ class sim_executor : public executor {
   int64_t num_computed_tokens_ = 0;
   int64_t fail_at_ = -1;
   bool scores_prompts_ = true;
+  bool trees_ = false;
+  int64_t num_tree_slices_ = 0;
   int64_t drop_scores_from_ = -1;
   std::map<std::pair<seq_id, int32_t>, int32_t> scored_;
 };
@@ -305,18 +337,24 @@ class sim_executor : public executor {
 class markov_executor : public sim_executor {
  public:
   using sim_executor::sim_executor;
-  void execute(const step_batch& batch, step_output& out) override {
-    sim_executor::execute(batch, out);
-    const auto v = static_cast<size_t>(config().vocab_size);
-    for (size_t i = 0; i < batch.seqs.size() && i < out.num_rows.size(); ++i) {
-      const std::vector<token_id>& tokens = batch.seqs[i].tokens;
-      for (int32_t k = 0; k < out.num_rows[i]; ++k) {
-        const token_id t = tokens[tokens.size() - static_cast<size_t>(out.num_rows[i] - k)];
-        const std::vector<float> l = fake_logits(std::vector<token_id>{t}, config().vocab_size);
-        std::copy(l.begin(), l.end(),
-                  out.logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(out.first_row[i] + k) * v));
-      }
-    }
+
+ protected:
+  std::vector<float> row_logits(std::span<const token_id> seen) const override {
+    return fake_logits(seen.last(1), config().vocab_size);
+  }
+};
+
+// A second-order Markov target: the logits depend on the last two tokens a row sees (its own and the
+// one before it in its branch, or the context's last). An n-gram proposer matching one token then
+// guesses wrong as often as right, and a tree's other branches are accepted now and then; a row that
+// saw a sibling's token instead of its parent's would get other logits.
+class markov2_executor : public sim_executor {
+ public:
+  using sim_executor::sim_executor;
+
+ protected:
+  std::vector<float> row_logits(std::span<const token_id> seen) const override {
+    return fake_logits(seen.last(std::min<size_t>(2, seen.size())), config().vocab_size);
   }
 };
 

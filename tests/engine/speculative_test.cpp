@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <span>
@@ -29,6 +30,7 @@ namespace {
 
 using test_support::chi_square;
 using testing::fake_logits;
+using testing::markov2_executor;
 using testing::markov_executor;
 using testing::sim_executor;
 
@@ -56,6 +58,35 @@ TEST(ngram_proposer, a_repeating_cycle_is_proposed_as_it_repeats) {
 TEST(ngram_proposer, min_n_bounds_the_match) {
   ngram_proposer p({.min_n = 2, .max_n = 4});
   EXPECT_TRUE(p.propose(std::vector<token_id>{1, 7, 2, 7}, 3).empty());  // only a 1-gram repeats
+}
+
+TEST(ngram_proposer, a_tree_merges_the_continuations_of_several_matches_first_match_first) {
+  // "1 2" occurs at 0, 4 and 8 before the suffix: latest first they continue 3 8 1, 4 9 1 and 3 9 1.
+  const std::vector<token_id> ctx{1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 3, 8, 1, 2};
+  ngram_proposer chain({.min_n = 1, .max_n = 2});
+  ngram_proposer tree({.min_n = 1, .max_n = 2, .branches = 3});
+  const draft_tree t = tree.propose_tree(ctx, 3);
+  // Branch 1 is nodes 0-2 (the chain propose() gives); branch 2 hangs under the last token; branch 3
+  // shares node 0 ("3") and adds 9 1 under it.
+  EXPECT_EQ(t.tokens, (std::vector<token_id>{3, 8, 1, 4, 9, 1, 9, 1}));
+  EXPECT_EQ(t.parents, (std::vector<int32_t>{-1, 0, 1, -1, 3, 4, 0, 6}));
+  EXPECT_EQ(std::vector<token_id>(t.tokens.begin(), t.tokens.begin() + 3), chain.propose(ctx, 3));
+  // More branches allowed than there are distinct continuations (the 1-gram "2" finds the same three).
+  ngram_proposer wide({.min_n = 1, .max_n = 2, .branches = 8});
+  EXPECT_EQ(wide.propose_tree(ctx, 3).tokens, t.tokens);
+  // One branch, or only one distinct continuation: a chain (no parents).
+  const draft_tree one = ngram_proposer({.min_n = 1, .max_n = 2, .branches = 1}).propose_tree(ctx, 3);
+  EXPECT_EQ(one.tokens, chain.propose(ctx, 3));
+  EXPECT_TRUE(one.parents.empty());
+  EXPECT_TRUE(tree.propose_tree(std::vector<token_id>{9, 1, 2, 1, 2}, 3).parents.empty());
+  EXPECT_TRUE(tree.propose_tree(std::vector<token_id>{1, 2, 3}, 3).tokens.empty());
+  // The batch call and the per-sequence one agree.
+  const std::vector<draft_request> requests{{seq_id{1}, ctx, 3}, {seq_id{2}, std::span(ctx).first(6), 2}};
+  const std::vector<draft_tree> trees = tree.propose_trees(requests);
+  ASSERT_EQ(trees.size(), 2u);
+  EXPECT_EQ(trees[0].tokens, t.tokens);
+  EXPECT_EQ(trees[1].tokens, tree.propose_tree(std::span(ctx).first(6), 2).tokens);
+  EXPECT_THROW(ngram_proposer({.min_n = 1, .max_n = 2, .branches = 0}), invalid_request);
 }
 
 TEST(speculative_options, bad_values_are_refused) {
@@ -203,6 +234,52 @@ TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_th
   EXPECT_EQ(got.size(), 1u);
 }
 
+TEST(verify_tree, greedy_follows_the_branch_the_targets_argmaxes_take) {
+  sampling_params params;
+  params.temperature = 0;
+  // The tree of a_tree_merges_...: tokens 3 8 1 | 4 9 1 | (under 3) 9 1. Row 0 (the context) picks 3,
+  // node 0's row picks 9 (not node 1's 8: node 6's), node 6's row picks 1 (node 7), node 7's row 5.
+  const std::vector<token_id> tokens{3, 8, 1, 4, 9, 1, 9, 1};
+  const std::vector<int32_t> parents{-1, 0, 1, -1, 3, 4, 0, 6};
+  const std::map<int32_t, token_id> argmax{{0, 3}, {1, 9}, {7, 1}, {8, 5}};  // row -> its argmax
+  std::vector<std::vector<float>> rows(9, std::vector<float>(16, 0.0f));
+  for (int32_t r = 0; r < 9; ++r)
+    rows[static_cast<size_t>(r)][static_cast<size_t>(argmax.count(r) ? argmax.at(r) : 15)] = 3.0f;
+  std::vector<int32_t> rows_read;
+  auto row = [&](int32_t r) {
+    rows_read.push_back(r);
+    return verify_row{rows[static_cast<size_t>(r)], {}};
+  };
+  sampler s(params, 0, {});
+  std::vector<std::pair<token_id, bool>> got;
+  const std::vector<int32_t> path = verify_tree(s, tokens, parents, row, [&](const sample_result& r, bool accepted) {
+    got.emplace_back(r.token, accepted);
+    return true;
+  });
+  EXPECT_EQ(path, (std::vector<int32_t>{0, 6, 7}));
+  EXPECT_EQ(rows_read, (std::vector<int32_t>{0, 1, 7, 8}));
+  EXPECT_EQ(got, (std::vector<std::pair<token_id, bool>>{{3, true}, {9, true}, {1, true}, {5, false}}));
+  // A token no child of the root has ends at once; a stop ends the walk where it happens.
+  rows[0][3] = 0.0f;
+  rows[0][4] = 3.0f;  // -> node 3 (4), whose row picks 15: not its child's 9
+  sampler s2(params, 0, {});
+  got.clear();
+  EXPECT_EQ(verify_tree(s2, tokens, parents, row,
+                        [&](const sample_result& r, bool accepted) {
+                          got.emplace_back(r.token, accepted);
+                          return true;
+                        }),
+            (std::vector<int32_t>{3}));
+  EXPECT_EQ(got, (std::vector<std::pair<token_id, bool>>{{4, true}, {15, false}}));
+  sampler s3(params, 0, {});
+  got.clear();
+  EXPECT_TRUE(verify_tree(s3, tokens, parents, row, [&](const sample_result& r, bool accepted) {
+                got.emplace_back(r.token, accepted);
+                return false;
+              }).empty());
+  EXPECT_EQ(got.size(), 1u);
+}
+
 // ---- the block manager's rollback -----------------------------------------------------------------
 
 TEST(block_manager_truncate, returns_the_blocks_of_rejected_positions_and_caches_none_of_them) {
@@ -317,6 +394,82 @@ TEST(speculative_engine, greedy_output_is_token_for_token_plain_decoding_batch_1
     }
     EXPECT_EQ(proposed, spec.stats.num_draft_tokens);
     EXPECT_EQ(accepted, spec.stats.num_accepted_draft_tokens);
+  }
+}
+
+// Token trees (SpecInfer) through the engine, on the second-order Markov target (a row's logits depend
+// on its own token and its parent's) with n-gram trees of up to 4 branches matching one token: the
+// first branch is often wrong and another right, so tokens are accepted from other branches (and
+// computed again by the next step). Greedy and seeded sampled outputs are plain decoding's token for
+// token, at batch 1 and 16 and under preemption by swap and by recompute in a tiny pool; the
+// simulated cache checks every slot's position on read-back and no block leaks.
+// executor_trees false: an executor that does not verify trees (the CUDA executor), which the engine
+// then gives chains however many branches are asked for (the simulator reports any tree it gets).
+run_result run_trees(bool speculative, int32_t branches, int32_t blocks, int32_t host, preemption_mode mode,
+                     const std::vector<std::vector<token_id>>& prompts, const sampling_params& params,
+                     bool executor_trees = true) {
+  markov2_executor exec(4, blocks, host, 8);  // 8 tokens: the greedy chain soon cycles through pairs
+  exec.set_verifies_trees(executor_trees);
+  engine_options o = spec_opts(blocks, speculative, host);
+  o.preemption = mode;
+  o.speculative.ngram = {.min_n = 1, .max_n = 1, .branches = branches};
+  llm_engine engine(exec, nullptr, o);
+  for (const auto& p : prompts) engine.add_request(p, params);
+  run_result r = run_checked(engine, exec);
+  if (speculative && branches > 1 && executor_trees) { EXPECT_GT(exec.num_tree_slices(), 0); }
+  if (branches == 1 || !executor_trees) { EXPECT_EQ(exec.num_tree_slices(), 0); }
+  return r;
+}
+
+TEST(speculative_engine, token_trees_give_plain_decodings_tokens_greedy_and_seeded) {
+  std::mt19937 rng(11);
+  sampling_params seeded = greedy(40);
+  seeded.temperature = 0.8f;
+  seeded.top_k = 8;
+  seeded.seed = 77;
+  for (const int batch : {1, 16}) {
+    std::vector<std::vector<token_id>> prompts;
+    // Prompts of few distinct tokens, repeated: the last token has several earlier occurrences.
+    for (int i = 0; i < batch; ++i) prompts.push_back(random_prompt(rng, 24 + i % 7, 8));
+    for (const sampling_params& params : {greedy(40), seeded}) {
+      const char* what = params.temperature == 0 ? "greedy" : "seeded";
+      const auto plain = run_trees(false, 1, 512, 0, preemption_mode::recompute, prompts, params);
+      const auto chain = run_trees(true, 1, 512, 0, preemption_mode::recompute, prompts, params);
+      const auto tree = run_trees(true, 4, 512, 0, preemption_mode::recompute, prompts, params);
+      EXPECT_EQ(chain.tokens, plain.tokens) << what << " batch " << batch;
+      EXPECT_EQ(tree.tokens, plain.tokens) << what << " batch " << batch;
+      const auto no_trees = run_trees(true, 4, 512, 0, preemption_mode::recompute, prompts, params, false);
+      EXPECT_EQ(no_trees.tokens, plain.tokens) << what << " batch " << batch;
+      EXPECT_EQ(no_trees.stats.num_tree_branch_tokens, 0u);
+      EXPECT_GT(tree.stats.num_tree_branch_tokens, 0u) << what << " batch " << batch;
+      EXPECT_EQ(chain.stats.num_tree_branch_tokens, 0u);
+      // Other branches accept what the first one missed: more accepted per draft token.
+      EXPECT_GT(tree.stats.num_accepted_draft_tokens, chain.stats.num_accepted_draft_tokens)
+          << what << " batch " << batch;
+      std::printf(
+          "  trees, %s, batch %d: accepted %llu of %llu draft tokens (chain: %llu of %llu), %llu from other "
+          "branches; steps %llu (chain %llu, plain %llu)\n",
+          what, batch, static_cast<unsigned long long>(tree.stats.num_accepted_draft_tokens),
+          static_cast<unsigned long long>(tree.stats.num_draft_tokens),
+          static_cast<unsigned long long>(chain.stats.num_accepted_draft_tokens),
+          static_cast<unsigned long long>(chain.stats.num_draft_tokens),
+          static_cast<unsigned long long>(tree.stats.num_tree_branch_tokens),
+          static_cast<unsigned long long>(tree.stats.num_steps), static_cast<unsigned long long>(chain.stats.num_steps),
+          static_cast<unsigned long long>(plain.stats.num_steps));
+    }
+  }
+}
+
+TEST(speculative_engine, token_trees_are_unchanged_under_preemption_by_a_tiny_kv_pool) {
+  std::mt19937 rng(12);
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back(random_prompt(rng, 20 + i % 5, 8));
+  const auto plain = run_trees(false, 1, 512, 0, preemption_mode::recompute, prompts, greedy(30));
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+    const auto tree = run_trees(true, 4, 48, 64, mode, prompts, greedy(30));
+    EXPECT_EQ(tree.tokens, plain.tokens) << to_string(mode);
+    EXPECT_GT(tree.stats.num_preemptions_recompute + tree.stats.num_preemptions_swap, 0u) << to_string(mode);
+    EXPECT_GT(tree.stats.num_tree_branch_tokens, 0u) << to_string(mode);
   }
 }
 
@@ -478,17 +631,23 @@ TEST(speculative_engine, structured_output_masks_every_draft_row_and_matches_pla
     params.temperature = temperature;
     params.seed = 3;
     params.structured = spec;
-    run_result r[2];
-    for (const bool speculative : {false, true}) {
+    // 0: plain; 1: chains; 2: an executor that verifies token trees and trees of 4 branches asked
+    // for, which a constrained request reduces to their first branch (the grammar walks one chain).
+    run_result r[3];
+    for (const int run : {0, 1, 2}) {
       markov_executor exec(4, 512, 0, vocab);
-      engine_options o = spec_opts(512, speculative);
+      exec.set_verifies_trees(run == 2);
+      engine_options o = spec_opts(512, run > 0);
+      o.speculative.ngram.branches = run == 2 ? 4 : 1;
       o.constraints = std::make_shared<test_support::scripted_backend>(
           [&](const structured_output_spec&) { return compile_result{grammar}; });
       llm_engine engine(exec, nullptr, o);
       for (const auto& p : prompts) engine.add_request(p, params, 0, grammar);
-      r[speculative ? 1 : 0] = run_checked(engine, exec);
+      r[run] = run_checked(engine, exec);
+      EXPECT_EQ(exec.num_tree_slices(), 0) << "a constrained request verified a tree";
     }
     EXPECT_EQ(r[1].tokens, r[0].tokens) << "temperature " << temperature;
+    EXPECT_EQ(r[2].tokens, r[0].tokens) << "temperature " << temperature;
     for (const auto& [id, choices] : r[1].tokens) {
       const std::vector<token_id>& t = choices.at(0);
       ASSERT_EQ(t.size(), script.size()) << "the grammar completes after 36 tokens";

@@ -267,5 +267,60 @@ TEST(step_layout, pooled_sequences_get_their_hidden_rows) {
   EXPECT_TRUE(out.hidden_of(1).empty());
 }
 
+// Token trees (sequence_slice::tree_parents): rows keep their slots (num_computed + i) but take their
+// depth as position, each row's ancestor set is itself plus its parent's, and only an executor that
+// verifies trees may get one; malformed parents and trees with hidden rows or prompt scores are refused.
+TEST(step_layout, token_trees_get_positions_by_depth_slots_by_row_and_their_ancestors) {
+  sequence_slice chain = slice({5, 6}, 3, {0, 1}, mode::last);
+  // Root 7 at 10; children 8 and 9 of the root; 10 under 8; 11 under 10.
+  sequence_slice tree = slice({7, 8, 9, 10, 11}, 10, {2, 3, 4, 5}, mode::all);
+  tree.tree_parents = {-1, 0, 0, 1, 3};
+  step_batch b;
+  b.seqs.push_back(chain);
+  b.seqs.push_back(tree);
+  step_layout layout;
+  step_output out;
+  build_step_layout(b, pool(4, 8), tiny_config(), false, "cpu", layout, out, /*allow_trees=*/true);
+  EXPECT_EQ(layout.positions, (std::vector<int32_t>{3, 4, 10, 11, 11, 12, 13}));
+  EXPECT_EQ(layout.slots, (std::vector<int32_t>{3, 4, 10, 11, 12, 13, 14}));
+  EXPECT_EQ(layout.tree_row, (std::vector<int32_t>{-1, -1, 0, 1, 2, 3, 4}));
+  EXPECT_TRUE(layout.ancestors[0].empty());
+  auto sees = [&](int32_t q) {
+    std::vector<int32_t> v;
+    for (int32_t k = 0; k < 5; ++k)
+      if (layout.sees(1, q, k)) v.push_back(k);
+    return v;
+  };
+  EXPECT_EQ(sees(0), (std::vector<int32_t>{0}));
+  EXPECT_EQ(sees(2), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(sees(4), (std::vector<int32_t>{0, 1, 3, 4}));
+  EXPECT_EQ(out.num_rows, (std::vector<int32_t>{1, 5}));
+
+  EXPECT_EQ(refusal(one(tree)), "cpu executor: token trees are not supported");  // allow_trees false
+  auto refused = [&](sequence_slice s) {
+    step_layout l;
+    step_output o;
+    try {
+      build_step_layout(one(std::move(s)), pool(4, 8), tiny_config(), false, "cpu", l, o, true);
+    } catch (const invalid_request& e) { return std::string(e.what()); }
+    return std::string();
+  };
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{0, 0, 0, 1, 3}, std::vector<int32_t>{-1, 0, 0, 1}}) {
+    sequence_slice s = tree;
+    s.tree_parents = bad;
+    EXPECT_EQ(refused(s), "cpu executor: tree_parents must have one entry per token, -1 first");
+  }
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{-1, 0, 2, 1, 3}, std::vector<int32_t>{-1, -1, 0, 1, 3}}) {
+    sequence_slice s = tree;
+    s.tree_parents = bad;
+    EXPECT_EQ(refused(s), "cpu executor: a tree parent must be an earlier token of the slice");
+  }
+  sequence_slice pooled = tree;
+  pooled.hidden = sequence_slice::hidden_mode::sum;
+  EXPECT_EQ(refused(pooled), "cpu executor: a token tree has no hidden rows or prompt scores");
+  EXPECT_EQ(refused(tree), "");
+}
+
 }  // namespace
 }  // namespace tessera
