@@ -50,7 +50,7 @@ struct engine_flags {
   int ngram_min = 1;                // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
   int ngram_branches = 1;          // n-gram continuations merged into a token tree (1: a chain)
-  int speculative_max_batch = 4;   // decoding sequences above which a step does not speculate
+  int speculative_max_batch = 8;   // decoding sequences above which a step does not speculate
   std::string chat_template_file;  // --chat-template-file: a Jinja file (or the template text); "": the model's
 
   void add_to(CLI::App& cmd);

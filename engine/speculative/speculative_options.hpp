@@ -28,9 +28,11 @@ struct speculative_options {
   std::shared_ptr<executor> draft_executor;
   draft_model_options draft;
   // Decode is memory-bound only while the batch is small: with more decoding sequences than this, a
-  // step verifies no drafts (their extra rows would cost compute the batch already fills). The measured
-  // threshold is a benchmark's (bench/speculative_bench.sh); this default is a guess.
-  int32_t max_batch = 4;
+  // step verifies no drafts (their extra rows would cost compute the batch already fills). Measured
+  // with bench/speculative_threshold.sh (docs/benchmarks.md, 2026-12-04): n-gram speculation still
+  // gains 1.05x at 8 sequences on ShareGPT-like requests, breaks even at 16 and loses 6% at 32 (on
+  // input-grounded text it gains at every size measured); the largest size at which it pays on both.
+  int32_t max_batch = 8;
 
   // Throws invalid_request naming the bad value (num_tokens < 1, max_batch < 1, the n-gram range, the
   // draft model's chunk size). The draft executor is checked by make_proposer().
