@@ -235,8 +235,7 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
       ->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-branches", ngram_branches,
-                 "N-gram prompt lookup: distinct continuations verified together as a token tree (1: a chain; "
-                 "trees on the CPU executor only)")
+                 "N-gram prompt lookup: distinct continuations verified together as a token tree (1: a chain)")
       ->check(CLI::Range(1, 64));
   cmd.add_option("--speculative-max-batch", speculative_max_batch,
                  "Steps with more decoding sequences than this do not speculate (decode is no longer memory-bound)")

@@ -71,10 +71,17 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 
   const int32_t ctx = a.context_lens[token];
   const int32_t* table = a.block_tables + static_cast<int64_t>(a.token_seq[token]) * a.max_blocks_per_seq;
-  // Sliding window: the query (at ctx - 1) sees [ctx - window, ctx); the walk starts there, so blocks
+  // A token tree's row (tree_attention_view): its position is below its slot, and of the slots from
+  // tree_base on it sees its ancestors' only. Elsewhere position = ctx - 1 and nothing is masked.
+  const int32_t root = a.tree.root != nullptr ? a.tree.root[token] : -1;
+  const int32_t pos = root >= 0 ? a.tree.positions[token] : ctx - 1;
+  const int32_t tree_base = root >= 0 ? a.context_lens[root] - 1 : ctx;
+  const uint32_t* ancestors = root >= 0 ? a.tree.mask + a.tree.mask_offset[token] : nullptr;
+  // Sliding window: the query (at pos) sees (pos - window, pos]; the walk starts there, so blocks
   // wholly before the window are never read (nor the table entries naming them), and the splits cut
-  // the window, not the context.
-  const int32_t first = a.window > 0 ? max(0, ctx - a.window) : 0;
+  // the window, not the context. (A tree row's visible ancestors lie there too: ancestor r has
+  // depth <= r, so its slot base + r is at or after its position, which the window admits.)
+  const int32_t first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
   const int32_t start = first + (a.num_splits == 1 ? 0 : split * a.partition_size);
   const int32_t end = a.num_splits == 1 ? ctx : min(ctx, start + a.partition_size);
   const bool capped = a.softcap > 0.0f;
@@ -121,6 +128,15 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
         for (int g = 0; g < G; ++g) s[g] = a.softcap * tanhf(s[g] * inv_cap);
       }
+      const int32_t r = tile0 + tid - tree_base;  // >= 0: the slot of tree row r
+      if (r >= 0) {
+        bool visible = (ancestors[r >> 5] >> (r & 31)) & 1u;
+        if (visible && a.window > 0) visible = a.tree.positions[root + r] > pos - a.window;
+        if (!visible) {
+#pragma unroll
+          for (int g = 0; g < G; ++g) s[g] = -INFINITY;
+        }
+      }
     }
     // 2. tile max, new running max, probabilities, tile sum
 #pragma unroll
@@ -135,10 +151,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
       float tile_max = red_s[0][g];
 #pragma unroll
       for (int w = 1; w < kThreads / 32; ++w) tile_max = fmaxf(tile_max, red_s[w][g]);
-      const float m_new = fmaxf(m[g], tile_max);  // finite: the tile has at least one position
-      corr[g] = expf(m[g] - m_new);               // 0 on the first tile (m = -inf)
+      // -inf only while every position so far was a masked tree slot (a split may hold nothing else):
+      // then nothing is rescaled and every probability is 0.
+      const float m_new = fmaxf(m[g], tile_max);
+      corr[g] = m_new == -INFINITY ? 1.0f : expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
       m[g] = m_new;
-      s[g] = tid < n ? expf(s[g] - m_new) : 0.0f;
+      s[g] = tid < n && s[g] != -INFINITY ? expf(s[g] - m_new) : 0.0f;
       p_s[g][tid] = s[g];
     }
     __syncthreads();  // red_s is reused for the sums; p_s complete

@@ -2,7 +2,8 @@
 // every query token attends causally to positions [0, context_lens[t]) of its sequence (the last
 // `window` of them on a sliding-window layer), read through the sequence's block table, so chunked
 // prefill and prefix-cache hits (K/V of earlier positions already in the blocks) need nothing special.
-// Scores may be soft-capped (paged_attention_common::softcap).
+// Scores may be soft-capped (paged_attention_common::softcap). Rows of a token tree attend to their
+// ancestors only (tree_attention_view).
 //
 // GQA: one CTA serves all query heads of a KV head (up to 8 at a time), so each K/V row is read once
 // per group, not once per query head. Online softmax (flash-attention's running max / sum), fp32.
@@ -21,11 +22,24 @@ namespace tessera::gpu {
 
 // The common part (gpu/kernels.hpp) for num_tokens decode queries; a split's workspace holds
 // attention_workspace_floats(...) floats.
+// Token trees (SpecInfer, sequence_slice::tree_parents). A tree's rows are consecutive query tokens,
+// its root first; row r sits at position base + depth(r) (its RoPE angle and window) but its K/V is in
+// the slot of position base + r, base being the root's position. So a tree token's context_lens is its
+// slot + 1, and it sees the context before the tree (within its window) and, of the tree's slots, its
+// ancestors and itself only: bit r of its mask, and (with a window) a key position inside the window.
+struct tree_attention_view {
+  const int32_t* root = nullptr;         // [num_tokens]: the query token of its tree's root; -1 outside a tree
+  const int32_t* positions = nullptr;    // [num_tokens]: each token's position (a tree row's: base + depth)
+  const int32_t* mask_offset = nullptr;  // [num_tokens]: where its ancestor bits start in `mask`
+  const uint32_t* mask = nullptr;        // bit r of word r / 32 from mask_offset: tree row r is visible
+};
+
 template <class T>
 struct paged_attention_args : paged_attention_common<T> {
   int32_t num_tokens = 0;
-  const int32_t* context_lens = nullptr;  // [num_tokens]: position + 1 (causal)
+  const int32_t* context_lens = nullptr;  // [num_tokens]: position + 1 (causal); a tree row's: slot + 1
   const int32_t* token_seq = nullptr;     // [num_tokens]: row of block_tables
+  tree_attention_view tree;               // all null: no token tree in the launch
 };
 
 // Head sizes the kernel is compiled for (32, 64, 128, 256; the prefill kernel's too).

@@ -231,6 +231,9 @@ class cuda_executor final : public executor {
   // from there (gpu/attention.cu, gpu/prefill_attention.cu), and a step writes only its own tokens'
   // slots, so the freed (no_block) entries before a window are never read: the engine may free them.
   bool reads_only_window() const override { return true; }
+  // Token trees: RoPE at each row's position (depth), K/V at its slot (rope_kv_write's positions and
+  // slot_mapping), and paged_attention masks the tree rows that are not its ancestors.
+  bool verifies_token_trees() const override { return true; }
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
 
@@ -488,10 +491,12 @@ class cuda_executor final : public executor {
 
   void plan_step(const step_batch& batch, step_output& out) {
     check_block_moves(batch, spec_, "cuda");
-    build_step_layout(batch, spec_, config_, /*samples_on_device=*/true, "cuda", step_layout_, out);
+    build_step_layout(batch, spec_, config_, /*samples_on_device=*/true, "cuda", step_layout_, out,
+                      /*allow_trees=*/true);
 
     // The uploaded per-token arrays: the layout's, copied (plan_prefill reorders them, pad_for_graph
-    // appends padding tokens), and each token's cache slot and context length.
+    // appends padding tokens), and each token's cache slot and context length (the slot's position + 1:
+    // a token tree's row writes and reads up to its own slot, above its position).
     const int32_t bs = spec_.block_size;
     ids_.assign(step_layout_.token_ids.begin(), step_layout_.token_ids.end());
     positions_.assign(step_layout_.positions.begin(), step_layout_.positions.end());
@@ -499,10 +504,10 @@ class cuda_executor final : public executor {
     slots_.clear();
     context_.clear();
     for (size_t t = 0; t < positions_.size(); ++t) {
-      const int32_t pos = positions_[t];
+      const int32_t at = step_layout_.slots[t];
       const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(token_seq_[t])].block_table;
-      slots_.push_back(table[static_cast<size_t>(pos / bs)] * bs + pos % bs);
-      context_.push_back(pos + 1);
+      slots_.push_back(table[static_cast<size_t>(at / bs)] * bs + at % bs);
+      context_.push_back(at + 1);
     }
     max_blocks_ = std::max(1, (step_layout_.max_context + bs - 1) / bs);  // the most blocks one sequence reads
     // Rows sampled on the device follow the rows returned to the host (gpu/sampling.hpp).
@@ -514,6 +519,7 @@ class cuda_executor final : public executor {
       logit_rows_.push_back(step_layout_.device_sampled_tokens[j]);
     }
     plan_prefill(batch);
+    plan_trees(batch);
     graph_step_ = use_graphs_ && graph_eligible(batch);
     if (graph_step_) pad_for_graph(batch.seqs.size());
     num_tokens_ = static_cast<int32_t>(ids_.size());
@@ -537,6 +543,9 @@ class cuda_executor final : public executor {
     meta_tables_ = place(num_table_rows_ * static_cast<size_t>(max_blocks_));
     meta_copies_ = place(2 * batch.copies.size());
     meta_tiles_ = place(4 * prefill_tiles_.size());
+    meta_tree_root_ = place(tree_root_.size());
+    meta_tree_offset_ = place(tree_mask_offset_.size());
+    meta_tree_mask_ = place(tree_mask_.size());
     meta_size_ = off;
     meta_host_.reserve(std::max<size_t>(off, 1) * sizeof(int32_t));
     int32_t* h = meta_host_.as<int32_t>();
@@ -547,6 +556,9 @@ class cuda_executor final : public executor {
     put(meta_context_, context_);
     put(meta_token_seq_, token_seq_);
     put(meta_logit_rows_, logit_rows_);
+    put(meta_tree_root_, tree_root_);
+    put(meta_tree_offset_, tree_mask_offset_);
+    put(meta_tree_mask_, tree_mask_);
     for (size_t s = 0; s < num_table_rows_; ++s) {
       int32_t* row = h + meta_tables_.offset + s * static_cast<size_t>(max_blocks_);
       if (s >= batch.seqs.size()) {  // a graph step's padding rows: every entry the padding block
@@ -590,7 +602,8 @@ class cuda_executor final : public executor {
     int64_t workspace = 0;
     for (size_t c = 0; c < classes; ++c) {
       const int32_t window = window_classes_[c];
-      const int32_t walk = window > 0 ? std::min(widest_context, window) : widest_context;
+      // A tree row walks from its position's window to its slot, tree_lag_ further.
+      const int32_t walk = window > 0 ? std::min(widest_context, window + tree_lag_) : widest_context;
       split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, walk, num_sms_);
       if (split_[c].num_splits > 1) {
         workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads,
@@ -620,12 +633,15 @@ class cuda_executor final : public executor {
   // moved after the decode tokens, so paged_attention runs over the contiguous rows
   // [0, num_tokens_ - num_prefill_tokens_); logit_rows_ follows the move, so the logits keep the
   // batch's order. A step without prefill chunks (every graph step) is left as it is.
+  // Token trees stay with paged_attention (tree_attention_view), however many rows they have.
   static constexpr size_t kMinPrefillTokens = 4;
 
   void plan_prefill(const step_batch& batch) {
     prefill_tiles_.clear();
     num_prefill_tokens_ = 0;
-    const auto is_prefill = [](const sequence_slice& sl) { return sl.tokens.size() >= kMinPrefillTokens; };
+    const auto is_prefill = [](const sequence_slice& sl) {
+      return sl.tokens.size() >= kMinPrefillTokens && sl.tree_parents.empty();
+    };
     if (std::none_of(batch.seqs.begin(), batch.seqs.end(), is_prefill)) return;
     // row_order_[new row] = row plan_step gave the token (sequence by sequence): decode rows, then prefill.
     row_order_.clear();
@@ -654,6 +670,39 @@ class cuda_executor final : public executor {
     for (int32_t& r : logit_rows_) r = row_scratch_[static_cast<size_t>(r)];
     for (const gpu::prefill_tile& c : prefill_chunks_) num_prefill_tokens_ += c.num_tokens;
     prefill_tiles_ = gpu::plan_prefill_tiles(prefill_chunks_, prefill_tile_tokens_);
+  }
+
+  // Token trees (sequence_slice::tree_parents), after plan_prefill has placed the rows: per token its
+  // tree's root row (-1 outside a tree) and where its ancestor bits start; each tree row's bits (the
+  // layout's ancestor sets, a 32-bit word per 32 rows). Empty when no slice of the step is a tree.
+  void plan_trees(const step_batch& batch) {
+    tree_root_.clear();
+    tree_mask_offset_.clear();
+    tree_mask_.clear();
+    tree_lag_ = 0;
+    if (std::all_of(batch.seqs.begin(), batch.seqs.end(),
+                    [](const sequence_slice& sl) { return sl.tree_parents.empty(); }))
+      return;
+    const size_t num_tokens = ids_.size();
+    tree_root_.assign(num_tokens, -1);
+    tree_mask_offset_.assign(num_tokens, 0);
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      if (batch.seqs[s].tree_parents.empty()) continue;
+      const step_layout::sequence_rows rows = step_layout_.seqs[s];
+      const int32_t root = device_row(rows.token_begin);  // a tree's rows stay consecutive (no prefill tile)
+      const int32_t words = (rows.num_tokens + 31) / 32;
+      for (int32_t q = 0; q < rows.num_tokens; ++q) {
+        const auto t = static_cast<size_t>(root + q);
+        tree_root_[t] = root;
+        tree_mask_offset_[t] = static_cast<int32_t>(tree_mask_.size());
+        tree_mask_.resize(tree_mask_.size() + static_cast<size_t>(words), 0);
+        int32_t* bits = tree_mask_.data() + tree_mask_offset_[t];
+        for (int32_t k = 0; k <= q; ++k) {
+          if (step_layout_.sees(static_cast<int32_t>(s), q, k)) bits[k / 32] |= static_cast<int32_t>(1u << (k % 32));
+        }
+        tree_lag_ = std::max(tree_lag_, context_[t] - 1 - positions_[t]);
+      }
+    }
   }
 
   void upload_metadata() {
@@ -830,6 +879,12 @@ class cuda_executor final : public executor {
     att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
+    if (!tree_root_.empty()) {
+      att.tree.root = meta_ptr(meta_tree_root_);
+      att.tree.positions = meta_ptr(meta_positions_);
+      att.tree.mask_offset = meta_ptr(meta_tree_offset_);
+      att.tree.mask = reinterpret_cast<const uint32_t*>(meta_ptr(meta_tree_mask_));
+    }
 
     gpu::prefill_attention_args<T> pre;
     pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
@@ -1069,11 +1124,14 @@ class cuda_executor final : public executor {
   int32_t num_prefill_tokens_ = 0;              // the step's last rows, handled by prefill_attention
   std::vector<gpu::prefill_tile> prefill_chunks_, prefill_tiles_;
   std::vector<int32_t> row_order_, row_scratch_;
+  // Token trees (plan_trees): per token, then the ancestor bits; the most a row's slot exceeds its position.
+  std::vector<int32_t> tree_root_, tree_mask_offset_, tree_mask_;
+  int32_t tree_lag_ = 0;
   // Embeddings and prompt logprobs: the rows of a group, their normed rows and their logits.
   pinned_buffer aux_rows_host_, pooled_host_, score_logits_host_;
   device_buffer aux_rows_dev_, pooled_dev_, score_x_, score_logits_;
   meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,
-      meta_copies_, meta_tiles_;
+      meta_copies_, meta_tiles_, meta_tree_root_, meta_tree_offset_, meta_tree_mask_;
   size_t meta_size_ = 0;
   pinned_buffer meta_host_;
   device_buffer meta_dev_;

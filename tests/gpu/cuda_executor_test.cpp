@@ -29,6 +29,7 @@
 #include "engine/model/model_loader.hpp"
 #include "engine/model/rope.hpp"
 #include "gpu/kernels.hpp"
+#include "tests/support/ngram_speculation.hpp"
 #include "tests/support/scripted_constraints.hpp"
 #include "tests/support/step_slices.hpp"
 #include "tests/support/tiny_model.hpp"
@@ -836,6 +837,100 @@ TEST_P(CudaTinyModel, GreedyThroughTheEngineEqualsTheCpuExecutor) {
       for (size_t i = 0; i < w.logprobs.size(); ++i) EXPECT_NEAR(g.logprobs[i], w.logprobs[i], 1e-4f) << i;
     }
   }
+}
+
+// Token trees (sequence_slice::tree_parents) on every architecture: each row of a 15-node tree, 10
+// deep (deeper than the Mistral and Gemma windows of 8), equals the exact CPU executor's last row of
+// its branch run as a plain chain after the same context. The tree shares its step with another
+// sequence's prompt chunk, which the CUDA executor moves behind it (the prefill kernel), so the rows'
+// reordering and the tree's root row are checked too.
+TEST_P(CudaTinyModel, TokenTreeRowsEqualTheirBranchesAsChainsOnTheCpuExecutor) {
+  const fixture_case c = GetParam();
+  const kv_cache_spec kv = test_support::kv_pool(16, 0);
+  const auto cuda = gpu(kv);
+  ASSERT_TRUE(cuda->verifies_token_trees());
+  const auto cpu = cpu_exact(model_.weights, kv);
+  const int32_t vocab = model_.weights->config.vocab_size;
+  const std::vector<token_id> context = tokens(37, 3, vocab), other = tokens(21, 4, vocab);
+  const std::vector<int32_t> parents{-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 11, 2, 5};
+  const std::vector<token_id> nodes = tokens(static_cast<int32_t>(parents.size()), 9, vocab);
+  const auto n = static_cast<int32_t>(context.size());
+  step_batch prefill;
+  prefill.seqs.push_back(slice(1, context, 0, {0, 1, 2, 3}, sequence_slice::logits_mode::none));
+  step_output ignored;
+  cuda->execute(prefill, ignored);
+  step_batch step;
+  step.seqs.push_back(slice(2, other, 0, {4, 5}, sequence_slice::logits_mode::last));  // the prompt chunk
+  step.seqs.push_back(slice(1, nodes, n, {0, 1, 2, 3}, sequence_slice::logits_mode::all));
+  step.seqs.back().tree_parents = parents;
+  step_output tree;
+  cuda->execute(step, tree);
+  ASSERT_EQ(tree.num_rows[1], static_cast<int32_t>(nodes.size()));
+  const float tolerance = c.dtype == cuda_dtype::f32 ? kFixtureF32Tolerance : kFixtureBf16Tolerance;
+  double worst = 0;
+  for (size_t x = 0; x < nodes.size(); ++x) {
+    std::vector<token_id> chain;
+    for (int32_t at = static_cast<int32_t>(x); at >= 0; at = parents[static_cast<size_t>(at)])
+      chain.insert(chain.begin(), nodes[static_cast<size_t>(at)]);
+    chain.insert(chain.begin(), context.begin(), context.end());
+    step_batch b;
+    b.seqs.push_back(slice(3, chain, 0, {8, 9, 10, 11}, sequence_slice::logits_mode::last));
+    step_output want;
+    cpu->execute(b, want);
+    const auto got = tree.row(tree.first_row[1] + static_cast<int32_t>(x)), ref = want.row(0);
+    float scale = 1.0f, diff = 0.0f;
+    for (size_t v = 0; v < ref.size(); ++v) {
+      scale = std::max(scale, std::fabs(ref[v]));
+      diff = std::max(diff, std::fabs(got[v] - ref[v]));
+    }
+    worst = std::max(worst, double(diff / scale));
+    EXPECT_LE(diff, tolerance * scale) << c.arch << ": node " << x << " (chain of " << chain.size() << ")";
+  }
+  std::printf("  %s %s: tree rows within %.3g of the logit scale of their chains\n", c.arch,
+              c.dtype == cuda_dtype::f32 ? "f32" : "bf16", worst);
+}
+
+// N-gram token trees (4 branches) through the engine on the CUDA executor: the greedy tokens of plain
+// decoding, for three sequences together (so the trees share steps), with drafts accepted and every
+// block free after. fp32 only (bf16's near-ties may part either run from the exact tokens).
+TEST_P(CudaTinyModel, NgramTokenTreesThroughTheEngineGiveThePlainGreedyTokens) {
+  if (GetParam().dtype != cuda_dtype::f32) GTEST_SKIP() << "fp32 only";
+  const int32_t vocab = model_.weights->config.vocab_size;
+  std::vector<std::vector<token_id>> prompts;
+  for (int32_t i = 0; i < 3; ++i) {
+    const std::vector<token_id> unit = tokens(3 + i, 30 + i, vocab);
+    std::vector<token_id> p;
+    for (int32_t r = 0; r < 6; ++r) p.insert(p.end(), unit.begin(), unit.end());
+    prompts.push_back(std::move(p));
+  }
+  auto run = [&](bool speculate, uint64_t& accepted) {
+    engine_options eo = chunked_engine_options();
+    if (speculate) {
+      eo.speculative = test_support::ngram_speculation(4, 16);
+      eo.speculative.ngram.branches = 4;
+    }
+    const auto cuda = gpu(test_support::kv_pool(32, 0));
+    llm_engine engine(*cuda, nullptr, eo);
+    std::map<request_id, std::vector<token_id>> out;
+    for (const auto& p : prompts) engine.add_request(p, greedy_params(24));
+    while (engine.has_unfinished()) {
+      for (const request_output& o : engine.step()) {
+        EXPECT_TRUE(o.error.empty()) << o.error;
+        out[o.id].insert(out[o.id].end(), o.token_ids.begin(), o.token_ids.end());
+      }
+      EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+    }
+    const block_manager& bm = engine.get_scheduler().blocks();
+    EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+    accepted = engine.stats().num_accepted_draft_tokens;
+    return out;
+  };
+  uint64_t accepted = 0;
+  const auto plain = run(false, accepted);
+  const auto spec = run(true, accepted);
+  EXPECT_EQ(spec, plain) << GetParam().arch;
+  EXPECT_GT(accepted, 0u) << "no draft was accepted: the comparison proves nothing";
+  std::printf("  %s: %llu draft tokens accepted\n", GetParam().arch, static_cast<unsigned long long>(accepted));
 }
 
 // Embeddings (mean and last pooling) and prompt logprobs through the engine on every architecture

@@ -26,6 +26,39 @@ namespace {
 class GpuKernels : public device_fixture<> {
  protected:
   static bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
+
+  // The executor's split-KV plan for queries walking `walk` positions, or `forced_splits` (> 1) splits.
+  template <class Args>
+  void plan_split(Args& a, int32_t num_kv_heads, int32_t head_dim, int32_t walk, int32_t forced_splits) {
+    split_plan plan = plan_attention_split(a.num_tokens, num_kv_heads, walk, 132);
+    if (forced_splits > 1) plan = {forced_splits, (walk + forced_splits - 1) / forced_splits};
+    a.num_splits = plan.num_splits;
+    a.partition_size = plan.partition_size;
+    if (plan.num_splits > 1)
+      a.workspace = alloc(size_t(attention_workspace_floats(a.num_tokens, a.num_heads, head_dim, plan.num_splits)));
+  }
+
+  // paged_attention over `kv` as an f32 or a bf16 cache (`fill` sets every other argument), as floats.
+  template <class Fill>
+  std::vector<float> run_paged_attention(bool bf16_cache, const std::vector<float>& kv, size_t out_elems,
+                                         const Fill& fill) {
+    if (bf16_cache) {
+      paged_attention_args<bf16> a;
+      fill(a);
+      a.kv_cache = as_bf16(upload(to_bf16(kv)));
+      uint16_t* out = alloc<uint16_t>(out_elems);
+      a.out = as_bf16(out);
+      paged_attention(a, nullptr);
+      return from_bf16(download(out, out_elems));
+    }
+    paged_attention_args<float> a;
+    fill(a);
+    a.kv_cache = upload(kv);
+    float* out = alloc(out_elems);
+    a.out = out;
+    paged_attention(a, nullptr);
+    return download(out, out_elems);
+  }
 };
 
 TEST_F(GpuKernels, EmbeddingGatherMatchesCpu) {
@@ -412,32 +445,9 @@ TEST_P(GpuAttention, MatchesCpuReference) {
     a.softcap = c.softcap;
     a.window = c.window;
     // As the executor: a sliding-window layer's queries walk at most `window` positions.
-    const int32_t walk = c.window > 0 ? std::min(301, c.window) : 301;
-    split_plan plan = plan_attention_split(T, c.num_kv_heads, walk, 132);
-    if (c.num_splits > 1) plan = {c.num_splits, (walk + c.num_splits - 1) / c.num_splits};
-    a.num_splits = plan.num_splits;
-    a.partition_size = plan.partition_size;
-    if (plan.num_splits > 1)
-      a.workspace = alloc(size_t(attention_workspace_floats(T, c.num_heads, c.head_dim, plan.num_splits)));
+    plan_split(a, c.num_kv_heads, c.head_dim, c.window > 0 ? std::min(301, c.window) : 301, c.num_splits);
   };
-  std::vector<float> got;
-  if (c.bf16) {
-    paged_attention_args<bf16> a;
-    fill(a);
-    a.kv_cache = as_bf16(upload(to_bf16(kv)));
-    uint16_t* out = alloc<uint16_t>(out_elems);
-    a.out = as_bf16(out);
-    paged_attention(a, nullptr);
-    got = from_bf16(download(out, out_elems));
-  } else {
-    paged_attention_args<float> a;
-    fill(a);
-    a.kv_cache = upload(kv);
-    float* out = alloc(out_elems);
-    a.out = out;
-    paged_attention(a, nullptr);
-    got = download(out, out_elems);
-  }
+  const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
   const double tol = c.bf16 ? 1e-2 : 2e-5;
   for (size_t i = 0; i < out_elems; ++i)
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
@@ -463,6 +473,141 @@ INSTANTIATE_TEST_SUITE_P(
                       attention_case{256, 8, 4, false, 0, false, 0, 3.0f},
                       attention_case{64, 4, 1, true, 3, false, 24, 3.0f}, attention_case{32, 4, 1, false, 0, false},
                       attention_case{32, 16, 2, true, 2, true, 50, 3.0f}));
+
+// ---- token trees (tree_attention_view) ------------------------------------------------------------
+
+struct tree_case {
+  int32_t window;      // 0: full attention
+  int32_t num_splits;  // 0: the executor's plan; > 1 forced
+  bool bf16;
+  float softcap = 0.0f;
+};
+
+void PrintTo(const tree_case& c, std::ostream* os) {
+  *os << "window" << c.window << "_splits" << c.num_splits << (c.bf16 ? "_bf16" : "_f32")
+      << (c.softcap > 0 ? "_softcap" : "");
+}
+
+class GpuTreeAttention : public GpuKernels, public ::testing::WithParamInterface<tree_case> {};
+
+// Two token trees after cached contexts and a plain decode token between them. Tree A (200 rows after
+// 100 positions): a chain of 5 under the root, 184 leaves under the root, then a chain of 10 under
+// row 5, so the deep rows' slots (up to 299) lie far past their positions (up to 116) and, split in 4,
+// a whole partition of theirs holds only masked slots. Tree B (40 rows, two mask words) has random
+// parents. Each row must equal attention over exactly its context (within its window) and its
+// ancestors' slots (those inside its window), in order of slot.
+TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
+  const tree_case c = GetParam();
+  const int32_t head_dim = 64, num_heads = 8, num_kv_heads = 2;
+  ref::kv_geometry g{2, num_kv_heads, 16, head_dim};
+  const int32_t layer = 1;
+  struct slice {
+    int32_t context;
+    std::vector<int32_t> parents;  // empty: one plain decode token at position `context`
+  };
+  std::vector<int32_t> parents_a{-1, 0, 1, 2, 3, 4};
+  while (parents_a.size() < 190) parents_a.push_back(0);
+  parents_a.push_back(5);
+  while (parents_a.size() < 200) parents_a.push_back(static_cast<int32_t>(parents_a.size()) - 1);
+  std::vector<int32_t> parents_b{-1};
+  std::mt19937 rng(5);
+  while (parents_b.size() < 40) parents_b.push_back(static_cast<int32_t>(rng() % parents_b.size()));
+  const std::vector<slice> slices{{100, parents_a}, {57, {}}, {33, parents_b}};
+  int32_t widest = 0;
+  for (const slice& sl : slices)
+    widest = std::max(widest, sl.context + std::max<int32_t>(1, static_cast<int32_t>(sl.parents.size())));
+  const int32_t max_blocks = (widest + 15) / 16;
+  const auto num_seqs = static_cast<int32_t>(slices.size());
+  const int32_t num_blocks = num_seqs * max_blocks + 3;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(17));
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * max_blocks));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = perm[i];
+
+  // Per token: context length (slot + 1), sequence, position, root row, ancestor bits; the reference's keys.
+  std::vector<int32_t> context, token_seq, positions, roots, offsets, mask_words;
+  std::vector<std::vector<int32_t>> keys;
+  int32_t lag = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const slice& sl = slices[static_cast<size_t>(s)];
+    const int32_t root = static_cast<int32_t>(context.size());
+    const auto n = static_cast<int32_t>(std::max<size_t>(1, sl.parents.size()));
+    std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+    for (int32_t r = 0; r < n; ++r) {
+      const int32_t parent = sl.parents.empty() ? -1 : sl.parents[static_cast<size_t>(r)];
+      depth[static_cast<size_t>(r)] = parent < 0 ? 0 : depth[static_cast<size_t>(parent)] + 1;
+      const int32_t pos = sl.context + depth[static_cast<size_t>(r)], slot = sl.context + r;
+      context.push_back(slot + 1);
+      token_seq.push_back(s);
+      positions.push_back(pos);
+      roots.push_back(sl.parents.empty() ? -1 : root);
+      offsets.push_back(static_cast<int32_t>(mask_words.size()));
+      lag = std::max(lag, slot - pos);
+      auto in_window = [&](int32_t key_pos) { return c.window <= 0 || key_pos > pos - c.window; };
+      std::vector<int32_t> k;
+      for (int32_t j = 0; j < sl.context; ++j)
+        if (in_window(j)) k.push_back(j);
+      std::vector<bool> ancestor(static_cast<size_t>(n), false);
+      for (int32_t a = r; a >= 0; a = sl.parents.empty() ? -1 : sl.parents[static_cast<size_t>(a)])
+        ancestor[static_cast<size_t>(a)] = true;
+      std::vector<int32_t> words(static_cast<size_t>((n + 31) / 32), 0);
+      for (int32_t a = 0; a < n; ++a) {
+        if (!ancestor[static_cast<size_t>(a)]) continue;
+        words[static_cast<size_t>(a / 32)] |= static_cast<int32_t>(1u << (a % 32));
+        if (in_window(sl.context + depth[static_cast<size_t>(a)])) k.push_back(sl.context + a);
+      }
+      if (!sl.parents.empty()) mask_words.insert(mask_words.end(), words.begin(), words.end());
+      keys.push_back(std::move(k));
+    }
+  }
+  const auto T = static_cast<int32_t>(context.size());
+  const int64_t q_stride = int64_t{num_heads} * head_dim;
+  auto q = random_floats(size_t(T) * q_stride, 22, c.softcap > 0 ? 2.0f : 1.0f);
+  auto kv = random_floats(size_t(num_blocks) * g.block_elems(), 23);
+  if (c.bf16) kv = round_bf16(kv);
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  const auto want =
+      ref::attention_over(q, q_stride, kv, g, layer, num_heads, keys, token_seq, tables, max_blocks, scale, c.softcap);
+
+  const size_t out_elems = size_t(T) * num_heads * head_dim;
+  auto fill = [&](auto& a) {
+    a.out_stride = q_stride;
+    a.q = upload(q);
+    a.q_stride = q_stride;
+    a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
+    a.layer = layer;
+    a.num_heads = num_heads;
+    a.num_tokens = T;
+    a.context_lens = upload(context);
+    a.token_seq = upload(token_seq);
+    a.block_tables = upload(tables);
+    a.max_blocks_per_seq = max_blocks;
+    a.scale = scale;
+    a.softcap = c.softcap;
+    a.window = c.window;
+    a.tree.root = upload(roots);
+    a.tree.positions = upload(positions);
+    a.tree.mask_offset = upload(offsets);
+    a.tree.mask = reinterpret_cast<const uint32_t*>(upload(mask_words));
+    // As the executor: a tree row walks from its window's start to its slot.
+    plan_split(a, num_kv_heads, head_dim, c.window > 0 ? std::min(widest, c.window + lag) : widest, c.num_splits);
+  };
+  const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
+  const double tol = c.bf16 ? 1e-2 : 2e-5;
+  for (size_t i = 0; i < out_elems; ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+        << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")";
+}
+
+// Full attention, a window of 24 (it cuts into every context) and one of 8 (shorter than tree A's
+// depth of 15: the deep rows lose their oldest ancestors); unsplit and split (tree A's deep rows then
+// have partitions of masked slots only); f32, bf16 and soft-capped. Unsplit with the window of 8, a
+// deep row's walk (from position 108) starts with a whole tile of masked slots before its visible ones.
+INSTANTIATE_TEST_SUITE_P(Trees, GpuTreeAttention,
+                         ::testing::Values(tree_case{0, 0, false}, tree_case{0, 4, false}, tree_case{24, 0, false},
+                                           tree_case{8, 0, false}, tree_case{24, 4, true}, tree_case{8, 3, false, 3.0f},
+                                           tree_case{0, 4, true, 3.0f}));
 
 TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
   paged_attention_args<float> a;

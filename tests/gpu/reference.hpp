@@ -97,51 +97,63 @@ inline void rope_kv_write(std::vector<float>& qkv, int64_t stride, std::vector<f
   }
 }
 
-// Causal softmax attention of each token over positions [0, context_lens[t]) of its sequence (the last
-// `window` of them when window > 0), read through the block table; in double. Scores are
-// softcap * tanh(s / softcap) when softcap > 0 (Gemma 2). out [tokens, num_heads * head_dim].
-inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
-                                          const kv_geometry& g, int32_t layer, int32_t num_heads,
-                                          const std::vector<int32_t>& context_lens,
-                                          const std::vector<int32_t>& token_seq, const std::vector<int32_t>& tables,
-                                          int32_t max_blocks, float scale, float softcap = 0.0f, int32_t window = 0) {
+// Softmax attention of each token t over the cache slots keys[t] of its sequence (positions read
+// through the block table), in double. Scores are softcap * tanh(s / softcap) when softcap > 0
+// (Gemma 2). out [tokens, num_heads * head_dim].
+inline std::vector<float> attention_over(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
+                                         const kv_geometry& g, int32_t layer, int32_t num_heads,
+                                         const std::vector<std::vector<int32_t>>& keys,
+                                         const std::vector<int32_t>& token_seq, const std::vector<int32_t>& tables,
+                                         int32_t max_blocks, float scale, float softcap = 0.0f) {
   const int32_t hd = g.head_dim;
   const int32_t group = num_heads / g.num_kv_heads;
-  std::vector<float> out(context_lens.size() * static_cast<size_t>(num_heads) * static_cast<size_t>(hd));
+  std::vector<float> out(keys.size() * static_cast<size_t>(num_heads) * static_cast<size_t>(hd));
   std::vector<double> scores;
-  for (size_t t = 0; t < context_lens.size(); ++t) {
-    const int32_t n = context_lens[t];
-    const int32_t first = window > 0 ? std::max(0, n - window) : 0;
+  for (size_t t = 0; t < keys.size(); ++t) {
     const int32_t* table = tables.data() + static_cast<int64_t>(token_seq[t]) * max_blocks;
+    auto at = [&](int32_t j, int32_t kind, int32_t kvh) {
+      return kv.data() + g.offset(table[j / g.block_size], layer, kind, kvh, j % g.block_size);
+    };
     for (int32_t h = 0; h < num_heads; ++h) {
       const float* qh = q.data() + static_cast<int64_t>(t) * q_stride + int64_t{h} * hd;
       const int32_t kvh = h / group;
-      scores.assign(static_cast<size_t>(n), 0.0);
+      scores.clear();
       double mx = -1e300;
-      for (int32_t j = first; j < n; ++j) {
-        const float* k = kv.data() + g.offset(table[j / g.block_size], layer, 0, kvh, j % g.block_size);
+      for (const int32_t j : keys[t]) {
+        const float* k = at(j, 0, kvh);
         double s = 0;
         for (int32_t d = 0; d < hd; ++d) s += double(qh[d]) * k[d];
         s *= scale;
         if (softcap > 0) s = softcap * std::tanh(s / softcap);
-        scores[static_cast<size_t>(j)] = s;
+        scores.push_back(s);
         mx = std::max(mx, s);
       }
       double sum = 0;
-      for (int32_t j = first; j < n; ++j)
-        sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
+      for (double& s : scores) sum += (s = std::exp(s - mx));
       float* o = out.data() + (static_cast<int64_t>(t) * num_heads + h) * hd;
       for (int32_t d = 0; d < hd; ++d) {
         double acc = 0;
-        for (int32_t j = first; j < n; ++j) {
-          acc += scores[static_cast<size_t>(j)] *
-                 kv[static_cast<size_t>(g.offset(table[j / g.block_size], layer, 1, kvh, j % g.block_size) + d)];
-        }
+        for (size_t i = 0; i < scores.size(); ++i) acc += scores[i] * at(keys[t][i], 1, kvh)[d];
         o[d] = static_cast<float>(acc / sum);
       }
     }
   }
   return out;
+}
+
+// Causal softmax attention of each token over positions [0, context_lens[t]) of its sequence (the last
+// `window` of them when window > 0): attention_over those positions.
+inline std::vector<float> paged_attention(const std::vector<float>& q, int64_t q_stride, const std::vector<float>& kv,
+                                          const kv_geometry& g, int32_t layer, int32_t num_heads,
+                                          const std::vector<int32_t>& context_lens,
+                                          const std::vector<int32_t>& token_seq, const std::vector<int32_t>& tables,
+                                          int32_t max_blocks, float scale, float softcap = 0.0f, int32_t window = 0) {
+  std::vector<std::vector<int32_t>> keys(context_lens.size());
+  for (size_t t = 0; t < context_lens.size(); ++t) {
+    const int32_t n = context_lens[t];
+    for (int32_t j = window > 0 ? std::max(0, n - window) : 0; j < n; ++j) keys[t].push_back(j);
+  }
+  return attention_over(q, q_stride, kv, g, layer, num_heads, keys, token_seq, tables, max_blocks, scale, softcap);
 }
 
 }  // namespace tessera::gpu::ref
