@@ -231,6 +231,11 @@ void engine_flags::add_to(CLI::App& cmd) {
                  "--speculative draft: KV blocks of the draft model's own pool (0: as --kv-cache-memory allows, "
                  "at most the target's)")
       ->check(CLI::Range(0, 1 << 24));
+  cmd.add_option("--draft-sampling", draft_sampling,
+                 "--speculative draft, requests that sample: sample (drafts drawn from the draft model's "
+                 "distribution, verified with min(1, p/q)) | argmax (greedy drafts: fewer accepted, but seeded "
+                 "output is plain decoding's token for token)")
+      ->check(CLI::IsMember({"sample", "argmax"}));
   cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
       ->check(CLI::Range(1, 64));
@@ -278,6 +283,7 @@ engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<exec
   options.speculative.ngram = {.min_n = flags.ngram_min, .max_n = flags.ngram_max, .branches = flags.ngram_branches};
   options.speculative.max_batch = flags.speculative_max_batch;
   options.speculative.draft_executor = std::move(draft_exec);
+  options.speculative.draft.sample = flags.draft_sampling != "argmax";
   try {
     options.speculative.validate();
   } catch (const invalid_request& e) { throw invalid_request(std::string("--speculative: ") + e.what()); }

@@ -43,11 +43,12 @@ struct engine_flags {
   bool cuda_graphs = false;                // CUDA: replay decode steps from captured graphs (not yet verified)
   bool quiet = false;                      // no progress/stats on stderr
   // Speculative decoding (docs/speculative.md).
-  std::string speculative = "off";  // off | ngram | draft
-  int num_speculative_tokens = 4;   // draft tokens per sequence and step
-  std::string draft_model;          // --speculative draft: the draft model (.gguf or HF directory)
-  int draft_num_kv_blocks = 0;      // the draft model's own KV pool; 0: as --kv-cache-memory allows
-  int ngram_min = 1;                // n-gram prompt lookup: shortest and longest suffix matched
+  std::string speculative = "off";        // off | ngram | draft
+  int num_speculative_tokens = 4;         // draft tokens per sequence and step
+  std::string draft_model;                // --speculative draft: the draft model (.gguf or HF directory)
+  int draft_num_kv_blocks = 0;            // the draft model's own KV pool; 0: as --kv-cache-memory allows
+  std::string draft_sampling = "sample";  // sample | argmax: how the draft model drafts for requests that sample
+  int ngram_min = 1;                      // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
   int ngram_branches = 1;          // n-gram continuations merged into a token tree (1: a chain)
   int speculative_max_batch = 8;   // decoding sequences above which a step does not speculate

@@ -686,6 +686,7 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
   std::vector<int32_t> parents;  // a token tree's (never a constrained request's: propose_drafts)
   if (!s.seq->draft_parents.empty())
     parents.assign(s.seq->draft_parents.begin(), s.seq->draft_parents.begin() + s.num_draft_tokens);
+  const std::vector<float> q = std::move(s.seq->draft_probs);  // a sampled chain's q rows
   // Structured output: row 0's mask came from the grammar workers; row j's needs the grammar advanced
   // over draft[0, j), so the matcher walks the draft here, filling each next mask, and is rolled back.
   // A draft token the grammar refuses can never be drawn (its row masks it): the draft is cut there.
@@ -718,7 +719,9 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
     accept_token(r, c, res, out);
     return !c.finished;
   };
-  if (parents.empty()) {
+  if (!q.empty()) {
+    ctx.accepted[i] = verify_sampled_draft(c.samp, draft, q, row, commit);
+  } else if (parents.empty()) {
     ctx.accepted[i] = verify_draft(c.samp, draft, row, commit);
   } else {
     // Only the accepted nodes 0, 1, ... have their K/V at their own positions; a branch taken after
@@ -757,34 +760,34 @@ void llm_engine::propose_drafts() {
     const int32_t room = std::min(r.params.max_tokens - c.num_generated, sched_.max_seq_len() - s->num_tokens()) - 1;
     const int32_t k = std::min(options_.speculative.num_tokens, room);
     if (k <= 0) continue;
-    requests.push_back({s->id, s->tokens, k});
+    draft_request q{s->id, s->tokens, k};
+    if (!r.params.greedy()) {
+      q.sampling = &r.params;
+      q.stream_key = c.samp.stream_key();
+      q.position = static_cast<uint64_t>(c.samp.num_generated());
+    }
+    requests.push_back(q);
     seqs.push_back(s);
   }
   if (requests.empty()) return;
   // One call for the whole step: a draft model batches its forward passes across these sequences.
-  if (!exec_.verifies_token_trees()) {
-    std::vector<std::vector<token_id>> drafts = proposer_->propose(requests);
-    for (size_t i = 0; i < seqs.size() && i < drafts.size(); ++i) {
-      seqs[i]->draft = std::move(drafts[i]);
-      proposed_.push_back(seqs[i]->id);
-    }
-    return;
-  }
-  std::vector<draft_tree> trees = proposer_->propose_trees(requests);
-  for (size_t i = 0; i < seqs.size() && i < trees.size(); ++i) {
+  std::vector<draft_proposal> proposals = proposer_->propose(requests);
+  for (size_t i = 0; i < seqs.size() && i < proposals.size(); ++i) {
     sequence& s = *seqs[i];
-    s.draft = std::move(trees[i].tokens);
-    s.draft_parents = std::move(trees[i].parents);
-    // Structured output walks the grammar along one chain (verify_sequence): such a request verifies
-    // the tree's first branch only.
+    draft_proposal& d = proposals[i];
+    // A tree's first branch, nodes 0 .. : what an executor that does not verify trees gets, and what a
+    // request with structured output verifies (verify_sequence walks the grammar along one chain).
     const choice_ref* owner = owner_of(s.id);
-    if (!s.draft_parents.empty() &&
-        requests_.at(owner->request).choices[static_cast<size_t>(owner->index)]->constraint) {
+    if (!d.parents.empty() && (!exec_.verifies_token_trees() ||
+                               requests_.at(owner->request).choices[static_cast<size_t>(owner->index)]->constraint)) {
       size_t chain = 0;
-      while (chain < s.draft_parents.size() && s.draft_parents[chain] == static_cast<int32_t>(chain) - 1) ++chain;
-      s.draft.resize(chain);
-      s.draft_parents.clear();
+      while (chain < d.parents.size() && d.parents[chain] == static_cast<int32_t>(chain) - 1) ++chain;
+      d.tokens.resize(chain);
+      d.parents.clear();
     }
+    s.draft = std::move(d.tokens);
+    s.draft_parents = std::move(d.parents);
+    s.draft_probs = std::move(d.probs);
     proposed_.push_back(s.id);
   }
 }

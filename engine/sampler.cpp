@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace tessera {
@@ -232,24 +233,24 @@ token_id pick(std::vector<candidate>& cands, size_t vocab, double uniform) {
       total, uniform);
 }
 
-// Sampling without top-k/top-p (min-p at most): weights in place, in id order, no candidate list.
-token_id sample_whole_vocabulary(std::span<float> work, float min_p, double uniform) {
+// Without top-k/top-p (min-p at most): the processed logits in `work` become their weights, in place,
+// in id order, no candidate list. Returns their total (0: every logit is -inf).
+double whole_vocabulary_weights(std::span<float> work, float min_p) {
   float max_logit = neg_inf;
   for (float l : work) max_logit = l > max_logit ? l : max_logit;
-  if (max_logit == neg_inf) return -1;
+  if (max_logit == neg_inf) return 0.0;
   double total = 0.0;
   for (float& l : work) {
     const float w = candidate_weight(l, max_logit);  // -inf: 0; the top token: exactly 1
     l = w >= min_p ? w : 0.0f;                       // min-p (p / p_max == w); NaN: 0
     total += l;
   }
-  return pick_weights(work, total, uniform);
+  return total;
 }
 
-// Top-k, then top-p on the top-k distribution, then min-p; `work` holds processed logits.
-token_id sample_truncated(std::span<const float> work, const sampling_params& params, double uniform) {
-  thread_local std::vector<candidate> tls_cands;
-  std::vector<candidate>& cands = tls_cands;
+// Top-k, then top-p on the top-k distribution, then min-p, over the processed logits in `work`: the
+// surviving candidates with their weights in `cands` (empty: every logit is -inf).
+void truncated_candidates(std::span<const float> work, const sampling_params& params, std::vector<candidate>& cands) {
   const size_t vocab = work.size();
   const auto top_k = static_cast<size_t>(std::max(params.top_k, 0));
   if (top_k > 0 && top_k <= 256) {
@@ -262,7 +263,7 @@ token_id sample_truncated(std::span<const float> work, const sampling_params& pa
       if (work[i] > neg_inf) cands.push_back({work[i], static_cast<token_id>(i)});
     }
   }
-  if (cands.empty()) return -1;
+  if (cands.empty()) return;
 
   float max_logit = neg_inf;
   for (const candidate& c : cands) max_logit = std::max(max_logit, c.score);
@@ -282,10 +283,67 @@ token_id sample_truncated(std::span<const float> work, const sampling_params& pa
     // top-k and top-p.
     std::erase_if(cands, [&](const candidate& c) { return c.score < params.min_p; });
   }
-  return pick(cands, vocab, uniform);
+}
+
+bool truncates(const sampling_params& params, size_t vocab) {
+  return (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) || params.top_p < 1.0f;
+}
+
+// Entry i of masked_row().
+float masked_logit(std::span<const float> logits, std::span<const uint32_t> allowed, size_t i) {
+  return !allowed.empty() && !((allowed[i / 32] >> (i % 32)) & 1u) ? neg_inf : sanitize(logits[i]);
+}
+
+// The sanitized row with the grammar's disallowed tokens at -inf (`allowed`: a packed bitmask, empty
+// for none), in a vocabulary-sized scratch row of this thread: the constrained model's distribution,
+// which sampling and the reported logprobs start from.
+std::vector<float>& masked_row(std::span<const float> logits, std::span<const uint32_t> allowed) {
+  const size_t vocab = logits.size();
+  if (vocab == 0) throw std::invalid_argument("sampler: empty logits row");
+  if (!allowed.empty() && allowed.size() < (vocab + 31) / 32) {
+    throw std::invalid_argument("sampler: the allowed-token mask is shorter than the vocabulary");
+  }
+  thread_local std::vector<float> tls_work;
+  std::vector<float>& work = tls_work;
+  work.resize(vocab);
+  for (size_t i = 0; i < vocab; ++i) work[i] = masked_logit(logits, allowed, i);
+  return work;
 }
 
 }  // namespace
+
+token_id draw_from(std::span<const float> probs, double uniform) {
+  double total = 0.0;
+  for (float p : probs) total += p;
+  return pick_weights(probs, total, uniform);
+}
+
+bool processed_distribution(std::span<const float> processed, const sampling_params& params,
+                            std::vector<float>& probs) {
+  const size_t vocab = processed.size();
+  probs.assign(vocab, 0.0f);
+  if (params.greedy()) {
+    const token_id t = argmax(processed);
+    if (!(processed[static_cast<size_t>(t)] > neg_inf)) return false;
+    probs[static_cast<size_t>(t)] = 1.0f;
+    return true;
+  }
+  double total = 0.0;
+  if (truncates(params, vocab)) {
+    thread_local std::vector<candidate> tls_cands;
+    std::vector<candidate>& cands = tls_cands;
+    truncated_candidates(processed, params, cands);
+    for (const candidate& c : cands) total += probs[static_cast<size_t>(c.id)] = c.score;
+  } else {
+    std::copy(processed.begin(), processed.end(), probs.begin());
+    total = whole_vocabulary_weights(probs, params.min_p);
+  }
+  if (!(total > 0.0)) return false;
+  for (float& p : probs) p = static_cast<float>(p / total);
+  return true;
+}
+
+namespace {}  // namespace
 
 uint64_t sampler::derive_stream_key(uint64_t seed, uint64_t fork_index) {
   return sampling_math::derive_stream_key(seed, fork_index);
@@ -369,32 +427,21 @@ raw_logprobs compute_raw_logprobs(std::span<const float> row, size_t top_k) {
   return out;
 }
 
+// Reports the raw distribution's top logprobs into `result` when the request asks for logprobs;
+// returns its log normalizer (what a token's logprob is taken against).
+double sampler::report_top_logprobs(std::span<const float> masked, sample_result& result) const {
+  if (params_.logprobs < 0) return 0.0;
+  raw_logprobs raw_lp = compute_raw_logprobs(masked, static_cast<size_t>(params_.logprobs));
+  result.top_logprobs = std::move(raw_lp.top);
+  return raw_lp.log_normalizer;
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const uint32_t> allowed) {
-  if (logits.empty()) throw std::invalid_argument("sampler::sample: empty logits row");
-  const size_t vocab = logits.size();
-  if (!allowed.empty() && allowed.size() < (vocab + 31) / 32) {
-    throw std::invalid_argument("sampler::sample: the allowed-token mask is shorter than the vocabulary");
-  }
-
-  // The logits as the model gave them, sanitized, with the grammar's disallowed tokens at -inf: the
-  // constrained model's distribution, which everything below (raw logprobs included) starts from.
-  const auto raw = [&](size_t i) {
-    if (!allowed.empty() && !((allowed[i / 32] >> (i % 32)) & 1u)) return neg_inf;
-    return sanitize(logits[i]);
-  };
-  thread_local std::vector<float> tls_work;  // a vocabulary-sized scratch row per thread
-  std::vector<float>& work = tls_work;
-  work.resize(vocab);
-  for (size_t i = 0; i < vocab; ++i) work[i] = raw(i);
-
+  std::vector<float>& work = masked_row(logits, allowed);
+  const size_t vocab = work.size();
   // Reported logprobs come from the raw distribution, so take them before any processing.
   sample_result result;
-  double log_normalizer = 0.0;
-  if (params_.logprobs >= 0) {
-    raw_logprobs raw_lp = compute_raw_logprobs(work, static_cast<size_t>(params_.logprobs));
-    log_normalizer = raw_lp.log_normalizer;
-    result.top_logprobs = std::move(raw_lp.top);
-  }
+  const double log_normalizer = report_top_logprobs(work, result);
 
   process_logits(work);
 
@@ -403,21 +450,44 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const uin
     if (!(work[static_cast<size_t>(result.token)] > neg_inf)) result.token = -1;
   } else {
     const double uniform = uniform_draw(stream_key_, static_cast<uint64_t>(num_generated_));
-    const bool truncating = (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) || params_.top_p < 1.0f;
-    result.token =
-        truncating ? sample_truncated(work, params_, uniform) : sample_whole_vocabulary(work, params_.min_p, uniform);
+    if (truncates(params_, vocab)) {
+      thread_local std::vector<candidate> tls_cands;
+      truncated_candidates(work, params_, tls_cands);
+      result.token = tls_cands.empty() ? -1 : pick(tls_cands, vocab, uniform);
+    } else {
+      result.token = pick_weights(work, whole_vocabulary_weights(work, params_.min_p), uniform);
+    }
   }
   // Everything was masked (e.g. min_tokens over a vocabulary of stop tokens): fall back to the raw
   // argmax (within the grammar's tokens) rather than fail the request.
-  if (result.token < 0) {
-    for (size_t i = 0; i < vocab; ++i) work[i] = raw(i);
-    result.token = argmax(work);
-  }
+  if (result.token < 0) result.token = argmax(masked_row(logits, allowed));
   if (params_.logprobs >= 0) {
-    result.logprob = static_cast<float>(raw(static_cast<size_t>(result.token)) - log_normalizer);
+    result.logprob =
+        static_cast<float>(masked_logit(logits, allowed, static_cast<size_t>(result.token)) - log_normalizer);
   }
-
   record(result.token);
+  return result;
+}
+
+void sampler::distribution(std::span<const float> logits, std::span<const uint32_t> allowed,
+                           std::vector<float>& probs) const {
+  std::vector<float>& work = masked_row(logits, allowed);
+  process_logits(work);
+  if (processed_distribution(work, params_, probs)) return;
+  // sample()'s fallback when everything was masked: the raw argmax.
+  probs.assign(logits.size(), 0.0f);
+  probs[static_cast<size_t>(argmax(masked_row(logits, allowed)))] = 1.0f;
+}
+
+sample_result sampler::take(std::span<const float> logits, std::span<const uint32_t> allowed, token_id token) {
+  const std::vector<float>& masked = masked_row(logits, allowed);
+  if (token < 0 || static_cast<size_t>(token) >= masked.size())
+    throw std::invalid_argument("sampler::take: token " + std::to_string(token) + " is outside the vocabulary");
+  sample_result result;
+  const double log_normalizer = report_top_logprobs(masked, result);
+  result.token = token;
+  if (params_.logprobs >= 0) result.logprob = static_cast<float>(masked[static_cast<size_t>(token)] - log_normalizer);
+  record(token);
   return result;
 }
 

@@ -44,6 +44,15 @@ struct raw_logprobs {
 };
 raw_logprobs compute_raw_logprobs(std::span<const float> row, size_t top_k);
 
+// The distribution a request with `params` draws from `processed` (logits after its logit processors,
+// temperature included): greedy, its argmax; otherwise top-k, then top-p, then min-p, normalised.
+// Vocabulary-sized probabilities into `probs`; false (probs all 0) when every logit is -inf.
+bool processed_distribution(std::span<const float> processed, const sampling_params& params, std::vector<float>& probs);
+
+// Inverse-CDF draw over `probs` (non-negative weights, any total) in id order with `uniform` in [0, 1);
+// -1 when no weight is positive.
+token_id draw_from(std::span<const float> probs, double uniform);
+
 class sampler {
  public:
   // fork_index: which of the request's n sequences this is (0..n-1); with a seed, fork i's stream is
@@ -63,6 +72,18 @@ class sampler {
   // (the vocabulary-sized scratch buffers are thread_local). Cost: a few linear passes over the
   // vocabulary, no full sort, whatever top-k / top-p are.
   sample_result sample(std::span<const float> logits, std::span<const uint32_t> allowed = {});
+
+  // The distribution sample() draws the next token from, every transform applied (the mask, logit_bias,
+  // min_tokens, penalties, temperature, top-k, top-p, min-p): `probs` becomes vocabulary-sized
+  // probabilities summing to 1 (greedy: 1 on the argmax; sample()'s fallback when everything is masked:
+  // 1 on the raw argmax). Records nothing. Speculative rejection sampling compares it with a draft's
+  // (engine/speculative/verifier.hpp).
+  void distribution(std::span<const float> logits, std::span<const uint32_t> allowed, std::vector<float>& probs) const;
+
+  // Records `token` as the next output token, chosen from `logits` by another rule than sample()'s draw
+  // (speculative rejection sampling), and returns what sample() would have for it: the token with its
+  // raw logprobs. Throws invalid_argument for a token outside the vocabulary.
+  sample_result take(std::span<const float> logits, std::span<const uint32_t> allowed, token_id token);
 
   // Records a token that did NOT come from sample() (e.g. a forced continuation) so penalties and the
   // output position stay right. Never call it for tokens sample() returned: they are recorded already.
@@ -90,6 +111,7 @@ class sampler {
 
  private:
   void record(token_id token);
+  double report_top_logprobs(std::span<const float> masked, sample_result& result) const;
 
   sampling_params params_;
   uint64_t stream_key_ = 0;

@@ -64,14 +64,19 @@ struct sequence {
   // a step is planned. Not part of the sequence: the scheduler verifies (a prefix of) it with the next
   // decode, or drops it; only the tokens the target model accepts are appended to `tokens`.
   std::vector<token_id> draft;
-  // A token tree's shape (engine/speculative/proposer.hpp, draft_tree::parents): draft[i] follows
+  // A token tree's shape (engine/speculative/proposer.hpp, draft_proposal::parents): draft[i] follows
   // draft[draft_parents[i]] (-1: the last token). Empty: the draft is a chain.
   std::vector<int32_t> draft_parents;
+  // A chain drawn from distributions (draft_proposal::probs): draft[j] was drawn from row j (vocabulary-
+  // sized). Empty: point masses.
+  std::vector<float> draft_probs;
   void clear_draft() {
     draft.clear();
     draft_parents.clear();
+    draft_probs.clear();
   }
-  // Keeps the first n draft tokens (parents come before children, so a tree's first n nodes are a tree).
+  // Keeps the first n draft tokens (parents come before children, so a tree's first n nodes are a tree;
+  // a cut chain keeps its first n q rows: the rows past it are never read).
   void cut_draft(size_t n) {
     draft.resize(std::min(draft.size(), n));
     if (!draft_parents.empty()) draft_parents.resize(draft.size());

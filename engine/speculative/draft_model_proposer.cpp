@@ -5,6 +5,8 @@
 #include <string>
 
 #include "engine/base/error.hpp"
+#include "engine/sampler.hpp"
+#include "engine/speculative/verifier.hpp"
 
 namespace tessera {
 
@@ -13,6 +15,11 @@ namespace {
 // Greedy: the lowest id among the largest logits (max_element returns the first).
 token_id argmax(std::span<const float> row) {
   return static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Draws from sampling: non-null and not greedy (greedy params draw the argmax anyway).
+bool samples(const draft_request& r, const draft_model_options& o) {
+  return o.sample && r.sampling != nullptr && !r.sampling->greedy();
 }
 
 block_manager_options pool_options(const executor& exec, const draft_model_options& o) {
@@ -40,6 +47,8 @@ struct draft_model_proposer::active {
   seq_state* state = nullptr;
   std::span<const token_id> tokens;
   int32_t k = 0;
+  const draft_request* request = nullptr;
+  bool samples = false;
 };
 
 draft_model_proposer::draft_model_proposer(std::shared_ptr<executor> exec, int32_t target_vocab,
@@ -57,8 +66,8 @@ draft_model_proposer::draft_model_proposer(std::shared_ptr<executor> exec, int32
                           std::to_string(options.max_batch_tokens));
 }
 
-std::vector<std::vector<token_id>> draft_model_proposer::propose(std::span<const draft_request> requests) {
-  std::vector<std::vector<token_id>> drafts(requests.size());
+std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_request> requests) {
+  std::vector<draft_proposal> drafts(requests.size());
   const int32_t context = exec_->config().context_length;
   std::vector<active> batch;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -86,7 +95,7 @@ std::vector<std::vector<token_id>> draft_model_proposer::propose(std::span<const
       continue;
     }
     if (!copies.empty()) throw std::logic_error("draft_model_proposer: a draft block was shared");
-    batch.push_back({i, r.seq, &st, r.tokens, k});
+    batch.push_back({i, r.seq, &st, r.tokens, k, &r, samples(r, options_)});
   }
   if (batch.empty()) return drafts;
   ++stats_.num_rounds;
@@ -117,15 +126,15 @@ std::vector<std::vector<token_id>> draft_model_proposer::propose(std::span<const
         const sequence_slice& s = step.seqs[j];
         who[j]->state->computed.insert(who[j]->state->computed.end(), s.tokens.begin(), s.tokens.end());
         if (s.logits == sequence_slice::logits_mode::last)
-          drafts[who[j]->index].push_back(argmax(out_.row(out_.first_row[j] + out_.num_rows[j] - 1)));
+          draw(*who[j], out_.row(out_.first_row[j] + out_.num_rows[j] - 1), drafts[who[j]->index]);
       }
     }
-    // 2. Greedy decode: one forward pass per draft position, every sequence that wants more at once.
+    // 2. Decode: one forward pass per draft position, every sequence that wants more at once.
     for (size_t have = 1;; ++have) {
       step_batch step;
       std::vector<const active*> who;
       for (const active& a : batch) {
-        std::vector<token_id>& d = drafts[a.index];
+        const std::vector<token_id>& d = drafts[a.index].tokens;
         if (d.size() != have || static_cast<int32_t>(have) >= a.k) continue;
         sequence_slice s;
         s.seq = a.seq;
@@ -140,7 +149,7 @@ std::vector<std::vector<token_id>> draft_model_proposer::propose(std::span<const
       forward(step);
       for (size_t j = 0; j < who.size(); ++j) {
         who[j]->state->computed.push_back(step.seqs[j].tokens.front());
-        drafts[who[j]->index].push_back(argmax(out_.row(out_.first_row[j] + out_.num_rows[j] - 1)));
+        draw(*who[j], out_.row(out_.first_row[j] + out_.num_rows[j] - 1), drafts[who[j]->index]);
       }
     }
   } catch (const std::exception&) {
@@ -148,11 +157,25 @@ std::vector<std::vector<token_id>> draft_model_proposer::propose(std::span<const
     // and the state it may have half-written is dropped (rebuilt when the sequences speculate again).
     ++stats_.num_failures;
     for (const active& a : batch) {
-      drafts[a.index].clear();
+      drafts[a.index] = {};
       release(a.seq);
     }
   }
   return drafts;
+}
+
+void draft_model_proposer::draw(const active& a, std::span<const float> row, draft_proposal& into) {
+  if (!a.samples) {
+    into.tokens.push_back(argmax(row));
+    return;
+  }
+  // Draft token j of this round sits at output position request.position + j: its own uniform there.
+  const draft_request& r = *a.request;
+  draft_distribution(row, *r.sampling, q_);
+  const uint64_t position = r.position + into.tokens.size();
+  const token_id t = draw_from(q_, speculative_uniform(r.stream_key, speculative_draw::draft, position));
+  into.tokens.push_back(t >= 0 ? t : argmax(row));
+  into.probs.insert(into.probs.end(), q_.begin(), q_.end());
 }
 
 void draft_model_proposer::forward(step_batch& step) {

@@ -1,5 +1,6 @@
 // The draft-model proposer (vLLM's `--speculative-config '{"model": ...}'`, llama-server's
-// `--model-draft`): a second, smaller model with the target's vocabulary drafts k tokens greedily.
+// `--model-draft`): a second, smaller model with the target's vocabulary drafts k tokens, greedily for
+// greedy requests and sampled from its own distribution for requests that sample.
 //
 //   auto draft_exec = make_cpu_executor(draft_weights, options);     // in app/, the composition root
 //   draft_model_proposer p(std::move(draft_exec), target_vocab);     // throws on a vocabulary mismatch
@@ -11,12 +12,15 @@
 // preempted for the draft). Per sequence it keeps the K/V of the tokens it has seen. propose():
 //   1. catch-up: the tokens it has not seen yet (the prompt, chunked; then the tokens the last step
 //      committed) are prefilled, all sequences in one forward pass per chunk; the row of each
-//      sequence's last token gives its first draft token (argmax);
-//   2. k - 1 greedy decode steps, one forward pass per draft position for the whole batch.
-// Greedy drafts are point masses, so the engine's verifier (engine/speculative/verifier.hpp) stays
-// exactly lossless. rollback() then truncates each sequence's draft K/V to the longest common prefix
-// of what it drafted and what the target committed: rejected positions are never attended to again
-// (their blocks past it go back to the pool; their stale slots in a kept block are overwritten).
+//      sequence's last token gives its first draft token;
+//   2. k - 1 decode steps, one forward pass per draft position for the whole batch.
+// A draft token is the row's argmax for a greedy request (a point mass, which verify_draft checks) and,
+// for a request that samples (draft_request::sampling, unless options.sample is off), a draw from q,
+// the row under the request's temperature and top-k/top-p/min-p (draft_distribution), returned with
+// the proposal for verify_sampled_draft's min(1, p/q) rule: either way the output is the target's in
+// distribution (engine/speculative/verifier.hpp). rollback() then truncates each sequence's draft K/V to the longest
+// common prefix of what it drafted and what the target committed: rejected positions are never attended to again (their
+// blocks past it go back to the pool; their stale slots in a kept block are overwritten).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -32,6 +36,10 @@ namespace tessera {
 struct draft_model_options {
   int32_t num_kv_blocks = 0;       // blocks of the draft executor's pool to use; 0: all of them
   int32_t max_batch_tokens = 512;  // tokens per catch-up forward pass (prompts are chunked to fit)
+  // Requests that sample get drafts drawn from the draft model's distribution (accepted with
+  // probability sum_x min(p(x), q(x)) per token); off: argmax drafts for every request (accepted with
+  // p(argmax q), fewer at high temperatures, but a seeded request's tokens are then plain decoding's).
+  bool sample = true;
 };
 
 // Counters of the draft model's work, since construction.
@@ -50,7 +58,7 @@ class draft_model_proposer final : public draft_proposer {
   // draft's vocabulary size differs from `target_vocab` or the options do not fit the executor.
   draft_model_proposer(std::shared_ptr<executor> exec, int32_t target_vocab, const draft_model_options& options = {});
 
-  std::vector<std::vector<token_id>> propose(std::span<const draft_request> requests) override;
+  std::vector<draft_proposal> propose(std::span<const draft_request> requests) override;
   void rollback(seq_id seq, std::span<const token_id> tokens) override;
   void release(seq_id seq) override;
   draft_pool_usage pool_usage() const override;
@@ -67,6 +75,8 @@ class draft_model_proposer final : public draft_proposer {
   struct active;  // one request of a propose() round
 
   void forward(step_batch& step);  // runs it on the draft executor into out_; throws when it fails
+  // Appends the next draft token of `a` from the logits row `row` (and its q row when it samples).
+  void draw(const active& a, std::span<const float> row, draft_proposal& into);
 
   std::shared_ptr<executor> exec_;
   draft_model_options options_;
@@ -74,6 +84,7 @@ class draft_model_proposer final : public draft_proposer {
   std::unordered_map<seq_id, seq_state> seqs_;
   std::vector<token_id> scratch_;  // token span for allocate_slots (it needs one that long)
   step_output out_;
+  std::vector<float> q_;  // one q row, reused
   draft_model_stats stats_;
 };
 

@@ -16,13 +16,6 @@ ngram_proposer::ngram_proposer(const ngram_options& options) : options_(options)
                           std::to_string(options.min_n) + ")");
 }
 
-std::vector<std::vector<token_id>> ngram_proposer::propose(std::span<const draft_request> requests) {
-  std::vector<std::vector<token_id>> drafts;
-  drafts.reserve(requests.size());
-  for (const draft_request& r : requests) drafts.push_back(propose(r.tokens, r.max_tokens));
-  return drafts;
-}
-
 namespace {
 
 // What followed a match ending at `from` (< len), read on past the end of the context into the draft
@@ -64,15 +57,20 @@ std::vector<token_id> ngram_proposer::propose(std::span<const token_id> context,
   return draft;
 }
 
-std::vector<draft_tree> ngram_proposer::propose_trees(std::span<const draft_request> requests) {
-  std::vector<draft_tree> trees;
-  trees.reserve(requests.size());
-  for (const draft_request& r : requests) trees.push_back(propose_tree(r.tokens, r.max_tokens));
-  return trees;
+std::vector<draft_proposal> ngram_proposer::propose(std::span<const draft_request> requests) {
+  std::vector<draft_proposal> proposals;
+  proposals.reserve(requests.size());
+  for (const draft_request& r : requests) {
+    if (options_.branches > 1)
+      proposals.push_back(propose_tree(r.tokens, r.max_tokens));
+    else
+      proposals.push_back({propose(r.tokens, r.max_tokens), {}, {}});
+  }
+  return proposals;
 }
 
-draft_tree ngram_proposer::propose_tree(std::span<const token_id> context, int32_t max_tokens) const {
-  draft_tree tree;
+draft_proposal ngram_proposer::propose_tree(std::span<const token_id> context, int32_t max_tokens) const {
+  draft_proposal tree;
   if (max_tokens <= 0) return tree;
   int32_t branches = 0;
   for_each_match(context, [&](int64_t from) {

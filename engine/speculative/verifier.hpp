@@ -22,8 +22,10 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "engine/sampler.hpp"
+#include "engine/sampling_params.hpp"
 
 namespace tessera {
 
@@ -42,6 +44,35 @@ struct verify_row {
 // plus one tokens, unless it ended earlier.
 int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::function<verify_row(int32_t row)>& row,
                      const std::function<bool(const sample_result&, bool accepted)>& commit);
+
+// ---- Drafts sampled from a known distribution q (a draft model's, for a request that samples) -----
+//
+// Leviathan et al. ("Fast Inference from Transformers via Speculative Decoding", ICML 2023, Algorithm 1)
+// and Chen et al. ("Accelerating Large Language Model Decoding with Speculative Sampling", 2023): draft
+// token d_j ~ q_j is accepted with probability min(1, p_j(d_j) / q_j(d_j)); the first rejection draws
+// the step's last token from the normalised residual max(0, p_j - q_j); when every draft token is
+// accepted the last row gives one more token from p. P(emit x) = min(p(x), q(x)) + (1 - Σ min(p, q)) *
+// max(0, p(x) - q(x)) / Σ max(0, p - q) = p(x), so the output has the target's distribution exactly,
+// for any q; the closer q is to p, the more is accepted (Σ_x min(p(x), q(x)) per token). p is the
+// sampler's distribution (sampler::distribution: every sampling parameter and the grammar mask), q
+// what the proposer drew from (draft_distribution).
+//
+// The three draws use streams of their own, derived from the request's (sampler::stream_key) and keyed
+// by output position, so a seeded request is reproducible; they are not plain decoding's draws, so its
+// tokens differ from plain decoding's (in value, not in distribution).
+enum class speculative_draw : uint64_t { draft = 1, accept = 2, residual = 3 };
+double speculative_uniform(uint64_t stream_key, speculative_draw draw, uint64_t position);
+
+// q for a request sampled with `params`: the draft model's logits under its temperature, top-k, top-p
+// and min-p (penalties, biases and grammar stay with the target: any q keeps the output exact, a
+// closer one is accepted more often); greedy params give the argmax. Vocabulary-sized, into `q`.
+void draft_distribution(std::span<const float> logits, const sampling_params& params, std::vector<float>& q);
+
+// Verifies a chain whose token j was drawn from q.subspan(j * vocab, vocab) (vocab: the rows' size),
+// committing each token as verify_draft does. Returns how many draft tokens were accepted.
+int32_t verify_sampled_draft(sampler& samp, std::span<const token_id> draft, std::span<const float> q,
+                             const std::function<verify_row(int32_t row)>& row,
+                             const std::function<bool(const sample_result&, bool accepted)>& commit);
 
 // Verifies a token tree (engine/speculative/proposer.hpp: tokens[i] a child of parents[i], -1 the
 // sequence's last token): row 0 is the target's logits after the context, row 1 + i after the context

@@ -3,8 +3,10 @@
 // (skipped without models/), alone, in a batch of 16 and under preemption by a tiny KV pool; drafts must
 // really be accepted (so the comparison covers verified tokens), and every block must be free after.
 // The draft-model proposer likewise on real pairs: SmolLM2-135M from its Hugging Face copy (float) as
-// target with the Q4_1 GGUF as draft, and the Q4_1 GGUF as its own draft; greedy and seeded sampled
-// output must be plain decoding's, and the draft model's own KV pool must be empty after every run.
+// target with the Q4_1 GGUF as draft, and the Q4_1 GGUF as its own draft; greedy output, and seeded
+// sampled output with argmax drafts, must be plain decoding's; drafts sampled from the draft's own
+// distribution must be accepted more often than argmax drafts; the draft model's own KV pool must be
+// empty after every run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -365,24 +367,55 @@ TEST(draft_model_smollm, the_q4_1_model_as_its_own_draft_is_accepted_nearly_alwa
       << spec.stats.num_accepted_draft_tokens << " of " << spec.stats.num_draft_tokens;
 }
 
-TEST(draft_model_smollm, seeded_sampling_is_plain_decodings) {
-  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
-  const tokenizer& tok = *smollm()->tok;
-  auto target = smollm_executor(256, 0);
-  std::vector<std::vector<token_id>> prompts;
-  std::vector<sampling_params> params;
+// The draft options with argmax drafts for every request (draft_model_options::sample off).
+engine_options argmax_draft_options(const loaded_model& draft) {
+  engine_options o = draft_options(256, 0, draft, 256);
+  o.speculative.draft.sample = false;
+  return o;
+}
+
+// Six open prompts sampled at temperature 0.8, top-p 0.9, each seeded.
+void sampled_requests(const tokenizer& tok, std::vector<std::vector<token_id>>& prompts,
+                      std::vector<sampling_params>& params) {
   for (int32_t i = 0; i < 6; ++i) {
     prompts.push_back(open_prompt(tok, i));
     sampling_params p = greedy(24);
-    p.temperature = 0.7f;
+    p.temperature = 0.8f;
     p.top_p = 0.9f;
     p.seed = 1000 + static_cast<uint64_t>(i);
     params.push_back(p);
   }
+}
+
+TEST(draft_model_smollm, argmax_drafts_keep_seeded_sampling_plain_decodings) {
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  auto target = smollm_executor(256, 0);
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<sampling_params> params;
+  sampled_requests(*smollm()->tok, prompts, params);
   const run_result plain = run(*target, smollm()->tok, options(256, 0, false), prompts, params);
-  const run_result spec = run(*target, smollm()->tok, draft_options(256, 0, *smollm(), 256), prompts, params);
+  const run_result spec = run(*target, smollm()->tok, argmax_draft_options(*smollm()), prompts, params);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i;
   EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+}
+
+TEST(draft_model_smollm, sampled_drafts_of_the_model_for_itself_are_accepted_more_than_argmax_drafts) {
+  // The Q4_1 model drafting for itself at temperature 0.8: drafts drawn from q = its own distribution
+  // are accepted with min(1, p/q) = 1 but where batch shape rounds p and q apart; argmax drafts only
+  // with the target's probability of that argmax. Seeded runs repeat.
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  auto target = smollm_executor(256, 0);
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<sampling_params> params;
+  sampled_requests(*smollm()->tok, prompts, params);
+  const run_result greedy_drafts = run(*target, smollm()->tok, argmax_draft_options(*smollm()), prompts, params);
+  const run_result sampled = run(*target, smollm()->tok, draft_options(256, 0, *smollm(), 256), prompts, params);
+  const double sampled_rate = acceptance(sampled, "Q4_1 for itself, temperature 0.8, sampled drafts");
+  const double argmax_rate = acceptance(greedy_drafts, "Q4_1 for itself, temperature 0.8, argmax drafts");
+  EXPECT_GT(sampled_rate, 0.9);
+  EXPECT_GT(sampled_rate, argmax_rate + 0.1);
+  const run_result again = run(*target, smollm()->tok, draft_options(256, 0, *smollm(), 256), prompts, params);
+  EXPECT_EQ(again.tokens, sampled.tokens);
 }
 
 TEST(draft_model_smollm, preemption_by_swap_and_recompute_leaks_no_draft_block) {

@@ -8,8 +8,10 @@ of the speculative server counts accepted draft tokens and the final usage carri
 "speculative": false is served without drafts; bad values get a 400 naming the field, bad flags a CLI
 error naming the flag. A third server speculates with a draft model (`--speculative draft -md MODEL`,
 the model as its own draft, llama-server's spellings): the same greedy text streamed and not, alone and
-concurrent, usage.speculative and the tessera_spec_decode_* counters move, and a draft that does not
-load or has another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
+concurrent, usage.speculative and the tessera_spec_decode_* counters move, sampled requests draw their
+drafts from the draft's distribution (nearly all accepted, seeded output repeats; with
+`--draft-sampling argmax` seeded output is plain decoding's), and a draft that does not load or has
+another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
 A fourth verifies n-gram token trees (`--ngram-branches 4`): the same greedy text alone and concurrent,
 and a constrained request's JSON unchanged. Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: speculative_test.py TESSERA_BINARY MODEL
@@ -62,6 +64,8 @@ spec = server(*SPEC)
 # The default model as its own draft (llama-server's -md and --draft-max): nearly every draft is accepted.
 DRAFT = ["--speculative", "draft", "-md", MODEL, "--draft-max", "4", "--speculative-max-batch", "8"]
 draft = server(*DRAFT)
+# The same with greedy drafts for sampled requests too.
+argmax_draft = server(*DRAFT, "--draft-sampling", "argmax")
 # N-gram token trees (SpecInfer-style tree attention in the CPU executor): several continuations at once.
 tree = server(*SPEC, "--ngram-branches", "4")
 
@@ -175,7 +179,8 @@ def bad_flags_are_cli_errors():
                         (["--num-speculative-tokens", "0"], "--num-speculative-tokens"),
                         (["--speculative", "draft"], "--speculative"),
                         (["--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "ngram"),
-                        (["--speculative", "ngram", "--ngram-branches", "0"], "--ngram-branches")]:
+                        (["--speculative", "ngram", "--ngram-branches", "0"], "--ngram-branches"),
+                        (["--speculative", "draft", "-md", MODEL, "--draft-sampling", "top"], "--draft-sampling")]:
         p = subprocess.run([BIN, "serve", MODEL, *ENGINE, *flags, "--port", "0"], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode != 0, (flags, p.returncode)
@@ -229,13 +234,31 @@ def draft_model_concurrent_requests_give_the_same_text():
         plain, draft, [OPEN_PROMPTS[i % len(OPEN_PROMPTS)] + " " * (i // len(OPEN_PROMPTS)) for i in range(8)])
 
 
+def ask_seeded(s, prompt):
+    r = s.client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=32, temperature=0.8, top_p=0.95,
+                                    seed=7)
+    return r.choices[0].text, (r.usage.model_extra or {}).get("speculative", {})
+
+
 @case
-def draft_model_seeded_sampling_is_the_same():
-    def ask(s):
-        r = s.client.completions.create(model=MODEL_ID, prompt=OPEN_PROMPTS[1], max_tokens=32, temperature=0.8,
-                                        top_p=0.95, seed=7)
-        return r.choices[0].text
-    assert ask(plain) == ask(draft)
+def draft_model_sampled_drafts_are_accepted_and_seeded_output_repeats():
+    # Drafts drawn from the model's own distribution under the request's temperature and top-p: q is p
+    # (up to the executor's rounding of single- and multi-token rows), so min(1, p/q) accepts nearly all.
+    proposed = accepted = 0
+    for p in OPEN_PROMPTS:
+        (a, sp), (b, _) = ask_seeded(draft, p), ask_seeded(draft, p)
+        assert a == b, (p, a, b)
+        proposed += sp.get("proposed", 0)
+        accepted += sp.get("accepted", 0)
+    assert proposed > 0 and accepted >= 0.8 * proposed, (proposed, accepted)
+
+
+@case
+def argmax_drafts_keep_seeded_sampling_plain_decodings():
+    for p in OPEN_PROMPTS[:2]:
+        (a, _), (b, sp) = ask_seeded(plain, p), ask_seeded(argmax_draft, p)
+        assert a == b, (p, a, b)
+        assert sp.get("proposed", 0) > 0, sp
 
 
 @case
@@ -273,7 +296,7 @@ def draft_model_bad_flags_are_startup_errors():
 
 @case
 def no_block_is_left_behind():
-    for s in (spec, draft, tree):
+    for s in (spec, draft, argmax_draft, tree):
         m = s.metrics()
         assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
     # The draft model's own pool is empty again too (every finished request released its draft K/V).
@@ -286,5 +309,6 @@ def no_block_is_left_behind():
 plain.stop(expect_clean=True)
 spec.stop(expect_clean=True)
 draft.stop(expect_clean=True)
+argmax_draft.stop(expect_clean=True)
 tree.stop(expect_clean=True)
 sys.exit(summary())

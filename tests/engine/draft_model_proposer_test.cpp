@@ -3,7 +3,8 @@
 // both (a stale slot read, a block written while another sequence reads it) while its logits depend
 // on the whole history it reads back from the cache. A draft that is the target's own simulator must
 // then be accepted every time (any stale or rolled-back-too-little draft K/V would change its logits),
-// greedy and seeded sampled outputs must be plain decoding's, the draft model must run one forward
+// greedy greedily and sampled requests with drafts sampled from q = p; greedy outputs, and seeded
+// sampled outputs with argmax drafts, must be plain decoding's, the draft model must run one forward
 // pass per draft position for the whole batch, and the draft pool must be empty after finishes,
 // aborts and preemptions.
 #include <gtest/gtest.h>
@@ -109,9 +110,12 @@ const draft_model_proposer* draft_of(const llm_engine& e) {
 template <class Target = sim_executor>
 run_result run(int32_t blocks, int32_t host, std::shared_ptr<sim_executor> draft,
                const std::vector<std::vector<token_id>>& prompts, const std::vector<sampling_params>& params,
-               preemption_mode mode = preemption_mode::recompute, int abort_index = -1, int abort_after = 0) {
+               preemption_mode mode = preemption_mode::recompute, int abort_index = -1, int abort_after = 0,
+               bool sample_drafts = true) {
   Target exec(4, blocks, host, vocab);
-  llm_engine engine(exec, nullptr, opts(blocks, host, draft, mode));
+  engine_options options = opts(blocks, host, draft, mode);
+  options.speculative.draft.sample = sample_drafts;
+  llm_engine engine(exec, nullptr, options);
   if (auto* checker = dynamic_cast<rollback_checker*>(draft.get())) checker->engine = &engine;
   std::map<request_id, size_t> order;
   for (size_t i = 0; i < prompts.size(); ++i) order[engine.add_request(prompts[i], params[i % params.size()])] = i;
@@ -201,17 +205,38 @@ TEST(draft_model_proposer, rejected_drafts_are_rolled_back_and_change_no_output)
   EXPECT_EQ(draft->num_stale_reads, 0);
 }
 
-TEST(draft_model_proposer, seeded_sampling_is_plain_decodings) {
+TEST(draft_model_proposer, argmax_drafts_keep_seeded_sampling_plain_decodings) {
   const auto prompts = prompts_of(6, 8);
   std::vector<sampling_params> params;
   for (uint64_t s = 0; s < 8; ++s) params.push_back(seeded(30, 100 + s));
   const auto plain = run(512, 0, nullptr, prompts, params);
   auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
-  const auto spec = run(512, 0, draft, prompts, params);
+  const auto spec = run(512, 0, draft, prompts, params, preemption_mode::recompute, -1, 0, /*sample_drafts=*/false);
   EXPECT_EQ(spec.tokens, plain.tokens);
   EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
   EXPECT_LT(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens);  // sampling rejects some
   EXPECT_EQ(draft->num_stale_reads, 0);
+}
+
+TEST(draft_model_proposer, sampled_drafts_of_the_targets_own_model_are_all_accepted_and_seeded_runs_repeat) {
+  // Drafts drawn from q = the target's own distribution (same logits, temperature and top-p): p = q,
+  // so min(1, p/q) = 1 and every draft token is accepted, which only holds when the draft's q rows are
+  // the very distributions the verifier's p rows are (any stale draft K/V, misaligned q row or
+  // off-by-one position would show as a rejection). A seeded run repeats token for token.
+  const auto prompts = prompts_of(6, 8);
+  std::vector<sampling_params> params;
+  for (uint64_t s = 0; s < 8; ++s) params.push_back(seeded(30, 100 + s));
+  auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
+  const auto spec = run(512, 0, draft, prompts, params);
+  EXPECT_GT(spec.stats.num_draft_tokens, 100u);
+  EXPECT_EQ(spec.stats.num_accepted_draft_tokens, spec.stats.num_draft_tokens);
+  EXPECT_EQ(draft->num_stale_reads, 0);
+  const auto again = run(512, 0, std::make_shared<sim_executor>(4, 512, 0, vocab), prompts, params);
+  EXPECT_EQ(again.tokens, spec.tokens);
+  // A draft model of its own (a first-order Markov model): some rejected, output still reproducible.
+  const auto other = run(512, 0, std::make_shared<markov_executor>(4, 512, 0, vocab), prompts, params);
+  EXPECT_LT(other.stats.num_accepted_draft_tokens, other.stats.num_draft_tokens);
+  EXPECT_EQ(run(512, 0, std::make_shared<markov_executor>(4, 512, 0, vocab), prompts, params).tokens, other.tokens);
 }
 
 TEST(draft_model_proposer, parallel_sampling_gives_every_choice_its_own_draft_state) {
@@ -223,7 +248,7 @@ TEST(draft_model_proposer, parallel_sampling_gives_every_choice_its_own_draft_st
   p.logprobs = 1;
   const auto plain = run(512, 0, nullptr, prompts, {p});
   auto draft = std::make_shared<rollback_checker>(4, 512, 0, vocab);
-  const auto spec = run(512, 0, draft, prompts, {p});
+  const auto spec = run(512, 0, draft, prompts, {p}, preemption_mode::recompute, -1, 0, /*sample_drafts=*/false);
   EXPECT_EQ(plain.choices.size(), 9u);
   EXPECT_EQ(spec.choices, plain.choices);
   EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
@@ -284,20 +309,21 @@ TEST(draft_model_proposer, rollback_keeps_the_common_prefix_and_returns_the_rest
   const std::vector<token_id> tokens{1, 2, 3, 4, 5, 6};
   const auto drafts = p.propose(std::vector<draft_request>{{s, tokens, 4}});
   ASSERT_EQ(drafts.size(), 1u);
-  ASSERT_EQ(drafts[0].size(), 4u);
-  EXPECT_EQ(p.num_computed(s), 6 + 3);  // the tokens and the first three drafts (the fourth is not fed)
+  ASSERT_EQ(drafts[0].tokens.size(), 4u);
+  EXPECT_TRUE(drafts[0].probs.empty());  // a greedy request: argmax drafts
+  EXPECT_EQ(p.num_computed(s), 6 + 3);   // the tokens and the first three drafts (the fourth is not fed)
   EXPECT_EQ(p.pool_usage().num_free_blocks, 16 - 3);
   // The target accepted one draft token and then chose another: the K/V of tokens + drafts[0] stays.
   std::vector<token_id> committed = tokens;
-  committed.push_back(drafts[0][0]);
-  committed.push_back(drafts[0][1] == 0 ? 1 : 0);
+  committed.push_back(drafts[0].tokens[0]);
+  committed.push_back(drafts[0].tokens[1] == 0 ? 1 : 0);
   p.rollback(s, committed);
   EXPECT_EQ(p.num_computed(s), 7);
   EXPECT_EQ(p.pool_usage().num_free_blocks, 16 - 2);
   // Where the target's own token equals what the draft fed at that position, that K/V stays too, but
   // never the sequence's last token: its row is what the next round drafts from.
   std::vector<token_id> lucky = tokens;
-  lucky.insert(lucky.end(), drafts[0].begin(), drafts[0].begin() + 1);
+  lucky.insert(lucky.end(), drafts[0].tokens.begin(), drafts[0].tokens.begin() + 1);
   p.rollback(s, lucky);
   EXPECT_EQ(p.num_computed(s), 6);
   p.release(s);

@@ -65,7 +65,7 @@ TEST(ngram_proposer, a_tree_merges_the_continuations_of_several_matches_first_ma
   const std::vector<token_id> ctx{1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 3, 8, 1, 2};
   ngram_proposer chain({.min_n = 1, .max_n = 2});
   ngram_proposer tree({.min_n = 1, .max_n = 2, .branches = 3});
-  const draft_tree t = tree.propose_tree(ctx, 3);
+  const draft_proposal t = tree.propose_tree(ctx, 3);
   // Branch 1 is nodes 0-2 (the chain propose() gives); branch 2 hangs under the last token; branch 3
   // shares node 0 ("3") and adds 9 1 under it.
   EXPECT_EQ(t.tokens, (std::vector<token_id>{3, 8, 1, 4, 9, 1, 9, 1}));
@@ -75,14 +75,14 @@ TEST(ngram_proposer, a_tree_merges_the_continuations_of_several_matches_first_ma
   ngram_proposer wide({.min_n = 1, .max_n = 2, .branches = 8});
   EXPECT_EQ(wide.propose_tree(ctx, 3).tokens, t.tokens);
   // One branch, or only one distinct continuation: a chain (no parents).
-  const draft_tree one = ngram_proposer({.min_n = 1, .max_n = 2, .branches = 1}).propose_tree(ctx, 3);
+  const draft_proposal one = ngram_proposer({.min_n = 1, .max_n = 2, .branches = 1}).propose_tree(ctx, 3);
   EXPECT_EQ(one.tokens, chain.propose(ctx, 3));
   EXPECT_TRUE(one.parents.empty());
   EXPECT_TRUE(tree.propose_tree(std::vector<token_id>{9, 1, 2, 1, 2}, 3).parents.empty());
   EXPECT_TRUE(tree.propose_tree(std::vector<token_id>{1, 2, 3}, 3).tokens.empty());
   // The batch call and the per-sequence one agree.
   const std::vector<draft_request> requests{{seq_id{1}, ctx, 3}, {seq_id{2}, std::span(ctx).first(6), 2}};
-  const std::vector<draft_tree> trees = tree.propose_trees(requests);
+  const std::vector<draft_proposal> trees = tree.propose(requests);
   ASSERT_EQ(trees.size(), 2u);
   EXPECT_EQ(trees[0].tokens, t.tokens);
   EXPECT_EQ(trees[1].tokens, tree.propose_tree(std::span(ctx).first(6), 2).tokens);
@@ -188,6 +188,123 @@ TEST(verify_draft, accepts_with_p_of_the_draft_and_resamples_from_the_rest_chi_s
   // After an accepted draft the bonus token follows the target given the draft.
   const auto c1 = chi_square(after_accept, p1);
   EXPECT_GT(c1.p_value, 0.01) << "chi2 " << c1.statistic << " dof " << c1.degrees_of_freedom;
+}
+
+TEST(verify_sampled_draft, accepts_with_min_1_p_over_q_and_resamples_the_residual_chi_square) {
+  // Leviathan et al.'s rule, directly: d ~ q0 (drawn here with a generator of the test's own), accepted
+  // with min(1, p0(d) / q0(d)), else a token from max(0, p0 - q0) normalised; after an accepted draft the
+  // bonus token comes from p1. p is the sampler's (bias, penalty, temperature, top-k), q any other
+  // distribution: here one that puts mass where p has none (token 5, cut by top-k) and too little on
+  // the target's favourite.
+  const std::vector<float> row0{1.0f, 0.4f, 0.9f, -0.5f, 0.2f, -2.0f};
+  const std::vector<float> row1{0.3f, 1.2f, -0.4f, 0.8f, 0.0f, 0.5f};
+  const std::vector<float> q0{0.05f, 0.4f, 0.1f, 0.2f, 0.05f, 0.2f};
+  sampling_params params;
+  params.temperature = 0.7f;
+  params.top_k = 4;
+  params.logit_bias = {{2, 0.5f}};
+  params.presence_penalty = 0.8f;
+  const std::vector<double> p0 = target_distribution(row0, params, {});
+  std::vector<double> accept(6), residual(6);
+  double accept_mass = 0, residual_mass = 0;
+  for (size_t x = 0; x < 6; ++x) {
+    accept[x] = std::min<double>(p0[x], q0[x]);
+    residual[x] = std::max<double>(0, p0[x] - q0[x]);
+    accept_mass += accept[x];
+    residual_mass += residual[x];
+  }
+  for (double& r : residual) r /= residual_mass;
+  ASSERT_GT(residual_mass, 0.1);
+
+  constexpr int draws = 60000;
+  std::mt19937_64 rng(42);
+  std::discrete_distribution<int> from_q(q0.begin(), q0.end());
+  std::vector<int64_t> first(6, 0), after_reject(6, 0), after_accept(6, 0);
+  std::map<token_id, std::vector<int64_t>> bonus;  // per accepted draft: the token after it
+  int64_t accepted = 0;
+  for (int i = 0; i < draws; ++i) {
+    params.seed = 5000 + static_cast<uint64_t>(i);
+    sampler s(params, 0, {});
+    const token_id d = from_q(rng);
+    std::vector<token_id> got;
+    const int32_t n = verify_sampled_draft(
+        s, std::vector<token_id>{d}, q0,
+        [&](int32_t r) {
+          return verify_row{r == 0 ? row0 : row1, {}};
+        },
+        [&](const sample_result& res, bool from_draft) {
+          // A rejection never draws d again: it is rejected only where q(d) > p(d), so residual(d) = 0.
+          EXPECT_EQ(from_draft, got.empty() && res.token == d);
+          got.push_back(res.token);
+          return true;
+        });
+    ASSERT_EQ(got.size(), static_cast<size_t>(n + 1));
+    ASSERT_EQ(s.num_generated(), n + 1);  // every committed token is recorded (penalties, positions)
+    ++first[static_cast<size_t>(got[0])];
+    if (n == 1) {
+      ++accepted;
+      ASSERT_EQ(got[0], d);
+      auto& counts = bonus[d];
+      counts.resize(6);
+      ++counts[static_cast<size_t>(got[1])];
+    } else {
+      ++after_reject[static_cast<size_t>(got[0])];
+    }
+  }
+  const auto c0 = chi_square(first, p0);
+  EXPECT_GT(c0.p_value, 0.01) << "chi2 " << c0.statistic << " dof " << c0.degrees_of_freedom;
+  EXPECT_NEAR(static_cast<double>(accepted) / draws, accept_mass,
+              4 * std::sqrt(accept_mass * (1 - accept_mass) / draws));
+  const auto cr = chi_square(after_reject, residual);
+  EXPECT_GT(cr.p_value, 0.01) << "chi2 " << cr.statistic << " dof " << cr.degrees_of_freedom;
+  // The bonus token after an accepted d follows the target given d (the presence penalty counts d).
+  for (const auto& [d, counts] : bonus) {
+    const auto cb = chi_square(counts, target_distribution(row1, params, {d}));
+    EXPECT_GT(cb.p_value, 0.001) << "after draft " << d << ": chi2 " << cb.statistic;
+  }
+  EXPECT_EQ(bonus.count(5), 0u);  // p0(5) = 0: never accepted, however often q drafts it
+}
+
+TEST(verify_sampled_draft, a_draft_from_p_itself_is_always_accepted_and_logprobs_are_reported) {
+  const std::vector<float> row0{1.0f, 0.4f, 0.9f, -0.5f};
+  const std::vector<float> row1{0.3f, 1.2f, -0.4f, 0.8f};
+  sampling_params params;
+  params.temperature = 0.9f;
+  params.top_p = 0.9f;
+  params.logprobs = 2;
+  params.seed = 3;
+  sampler probe(params, 0, {});
+  std::vector<float> p0, q;
+  probe.distribution(row0, {}, p0);
+  draft_distribution(row0, params, q);  // the draft model's q for the same logits: p exactly
+  ASSERT_EQ(q, p0);
+  std::vector<float> p1;
+  probe.distribution(row1, {}, p1);
+  std::vector<float> qq = q;
+  qq.insert(qq.end(), p1.begin(), p1.end());
+  for (token_id d0 = 0; d0 < 4; ++d0) {
+    if (p0[static_cast<size_t>(d0)] == 0.0f) continue;
+    sampler s(params, 0, {});
+    std::vector<sample_result> got;
+    const std::vector<token_id> draft{d0, 1};
+    const int32_t n = verify_sampled_draft(
+        s, draft, qq,
+        [&](int32_t r) {
+          return verify_row{r == 0 ? row0 : row1, {}};
+        },
+        [&](const sample_result& res, bool) {
+          got.push_back(res);
+          return true;
+        });
+    // Row 1's q is its p too (no penalty: the same after every d0), and token 1 is its favourite.
+    ASSERT_GT(p1[1], 0.0f);
+    EXPECT_EQ(n, 2);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[1].token, 1);
+    EXPECT_EQ(got[0].token, d0);
+    ASSERT_EQ(got[0].top_logprobs.size(), 2u);
+    EXPECT_NEAR(got[0].logprob, row0[static_cast<size_t>(d0)] - compute_raw_logprobs(row0, 0).log_normalizer, 1e-5);
+  }
 }
 
 TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_the_targets_token) {
@@ -690,6 +807,33 @@ TEST(speculative_engine, drafts_respect_max_tokens_and_the_token_budget) {
   EXPECT_GT(engine.stats().num_accepted_draft_tokens, 0u);
 }
 
+// Runs `total` requests of `prompt` with `params` (seeds 0, 1, ...; 250 at a time) and counts each
+// output (params.max_tokens tokens of a vocabulary of `vocab`) as a cell of their joint distribution:
+// token j is digit j, most significant first, in base vocab.
+std::vector<int64_t> joint_counts(llm_engine& engine, const std::vector<token_id>& prompt, sampling_params params,
+                                  int total, int32_t vocab) {
+  size_t cells = 1;
+  for (int32_t j = 0; j < params.max_tokens; ++j) cells *= static_cast<size_t>(vocab);
+  std::vector<int64_t> observed(cells, 0);
+  for (int wave = 0; wave < total / 250; ++wave) {
+    std::map<request_id, std::vector<token_id>> out;
+    for (int i = 0; i < 250; ++i) {
+      params.seed = static_cast<uint64_t>(wave * 250 + i);
+      out[engine.add_request(prompt, params)];
+    }
+    while (engine.has_unfinished())
+      for (const request_output& r : engine.step())
+        out[r.id].insert(out[r.id].end(), r.token_ids.begin(), r.token_ids.end());
+    for (const auto& [id, t] : out) {
+      EXPECT_EQ(t.size(), static_cast<size_t>(params.max_tokens));
+      size_t cell = 0;
+      for (token_id x : t) cell = cell * static_cast<size_t>(vocab) + static_cast<size_t>(x);
+      if (cell < cells) ++observed[cell];
+    }
+  }
+  return observed;
+}
+
 TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_chi_square) {
   // A 4-token vocabulary and the history-hash model, whose next-token distributions are computable
   // exactly: every request samples 3 tokens, the second step verifying a 1-token n-gram draft (the
@@ -731,22 +875,8 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
   o.speculative.num_tokens = 2;
   o.speculative.max_batch = 256;
   llm_engine engine(exec, nullptr, o);
-  std::vector<int64_t> observed(64, 0);
   constexpr int total = 60000;
-  for (int wave = 0; wave < total / 250; ++wave) {
-    std::map<request_id, std::vector<token_id>> out;
-    for (int i = 0; i < 250; ++i) {
-      params.seed = static_cast<uint64_t>(wave * 250 + i);
-      out[engine.add_request(prompt, params)];
-    }
-    while (engine.has_unfinished())
-      for (const request_output& r : engine.step())
-        out[r.id].insert(out[r.id].end(), r.token_ids.begin(), r.token_ids.end());
-    for (const auto& [id, t] : out) {
-      ASSERT_EQ(t.size(), 3u);
-      ++observed[static_cast<size_t>(t[0] * 16 + t[1] * 4 + t[2])];
-    }
-  }
+  const std::vector<int64_t> observed = joint_counts(engine, prompt, params, total, v);
   ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
   const engine_stats s = engine.stats();
   EXPECT_EQ(s.num_draft_tokens, static_cast<uint64_t>(total));  // one draft per request
@@ -756,6 +886,54 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
   EXPECT_GT(c.p_value, 0.01) << "chi2 " << c.statistic << " dof " << c.degrees_of_freedom;
   const block_manager& bm = engine.get_scheduler().blocks();
   EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+}
+
+TEST(speculative_engine, sampled_drafts_of_a_draft_model_give_the_targets_joint_distribution_chi_square) {
+  // The draft model draws its drafts from its own q (a first-order Markov model: far from the
+  // history-hash target) under the request's temperature and top-k; the verifier accepts with
+  // min(1, p/q) and resamples the residual, p including the presence penalty that q leaves out. Every
+  // request samples 4 tokens (drafts of up to 3 after the first); the empirical joint distribution of
+  // (t1, t2, t3, t4) over 60000 seeded requests must be the target's, p(t1) p(t2 | t1) ... exactly.
+  constexpr int32_t v = 4;
+  const std::vector<token_id> prompt{0, 1, 2, 3, 0, 1, 2, 3};
+  sampling_params params;
+  params.temperature = 0.9f;
+  params.top_k = 3;
+  params.presence_penalty = 0.4f;
+  params.max_tokens = 4;
+  params.ignore_eos = true;
+  std::vector<double> expected(256, 0.0);
+  for (int32_t cell = 0; cell < 256; ++cell) {
+    std::vector<token_id> history = prompt, out;
+    double prob = 1;
+    for (int32_t j = 0; j < 4; ++j) {
+      const token_id t = (cell >> (2 * (3 - j))) & 3;
+      prob *= target_distribution(fake_logits(history, v), params, out)[static_cast<size_t>(t)];
+      history.push_back(t);
+      out.push_back(t);
+    }
+    expected[static_cast<size_t>(cell)] = prob;
+  }
+  sim_executor exec(4, 2048, 0, v);
+  engine_options o = spec_opts(2048, false);
+  o.speculative.mode = speculative_mode::draft;
+  o.speculative.num_tokens = 3;
+  o.speculative.max_batch = 256;
+  o.speculative.draft_executor = std::make_shared<markov_executor>(4, 2048, 0, v);
+  llm_engine engine(exec, nullptr, o);
+  constexpr int total = 60000;
+  const std::vector<int64_t> observed = joint_counts(engine, prompt, params, total, v);
+  ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
+  const engine_stats s = engine.stats();
+  EXPECT_GE(s.num_draft_tokens, static_cast<uint64_t>(total));
+  EXPECT_GT(s.num_accepted_draft_tokens, s.num_draft_tokens / 10);
+  EXPECT_LT(s.num_accepted_draft_tokens, s.num_draft_tokens - s.num_draft_tokens / 10);
+  const auto c = chi_square(observed, expected);
+  EXPECT_GT(c.p_value, 0.01) << "chi2 " << c.statistic << " dof " << c.degrees_of_freedom;
+  const block_manager& bm = engine.get_scheduler().blocks();
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+  const draft_pool_usage pool = engine.proposer()->pool_usage();
+  EXPECT_EQ(pool.num_free_blocks, pool.num_blocks);
 }
 
 }  // namespace
