@@ -14,6 +14,8 @@ preemption) and drives both pages with Playwright:
              button read back from the clipboard, a question edited and re-sent (twice, the second
              cancelling the first's generation) answered by the real model; the same page without the
              /vendor/ libraries on its fallback renderer and plain charts;
+  speculative: a server with a draft model: the share of drafts accepted, tokens per verification and
+             the draft model's KV pool (filling under load, empty after);
   default pool: a second server with the default 2,912-block KV pool under 16 streams: the held view
              shows every request's tiles in its colour (canvas pixels), the charts have clock-labelled
              time axes, unit titles and tooltips, TTFT points appear while requests run, the layout has
@@ -24,7 +26,8 @@ preemption) and drives both pages with Playwright:
   restart:   the server is restarted with an API key: the pages reconnect by themselves and show the
              API-key banner until the key is entered.
 Screenshots go to OUT_DIR (chat.png, chat-edit.png, dashboard.png, dashboard-phone.png, and
-chat-stream.png, chat_phone.png, dashboard-small-pool.png, dashboard-1920.png, docs.png).
+chat-stream.png, chat_phone.png, dashboard-small-pool.png, dashboard-1920.png, dashboard-speculative.png,
+docs.png).
 Prints "N passed, M failed" and exits non-zero on any failure; exits 77 (skipped) when Playwright or
 Chromium is missing outside CI.
 Usage: webui_test.py TESSERA_BINARY MODEL OUT_DIR
@@ -253,6 +256,8 @@ def dashboard_tests(page, port):
     check("a block view arrives", got_view)
     total = page.evaluate("() => window.tesseraDashboard.view.device.size")
     check("the mosaic has one tile per device block", total == 40, total)
+    check("without speculative decoding its gauges stay hidden",
+          not page.is_visible("#spec-gauge") and not page.is_visible("#draft-gauge"))
     check("the mosaic is empty while idle",
           wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.device.numUsed()") == 0, 30, 0.2))
 
@@ -569,6 +574,47 @@ def chart_report(page):
             width: Math.round(ch.chartArea.right - ch.chartArea.left), height: Math.round(ch.chartArea.bottom - ch.chartArea.top) }]; }))""")
 
 
+def speculative_dashboard(browser):
+    """A server speculating with a draft model (the model as its own draft): the dashboard shows the
+    share of draft tokens accepted and the draft model's KV pool, which empties when the load ends."""
+    import re
+    port = free_port()
+    proc = start_server(port, "--speculative", "draft", "-md", MODEL, "--draft-max", "4")
+    try:
+        page = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1).new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{port}/dashboard")
+        wait_for(lambda: page.evaluate("() => window.tesseraDashboard.view.step >= 0"), 20)
+        check("before any step the speculative gauges stay hidden",
+              not page.is_visible("#spec-gauge") and not page.is_visible("#draft-gauge"))
+        page.fill("#load-n", "4")
+        page.fill("#load-prompt", "32")
+        page.fill("#load-max", "96")
+        page.click("#load-form button[type=submit]")
+        busy = wait_for(lambda: re.match(r"([1-9]\d*)/40$", page.inner_text("#g-draft-text")), 60, 0.2)
+        check("the draft model's KV pool fills while requests speculate", busy, page.inner_text("#g-draft-text"))
+        rate = wait_for(lambda: re.match(r"(\d+)% · (\d+\.\d+) tokens/step", page.inner_text("#g-spec-text")), 60)
+        # The model drafting for itself: nearly every draft token is accepted, several tokens a step.
+        check("the dashboard shows the share of drafts accepted and tokens per verification",
+              rate and int(rate.group(1)) >= 50 and float(rate.group(2)) > 1.5, page.inner_text("#g-spec-text"))
+        # The request table marks each request's drafts (accepted/verified) as a badge inside its cell.
+        badge = wait_for(lambda: page.query_selector("#requests .mark-speculative"), 30)
+        box = badge.bounding_box() if badge else None
+        cell = page.query_selector("#requests .mark-speculative").evaluate(
+            "e => { const r = e.closest('td').getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }") if badge else None
+        check("each request's draft badge sits inside its table cell",
+              box and cell and box["x"] >= cell[0] and box["y"] >= cell[1] and box["x"] + box["width"] <= cell[0] + cell[2] + 1
+              and box["y"] + box["height"] <= cell[1] + cell[3] + 1 and re.match(r"spec \d+/\d+$", badge.inner_text()),
+              (box, cell))
+        check("the draft model's KV pool is empty once the load has finished",
+              wait_for(lambda: page.inner_text("#g-draft-text") == "0/40", 240, 0.5), page.inner_text("#g-draft-text"))
+        page.screenshot(path=os.path.join(OUT_DIR, "dashboard-speculative.png"))
+        check("no JavaScript errors on the speculative dashboard", not errors, errors[:5])
+    finally:
+        stop_server(proc)
+
+
 def default_pool_dashboard(browser):
     """The dashboard on the default KV pool (thousands of blocks) under 16 streams: the held view with
     every request visible, charts with axes, units, time labels and tooltips, TTFT while requests run,
@@ -777,6 +823,7 @@ def main():
             fallback_tests(browser, port)
             docs_tests(browser, port)
             default_pool_dashboard(browser)
+            speculative_dashboard(browser)
             proc = restart_with_key([chat, dash], port, proc)
             docs_need_the_key(browser, port)
             check("no JavaScript errors on the pages", not errors, errors[:5])

@@ -301,6 +301,20 @@ function pct(x) {
   return (100 * x).toFixed(0) + '%';
 }
 
+// Speculative decoding's gauges, shown once the server speculates: the share of verified draft
+// tokens accepted and the tokens a verification commits on average; the draft model's own KV pool.
+function drawSpeculation(spec) {
+  $('spec-gauge').hidden = !spec;
+  $('draft-gauge').hidden = !spec || !spec.draftBlocks;
+  if (!spec) return;
+  $('g-spec').value = spec.acceptance;
+  $('g-spec-text').textContent = spec.draftTokens
+    ? `${pct(spec.acceptance)} · ${spec.meanLength.toFixed(2)} tokens/step`
+    : 'no drafts yet';
+  $('g-draft').value = spec.draftBlocks ? spec.draftBlocksUsed / spec.draftBlocks : 0;
+  $('g-draft-text').textContent = `${spec.draftBlocksUsed}/${spec.draftBlocks}`;
+}
+
 function drawPanels() {
   const m = model.latest;
   if (m) {
@@ -321,6 +335,7 @@ function drawPanels() {
     $('g-hit').value = model.prefixHitRate;
     $('g-hit-text').textContent = pct(model.prefixHitRate);
   }
+  drawSpeculation(model.speculation);
   $('dropped').textContent = model.numDroppedEvents ? `(${model.numDroppedEvents} dropped)` : '';
   drawCharts();
   // The lists are rebuilt; keep keyboard focus on the same request button.

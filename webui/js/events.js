@@ -151,6 +151,10 @@ export class DashboardModel {
     this.prevMetrics = null;
     this.prevMetricsT = 0;
     this.prefixHitRate = null;
+    // Speculative decoding from /metrics (docs/speculative.md): null until the server has verified a
+    // draft or has a draft model's KV pool; then {draftTokens, acceptance, meanLength, draftBlocks,
+    // draftBlocksUsed}.
+    this.speculation = null;
     this.lastMessageT = null;  // receive time of the newest step message
     this.metricsBusy = null;   // /metrics: requests running, waiting or swapped (null: not scraped yet)
     this.lastIdleT = null;     // last time the idle zeros were pushed
@@ -265,7 +269,8 @@ export class DashboardModel {
     return [...live, ...done];
   }
 
-  // Scrape of /metrics at time t: TTFT / ITL means since the previous scrape, prefix-cache hit rate.
+  // Scrape of /metrics at time t: TTFT / ITL means since the previous scrape, prefix-cache hit rate,
+  // speculative decoding's acceptance and the draft model's KV pool.
   ingestMetrics(body, t) {
     const cur = parsePrometheus(body);
     const ttft = histogramMeanBetween(this.prevMetrics, cur, 'tessera_time_to_first_token_seconds');
@@ -273,6 +278,14 @@ export class DashboardModel {
     if (ttft !== null) this.series.ttft.push(t, ttft);
     if (itl !== null) this.series.itl.push(t, itl);
     if (cur.has('tessera_prefix_cache_hit_rate')) this.prefixHitRate = cur.get('tessera_prefix_cache_hit_rate');
+    const spec = {
+      draftTokens: sampleValue(cur, 'tessera_spec_decode_num_draft_tokens_total') || 0,
+      acceptance: sampleValue(cur, 'tessera_spec_decode_draft_acceptance_rate') || 0,
+      meanLength: sampleValue(cur, 'tessera_spec_decode_mean_accepted_length') || 0,
+      draftBlocks: sampleValue(cur, 'tessera_spec_decode_draft_kv_blocks') || 0,
+      draftBlocksUsed: sampleValue(cur, 'tessera_spec_decode_draft_kv_blocks_used') || 0,
+    };
+    if (spec.draftTokens > 0 || spec.draftBlocks > 0) this.speculation = spec;
     const busy = ['tessera:num_requests_running', 'tessera:num_requests_waiting', 'tessera:num_requests_swapped']
       .map((n) => sampleValue(cur, n));
     this.metricsBusy = busy.every((v) => v === null) ? null : busy.reduce((a, v) => a + (v || 0), 0);
