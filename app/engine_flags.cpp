@@ -236,6 +236,10 @@ void engine_flags::add_to(CLI::App& cmd) {
                  "distribution, verified with min(1, p/q)) | argmax (greedy drafts: fewer accepted, but seeded "
                  "output is plain decoding's token for token)")
       ->check(CLI::IsMember({"sample", "argmax"}));
+  cmd.add_option("--draft-branches", draft_branches,
+                 "--speculative draft, argmax drafts: the draft row's most likely tokens offered per position, "
+                 "verified together as a token tree (1: a chain)")
+      ->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")
       ->check(CLI::Range(1, 64));
@@ -284,6 +288,7 @@ engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<exec
   options.speculative.max_batch = flags.speculative_max_batch;
   options.speculative.draft_executor = std::move(draft_exec);
   options.speculative.draft.sample = flags.draft_sampling != "argmax";
+  options.speculative.draft.branches = flags.draft_branches;
   try {
     options.speculative.validate();
   } catch (const invalid_request& e) { throw invalid_request(std::string("--speculative: ") + e.what()); }

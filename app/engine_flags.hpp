@@ -48,6 +48,7 @@ struct engine_flags {
   std::string draft_model;                // --speculative draft: the draft model (.gguf or HF directory)
   int draft_num_kv_blocks = 0;            // the draft model's own KV pool; 0: as --kv-cache-memory allows
   std::string draft_sampling = "sample";  // sample | argmax: how the draft model drafts for requests that sample
+  int draft_branches = 1;                 // argmax drafts: tokens offered per position (1: a chain; more: a token tree)
   int ngram_min = 1;                      // n-gram prompt lookup: shortest and longest suffix matched
   int ngram_max = 4;
   int ngram_branches = 1;          // n-gram continuations merged into a token tree (1: a chain)

@@ -22,6 +22,21 @@ bool samples(const draft_request& r, const draft_model_options& o) {
   return o.sample && r.sampling != nullptr && !r.sampling->greedy();
 }
 
+// The `count` most likely tokens of `row` after its argmax `best`, most likely first (ties: lower id).
+void runners_up(std::span<const float> row, token_id best, int32_t count, std::vector<token_id>& out) {
+  out.clear();
+  for (int32_t n = 0; n < count; ++n) {
+    token_id next = -1;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const auto t = static_cast<token_id>(i);
+      if (t == best || std::find(out.begin(), out.end(), t) != out.end()) continue;
+      if (next < 0 || row[i] > row[static_cast<size_t>(next)]) next = t;
+    }
+    if (next < 0) return;
+    out.push_back(next);
+  }
+}
+
 block_manager_options pool_options(const executor& exec, const draft_model_options& o) {
   const kv_cache_spec& spec = exec.kv_spec();
   if (o.num_kv_blocks < 0 || o.num_kv_blocks > spec.num_device_blocks)
@@ -49,6 +64,8 @@ struct draft_model_proposer::active {
   int32_t k = 0;
   const draft_request* request = nullptr;
   bool samples = false;
+  // An argmax-drafted request's tree (options.branches > 1): per draft position, its row's runners-up.
+  std::vector<std::vector<token_id>> leaves;
 };
 
 draft_model_proposer::draft_model_proposer(std::shared_ptr<executor> exec, int32_t target_vocab,
@@ -64,6 +81,9 @@ draft_model_proposer::draft_model_proposer(std::shared_ptr<executor> exec, int32
   if (options.max_batch_tokens < 1)
     throw invalid_request("the draft model's tokens per forward pass must be at least 1, got " +
                           std::to_string(options.max_batch_tokens));
+  if (options.branches < 1)
+    throw invalid_request("the draft model's branches per position must be at least 1, got " +
+                          std::to_string(options.branches));
 }
 
 std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_request> requests) {
@@ -104,9 +124,9 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
     //    chunk that reaches a sequence's last token returns its row, which gives the first draft token.
     while (true) {
       step_batch step;
-      std::vector<const active*> who;
+      std::vector<active*> who;
       int32_t budget = options_.max_batch_tokens;
-      for (const active& a : batch) {
+      for (active& a : batch) {
         const auto c = static_cast<int32_t>(a.state->computed.size()), n = static_cast<int32_t>(a.tokens.size());
         if (c >= n || budget <= 0) continue;
         const int32_t m = std::min(n - c, budget);
@@ -132,8 +152,8 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
     // 2. Decode: one forward pass per draft position, every sequence that wants more at once.
     for (size_t have = 1;; ++have) {
       step_batch step;
-      std::vector<const active*> who;
-      for (const active& a : batch) {
+      std::vector<active*> who;
+      for (active& a : batch) {
         const std::vector<token_id>& d = drafts[a.index].tokens;
         if (d.size() != have || static_cast<int32_t>(have) >= a.k) continue;
         sequence_slice s;
@@ -152,6 +172,7 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
         draw(*who[j], out_.row(out_.first_row[j] + out_.num_rows[j] - 1), drafts[who[j]->index]);
       }
     }
+    for (active& a : batch) add_leaves(a, drafts[a.index]);
   } catch (const std::exception&) {
     // A failing draft model costs speculation, never the target's step: this round proposes nothing,
     // and the state it may have half-written is dropped (rebuilt when the sequences speculate again).
@@ -164,9 +185,14 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
   return drafts;
 }
 
-void draft_model_proposer::draw(const active& a, std::span<const float> row, draft_proposal& into) {
+void draft_model_proposer::draw(active& a, std::span<const float> row, draft_proposal& into) {
   if (!a.samples) {
-    into.tokens.push_back(argmax(row));
+    const token_id best = argmax(row);
+    into.tokens.push_back(best);
+    if (options_.branches > 1) {
+      a.leaves.emplace_back();
+      runners_up(row, best, options_.branches - 1, a.leaves.back());
+    }
     return;
   }
   // Draft token j of this round sits at output position request.position + j: its own uniform there.
@@ -176,6 +202,21 @@ void draft_model_proposer::draw(const active& a, std::span<const float> row, dra
   const token_id t = draw_from(q_, speculative_uniform(r.stream_key, speculative_draw::draft, position));
   into.tokens.push_back(t >= 0 ? t : argmax(row));
   into.probs.insert(into.probs.end(), q_.begin(), q_.end());
+}
+
+// The chain is nodes 0 .. k-1 (each the child of the one before); position j's runners-up hang under
+// node j - 1 (-1: the sequence's last token), after the chain, so parents come before children.
+void draft_model_proposer::add_leaves(const active& a, draft_proposal& into) {
+  if (a.leaves.empty() || into.tokens.empty()) return;
+  const size_t chain = into.tokens.size();
+  for (size_t i = 0; i < chain; ++i) into.parents.push_back(static_cast<int32_t>(i) - 1);
+  for (size_t j = 0; j < chain && j < a.leaves.size(); ++j) {
+    for (token_id t : a.leaves[j]) {
+      into.tokens.push_back(t);
+      into.parents.push_back(static_cast<int32_t>(j) - 1);
+    }
+  }
+  if (into.tokens.size() == chain) into.parents.clear();  // no runner-up: a chain
 }
 
 void draft_model_proposer::forward(step_batch& step) {

@@ -18,7 +18,9 @@
 // for a request that samples (draft_request::sampling, unless options.sample is off), a draw from q,
 // the row under the request's temperature and top-k/top-p/min-p (draft_distribution), returned with
 // the proposal for verify_sampled_draft's min(1, p/q) rule: either way the output is the target's in
-// distribution (engine/speculative/verifier.hpp). rollback() then truncates each sequence's draft K/V to the longest
+// distribution (engine/speculative/verifier.hpp). With options.branches > 1 an argmax-drafted
+// request's proposal is a tree: the chain (nodes 0 .. k-1), then per position its row's runners-up as leaves
+// under the chain node before it. rollback() then truncates each sequence's draft K/V to the longest
 // common prefix of what it drafted and what the target committed: rejected positions are never attended to again (their
 // blocks past it go back to the pool; their stale slots in a kept block are overwritten).
 #pragma once
@@ -40,6 +42,11 @@ struct draft_model_options {
   // probability sum_x min(p(x), q(x)) per token); off: argmax drafts for every request (accepted with
   // p(argmax q), fewer at high temperatures, but a seeded request's tokens are then plain decoding's).
   bool sample = true;
+  // Argmax drafts: each draft position also offers the draft row's next branches - 1 most likely
+  // tokens, as leaves beside the chain's token there (a token tree, SpecInfer's top-k expansion): when
+  // the target rejects the chain's token it may take one of them instead. They cost no draft pass
+  // (they come from the rows the chain already computes), only target rows. 1: a chain.
+  int32_t branches = 1;
 };
 
 // Counters of the draft model's work, since construction.
@@ -75,8 +82,11 @@ class draft_model_proposer final : public draft_proposer {
   struct active;  // one request of a propose() round
 
   void forward(step_batch& step);  // runs it on the draft executor into out_; throws when it fails
-  // Appends the next draft token of `a` from the logits row `row` (and its q row when it samples).
-  void draw(const active& a, std::span<const float> row, draft_proposal& into);
+  // Appends the next draft token of `a` from the logits row `row` (and its q row when it samples, or
+  // its runners-up to `leaves` when it branches).
+  void draw(active& a, std::span<const float> row, draft_proposal& into);
+  // Turns `a`'s chain into a tree with its runners-up as leaves (options.branches > 1).
+  static void add_leaves(const active& a, draft_proposal& into);
 
   std::shared_ptr<executor> exec_;
   draft_model_options options_;

@@ -31,6 +31,9 @@ void speculative_options::validate() const {
   if (draft.max_batch_tokens < 1)
     throw invalid_request("the draft model's tokens per forward pass must be at least 1, got " +
                           std::to_string(draft.max_batch_tokens));
+  if (draft.branches < 1 || draft.branches > 64)
+    throw invalid_request("the draft model's branches per position must be 1..64, got " +
+                          std::to_string(draft.branches));
 }
 
 std::unique_ptr<draft_proposer> speculative_options::make_proposer(int32_t target_vocab) const {

@@ -367,6 +367,28 @@ TEST(draft_model_smollm, the_q4_1_model_as_its_own_draft_is_accepted_nearly_alwa
       << spec.stats.num_accepted_draft_tokens << " of " << spec.stats.num_draft_tokens;
 }
 
+TEST(draft_model_smollm, runner_up_token_trees_give_plain_decodings_tokens) {
+  // The Q4_1 model drafting for itself with 3 tokens per position (its argmax and two runners-up as
+  // leaves): the CPU executor verifies each tree with tree attention; greedy output must be plain
+  // decoding's at batch 1 and 8.
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  const tokenizer& tok = *smollm()->tok;
+  auto target = smollm_executor(256, 0);
+  for (const int batch : {1, 8}) {
+    std::vector<std::vector<token_id>> prompts;
+    for (int32_t i = 0; i < batch; ++i) prompts.push_back(open_prompt(tok, i));
+    engine_options trees = draft_options(256, 0, *smollm(), 256);
+    trees.speculative.draft.branches = 3;
+    const run_result plain = run(*target, smollm()->tok, options(256, 0, false), prompts, 32);
+    const run_result spec = run(*target, smollm()->tok, trees, prompts, 32);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " of " << batch;
+    // Every node counts as a verified draft token, the leaves too: a third of them can be accepted.
+    acceptance(spec, batch == 1 ? "Q4_1 for itself, trees of 3, batch 1" : "Q4_1 for itself, trees of 3, batch 8");
+    EXPECT_LT(spec.stats.num_steps, plain.stats.num_steps);
+  }
+}
+
 // The draft options with argmax drafts for every request (draft_model_options::sample off).
 engine_options argmax_draft_options(const loaded_model& draft) {
   engine_options o = draft_options(256, 0, draft, 256);

@@ -10,7 +10,8 @@ error naming the flag. A third server speculates with a draft model (`--speculat
 the model as its own draft, llama-server's spellings): the same greedy text streamed and not, alone and
 concurrent, usage.speculative and the tessera_spec_decode_* counters move, sampled requests draw their
 drafts from the draft's distribution (nearly all accepted, seeded output repeats; with
-`--draft-sampling argmax` seeded output is plain decoding's), and a draft that does not load or has
+`--draft-sampling argmax --draft-branches 3`, argmax drafts with runner-up leaves, greedy and seeded
+output are plain decoding's), and a draft that does not load or has
 another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
 A fourth verifies n-gram token trees (`--ngram-branches 4`): the same greedy text alone and concurrent,
 and a constrained request's JSON unchanged. Prints "N passed, M failed" and exits non-zero on any failure.
@@ -64,8 +65,9 @@ spec = server(*SPEC)
 # The default model as its own draft (llama-server's -md and --draft-max): nearly every draft is accepted.
 DRAFT = ["--speculative", "draft", "-md", MODEL, "--draft-max", "4", "--speculative-max-batch", "8"]
 draft = server(*DRAFT)
-# The same with greedy drafts for sampled requests too.
-argmax_draft = server(*DRAFT, "--draft-sampling", "argmax")
+# The same with argmax drafts for sampled requests too, and the draft's two runners-up per position as
+# token-tree leaves.
+argmax_draft = server(*DRAFT, "--draft-sampling", "argmax", "--draft-branches", "3")
 # N-gram token trees (SpecInfer-style tree attention in the CPU executor): several continuations at once.
 tree = server(*SPEC, "--ngram-branches", "4")
 
@@ -180,7 +182,8 @@ def bad_flags_are_cli_errors():
                         (["--speculative", "draft"], "--speculative"),
                         (["--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "ngram"),
                         (["--speculative", "ngram", "--ngram-branches", "0"], "--ngram-branches"),
-                        (["--speculative", "draft", "-md", MODEL, "--draft-sampling", "top"], "--draft-sampling")]:
+                        (["--speculative", "draft", "-md", MODEL, "--draft-sampling", "top"], "--draft-sampling"),
+                        (["--speculative", "draft", "-md", MODEL, "--draft-branches", "0"], "--draft-branches")]:
         p = subprocess.run([BIN, "serve", MODEL, *ENGINE, *flags, "--port", "0"], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode != 0, (flags, p.returncode)
@@ -254,11 +257,13 @@ def draft_model_sampled_drafts_are_accepted_and_seeded_output_repeats():
 
 
 @case
-def argmax_drafts_keep_seeded_sampling_plain_decodings():
+def argmax_draft_trees_keep_greedy_and_seeded_sampling_plain_decodings():
     for p in OPEN_PROMPTS[:2]:
         (a, _), (b, sp) = ask_seeded(plain, p), ask_seeded(argmax_draft, p)
         assert a == b, (p, a, b)
         assert sp.get("proposed", 0) > 0, sp
+        g, h = plain.complete(p, max_tokens=40), argmax_draft.complete(p, max_tokens=40)
+        assert g.choices[0].text == h.choices[0].text, (p, g.choices[0].text, h.choices[0].text)
 
 
 @case

@@ -24,6 +24,7 @@ namespace tessera {
 namespace {
 
 using testing::markov_executor;
+using testing::ranked_token;
 using testing::sim_executor;
 
 constexpr int32_t vocab = 64;
@@ -56,6 +57,15 @@ class rollback_checker : public sim_executor {
 
  private:
   std::map<std::pair<block_id, int32_t>, token_id> written_;
+};
+
+// The simulator as a target that verifies token trees (a draft model's runners-up).
+class tree_sim_executor : public sim_executor {
+ public:
+  tree_sim_executor(int32_t block_size, int32_t num_device_blocks, int32_t num_host_blocks, int32_t vocab_size)
+      : sim_executor(block_size, num_device_blocks, num_host_blocks, vocab_size) {
+    set_verifies_trees(true);
+  }
 };
 
 engine_options opts(int32_t blocks, int32_t host, std::shared_ptr<executor> draft,
@@ -111,10 +121,11 @@ template <class Target = sim_executor>
 run_result run(int32_t blocks, int32_t host, std::shared_ptr<sim_executor> draft,
                const std::vector<std::vector<token_id>>& prompts, const std::vector<sampling_params>& params,
                preemption_mode mode = preemption_mode::recompute, int abort_index = -1, int abort_after = 0,
-               bool sample_drafts = true) {
+               bool sample_drafts = true, int32_t branches = 1) {
   Target exec(4, blocks, host, vocab);
   engine_options options = opts(blocks, host, draft, mode);
   options.speculative.draft.sample = sample_drafts;
+  options.speculative.draft.branches = branches;
   llm_engine engine(exec, nullptr, options);
   if (auto* checker = dynamic_cast<rollback_checker*>(draft.get())) checker->engine = &engine;
   std::map<request_id, size_t> order;
@@ -330,6 +341,60 @@ TEST(draft_model_proposer, rollback_keeps_the_common_prefix_and_returns_the_rest
   EXPECT_EQ(p.pool_usage().num_free_blocks, 16);
   EXPECT_EQ(p.pool_usage().num_sequences, 0);
   EXPECT_TRUE(exec->errors().empty());
+}
+
+TEST(draft_model_proposer, branches_add_each_positions_runners_up_as_leaves_beside_the_chain) {
+  auto exec = std::make_shared<sim_executor>(4, 16, 0, vocab);
+  draft_model_proposer p(exec, vocab, {.max_batch_tokens = 512, .sample = true, .branches = 3});
+  const std::vector<token_id> tokens{1, 2, 3, 4, 5, 6};
+  const auto drafts = p.propose(std::vector<draft_request>{{seq_id{1}, tokens, 3}});
+  ASSERT_EQ(drafts.size(), 1u);
+  const draft_proposal& t = drafts[0];
+  ASSERT_EQ(t.tokens.size(), 3u + 3u * 2u);
+  // The chain first (each node the child of the one before), then position j's ranks 1 and 2 under
+  // chain node j - 1.
+  EXPECT_EQ(t.parents, (std::vector<int32_t>{-1, 0, 1, -1, -1, 0, 0, 1, 1}));
+  std::vector<token_id> history = tokens;
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(t.tokens[j], ranked_token(history, vocab, 0)) << "position " << j;
+    EXPECT_EQ(t.tokens[3 + 2 * j], ranked_token(history, vocab, 1)) << "position " << j;
+    EXPECT_EQ(t.tokens[4 + 2 * j], ranked_token(history, vocab, 2)) << "position " << j;
+    history.push_back(t.tokens[j]);
+  }
+  // A request that samples (drafts drawn from q) stays a chain with its q rows.
+  sampling_params sampled = seeded(8, 1);
+  draft_request r{seq_id{2}, tokens, 3, &sampled, 7, 0};
+  const auto chain = p.propose(std::vector<draft_request>{r});
+  EXPECT_EQ(chain[0].tokens.size(), 3u);
+  EXPECT_TRUE(chain[0].parents.empty());
+  EXPECT_EQ(chain[0].probs.size(), 3u * vocab);
+  p.release(seq_id{1});
+  p.release(seq_id{2});
+  EXPECT_EQ(p.pool_usage().num_free_blocks, 16);
+}
+
+TEST(draft_model_proposer, runner_up_trees_give_plain_decodings_tokens_and_take_side_branches) {
+  // A first-order Markov draft for the history-hash target: its argmax is often wrong, and then the
+  // target's token is now and then one of its runners-up, accepted from a side branch (the next step
+  // computes it, scheduler::accept_draft). Greedy, and seeded sampling with argmax drafts, must still be
+  // plain decoding's token for token, at batch 16 and under preemption by a tiny pool.
+  const auto prompts = prompts_of(21, 16);
+  std::vector<sampling_params> params{greedy(30)};
+  for (uint64_t s = 0; s < 3; ++s) params.push_back(seeded(30, 200 + s));
+  const auto plain = run(512, 0, nullptr, prompts, params);
+  for (const int32_t blocks : {512, 40}) {
+    auto draft = std::make_shared<markov_executor>(4, 512, 0, vocab);
+    const auto spec = run<tree_sim_executor>(blocks, 0, draft, prompts, params, preemption_mode::recompute, -1, 0,
+                                             /*sample_drafts=*/false, /*branches=*/4);
+    EXPECT_EQ(spec.tokens, plain.tokens) << blocks << " blocks";
+    EXPECT_GT(spec.stats.num_tree_branch_tokens, 0u) << blocks << " blocks";
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+  }
+  // An executor that does not verify trees gets the chain: the same tokens, nothing from side branches.
+  const auto chains = run(512, 0, std::make_shared<markov_executor>(4, 512, 0, vocab), prompts, params,
+                          preemption_mode::recompute, -1, 0, /*sample_drafts=*/false, /*branches=*/4);
+  EXPECT_EQ(chains.tokens, plain.tokens);
+  EXPECT_EQ(chains.stats.num_tree_branch_tokens, 0u);
 }
 
 TEST(draft_model_proposer, a_draft_with_another_vocabulary_size_is_refused) {

@@ -96,7 +96,8 @@ TEST(speculative_options, bad_values_are_refused) {
   for (auto bad :
        {+[](speculative_options& s) { s.num_tokens = 0; }, +[](speculative_options& s) { s.num_tokens = -2; },
         +[](speculative_options& s) { s.max_batch = 0; }, +[](speculative_options& s) { s.ngram.min_n = 0; },
-        +[](speculative_options& s) { s.ngram.max_n = 0; }}) {
+        +[](speculative_options& s) { s.ngram.max_n = 0; }, +[](speculative_options& s) { s.draft.branches = 0; },
+        +[](speculative_options& s) { s.draft.branches = 65; }}) {
     speculative_options s = o;
     bad(s);
     EXPECT_THROW(s.validate(), invalid_request);
