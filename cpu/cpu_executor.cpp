@@ -330,8 +330,11 @@ fused_linear cpu_executor::make_linear(std::initializer_list<matrix> parts) cons
     f.needs_q8 = f.needs_q8 || m.act == act_format::q8;
     f.needs_q8_k = f.needs_q8_k || m.act == act_format::q8_k;
     f.needs_bf16 = f.needs_bf16 || m.act == act_format::bf16;
-    // Enough chunks per thread to balance when a core is shared; multiples of the 16-row tile.
-    int64_t rows_per_chunk = (m.rows + threads * 4 - 1) / (threads * 4);
+    // Two chunks per thread, so that a thread whose core is shared can hand work to the others, and no
+    // more: each chunk starts a new stream of weights from memory, and in a decode step (300 matmul calls
+    // of tens of KB on SmolLM2) those starts cost more than the balance gains (4 per thread: 5% slower
+    // decode, 8: 20%, measured with bench_cpu_kernels on 2 threads). Multiples of the 16-row tile.
+    int64_t rows_per_chunk = (m.rows + threads * 2 - 1) / (threads * 2);
     rows_per_chunk = std::clamp<int64_t>((rows_per_chunk + 15) / 16 * 16, 16, 512);
     for (int64_t r = 0; r < m.rows; r += rows_per_chunk) {
       f.chunks.push_back({static_cast<int32_t>(p), r, std::min(m.rows, r + rows_per_chunk)});
@@ -408,12 +411,15 @@ void cpu_executor::apply_block_moves(const step_batch& batch) {
 void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out, /*allow_trees=*/true);
   // Attention tasks: one per (sequence, kv head, run of attn_chunk tokens), its rows every query head of
-  // the kv head's group, so that each K / V tile is read once for all of them. A step of few tasks (a
-  // decode of one or two sequences) splits the group into one task per query head instead, so that every
-  // thread has work (each row's result is the same either way: attn_block_args).
+  // the kv head's group, so that each K / V tile is read once for all of them. A step with fewer such
+  // tasks than threads (a decode of one sequence of a model with few kv heads) splits the group into one
+  // task per query head instead, so that every thread has work (each row's result is the same either
+  // way: attn_block_args). Not sooner: a task of the group's few rows costs about what a one-row task
+  // does (the kernels' FMA chains are independent across rows), so splitting SmolLM2's 3 groups of 3
+  // over 2 threads made decode attention slower (1.95 against 1.58 ms per token at context 16..1018).
   const int32_t group = config_.num_heads / config_.num_kv_heads;
   const bool split_heads =
-      static_cast<int64_t>(layout_.seqs.size()) * config_.num_kv_heads < 2 * static_cast<int64_t>(pool_->size());
+      static_cast<int64_t>(layout_.seqs.size()) * config_.num_kv_heads < static_cast<int64_t>(pool_->size());
   attn_tasks_.clear();
   for (size_t s = 0; s < layout_.seqs.size(); ++s) {
     const step_layout::sequence_rows& sr = layout_.seqs[s];
@@ -753,7 +759,19 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       a.ld = ld;
       a.o_ld = hd;
       int32_t m_lo = 0, m_hi = 0;
+      // The K and V tiles of a sequence's blocks are scattered through the pool (the block table's order),
+      // so no hardware prefetcher follows them: the next block's tiles are asked for while this one is
+      // computed. A decode step's attention waited on these loads for most of its time (SmolLM2, context
+      // 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same).
+      const int32_t b_end = (ctx_end + bs - 1) / bs;
       for (int32_t b = first(0) / bs; b * bs < ctx_end; ++b) {
+        const block_id next = b + 1 < b_end ? table[static_cast<size_t>(b + 1)] : no_block;
+        if (next >= 0) {  // (a block no row reaches is skipped below without looking at its entry)
+          for (int kind = 0; kind < 2; ++kind) {
+            const std::byte* t = kv_tile(next, l, kind, task.kv_head);
+            for (int64_t off = 0; off < tile_bytes_; off += 64) __builtin_prefetch(t + off);
+          }
+        }
         const int32_t begin = b * bs;
         while (m_lo < rows && n_ctx(m_lo) <= begin) ++m_lo;
         m_hi = std::max(m_hi, m_lo);

@@ -152,7 +152,9 @@ float kv_load_v(kv_dtype d, const std::byte* tile, int32_t block_size, int32_t h
                 int32_t i) noexcept;
 
 // Attention over slots [0, n) of one tile for `rows` query rows.
-//   attn_scores:     s[m * ld + j] = scale * dot(q[m], k_j) for m < rows, j < n (K tile);
+//   attn_scores:     s[m * ld + j] = scale * dot(q[m], k_j) for m < rows, j < n (K tile), the dot product
+//                    as four partial sums p_i over d = i (mod 4) in increasing d, then (p0 + p1) + (p2 + p3)
+//                    (independent FMA chains for the few rows of a decode step);
 //   attn_accumulate: o[m * o_ld + d] += sum_{j < n} s[m * ld + j] * v_j[d] (V tile; s holds probabilities).
 // The kernels may read and write whole vectors past n (up to ld, a multiple of 16 >= n; tiles need 64
 // readable bytes after them, which the KV pools provide); each row's result is the same sequence of

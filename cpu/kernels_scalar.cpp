@@ -378,11 +378,12 @@ void attn_scores_scalar(const attn_block_args& a) {
   const float* kscale = kv_slot_scales(a.tile, a.block_size, a.head_dim);
   for (int32_t m = 0; m < a.rows; ++m) {
     for (int32_t j = 0; j < a.n; ++j) {
-      float acc = 0.0f;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // partial sums over d = i (mod 4): kernels.hpp
       for (int32_t d = 0; d < a.head_dim; ++d) {
-        acc = std::fmaf(a.q[m][d], kv_element(a.dtype, a.tile, int64_t{d} * a.block_size + j), acc);
+        acc[d % 4] = std::fmaf(a.q[m][d], kv_element(a.dtype, a.tile, int64_t{d} * a.block_size + j), acc[d % 4]);
       }
-      a.s[m * a.ld + j] = acc * (a.dtype == kv_dtype::i8 ? kscale[j] * a.scale : a.scale);
+      const float dot = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      a.s[m * a.ld + j] = dot * (a.dtype == kv_dtype::i8 ? kscale[j] * a.scale : a.scale);
     }
   }
 }

@@ -723,7 +723,7 @@ TEST_P(kernels_test, attention_block_kernels_match_reference_for_every_kv_dtype)
   std::mt19937 rng(4);
   for (kv_dtype dt : all_kv_dtypes) {
     for (int32_t bs : {4, 16, 19}) {
-      for (int32_t hd : {16, 64, 20}) {
+      for (int32_t hd : {16, 64, 20, 18}) {  // 18: a head_dim that is no multiple of 4 (the scores' tail)
         for (int32_t rows : {1, 3, 9}) {
           const int32_t n = bs == 4 ? 3 : bs;
           test_tile kt = random_tile(dt, true, bs, hd, n, rng);
@@ -842,52 +842,54 @@ TEST_P(kernels_test, attention_kernels_are_bitwise_the_scalar_table) {
   std::mt19937 rng(32);
   for (kv_dtype dt : all_kv_dtypes) {
     for (int32_t bs : {16, 19}) {
-      for (int32_t hd : {64, 20}) {
-        const int32_t n = bs - 2, rows = 10, ld = (bs + 15) / 16 * 16;
-        test_tile kt = random_tile(dt, true, bs, hd, n, rng);
-        test_tile vt = random_tile(dt, false, bs, hd, n, rng);
-        std::vector<std::vector<float>> q;
-        std::vector<const float*> qp;
-        for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
-        for (const auto& r : q) qp.push_back(r.data());
-        const std::vector<float> o0 = random_floats(static_cast<size_t>(rows * hd), rng);
-        auto run = [&](const kernel_table& t, std::vector<float>& s, std::vector<float>& o) {
-          attn_block_args a;
-          a.dtype = dt;
-          a.block_size = bs;
-          a.head_dim = hd;
-          a.n = n;
-          a.rows = rows;
-          a.q = qp.data();
-          a.scale = 0.125f;
-          a.ld = ld;
-          a.s = s.data();
-          a.tile = kt.data();
-          t.attn_scores(a);
-          // Probabilities from the scores, the same for both tables (softmax_exp is not under test).
-          for (int32_t m = 0; m < rows; ++m) {
-            for (int32_t j = 0; j < ld; ++j) {
-              float& x = s[static_cast<size_t>(m * ld + j)];
-              x = j < n ? 1.0f / (1.0f + std::fabs(x)) : 0.0f;
+      for (int32_t hd : {64, 20, 18}) {
+        for (int32_t rows : {2, 10}) {  // a decode step's few rows take the kernels' wide tiles
+          const int32_t n = bs - 2, ld = (bs + 15) / 16 * 16;
+          test_tile kt = random_tile(dt, true, bs, hd, n, rng);
+          test_tile vt = random_tile(dt, false, bs, hd, n, rng);
+          std::vector<std::vector<float>> q;
+          std::vector<const float*> qp;
+          for (int32_t m = 0; m < rows; ++m) q.push_back(random_floats(static_cast<size_t>(hd), rng));
+          for (const auto& r : q) qp.push_back(r.data());
+          const std::vector<float> o0 = random_floats(static_cast<size_t>(rows * hd), rng);
+          auto run = [&](const kernel_table& t, std::vector<float>& s, std::vector<float>& o) {
+            attn_block_args a;
+            a.dtype = dt;
+            a.block_size = bs;
+            a.head_dim = hd;
+            a.n = n;
+            a.rows = rows;
+            a.q = qp.data();
+            a.scale = 0.125f;
+            a.ld = ld;
+            a.s = s.data();
+            a.tile = kt.data();
+            t.attn_scores(a);
+            // Probabilities from the scores, the same for both tables (softmax_exp is not under test).
+            for (int32_t m = 0; m < rows; ++m) {
+              for (int32_t j = 0; j < ld; ++j) {
+                float& x = s[static_cast<size_t>(m * ld + j)];
+                x = j < n ? 1.0f / (1.0f + std::fabs(x)) : 0.0f;
+              }
             }
-          }
-          a.tile = vt.data();
-          a.o = o.data();
-          a.o_ld = hd;
-          t.attn_accumulate(a);
-        };
-        std::vector<float> s_got(static_cast<size_t>(rows * ld)), s_want(s_got.size());
-        std::vector<float> o_got = o0, o_want = o0;
-        run(k, s_got, o_got);
-        run(ref, s_want, o_want);
-        for (int32_t m = 0; m < rows; ++m) {
-          for (int32_t j = 0; j < n; ++j) {
-            ASSERT_EQ(s_got[static_cast<size_t>(m * ld + j)], s_want[static_cast<size_t>(m * ld + j)])
-                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " slot " << j;
-          }
-          for (int32_t d = 0; d < hd; ++d) {
-            ASSERT_EQ(o_got[static_cast<size_t>(m * hd + d)], o_want[static_cast<size_t>(m * hd + d)])
-                << to_string(dt) << " bs " << bs << " hd " << hd << " row " << m << " dim " << d;
+            a.tile = vt.data();
+            a.o = o.data();
+            a.o_ld = hd;
+            t.attn_accumulate(a);
+          };
+          std::vector<float> s_got(static_cast<size_t>(rows * ld)), s_want(s_got.size());
+          std::vector<float> o_got = o0, o_want = o0;
+          run(k, s_got, o_got);
+          run(ref, s_want, o_want);
+          for (int32_t m = 0; m < rows; ++m) {
+            for (int32_t j = 0; j < n; ++j) {
+              ASSERT_EQ(s_got[static_cast<size_t>(m * ld + j)], s_want[static_cast<size_t>(m * ld + j)])
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " row " << m << " slot " << j;
+            }
+            for (int32_t d = 0; d < hd; ++d) {
+              ASSERT_EQ(o_got[static_cast<size_t>(m * hd + d)], o_want[static_cast<size_t>(m * hd + d)])
+                  << to_string(dt) << " bs " << bs << " hd " << hd << " rows " << rows << " row " << m << " dim " << d;
+            }
           }
         }
       }

@@ -138,7 +138,11 @@ TEST(mixed_types, reencoded_default_model_matches_exact_math_like_the_stored_fil
   EXPECT_LT(max_diff, 4.0);
   EXPECT_LT(mean_diff, 0.6);
   EXPECT_GT(max_diff, 0.0);  // the fast path really ran on the stored types
-  // Same top-1 wherever exact math is not a near tie.
+  // Same top-1 wherever exact math is not a near tie. A near tie is a margin the measured error can
+  // close: with a mean |diff| of 0.45 two logits can each move by ~0.5 in opposite directions. (At 0.5
+  // this flipped at position 6 when the attention scores' summation order changed: exact margin 0.65,
+  // the fast path's two logits off by -0.33 and +0.61; which int8 activation roundings land where is
+  // chaotic in the last bits. A wrong layout or scale moves logits by units and flips clear margins.)
   const int32_t vocab = fast.vocab_size;
   for (size_t p = 0; p < prompt.size(); ++p) {
     const std::span<const float> e = exact.row(static_cast<int32_t>(p)), f = fast.row(static_cast<int32_t>(p));
@@ -147,7 +151,10 @@ TEST(mixed_types, reencoded_default_model_matches_exact_math_like_the_stored_fil
     const auto top = [vocab](std::span<const float> r) {
       return std::max_element(r.begin(), r.begin() + vocab) - r.begin();
     };
-    if (sorted[0] - sorted[1] > 0.5f) { EXPECT_EQ(top(f), top(e)) << "position " << p; }
+    if (sorted[0] - sorted[1] > 1.0f) {
+      EXPECT_EQ(top(f), top(e)) << "position " << p << ": exact margin " << sorted[0] - sorted[1] << ", fast "
+                                << f[top(e)] << " against " << f[top(f)];
+    }
   }
   std::printf("re-encoded mixed types, native vs exact f32: max |diff| %.3f, mean |diff| %.4f\n", max_diff, mean_diff);
 }
