@@ -27,7 +27,8 @@ mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 sdist=$DIR/xgrammar-$PIN.tar.gz
 prefix=$DIR/install
-stamp_text="$SHA256 Release $CXXFLAGS_XG $(g++ -dumpfullversion) $(cmake --version | head -1)"
+cmake_version=$(cmake --version)  # whole, then its first line: `| head -1` can SIGPIPE cmake under pipefail
+stamp_text="$SHA256 Release $CXXFLAGS_XG $(g++ -dumpfullversion) ${cmake_version%%$'\n'*}"
 if [ -f "$prefix/lib/libxgrammar.a" ] && [ "$(cat "$prefix/.stamp" 2>/dev/null)" = "$stamp_text" ]; then
   echo "$prefix"
   exit 0
