@@ -22,6 +22,8 @@
 #include "engine/base/regular_file.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_json.hpp"
+#include "engine/speculative/draft_model_proposer.hpp"
+#include "engine/speculative/layer_draft.hpp"
 #include "engine/speculative/vocabulary_check.hpp"
 
 namespace tessera::app {
@@ -82,13 +84,26 @@ dummy_weights_options dummy_options(const engine_flags& flags) {
   return o;
 }
 
-// --speculative draft: loads --draft-model, checks that it has the target's vocabulary (what both
-// tokenizers loaded: size, token texts, special ids) and builds its CPU executor with a KV pool of its
-// own. Every failure is an invalid_request naming the flag.
-void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
+// --speculative draft: the draft model's weights: --draft-model's file, checked to have the target's
+// vocabulary (what both tokenizers loaded: size, token texts, special ids), or --draft-layers' first
+// layers of the target itself (engine/speculative/layer_draft.hpp). Every failure is an
+// invalid_request naming the flag.
+void load_draft_weights(const engine_flags& flags, bool dummy, engine_bundle& b) {
+  if (flags.draft_layers > 0) {
+    if (!flags.draft_model.empty())
+      throw invalid_request("--draft-layers and --draft-model both name the draft model: give one of them");
+    loaded_model draft;
+    draft.path = b.model.path;
+    draft.weights = first_layers_draft(b.model.weights, flags.draft_layers);
+    draft.tok = b.model.tok;
+    b.draft_model = std::move(draft);
+    return;
+  }
   const std::string flag = "--draft-model " + flags.draft_model;
   if (flags.draft_model.empty())
-    throw invalid_request("--speculative draft needs --draft-model PATH (the draft model)");
+    throw invalid_request(
+        "--speculative draft needs --draft-model PATH (the draft model) or --draft-layers N (the model's own first "
+        "N layers)");
   try {
     b.draft_model = load_model(resolve_model(flags.draft_model).path,
                                dummy ? load_format::dummy : load_format::automatic, dummy_options(flags));
@@ -107,13 +122,24 @@ void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
                           "cannot be compared");
   }
   if (!dummy) fault_in_weights(*b.draft_model->weights, false);
+}
+
+// "--draft-model FILE" or "--draft-layers N", for the errors about the draft's executor.
+std::string draft_flag(const engine_flags& flags) {
+  return flags.draft_layers > 0 ? "--draft-layers " + std::to_string(flags.draft_layers)
+                                : "--draft-model " + flags.draft_model;
+}
+
+// The draft model's CPU executor, with a KV pool of its own: as many blocks as the target's KV budget
+// buys for the draft model, never more than the target has (the draft never holds more tokens than
+// the target does), or --draft-num-kv-blocks.
+void make_draft_cpu_executor(const engine_flags& flags, engine_bundle& b) {
+  const model_config& draft = b.draft_model->weights->config;
   cpu_executor_options o;
   o.num_threads = flags.threads;
   o.dequantize_weights = flags.dequantize_weights;
   o.kv_dtype = resolve(cpu_kv_dtype::automatic, flags.dequantize_weights);
   o.kv.block_size = flags.block_size;
-  // As many blocks as the target's KV budget buys for the draft model, never more than the target
-  // has: the draft never holds more tokens than the target does.
   o.kv.num_device_blocks =
       flags.draft_num_kv_blocks > 0
           ? flags.draft_num_kv_blocks
@@ -125,11 +151,7 @@ void load_draft_model(const engine_flags& flags, bool dummy, engine_bundle& b) {
     throw invalid_request("--speculative draft: the draft model's KV pool holds no block: raise --kv-cache-memory");
   try {
     b.draft_exec = make_cpu_executor(b.draft_model->weights, o);
-  } catch (const std::exception& e) { throw invalid_request(flag + ": " + e.what()); }
-  if (!flags.quiet)
-    std::fprintf(stderr, "draft model %s: %d layers, hidden %d; cpu executor; draft KV pool %d blocks x %d tokens\n",
-                 b.draft_model->path.filename().c_str(), draft.num_layers, draft.hidden_size, o.kv.num_device_blocks,
-                 o.kv.block_size);
+  } catch (const std::exception& e) { throw invalid_request(draft_flag(flags) + ": " + e.what()); }
 }
 
 }  // namespace
@@ -227,6 +249,10 @@ void engine_flags::add_to(CLI::App& cmd) {
   cmd.add_option("--draft-model,--model-draft", draft_model,
                  "--speculative draft: the draft model, a .gguf file or a Hugging Face directory with the target's "
                  "vocabulary (llama-server: -md, --model-draft)");
+  cmd.add_option("--draft-layers", draft_layers,
+                 "--speculative draft without --draft-model: draft with the model's own first N layers and its "
+                 "head (early exit, self-speculative decoding), for models without a smaller sibling")
+      ->check(CLI::Range(0, 1 << 16));
   cmd.add_option("--draft-num-kv-blocks", draft_num_kv_blocks,
                  "--speculative draft: KV blocks of the draft model's own pool (0: as --kv-cache-memory allows, "
                  "at most the target's)")
@@ -358,15 +384,40 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
     cuda.kv.num_host_blocks = static_cast<int32_t>(std::min<int64_t>(
         static_cast<int64_t>(flags.swap_space_gib * gib) / cuda_kv_block_bytes(config, flags.block_size, cuda.dtype),
         std::numeric_limits<int32_t>::max()));
+    // A draft model runs on the GPU too, its pool sized with the target's: as many blocks (or
+    // --draft-num-kv-blocks), the target's budget leaving room for its weights and blocks.
+    cuda_executor_options draft_cuda = cuda;
+    if (flags.speculative == "draft") {
+      load_draft_weights(flags, dummy, b);
+      draft_cuda.kv.num_host_blocks = 0;  // a preempted sequence's draft state is dropped, not swapped
+      draft_cuda.kv.num_device_blocks = flags.draft_num_kv_blocks;
+      draft_cuda.max_num_batched_tokens = draft_model_options{}.max_batch_tokens;
+      cuda.co_resident = cuda_co_resident_for(*b.draft_model->weights, draft_cuda);
+    }
     b.exec = make_cuda_executor(b.model.weights, cuda);
+    if (b.draft_model) {
+      if (draft_cuda.kv.num_device_blocks == 0) draft_cuda.kv.num_device_blocks = b.exec->kv_spec().num_device_blocks;
+      try {
+        b.draft_exec = make_cuda_executor(b.draft_model->weights, draft_cuda);
+      } catch (const std::exception& e) { throw invalid_request(draft_flag(flags) + ": " + e.what()); }
+    }
 #endif
   } else {
     if (exec_options.kv.num_device_blocks < 1)
       throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
     b.exec = make_cpu_executor(b.model.weights, exec_options);
+    if (flags.speculative == "draft") {
+      load_draft_weights(flags, dummy, b);
+      make_draft_cpu_executor(flags, b);
+    }
   }
-
-  if (flags.speculative == "draft") load_draft_model(flags, dummy, b);
+  if (b.draft_model && !flags.quiet) {
+    const model_config& draft = b.draft_model->weights->config;
+    const kv_cache_spec& kv = b.draft_exec->kv_spec();
+    std::fprintf(stderr, "draft model %s%s: %d layers, hidden %d; %s executor; draft KV pool %d blocks x %d tokens\n",
+                 b.draft_model->path.filename().c_str(), flags.draft_layers > 0 ? " (its first layers)" : "",
+                 draft.num_layers, draft.hidden_size, b.draft_exec->name(), kv.num_device_blocks, kv.block_size);
+  }
 
 #if TESSERA_WITH_XGRAMMAR
   if (b.model.tok) b.constraints = structured::make_grammar_backend(*b.model.tok, config.vocab_size);

@@ -46,6 +46,7 @@ struct engine_flags {
   std::string speculative = "off";        // off | ngram | draft
   int num_speculative_tokens = 4;         // draft tokens per sequence and step
   std::string draft_model;                // --speculative draft: the draft model (.gguf or HF directory)
+  int draft_layers = 0;                   // --speculative draft: the model's own first N layers as draft (0: off)
   int draft_num_kv_blocks = 0;            // the draft model's own KV pool; 0: as --kv-cache-memory allows
   std::string draft_sampling = "sample";  // sample | argmax: how the draft model drafts for requests that sample
   int draft_branches = 1;                 // argmax drafts: tokens offered per position (1: a chain; more: a token tree)
@@ -63,8 +64,8 @@ struct engine_bundle {
   loaded_model model;
   std::string model_name;  // the library name MODEL was given by (app/model_lookup.hpp); "" for a path
   std::unique_ptr<executor> exec;
-  // --speculative draft: the draft model and its executor (CPU, with its own KV pool), which the
-  // engine's draft-model proposer uses alone.
+  // --speculative draft: the draft model and its executor (on the target's device, with its own KV
+  // pool), which the engine's draft-model proposer uses alone.
   std::optional<loaded_model> draft_model;
   std::shared_ptr<executor> draft_exec;
   std::unique_ptr<llm_engine> engine;  // null when built for the actor runtime

@@ -8,7 +8,8 @@
 #
 #   bench/speculative_bench.sh [TESSERA] [NUM_REQUESTS] [THREADS] [MODEL] [K] [DRAFT] [BRANCHES]
 #     defaults: build/bin/tessera 0 (all) 2 models/SmolLM2-135M-Instruct.Q4_1.gguf 4
-#               models/SmolLM2-135M-Instruct.Q4_1.gguf (DRAFT "none": no draft-model run)
+#               models/SmolLM2-135M-Instruct.Q4_1.gguf (DRAFT "none": no draft-model run; "layers:N":
+#               the model's own first N layers, --draft-layers N)
 #               4 (BRANCHES 1: no token-tree run)
 #   The pair the draft model is for: MODEL=models/SmolLM2-135M-Instruct-hf (float) with the Q4_1 draft,
 #   e.g. bench/speculative_bench.sh build/bin/tessera 0 2 models/SmolLM2-135M-Instruct-hf 4
@@ -35,7 +36,9 @@ for workload in grounded sharegpt_like; do
   for mode in "${MODES[@]}"; do
     extra=()
     spec=$mode
-    [ "$mode" = draft ] && extra=(--draft-model "$DRAFT")
+    if [ "$mode" = draft ]; then
+      if [[ $DRAFT == layers:* ]]; then extra=(--draft-layers "${DRAFT#layers:}"); else extra=(--draft-model "$DRAFT"); fi
+    fi
     [ "$mode" = tree ] && spec=ngram && extra=(--ngram-branches "$BRANCHES")
     out=$("$TESSERA" bench throughput --model "$MODEL" --threads "$THREADS" --workload "bench/workloads/$workload.jsonl" \
       --num-requests "$NUM" --max-num-seqs 1 --speculative "$spec" --num-speculative-tokens "$K" "${extra[@]}" --quiet)

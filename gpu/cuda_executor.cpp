@@ -138,6 +138,60 @@ struct gpu_layer {
   int32_t window_class = 0;  // index into cuda_executor::window_classes_ (its split plans)
 };
 
+// Bytes of the per-token activation buffers for `tokens` tokens of elements of `elem` bytes
+// (cuda_executor::reserve_tokens allocates them; cuda_co_resident_for counts them).
+struct activation_bytes {
+  size_t x = 0, xn = 0, qkv = 0, attn = 0, gu = 0, mlp = 0, tmp = 0;
+  size_t total() const { return x + xn + qkv + attn + gu + mlp + tmp; }
+};
+
+activation_bytes activation_bytes_for(const model_config& c, size_t tokens, size_t elem) {
+  const auto hidden = static_cast<size_t>(c.hidden_size);
+  const size_t q_dim = static_cast<size_t>(c.num_heads) * static_cast<size_t>(c.head_dim);
+  const size_t qkv_cols = q_dim + 2 * static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(c.head_dim);
+  const auto ffn = static_cast<size_t>(c.intermediate_size);
+  activation_bytes a;
+  a.x = tokens * hidden * sizeof(float);
+  a.xn = tokens * hidden * elem;
+  a.qkv = tokens * qkv_cols * sizeof(float);
+  a.attn = tokens * q_dim * elem;
+  a.gu = tokens * 2 * ffn * sizeof(float);
+  a.mlp = tokens * ffn * elem;
+  if (c.features.post_norms) a.tmp = tokens * hidden * sizeof(float);
+  return a;
+}
+
+// Device bytes of the logit rows' buffers (the final norm's output and the fp32 logits).
+size_t logit_row_bytes(const model_config& c, size_t rows, size_t elem) {
+  return rows * static_cast<size_t>(c.hidden_size) * elem + rows * static_cast<size_t>(c.vocab_size) * sizeof(float);
+}
+
+// Logit rows allocated up front: those of a full step, at most 256 (they grow when a step has more).
+int32_t initial_logit_rows(int32_t max_num_batched_tokens) {
+  return std::min(std::max(1, max_num_batched_tokens), 256);
+}
+
+// cuBLAS' fixed workspace (no allocation during a step; what graph capture needs).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// Device bytes of the uploaded weights: matrices in the compute dtype (a tied head once), vectors
+// (norms, biases) in fp32, as upload_weights lays them out.
+int64_t device_weight_bytes(const model_weights& w, size_t elem) {
+  int64_t matrix_elems = 0, vector_elems = 0;
+  auto matrix = [&](const weight_tensor& t) { matrix_elems += t.empty() ? 0 : t.rows * t.cols; };
+  auto vector = [&](const weight_tensor& t) { vector_elems += t.empty() ? 0 : t.rows * t.cols; };
+  matrix(w.token_embedding);
+  if (!w.output.empty() && w.output.data != w.token_embedding.data) matrix(w.output);
+  vector(w.output_norm);
+  for (const layer_weights& l : w.layers) {
+    for (const weight_tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrix(*t);
+    for (const weight_tensor* t :
+         {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
+      vector(*t);
+  }
+  return matrix_elems * static_cast<int64_t>(elem) + vector_elems * static_cast<int64_t>(sizeof(float));
+}
+
 // What the CUDA kernels still lack is refused at load by name rather than computed as another model.
 // Every model_config feature runs (docs/models.md); what is left is the attention kernels' head sizes.
 void refuse_unsupported_features(const model_config& c) {
@@ -180,13 +234,13 @@ class cuda_executor final : public executor {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // A fixed workspace keeps cuBLAS from allocating during a step (and is what graph capture needs).
-    cublas_workspace_.reserve(size_t{32} << 20);
+    cublas_workspace_.reserve(kCublasWorkspaceBytes);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
     upload_weights();
     plan_layers();
 
     reserve_tokens(std::max(1, options.max_num_batched_tokens));
-    reserve_logit_rows(std::min(std::max(1, options.max_num_batched_tokens), 256));
+    reserve_logit_rows(initial_logit_rows(options.max_num_batched_tokens));
 
     block_bytes_ = layout_.block_elems() * static_cast<int64_t>(sizeof(T));
     if (spec_.num_device_blocks == 0) {
@@ -194,16 +248,22 @@ class cuda_executor final : public executor {
       CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
       // Budget: utilisation * total, minus what is in use already (weights, activations, context,
       // other processes), minus a reserve for buffers that grow later (logits of long prompts,
-      // split-KV workspace).
+      // split-KV workspace), minus a co-resident draft model's weights and buffers; each block then
+      // pays for the draft's block too.
       const double reserve = 512.0 * 1024 * 1024;
+      const cuda_co_resident& other = options.co_resident;
+      if (other.bytes < 0 || other.kv_block_bytes < 0) throw invalid_request("cuda executor: bad co_resident");
       const double budget = options.gpu_memory_utilization * static_cast<double>(total_bytes) -
-                            static_cast<double>(total_bytes - free_bytes) - reserve;
-      const double blocks = budget / static_cast<double>(block_bytes_);
+                            static_cast<double>(total_bytes - free_bytes) - reserve - static_cast<double>(other.bytes);
+      const double blocks = budget / static_cast<double>(block_bytes_ + other.kv_block_bytes);
       spec_.num_device_blocks =
           static_cast<int32_t>(std::clamp(blocks, 0.0, double(std::numeric_limits<int32_t>::max())));
       if (spec_.num_device_blocks < 1) {
-        throw invalid_request(
-            "cuda executor: no KV block fits in GPU memory after the weights (raise --gpu-memory-utilization)");
+        throw invalid_request(other.bytes > 0
+                                  ? "cuda executor: no KV block fits in GPU memory after the weights of the "
+                                    "model and its draft model (raise --gpu-memory-utilization)"
+                                  : "cuda executor: no KV block fits in GPU memory after the weights "
+                                    "(raise --gpu-memory-utilization)");
       }
     }
     // One block more than the engine sees: the padding tokens of graph-replayed steps write there.
@@ -456,19 +516,14 @@ class cuda_executor final : public executor {
 
   void reserve_tokens(int32_t n) {
     if (n <= cap_tokens_) return;
-    const auto T_ = static_cast<size_t>(n);
-    const auto hidden = static_cast<size_t>(config_.hidden_size);
-    const size_t q_dim = static_cast<size_t>(config_.num_heads) * static_cast<size_t>(config_.head_dim);
-    const size_t qkv_cols =
-        q_dim + 2 * static_cast<size_t>(config_.num_kv_heads) * static_cast<size_t>(config_.head_dim);
-    const auto ffn = static_cast<size_t>(config_.intermediate_size);
-    x_.reserve(T_ * hidden * sizeof(float));
-    xn_.reserve(T_ * hidden * sizeof(T));
-    qkv_.reserve(T_ * qkv_cols * sizeof(float));
-    attn_.reserve(T_ * q_dim * sizeof(T));
-    gu_.reserve(T_ * 2 * ffn * sizeof(float));
-    mlp_.reserve(T_ * ffn * sizeof(T));
-    if (post_norms_) tmp_.reserve(T_ * hidden * sizeof(float));
+    const activation_bytes a = activation_bytes_for(config_, static_cast<size_t>(n), sizeof(T));
+    x_.reserve(a.x);
+    xn_.reserve(a.xn);
+    qkv_.reserve(a.qkv);
+    attn_.reserve(a.attn);
+    gu_.reserve(a.gu);
+    mlp_.reserve(a.mlp);
+    if (a.tmp > 0) tmp_.reserve(a.tmp);
     cap_tokens_ = n;
   }
 
@@ -1157,6 +1212,24 @@ std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights
 int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype) {
   const gpu::kv_layout layout{config.num_layers, config.num_kv_heads, block_size, config.head_dim};
   return layout.block_elems() * (dtype == cuda_dtype::f32 ? 4 : 2);
+}
+
+cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options) {
+  const model_config& c = weights.config;
+  const size_t elem = options.dtype == cuda_dtype::f32 ? 4 : 2;
+  const size_t tokens = static_cast<size_t>(std::max(1, options.max_num_batched_tokens));
+  const auto rows = static_cast<size_t>(initial_logit_rows(options.max_num_batched_tokens));
+  const int64_t block = cuda_kv_block_bytes(c, options.kv.block_size, options.dtype);
+  cuda_co_resident r;
+  r.bytes =
+      device_weight_bytes(weights, elem) + static_cast<int64_t>(activation_bytes_for(c, tokens, elem).total() +
+                                                                logit_row_bytes(c, rows, elem) + kCublasWorkspaceBytes);
+  if (options.kv.num_device_blocks > 0) {
+    r.bytes += block * (options.kv.num_device_blocks + 1);  // + the padding block of graph replays
+  } else {
+    r.kv_block_bytes = block;
+  }
+  return r;
 }
 
 }  // namespace tessera

@@ -19,6 +19,14 @@ enum class cuda_dtype {
   f32,   // everything fp32 (pure fp32 GEMMs, no TF32): matches the CPU executor's exact path
 };
 
+// Another model on the same GPU whose KV pool is sized with this one's: the draft model of
+// --speculative draft. Its pool gets as many blocks as this one (of its own size), as vLLM sizes a
+// draft's cache with its target's, so the draft never runs out of room before the target does.
+struct cuda_co_resident {
+  int64_t bytes = 0;           // its weights and buffers (and a pool of fixed size): kept free
+  int64_t kv_block_bytes = 0;  // its KV bytes per block of this pool
+};
+
 struct cuda_executor_options {
   int device = 0;
   cuda_dtype dtype = cuda_dtype::bf16;
@@ -37,6 +45,9 @@ struct cuda_executor_options {
   // weight-streaming kernel of gpu/gemv.hpp instead of cuBLAS. Unset: the environment variable
   // TESSERA_GEMV ("1" on, else off). Off by default until measured on a GPU (docs/gpu_executor.md).
   std::optional<bool> small_batch_gemm;
+  // With num_device_blocks == 0: the budget that sizes the pool leaves room for this other model
+  // (cuda_co_resident_for), and each block of the pool counts its kv_block_bytes too.
+  cuda_co_resident co_resident;
 };
 
 // True when the binary has the CUDA executor and a CUDA device is visible (never throws).
@@ -49,5 +60,12 @@ std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights
 
 // Bytes of one KV block of `block_size` positions for `dtype` (every layer's K and V).
 int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype);
+
+// What a CUDA executor of `weights` with `options` will hold on the GPU besides a pool sized with its
+// target's: its weights in the compute dtype, its activation and logit buffers, cuBLAS' workspace,
+// and its pool when options.kv.num_device_blocks fixes it (then kv_block_bytes is 0). An estimate
+// from the shapes (buffers that grow later, for longer steps, are not in it); the sizing's reserve
+// covers those.
+cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options);
 
 }  // namespace tessera

@@ -24,9 +24,11 @@
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
 #include "engine/speculative/draft_model_proposer.hpp"
+#include "engine/speculative/layer_draft.hpp"
 #include "engine/speculative/vocabulary_check.hpp"
 #include "tests/support/greedy_params.hpp"
 #include "tests/support/ngram_speculation.hpp"
+#include "tests/support/step_slices.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace tessera {
@@ -456,6 +458,59 @@ TEST(draft_model_smollm, preemption_by_swap_and_recompute_leaks_no_draft_block) 
       EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " under " << to_string(mode);
     EXPECT_GT(spec.stats.num_preemptions_recompute + spec.stats.num_preemptions_swap, 0u) << to_string(mode);
     EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u) << to_string(mode);
+  }
+}
+
+// ---- a draft of the model's own first layers (engine/speculative/layer_draft.hpp) -----------------------
+
+// The last row's logits of `prompt` on the exact (fp32) CPU executor of `weights`.
+std::vector<float> last_row(std::shared_ptr<const model_weights> weights, const std::vector<token_id>& prompt) {
+  auto exec = test_support::cpu_reference_executor(std::move(weights), test_support::kv_pool(8), 1);
+  step_batch b;
+  b.seqs.push_back(test_support::make_slice(1, prompt, 0, {0, 1, 2}, sequence_slice::logits_mode::last));
+  step_output o;
+  exec->execute(b, o);
+  return {o.row(0).begin(), o.row(0).end()};
+}
+
+TEST(layer_draft, all_layers_are_the_target_and_fewer_are_another_model_on_the_same_tensors) {
+  const auto target = test_support::f32_dummy_weights(test_support::tiny_executor_config(), 7);
+  const std::vector<token_id> prompt = test_support::pseudo_tokens(40, 3);
+  EXPECT_EQ(last_row(first_layers_draft(target, 2), prompt), last_row(target, prompt));
+  const auto one = first_layers_draft(target, 1);
+  EXPECT_EQ(one->config.num_layers, 1);
+  EXPECT_EQ(one->layers.size(), 1u);
+  EXPECT_EQ(one->layers[0].wq.data, target->layers[0].wq.data);  // the target's tensors, not copies
+  EXPECT_EQ(one->output_norm.data, target->output_norm.data);
+  EXPECT_NE(last_row(one, prompt), last_row(target, prompt));
+  for (const int32_t bad : {0, 3, -1}) {
+    try {
+      first_layers_draft(target, bad);
+      ADD_FAILURE() << bad << " layers accepted";
+    } catch (const invalid_request& e) {
+      EXPECT_NE(std::string(e.what()).find("--draft-layers"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("2 layers"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(draft_model_smollm, its_own_first_layers_as_draft_give_plain_decodings_tokens_batch_1_and_8) {
+  // SmolLM2's first 10 of 30 layers and its head drafting for the whole model (--draft-layers 10).
+  if (!smollm()) GTEST_SKIP() << "no model in " << TESSERA_MODEL_DIR;
+  loaded_model draft = *smollm();
+  draft.weights = first_layers_draft(smollm()->weights, 10);
+  const tokenizer& tok = *smollm()->tok;
+  auto target = smollm_executor(256, 0);
+  for (const int batch : {1, 8}) {
+    std::vector<std::vector<token_id>> prompts;
+    for (int32_t i = 0; i < batch; ++i) prompts.push_back(open_prompt(tok, i));
+    const run_result plain = run(*target, smollm()->tok, options(256, 0, false), prompts, 24);
+    const run_result spec = run(*target, smollm()->tok, draft_options(256, 0, draft, 256), prompts, 24);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "request " << i << " of " << batch;
+    const double rate = acceptance(spec, batch == 1 ? "first 10 layers as draft, batch 1" : "first 10 layers, batch 8");
+    EXPECT_GT(spec.stats.num_accepted_draft_tokens, 0u);
+    EXPECT_LT(rate, 1.0);  // an early exit is another model: some drafts are rejected and rolled back
   }
 }
 

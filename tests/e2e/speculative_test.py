@@ -14,7 +14,9 @@ drafts from the draft's distribution (nearly all accepted, seeded output repeats
 output are plain decoding's), and a draft that does not load or has
 another vocabulary (gemma-3-270m, when present) is a startup error naming --draft-model.
 A fourth verifies n-gram token trees (`--ngram-branches 4`): the same greedy text alone and concurrent,
-and a constrained request's JSON unchanged. Prints "N passed, M failed" and exits non-zero on any failure.
+and a constrained request's JSON unchanged. A fifth drafts with the model's own first 24 layers
+(`--draft-layers 24`): the same greedy text, its draft pool empty after; out-of-range and conflicting
+--draft-layers are startup errors naming it. Prints "N passed, M failed" and exits non-zero on any failure.
 Usage: speculative_test.py TESSERA_BINARY MODEL
 """
 import concurrent.futures
@@ -70,6 +72,8 @@ draft = server(*DRAFT)
 argmax_draft = server(*DRAFT, "--draft-sampling", "argmax", "--draft-branches", "3")
 # N-gram token trees (SpecInfer-style tree attention in the CPU executor): several continuations at once.
 tree = server(*SPEC, "--ngram-branches", "4")
+# The model's own first 24 of 30 layers and its head as the draft (--draft-layers: early exit).
+layers = server("--speculative", "draft", "--draft-layers", "24", "--draft-max", "3")
 
 OPEN_PROMPTS = ["The history of the printing press begins", "Three reasons to learn a second language are",
                 "Once upon a time, in a small village by the sea,", "def fibonacci(n):\n"]
@@ -283,9 +287,27 @@ def draft_model_structured_output_gives_the_same_json():
 
 
 @case
+def first_layers_draft_gives_the_same_text():
+    before = layers.metrics()
+    for p in OPEN_PROMPTS[:2]:
+        a = plain.complete(p, max_tokens=24)
+        b = layers.complete(p, max_tokens=24)
+        assert b.choices[0].text == a.choices[0].text, (p, a.choices[0].text, b.choices[0].text)
+        sp = (b.usage.model_extra or {}).get("speculative")
+        assert sp and sp["proposed"] > 0, b.usage
+    after = layers.metrics()
+    assert after["tessera_spec_decode_num_draft_tokens_total"] > before["tessera_spec_decode_num_draft_tokens_total"]
+    assert after["tessera_spec_decode_draft_kv_blocks"] > 0
+    assert after["tessera_spec_decode_draft_kv_blocks_used"] == 0, after["tessera_spec_decode_draft_kv_blocks_used"]
+
+
+@case
 def draft_model_bad_flags_are_startup_errors():
     gemma = os.path.join(os.path.dirname(MODEL), "gemma-3-270m-q4_k_m.gguf")
     cases = [(["--speculative", "draft"], "--draft-model"),
+             (["--speculative", "draft"], "--draft-layers"),
+             (["--speculative", "draft", "--draft-layers", "31"], "--draft-layers must be between 1 and the model's 30"),
+             (["--speculative", "draft", "--draft-layers", "4", "-md", MODEL], "--draft-layers and --draft-model"),
              (["--speculative", "draft", "--draft-model", "/nonexistent/draft.gguf"], "--draft-model"),
              (["--speculative", "draft", "--model-draft", os.path.dirname(MODEL) + "/no-such-dir"], "--draft-model")]
     if os.path.exists(gemma):
@@ -301,7 +323,7 @@ def draft_model_bad_flags_are_startup_errors():
 
 @case
 def no_block_is_left_behind():
-    for s in (spec, draft, argmax_draft, tree):
+    for s in (spec, draft, argmax_draft, tree, layers):
         m = s.metrics()
         assert m['tessera_kv_blocks_used{pool="device"}'] == 0, m['tessera_kv_blocks_used{pool="device"}']
     # The draft model's own pool is empty again too (every finished request released its draft K/V).
@@ -316,4 +338,5 @@ spec.stop(expect_clean=True)
 draft.stop(expect_clean=True)
 argmax_draft.stop(expect_clean=True)
 tree.stop(expect_clean=True)
+layers.stop(expect_clean=True)
 sys.exit(summary())

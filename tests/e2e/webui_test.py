@@ -579,7 +579,12 @@ def speculative_dashboard(browser):
     share of draft tokens accepted and the draft model's KV pool, which empties when the load ends."""
     import re
     port = free_port()
-    proc = start_server(port, "--speculative", "draft", "-md", MODEL, "--draft-max", "4")
+    # 160 blocks (and so a draft pool of 160): room for a load long enough to span a few /metrics
+    # scrapes (every 2 s): the model accepting its own drafts finished 4 x 96 tokens within one scrape,
+    # and the gauge then read 0 throughout.
+    engine = list(ENGINE)
+    engine[engine.index("--num-kv-blocks") + 1] = "160"
+    proc = start_server(port, "--speculative", "draft", "-md", MODEL, "--draft-max", "4", engine=engine)
     try:
         page = browser.new_context(viewport={"width": 1280, "height": 800}, device_scale_factor=1).new_page()
         errors = []
@@ -590,9 +595,9 @@ def speculative_dashboard(browser):
               not page.is_visible("#spec-gauge") and not page.is_visible("#draft-gauge"))
         page.fill("#load-n", "4")
         page.fill("#load-prompt", "32")
-        page.fill("#load-max", "96")
+        page.fill("#load-max", "400")
         page.click("#load-form button[type=submit]")
-        busy = wait_for(lambda: re.match(r"([1-9]\d*)/40$", page.inner_text("#g-draft-text")), 60, 0.2)
+        busy = wait_for(lambda: re.match(r"([1-9]\d*)/160$", page.inner_text("#g-draft-text")), 60, 0.2)
         check("the draft model's KV pool fills while requests speculate", busy, page.inner_text("#g-draft-text"))
         rate = wait_for(lambda: re.match(r"(\d+)% · (\d+\.\d+) tokens/step", page.inner_text("#g-spec-text")), 60)
         # The model drafting for itself: nearly every draft token is accepted, several tokens a step.
@@ -608,7 +613,7 @@ def speculative_dashboard(browser):
               and box["y"] + box["height"] <= cell[1] + cell[3] + 1 and re.match(r"spec \d+/\d+$", badge.inner_text()),
               (box, cell))
         check("the draft model's KV pool is empty once the load has finished",
-              wait_for(lambda: page.inner_text("#g-draft-text") == "0/40", 240, 0.5), page.inner_text("#g-draft-text"))
+              wait_for(lambda: page.inner_text("#g-draft-text") == "0/160", 240, 0.5), page.inner_text("#g-draft-text"))
         page.screenshot(path=os.path.join(OUT_DIR, "dashboard-speculative.png"))
         check("no JavaScript errors on the speculative dashboard", not errors, errors[:5])
     finally:

@@ -5,6 +5,8 @@
 // error given when one is asked for there.
 #include "gpu/cuda_executor.hpp"
 
+#include <cuda_runtime.h>
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -20,6 +22,7 @@
 #include <numeric>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "cpu/cpu_executor.hpp"
@@ -28,6 +31,8 @@
 #include "engine/model/dummy_weights.hpp"
 #include "engine/model/model_loader.hpp"
 #include "engine/model/rope.hpp"
+#include "engine/speculative/draft_model_proposer.hpp"
+#include "engine/speculative/layer_draft.hpp"
 #include "gpu/kernels.hpp"
 #include "tests/support/ngram_speculation.hpp"
 #include "tests/support/scripted_constraints.hpp"
@@ -566,6 +571,48 @@ TEST(CudaExecutorSizing, GpuMemoryUtilizationSizesThePool) {
   EXPECT_THROW(make_cuda_executor(w, o), invalid_request);
 }
 
+// A draft model sharing the device (app/engine_flags.cpp, --speculative draft --device cuda): the
+// target's pool, sized with cuda_co_resident_for's estimate of the draft, leaves room for the draft's
+// weights, buffers and a pool of as many blocks, so that both executors are built within the
+// utilisation; without the estimate the target would take the room the draft needs.
+TEST(CudaExecutorSizing, ADraftModelGetsAPoolOfTheTargetsBlocksWithinTheUtilisation) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  const auto target_weights = make_dummy_weights(tiny_config(rope_style::half));
+  const auto draft_weights = first_layers_draft(target_weights, 1);
+  cuda_executor_options o;
+  o.kv.block_size = 16;
+  o.gpu_memory_utilization = 0.08;
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  int32_t alone_blocks = 0;
+  {
+    const auto alone = make_cuda_executor(target_weights, o);
+    alone_blocks = alone->kv_spec().num_device_blocks;
+  }
+  cuda_executor_options draft_options = o;
+  draft_options.max_num_batched_tokens = 512;
+  const cuda_co_resident draft_share = cuda_co_resident_for(*draft_weights, draft_options);
+  EXPECT_EQ(draft_share.kv_block_bytes, cuda_kv_block_bytes(draft_weights->config, 16, cuda_dtype::bf16));
+  EXPECT_GT(draft_share.bytes, 0);
+  o.co_resident = draft_share;
+  const auto target = make_cuda_executor(target_weights, o);
+  const int32_t blocks = target->kv_spec().num_device_blocks;
+  EXPECT_LT(blocks, alone_blocks);
+  draft_options.kv.num_device_blocks = blocks;
+  const auto draft = make_cuda_executor(draft_weights, draft_options);
+  EXPECT_EQ(draft->kv_spec().num_device_blocks, blocks);
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  const double used = static_cast<double>(free0 - free1), budget = o.gpu_memory_utilization * double(total);
+  EXPECT_LE(used, budget) << "the target and its draft take more than the utilisation allows";
+  // And most of it: the pool is not sized far too small (the 512 MiB reserve aside).
+  EXPECT_GE(used, budget - 768.0 * 1024 * 1024);
+  // A fixed draft pool is counted whole, with no per-block share.
+  const cuda_co_resident fixed = cuda_co_resident_for(*draft_weights, draft_options);
+  EXPECT_EQ(fixed.kv_block_bytes, 0);
+  EXPECT_GE(fixed.bytes, draft_share.bytes + int64_t{blocks} * draft_share.kv_block_bytes);
+}
+
 // ---- the real default model ----------------------------------------------------------------------
 
 std::filesystem::path real_model_path() {
@@ -890,6 +937,32 @@ TEST_P(CudaTinyModel, TokenTreeRowsEqualTheirBranchesAsChainsOnTheCpuExecutor) {
               c.dtype == cuda_dtype::f32 ? "f32" : "bf16", worst);
 }
 
+// Greedy decoding of `prompts` through an engine on `exec`, all at once, checking the scheduler's
+// invariants after every step and, at the end, that every block of the pool and of a draft model's
+// pool is free. Returns the tokens per request; `stats` gets the engine's counters.
+std::map<request_id, std::vector<token_id>> greedy_through_engine(executor& exec, const engine_options& eo,
+                                                                  const std::vector<std::vector<token_id>>& prompts,
+                                                                  int32_t max_tokens, engine_stats& stats) {
+  llm_engine engine(exec, nullptr, eo);
+  std::map<request_id, std::vector<token_id>> out;
+  for (const auto& p : prompts) engine.add_request(p, greedy_params(max_tokens));
+  while (engine.has_unfinished()) {
+    for (const request_output& o : engine.step()) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      out[o.id].insert(out[o.id].end(), o.token_ids.begin(), o.token_ids.end());
+    }
+    EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+  }
+  const block_manager& bm = engine.get_scheduler().blocks();
+  EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
+  if (const draft_proposer* p = engine.proposer()) {
+    const draft_pool_usage pool = p->pool_usage();
+    EXPECT_EQ(pool.num_free_blocks, pool.num_blocks) << "draft KV blocks leaked";
+  }
+  stats = engine.stats();
+  return out;
+}
+
 // N-gram token trees (4 branches) through the engine on the CUDA executor: the greedy tokens of plain
 // decoding, for three sequences together (so the trees share steps), with drafts accepted and every
 // block free after. fp32 only (bf16's near-ties may part either run from the exact tokens).
@@ -910,19 +983,9 @@ TEST_P(CudaTinyModel, NgramTokenTreesThroughTheEngineGiveThePlainGreedyTokens) {
       eo.speculative.ngram.branches = 4;
     }
     const auto cuda = gpu(test_support::kv_pool(32, 0));
-    llm_engine engine(*cuda, nullptr, eo);
-    std::map<request_id, std::vector<token_id>> out;
-    for (const auto& p : prompts) engine.add_request(p, greedy_params(24));
-    while (engine.has_unfinished()) {
-      for (const request_output& o : engine.step()) {
-        EXPECT_TRUE(o.error.empty()) << o.error;
-        out[o.id].insert(out[o.id].end(), o.token_ids.begin(), o.token_ids.end());
-      }
-      EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
-    }
-    const block_manager& bm = engine.get_scheduler().blocks();
-    EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
-    accepted = engine.stats().num_accepted_draft_tokens;
+    engine_stats stats;
+    auto out = greedy_through_engine(*cuda, eo, prompts, 24, stats);
+    accepted = stats.num_accepted_draft_tokens;
     return out;
   };
   uint64_t accepted = 0;
@@ -931,6 +994,49 @@ TEST_P(CudaTinyModel, NgramTokenTreesThroughTheEngineGiveThePlainGreedyTokens) {
   EXPECT_EQ(spec, plain) << GetParam().arch;
   EXPECT_GT(accepted, 0u) << "no draft was accepted: the comparison proves nothing";
   std::printf("  %s: %llu draft tokens accepted\n", GetParam().arch, static_cast<unsigned long long>(accepted));
+}
+
+// A draft model on the CUDA executor (--speculative draft --device cuda): the fixture's first layer and
+// head (engine/speculative/layer_draft.hpp) drafting for the whole model on a CUDA executor of its own,
+// three sequences together. Greedy output must be plain decoding's, with drafts accepted and (but for
+// Gemma's fixtures, below) rejected, so the draft's rollback on the device is exercised, and both pools
+// free after. fp32 only.
+TEST_P(CudaTinyModel, DraftModelOnTheCudaExecutorGivesThePlainGreedyTokens) {
+  if (GetParam().dtype != cuda_dtype::f32) GTEST_SKIP() << "fp32 only";
+  const int32_t vocab = model_.weights->config.vocab_size;
+  std::vector<std::vector<token_id>> prompts;
+  for (int32_t i = 0; i < 3; ++i) prompts.push_back(tokens(20 + 7 * i, 40 + i, vocab));
+  auto run = [&](bool speculate, engine_stats& stats) {
+    engine_options eo = chunked_engine_options();
+    std::shared_ptr<executor> draft;
+    if (speculate) {
+      cuda_executor_options go;
+      go.kv = test_support::kv_pool(32, 0);
+      go.dtype = GetParam().dtype;
+      draft = make_cuda_executor(first_layers_draft(model_.weights, 1), go);
+      EXPECT_STREQ(draft->name(), "cuda");
+      eo.speculative.mode = speculative_mode::draft;
+      eo.speculative.num_tokens = 3;
+      eo.speculative.max_batch = 16;
+      eo.speculative.draft_executor = draft;
+    }
+    const auto cuda = gpu(test_support::kv_pool(32, 0));
+    return greedy_through_engine(*cuda, eo, prompts, 16, stats);
+  };
+  engine_stats plain_stats, spec_stats;
+  const auto plain = run(false, plain_stats);
+  const auto spec = run(true, spec_stats);
+  EXPECT_EQ(spec, plain) << GetParam().arch;
+  EXPECT_GT(spec_stats.num_accepted_draft_tokens, 0u) << "no draft was accepted: the comparison proves nothing";
+  // On the random Gemma fixtures the embedding, scaled by sqrt(hidden), dominates the residual stream,
+  // so their first layer alone already gives the model's argmax (measured: every draft accepted); the
+  // other architectures reject most drafts, which exercises the draft's rollback on the device.
+  if (std::string_view(GetParam().arch).substr(0, 5) != "gemma") {
+    EXPECT_LT(spec_stats.num_accepted_draft_tokens, spec_stats.num_draft_tokens) << "no draft was rejected";
+  }
+  std::printf("  %s: %llu of %llu draft tokens accepted\n", GetParam().arch,
+              static_cast<unsigned long long>(spec_stats.num_accepted_draft_tokens),
+              static_cast<unsigned long long>(spec_stats.num_draft_tokens));
 }
 
 // Embeddings (mean and last pooling) and prompt logprobs through the engine on every architecture
