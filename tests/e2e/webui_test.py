@@ -604,14 +604,19 @@ def speculative_dashboard(browser):
         check("the dashboard shows the share of drafts accepted and tokens per verification",
               rate and int(rate.group(1)) >= 50 and float(rate.group(2)) > 1.5, page.inner_text("#g-spec-text"))
         # The request table marks each request's drafts (accepted/verified) as a badge inside its cell.
-        badge = wait_for(lambda: page.query_selector("#requests .mark-speculative"), 30)
-        box = badge.bounding_box() if badge else None
-        cell = page.query_selector("#requests .mark-speculative").evaluate(
-            "e => { const r = e.closest('td').getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }") if badge else None
+        # Badge and cell measured in one evaluation: the table re-renders while the load runs, and a
+        # badge found by one call can be gone from the page by the next.
+        found = wait_for(lambda: page.evaluate("""() => {
+            const e = document.querySelector('#requests .mark-speculative');
+            if (!e) return null;
+            const b = e.getBoundingClientRect(), c = e.closest('td').getBoundingClientRect();
+            return {box: [b.x, b.y, b.width, b.height], cell: [c.x, c.y, c.width, c.height], text: e.textContent};
+        }"""), 30)
+        box, cell = (found["box"], found["cell"]) if found else (None, None)
         check("each request's draft badge sits inside its table cell",
-              box and cell and box["x"] >= cell[0] and box["y"] >= cell[1] and box["x"] + box["width"] <= cell[0] + cell[2] + 1
-              and box["y"] + box["height"] <= cell[1] + cell[3] + 1 and re.match(r"spec \d+/\d+$", badge.inner_text()),
-              (box, cell))
+              found and box[2] > 0 and box[0] >= cell[0] and box[1] >= cell[1] and box[0] + box[2] <= cell[0] + cell[2] + 1
+              and box[1] + box[3] <= cell[1] + cell[3] + 1 and re.match(r"spec \d+/\d+$", found["text"].strip()),
+              found)
         check("the draft model's KV pool is empty once the load has finished",
               wait_for(lambda: page.inner_text("#g-draft-text") == "0/160", 240, 0.5), page.inner_text("#g-draft-text"))
         page.screenshot(path=os.path.join(OUT_DIR, "dashboard-speculative.png"))
