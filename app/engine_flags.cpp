@@ -372,6 +372,8 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
                                 exec_options.kv_dtype);
   exec_options.kv.num_host_blocks = kv_blocks_for_bytes(
       config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib), exec_options.kv_dtype);
+  // Before the target's executor: on the GPU the target's pool is sized to leave room for the draft.
+  if (flags.speculative == "draft") load_draft_weights(flags, dummy, b);
   if (device == "cuda") {
 #if TESSERA_WITH_CUDA
     cuda_executor_options cuda;
@@ -387,8 +389,7 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
     // A draft model runs on the GPU too, its pool sized with the target's: as many blocks (or
     // --draft-num-kv-blocks), the target's budget leaving room for its weights and blocks.
     cuda_executor_options draft_cuda = cuda;
-    if (flags.speculative == "draft") {
-      load_draft_weights(flags, dummy, b);
+    if (b.draft_model) {
       draft_cuda.kv.num_host_blocks = 0;  // a preempted sequence's draft state is dropped, not swapped
       draft_cuda.kv.num_device_blocks = flags.draft_num_kv_blocks;
       draft_cuda.max_num_batched_tokens = draft_model_options{}.max_batch_tokens;
@@ -406,10 +407,7 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
     if (exec_options.kv.num_device_blocks < 1)
       throw invalid_request("the KV cache holds no block: raise --kv-cache-memory");
     b.exec = make_cpu_executor(b.model.weights, exec_options);
-    if (flags.speculative == "draft") {
-      load_draft_weights(flags, dummy, b);
-      make_draft_cpu_executor(flags, b);
-    }
+    if (b.draft_model) make_draft_cpu_executor(flags, b);
   }
   if (b.draft_model && !flags.quiet) {
     const model_config& draft = b.draft_model->weights->config;

@@ -161,10 +161,19 @@ activation_bytes activation_bytes_for(const model_config& c, size_t tokens, size
   return a;
 }
 
-// Device bytes of the logit rows' buffers (the final norm's output and the fp32 logits).
-size_t logit_row_bytes(const model_config& c, size_t rows, size_t elem) {
-  return rows * static_cast<size_t>(c.hidden_size) * elem + rows * static_cast<size_t>(c.vocab_size) * sizeof(float);
+// Device bytes of the logit rows' buffers for `rows` rows: the final norm's output and the fp32 logits
+// (cuda_executor::reserve_logit_rows allocates them, and as many pinned host bytes as `logits`).
+struct logit_row_bytes {
+  size_t lx = 0, logits = 0;
+  size_t total() const { return lx + logits; }
+};
+
+logit_row_bytes logit_row_bytes_for(const model_config& c, size_t rows, size_t elem) {
+  return {rows * static_cast<size_t>(c.hidden_size) * elem, rows * static_cast<size_t>(c.vocab_size) * sizeof(float)};
 }
+
+// Bytes of one element of the compute dtype.
+size_t element_bytes(cuda_dtype dtype) { return dtype == cuda_dtype::f32 ? 4 : 2; }
 
 // Logit rows allocated up front: those of a full step, at most 256 (they grow when a step has more).
 int32_t initial_logit_rows(int32_t max_num_batched_tokens) {
@@ -529,10 +538,10 @@ class cuda_executor final : public executor {
 
   void reserve_logit_rows(int32_t n) {
     if (n <= cap_rows_) return;
-    const auto R = static_cast<size_t>(n);
-    lx_.reserve(R * static_cast<size_t>(config_.hidden_size) * sizeof(T));
-    logits_.reserve(R * static_cast<size_t>(config_.vocab_size) * sizeof(float));
-    logits_host_.reserve(R * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+    const logit_row_bytes b = logit_row_bytes_for(config_, static_cast<size_t>(n), sizeof(T));
+    lx_.reserve(b.lx);
+    logits_.reserve(b.logits);
+    logits_host_.reserve(b.logits);
     cap_rows_ = n;
   }
 
@@ -1211,19 +1220,19 @@ std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights
 
 int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype) {
   const gpu::kv_layout layout{config.num_layers, config.num_kv_heads, block_size, config.head_dim};
-  return layout.block_elems() * (dtype == cuda_dtype::f32 ? 4 : 2);
+  return layout.block_elems() * static_cast<int64_t>(element_bytes(dtype));
 }
 
 cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options) {
   const model_config& c = weights.config;
-  const size_t elem = options.dtype == cuda_dtype::f32 ? 4 : 2;
+  const size_t elem = element_bytes(options.dtype);
   const size_t tokens = static_cast<size_t>(std::max(1, options.max_num_batched_tokens));
   const auto rows = static_cast<size_t>(initial_logit_rows(options.max_num_batched_tokens));
   const int64_t block = cuda_kv_block_bytes(c, options.kv.block_size, options.dtype);
   cuda_co_resident r;
-  r.bytes =
-      device_weight_bytes(weights, elem) + static_cast<int64_t>(activation_bytes_for(c, tokens, elem).total() +
-                                                                logit_row_bytes(c, rows, elem) + kCublasWorkspaceBytes);
+  r.bytes = device_weight_bytes(weights, elem) +
+            static_cast<int64_t>(activation_bytes_for(c, tokens, elem).total() +
+                                 logit_row_bytes_for(c, rows, elem).total() + kCublasWorkspaceBytes);
   if (options.kv.num_device_blocks > 0) {
     r.bytes += block * (options.kv.num_device_blocks + 1);  // + the padding block of graph replays
   } else {
