@@ -51,7 +51,8 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       samples_on_device_(metadata.samples_on_device()),
       reads_only_window_(metadata.reads_only_window()),
       pools_hidden_states_(metadata.pools_hidden_states()),
-      scores_prompts_(metadata.scores_prompts()) {}
+      scores_prompts_(metadata.scores_prompts()),
+      groups_(metadata.kv_groups()) {}
 
 actor_executor::~actor_executor() = default;
 

@@ -84,6 +84,7 @@ class fault_injecting_executor : public executor {
   bool reads_only_window() const override { return inner_->reads_only_window(); }
   bool pools_hidden_states() const override { return inner_->pools_hidden_states(); }
   bool scores_prompts() const override { return inner_->scores_prompts(); }
+  kv_layer_groups kv_groups() const override { return inner_->kv_groups(); }
   void execute(const step_batch& batch, step_output& out) override;
 
   // The fault execute() call number `call` gets under the plan's seeded draw.

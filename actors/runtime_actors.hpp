@@ -115,6 +115,7 @@ class actor_executor : public executor {
   bool reads_only_window() const override { return reads_only_window_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
   bool scores_prompts() const override { return scores_prompts_; }
+  kv_layer_groups kv_groups() const override { return groups_; }
 
   const std::string& failure() const { return failure_; }
   bool failed() const { return !failure_.empty(); }
@@ -132,6 +133,7 @@ class actor_executor : public executor {
   bool reads_only_window_ = false;
   bool pools_hidden_states_ = false;
   bool scores_prompts_ = false;
+  kv_layer_groups groups_;  // one block table per group in every slice (engine/model/kv_layer_groups.hpp)
   std::string failure_;
   std::unique_ptr<blocking_self> self_;  // created on first use, on the engine actor's thread
 };

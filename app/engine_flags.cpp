@@ -22,6 +22,7 @@
 #include "engine/base/regular_file.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_json.hpp"
+#include "engine/model/kv_layer_groups.hpp"
 #include "engine/speculative/draft_model_proposer.hpp"
 #include "engine/speculative/layer_draft.hpp"
 #include "engine/speculative/vocabulary_check.hpp"
@@ -364,14 +365,19 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
   // Resolved here (not in the executor) so that the pools below are sized for the dtype it will use.
   exec_options.kv_dtype = resolve(*kv_dtype, flags.dequantize_weights);
   exec_options.dequantize_weights = flags.dequantize_weights;
+  // Blocks of one layer group each when the layers' windows differ (Gemma 2/3), so that the engine
+  // frees the sliding layers' old blocks: engine/model/kv_layer_groups.hpp.
+  exec_options.kv_layer_groups = true;
+  const int32_t layers_per_block = group_kv_layers(config).layers_per_block;
   exec_options.kv.block_size = flags.block_size;
   exec_options.kv.num_device_blocks =
       flags.num_kv_blocks > 0
           ? flags.num_kv_blocks
           : kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib),
-                                exec_options.kv_dtype);
-  exec_options.kv.num_host_blocks = kv_blocks_for_bytes(
-      config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib), exec_options.kv_dtype);
+                                exec_options.kv_dtype, layers_per_block);
+  exec_options.kv.num_host_blocks =
+      kv_blocks_for_bytes(config, flags.block_size, static_cast<int64_t>(flags.swap_space_gib * gib),
+                          exec_options.kv_dtype, layers_per_block);
   // Before the target's executor: on the GPU the target's pool is sized to leave room for the draft.
   if (flags.speculative == "draft") load_draft_weights(flags, dummy, b);
   if (device == "cuda") {
@@ -381,14 +387,17 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
     cuda.gpu_memory_utilization = flags.gpu_memory_utilization;
     cuda.max_num_batched_tokens = flags.max_num_batched_tokens;
     cuda.cuda_graphs = flags.cuda_graphs;
+    cuda.kv_layer_groups = true;
     cuda.kv.block_size = flags.block_size;
     cuda.kv.num_device_blocks = flags.num_kv_blocks;  // 0: sized by --gpu-memory-utilization
-    cuda.kv.num_host_blocks = static_cast<int32_t>(std::min<int64_t>(
-        static_cast<int64_t>(flags.swap_space_gib * gib) / cuda_kv_block_bytes(config, flags.block_size, cuda.dtype),
-        std::numeric_limits<int32_t>::max()));
+    cuda.kv.num_host_blocks = static_cast<int32_t>(
+        std::min<int64_t>(static_cast<int64_t>(flags.swap_space_gib * gib) /
+                              cuda_kv_block_bytes(config, flags.block_size, cuda.dtype, layers_per_block),
+                          std::numeric_limits<int32_t>::max()));
     // A draft model runs on the GPU too, its pool sized with the target's: as many blocks (or
     // --draft-num-kv-blocks), the target's budget leaving room for its weights and blocks.
     cuda_executor_options draft_cuda = cuda;
+    draft_cuda.kv_layer_groups = false;  // the draft's tables (draft_model_proposer) are one group's
     if (b.draft_model) {
       draft_cuda.kv.num_host_blocks = 0;  // a preempted sequence's draft state is dropped, not swapped
       draft_cuda.kv.num_device_blocks = flags.draft_num_kv_blocks;

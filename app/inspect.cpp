@@ -8,6 +8,7 @@
 #include "app/model_lookup.hpp"
 #include "engine/model/gguf.hpp"
 #include "engine/model/hf_model.hpp"
+#include "engine/model/kv_layer_groups.hpp"
 #include "engine/model/model_loader.hpp"
 #include "engine/model/model_weights.hpp"
 
@@ -23,6 +24,7 @@ void print_config(const model_config& c) {
       "rope dims %d theta %g, rms eps %g\n",
       c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
       c.context_length, c.rope_dims, static_cast<double>(c.rope_theta), static_cast<double>(c.rms_norm_eps));
+  std::printf("kv cache: %s\n", describe(group_kv_layers(c)).c_str());
 }
 
 // The quant mix: how many tensors of each type (a "Q4_K_M" file is mostly Q4_K with some Q6_K).

@@ -135,7 +135,9 @@ class cpu_executor final : public executor {
     pool_ = std::make_unique<cpu::thread_pool>(options.num_threads);
     prepare_weights();
     tile_bytes_ = cpu::kv_tile_bytes(kv_dt_, spec_.block_size, config_.head_dim);
-    block_bytes_ = cpu_kv_block_bytes(config_, spec_.block_size, resolve(options.kv_dtype, options.dequantize_weights));
+    groups_ = options.kv_layer_groups ? group_kv_layers(config_) : single_kv_group(config_);
+    block_bytes_ = cpu_kv_block_bytes(config_, spec_.block_size, resolve(options.kv_dtype, options.dequantize_weights),
+                                      groups_.layers_per_block);
     // Uninitialised on purpose: the OS maps pages lazily, and every slot is written before it is read.
     // 64 bytes more: the attention kernels read whole vectors past a tile's last slot.
     kv_device_ = allocate(block_bytes_ * spec_.num_device_blocks + 64);
@@ -160,6 +162,7 @@ class cpu_executor final : public executor {
   const model_config& config() const override { return config_; }
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_bytes_; }
+  kv_layer_groups kv_groups() const override { return groups_; }
   const char* name() const override { return "cpu"; }
   // Attention starts at the window's first key (below) and the K/V write is at the new positions, so
   // entries of freed blocks before the window are never touched.
@@ -181,14 +184,15 @@ class cpu_executor final : public executor {
   void apply_block_moves(const step_batch& batch);
   void forward(int thread_index, const step_batch& batch);
 
-  // The (layer, K|V, kv head) tile of a device block (cpu/kernels.hpp, "KV cache tiles").
+  // The (layer, K|V, kv head) tile of a device block (cpu/kernels.hpp, "KV cache tiles"); a block of
+  // the layer's group holds it at the layer's slot in the group (kv_layer_groups).
   std::byte* kv_tile(block_id block, int32_t layer, int kind, int32_t kv_head) const {
     // step_layout refuses a freed entry inside the window; reaching one here is a bug in the key
     // ranges below, and reading through it would read another block's memory: stop.
     if (block < 0) [[unlikely]]
       freed_block_touched(block, layer);
     return kv_device_.get() + static_cast<int64_t>(block) * block_bytes_ +
-           ((static_cast<int64_t>(layer) * 2 + kind) * config_.num_kv_heads + kv_head) * tile_bytes_;
+           ((static_cast<int64_t>(groups_.slot_of(layer)) * 2 + kind) * config_.num_kv_heads + kv_head) * tile_bytes_;
   }
 
   [[noreturn]] static void freed_block_touched(block_id block, int32_t layer) {
@@ -209,6 +213,7 @@ class cpu_executor final : public executor {
   std::shared_ptr<const model_weights> weights_;
   model_config config_;
   kv_cache_spec spec_;
+  kv_layer_groups groups_;  // how the layers share blocks (one group of all, unless options.kv_layer_groups)
   const kernel_table* kern_;
   bool dequantize_all_;
   bool repack_;
@@ -409,7 +414,8 @@ void cpu_executor::apply_block_moves(const step_batch& batch) {
 }
 
 void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
-  build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out, /*allow_trees=*/true);
+  build_step_layout(batch, spec_, config_, /*samples_on_device=*/false, "cpu", layout_, out, /*allow_trees=*/true,
+                    &groups_);
   // Attention tasks: one per (sequence, kv head, run of attn_chunk tokens), its rows every query head of
   // the kv head's group, so that each K / V tile is read once for all of them. A step with fewer such
   // tasks than threads (a decode of one sequence of a model with few kv heads) splits the group into one
@@ -658,6 +664,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
 
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     const layer_state& L = layers_[static_cast<size_t>(l)];
+    const int32_t group = groups_.group_of(l);  // whose block tables hold this layer's K/V
     parallel(T, [&](int64_t t) {
       rms_norm(x_.data() + t * hidden, L.attn_norm.data(), xn_.data() + t * hidden, hidden, eps);
       quantize_rows(L.qkv, xn_.data(), t);
@@ -680,7 +687,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       for (int32_t h = 0; h < nh; ++h) rope(q + static_cast<int64_t>(h) * hd, t, L.rope_table);
       const int32_t pos = layout_.slots[static_cast<size_t>(t)];  // where its K/V goes (a tree row: not its position)
       const auto seq = static_cast<size_t>(layout_.token_seq[static_cast<size_t>(t)]);
-      const std::vector<block_id>& table = batch.seqs[seq].block_table;
+      const std::vector<block_id>& table = batch.seqs[seq].table(group);
       const block_id blk = table[static_cast<size_t>(pos / bs)];
       const int32_t slot = pos % bs;
       for (int32_t h = 0; h < nkv; ++h) {
@@ -694,14 +701,14 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     // first = 0, or pos - window + 1 on a sliding-window layer (keys older than the window are skipped,
     // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do). Table entries before
     // first / block_size are never looked at: the engine frees those blocks (no_block) when every layer
-    // has a window (reads_only_window). Flash-style: a task's rows walk the KV blocks once, with an
-    // online softmax (running max and sum per row, the output rescaled when the max grows; Dao et al.
-    // 2022, FlashAttention, alg. 1), so no row keeps more than one block of scores. Each row sees the
-    // same blocks, slots and operations whatever task it is in.
+    // of the group whose table it is has a window (reads_only_window, kv_layer_groups). Flash-style: a task's rows walk
+    // the KV blocks once, with an online softmax (running max and sum per row, the output rescaled when the max grows;
+    // Dao et al. 2022, FlashAttention, alg. 1), so no row keeps more than one block of scores. Each row sees the same
+    // blocks, slots and operations whatever task it is in.
     const int32_t window = L.sliding_window;
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
-      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].block_table;
+      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].table(group);
       attn_scratch& sc = scratch_[static_cast<size_t>(thread_index)];
       const int32_t heads = task.head_end - task.head_begin;
       const int32_t rows = (task.token_end - task.token_begin) * heads;
@@ -960,13 +967,15 @@ cpu_kv_dtype resolve(cpu_kv_dtype d, bool dequantize_weights) {
   return dequantize_weights ? cpu_kv_dtype::fp32 : cpu_kv_dtype::fp16;
 }
 
-int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size, cpu_kv_dtype dtype) {
-  return static_cast<int64_t>(config.num_layers) * 2 * config.num_kv_heads *
+int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size, cpu_kv_dtype dtype,
+                           int32_t layers_per_block) {
+  return static_cast<int64_t>(layers_per_block > 0 ? layers_per_block : config.num_layers) * 2 * config.num_kv_heads *
          cpu::kv_tile_bytes(to_kernel_dtype(dtype), block_size, config.head_dim);
 }
 
-int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes, cpu_kv_dtype dtype) {
-  const int64_t per_block = cpu_kv_block_bytes(config, block_size, dtype);
+int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes, cpu_kv_dtype dtype,
+                            int32_t layers_per_block) {
+  const int64_t per_block = cpu_kv_block_bytes(config, block_size, dtype, layers_per_block);
   if (per_block <= 0 || bytes <= 0) return 0;
   return static_cast<int32_t>(std::min<int64_t>(bytes / per_block, std::numeric_limits<int32_t>::max()));
 }

@@ -40,6 +40,11 @@ struct cpu_executor_options {
   // same bytes, rows interleaved) for the register-tiled kernels. Off (or $TESSERA_CPU_REPACK=0): the
   // kernels read the rows as stored in the file, without a copy.
   bool repack_weights = true;
+  // Cut the KV blocks by layer groups (engine/model/kv_layer_groups.hpp: group_kv_layers) when the
+  // model's layers differ in window (Gemma 2/3): a block then holds one group's layers, and every
+  // slice carries one block table per group, so the engine frees the sliding layers' old blocks. Off:
+  // a block holds every layer (the tables tests build by hand).
+  bool kv_layer_groups = false;
 };
 
 // Throws load_error when the weights are inconsistent with their config, invalid_request when
@@ -47,13 +52,14 @@ struct cpu_executor_options {
 std::unique_ptr<executor> make_cpu_executor(std::shared_ptr<const model_weights> weights,
                                             const cpu_executor_options& options);
 
-// Bytes of one KV block of `block_size` positions (every layer's K and V tiles in `dtype`; automatic:
-// fp16, so pass resolve(d, dequantize_weights) when sizing pools for an exact-mode executor).
-int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size,
-                           cpu_kv_dtype dtype = cpu_kv_dtype::automatic);
+// Bytes of one KV block of `block_size` positions (every layer's K and V tiles in `dtype`, or
+// `layers_per_block` layers' with KV layer groups; automatic: fp16, so pass resolve(d,
+// dequantize_weights) when sizing pools for an exact-mode executor).
+int64_t cpu_kv_block_bytes(const model_config& config, int32_t block_size, cpu_kv_dtype dtype = cpu_kv_dtype::automatic,
+                           int32_t layers_per_block = 0);
 
 // How many such blocks fit in `bytes` (clamped to [0, INT32_MAX]).
 int32_t kv_blocks_for_bytes(const model_config& config, int32_t block_size, int64_t bytes,
-                            cpu_kv_dtype dtype = cpu_kv_dtype::automatic);
+                            cpu_kv_dtype dtype = cpu_kv_dtype::automatic, int32_t layers_per_block = 0);
 
 }  // namespace tessera

@@ -19,9 +19,15 @@ block_manager::block_manager(const block_manager_options& options)
     : block_size_(options.block_size),
       num_host_blocks_(options.num_host_blocks),
       prefix_caching_(options.enable_prefix_caching),
-      window_(options.attention_window) {
+      windows_(options.group_windows.empty() ? std::vector<int32_t>{options.attention_window} : options.group_windows),
+      window_(0) {
   if (options.block_size <= 0) throw invalid_request("block_size must be positive");
-  if (options.attention_window < 0) throw invalid_request("attention_window must not be negative");
+  for (int32_t w : windows_)
+    if (w < 0) throw invalid_request("attention_window must not be negative");
+  // The window bounding every group: a full-attention group keeps every position.
+  window_ = *std::max_element(windows_.begin(), windows_.end());
+  if (*std::min_element(windows_.begin(), windows_.end()) == 0) window_ = 0;
+  index_.resize(windows_.size());
   if (options.num_device_blocks <= 0) throw invalid_request("num_kv_blocks must be positive");
   if (options.num_host_blocks < 0) throw invalid_request("num_host_blocks must not be negative");
   blocks_.resize(static_cast<size_t>(options.num_device_blocks));
@@ -56,33 +62,60 @@ bool block_manager::is_swapped(seq_id seq) const {
   return it != seqs_.end() && it->second.swapped;
 }
 
-const std::vector<block_id>& block_manager::block_table(seq_id seq) const {
+int32_t block_manager::window_freed_blocks(int32_t num_computed) const {
+  int32_t n = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) n += blocks_outside_window(num_computed, g);
+  return n;
+}
+
+const std::vector<block_id>& block_manager::block_table(seq_id seq, int32_t group) const {
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? empty_table : it->second.device;
+  return it == seqs_.end() ? empty_table : it->second.groups.at(static_cast<size_t>(group)).device;
+}
+
+void block_manager::tables_into(seq_id seq, sequence_slice& slice) const {
+  slice.block_table = block_table(seq, 0);
+  slice.group_tables.resize(static_cast<size_t>(num_groups() - 1));
+  for (int32_t g = 1; g < num_groups(); ++g) slice.group_tables[static_cast<size_t>(g - 1)] = block_table(seq, g);
+}
+
+block_manager::seq_state& block_manager::new_state(seq_id seq) {
+  seq_state& s = seqs_[seq];
+  if (s.groups.empty()) s.groups.resize(windows_.size());
+  return s;
 }
 
 int32_t block_manager::num_blocks(seq_id seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || it->second.swapped) return 0;
-  return static_cast<int32_t>(it->second.device.size()) - it->second.num_freed;
+  int32_t n = 0;
+  for (const group_table& g : it->second.groups) n += g.held();
+  return n;
 }
 
 int32_t block_manager::num_freed_blocks(seq_id seq) const {
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : it->second.num_freed;
+  if (it == seqs_.end()) return 0;
+  int32_t n = 0;
+  for (const group_table& g : it->second.groups) n += g.num_freed;
+  return n;
 }
 
 int32_t block_manager::num_logical_blocks(seq_id seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
   const seq_state& s = it->second;
-  return s.num_freed +
-         static_cast<int32_t>(s.swapped ? s.host.size() : s.device.size() - static_cast<size_t>(s.num_freed));
+  const group_table& g = s.groups.front();  // every group's table has the same length
+  return g.num_freed +
+         static_cast<int32_t>(s.swapped ? g.host.size() : g.device.size() - static_cast<size_t>(g.num_freed));
 }
 
 int32_t block_manager::num_host_blocks_of(seq_id seq) const {
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? 0 : static_cast<int32_t>(it->second.host.size());
+  if (it == seqs_.end()) return 0;
+  int32_t n = 0;
+  for (const group_table& g : it->second.groups) n += static_cast<int32_t>(g.host.size());
+  return n;
 }
 
 // ---- prefix cache ------------------------------------------------------------------------------
@@ -91,9 +124,10 @@ uint64_t block_manager::block_hash(uint64_t parent, std::span<const token_id> bl
   return XXH3_64bits_withSeed(block_tokens.data(), block_tokens.size_bytes(), parent);
 }
 
-block_id block_manager::lookup(uint64_t hash, std::span<const token_id> block_tokens) const {
-  auto it = hash_to_block_.find(hash);
-  if (it == hash_to_block_.end()) return -1;
+block_id block_manager::lookup(int32_t group, uint64_t hash, std::span<const token_id> block_tokens) const {
+  const auto& index = index_[static_cast<size_t>(group)];
+  auto it = index.find(hash);
+  if (it == index.end()) return -1;
   // The hash chain makes a false match need a 64-bit collision; comparing the block's own tokens
   // makes even that require a collision of the parent hash as well.
   const block_meta& m = blocks_[static_cast<size_t>(it->second)];
@@ -101,38 +135,46 @@ block_id block_manager::lookup(uint64_t hash, std::span<const token_id> block_to
   return it->second;
 }
 
-int32_t block_manager::cached_prefix_blocks(std::span<const token_id> tokens, std::vector<block_id>* out,
+int32_t block_manager::cached_prefix_blocks(std::span<const token_id> tokens, std::vector<std::vector<block_id>>* out,
                                             std::vector<uint64_t>* hashes) const {
+  if (out) out->assign(windows_.size(), {});
   if (!prefix_caching_ || tokens.empty()) return 0;
   // Leave at least the last token to compute: the sampler needs its logits.
   const int32_t max_blocks = (static_cast<int32_t>(tokens.size()) - 1) / block_size_;
+  const auto G = static_cast<size_t>(num_groups());
   uint64_t parent = root_hash;
-  std::vector<block_id> found;
+  std::vector<std::vector<block_id>> found(G);
   std::vector<uint64_t> chain;
   int32_t best = 0;
-  int32_t run_start = 0;  // first block of the current run of consecutive hits
+  std::vector<int32_t> run_start(G, 0);  // per group: first block of the current run of consecutive hits
   for (int32_t n = 0; n < max_blocks; ++n) {
     auto block_tokens = tokens.subspan(static_cast<size_t>(n) * block_size_, static_cast<size_t>(block_size_));
     const uint64_t h = block_hash(parent, block_tokens);
-    const block_id b = lookup(h, block_tokens);
     parent = h;
-    found.push_back(b);
     chain.push_back(h);
-    if (b < 0) {
+    bool ends = false;
+    for (size_t g = 0; g < G; ++g) {
+      const block_id b = lookup(static_cast<int32_t>(g), h, block_tokens);
+      found[g].push_back(b);
+      if (b >= 0) continue;
       // Without a window every block of the prefix is read again, so the first miss ends the hit.
       // With one, a later stretch of hits may still cover a later prefix's window: scan on.
-      if (window_ == 0) break;
-      run_start = n + 1;
-      continue;
+      if (windows_[g] == 0) ends = true;
+      run_start[g] = n + 1;
     }
-    // A sequence that starts with n + 1 blocks computed reads blocks from blocks_outside_window on.
-    if (run_start <= blocks_outside_window((n + 1) * block_size_)) best = n + 1;
+    if (ends) break;
+    // A sequence that starts with n + 1 blocks computed reads each group's blocks from
+    // blocks_outside_window on.
+    bool hit = true;
+    for (size_t g = 0; g < G; ++g)
+      hit = hit && run_start[g] <= blocks_outside_window((n + 1) * block_size_, static_cast<int32_t>(g));
+    if (hit) best = n + 1;
   }
-  const int32_t skipped = blocks_outside_window(best * block_size_);
-  for (int32_t i = 0; i < best; ++i) {
-    if (out) out->push_back(i < skipped ? no_block : found[static_cast<size_t>(i)]);
-    if (hashes) hashes->push_back(chain[static_cast<size_t>(i)]);
+  for (size_t g = 0; g < G && out; ++g) {
+    const int32_t skipped = blocks_outside_window(best * block_size_, static_cast<int32_t>(g));
+    for (int32_t i = 0; i < best; ++i) (*out)[g].push_back(i < skipped ? no_block : found[g][static_cast<size_t>(i)]);
   }
+  if (hashes) hashes->assign(chain.begin(), chain.begin() + best);
   return best;
 }
 
@@ -160,7 +202,7 @@ block_id block_manager::take_free_block() {
 void block_manager::uncache(block_id b) {
   block_meta& m = blocks_[static_cast<size_t>(b)];
   if (!m.cached) return;
-  hash_to_block_.erase(m.hash);
+  index_[static_cast<size_t>(m.group)].erase(m.hash);
   m.cached = false;
   m.tokens.clear();
 }
@@ -181,28 +223,32 @@ int32_t block_manager::blocks_needed(seq_id seq, std::span<const token_id> token
                                      int32_t num_new) const {
   const int32_t total_blocks = blocks_for(num_computed + num_new);
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || (it->second.device.empty() && !it->second.swapped)) {
+  if (it == seqs_.end() || (it->second.groups.front().device.empty() && !it->second.swapped)) {
     // New sequence: the cached prefix blocks cost nothing unless they sit in the cached-free list.
-    std::vector<block_id> hits;
+    std::vector<std::vector<block_id>> hits;
     const int32_t num_hit_blocks = num_computed / block_size_;
     if (num_hit_blocks > 0)
       cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits,
                            nullptr);
     int32_t revived = 0;  // hit blocks outside the window (no_block) are not taken: they cost nothing
-    for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(hits.size()); ++i) {
-      const block_id b = hits[static_cast<size_t>(i)];
-      if (b != no_block && blocks_[static_cast<size_t>(b)].ref_count == 0) ++revived;
+    for (const std::vector<block_id>& group_hits : hits) {
+      for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(group_hits.size()); ++i) {
+        const block_id b = group_hits[static_cast<size_t>(i)];
+        if (b != no_block && blocks_[static_cast<size_t>(b)].ref_count == 0) ++revived;
+      }
     }
-    return revived + (total_blocks - num_hit_blocks);
+    return revived + (total_blocks - num_hit_blocks) * num_groups();
   }
-  const seq_state& s = it->second;
-  const int32_t have = static_cast<int32_t>(s.device.size());
-  int32_t need = std::max(0, total_blocks - have);
-  // Copy-on-write: the next write lands in an existing, shared block.
-  const int32_t write_block = num_computed / block_size_;
-  if (num_new > 0 && write_block < have &&
-      blocks_[static_cast<size_t>(s.device[static_cast<size_t>(write_block)])].ref_count > 1)
-    ++need;
+  int32_t need = 0;
+  for (const group_table& g : it->second.groups) {
+    const int32_t have = static_cast<int32_t>(g.device.size());
+    need += std::max(0, total_blocks - have);
+    // Copy-on-write: the next write lands in an existing, shared block.
+    const int32_t write_block = num_computed / block_size_;
+    if (num_new > 0 && write_block < have &&
+        blocks_[static_cast<size_t>(g.device[static_cast<size_t>(write_block)])].ref_count > 1)
+      ++need;
+  }
   return need;
 }
 
@@ -216,49 +262,53 @@ bool block_manager::allocate_slots(seq_id seq, std::span<const token_id> tokens,
   const int32_t need = blocks_needed(seq, tokens, num_computed, num_new);
   if (need > num_free_blocks() - reserve_blocks) return false;
 
-  seq_state& s = seqs_[seq];
-  if (s.device.empty()) {
+  seq_state& s = new_state(seq);
+  if (s.groups.front().device.empty()) {
     // Admission: adopt the cached prefix.
     const int32_t num_hit_blocks = num_computed / block_size_;
     if (num_computed % block_size_ != 0)
       throw std::logic_error("block_manager::allocate_slots: a new sequence starts at a block boundary");
     if (num_hit_blocks > 0) {
-      std::vector<block_id> hits;
+      std::vector<std::vector<block_id>> hits;
       std::vector<uint64_t> hashes;
-      cached_prefix_blocks(tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits,
-                           &hashes);
-      if (static_cast<int32_t>(hits.size()) < num_hit_blocks)
-        throw std::logic_error("block_manager::allocate_slots: claimed prefix is not cached");
-      for (int32_t i = 0; i < num_hit_blocks; ++i) {
-        const block_id b = hits[static_cast<size_t>(i)];
-        s.device.push_back(b);
-        s.hashes.push_back(hashes[static_cast<size_t>(i)]);
-        if (b == no_block) {  // before the window of the first query: never read, not taken
-          ++s.num_freed;
-          continue;
+      const int32_t found = cached_prefix_blocks(
+          tokens.first(std::min(tokens.size(), static_cast<size_t>(num_computed) + 1)), &hits, &hashes);
+      if (found < num_hit_blocks) throw std::logic_error("block_manager::allocate_slots: claimed prefix is not cached");
+      s.hashes.assign(hashes.begin(), hashes.begin() + num_hit_blocks);
+      for (size_t g = 0; g < s.groups.size(); ++g) {
+        group_table& t = s.groups[g];
+        for (int32_t i = 0; i < num_hit_blocks; ++i) {
+          const block_id b = hits[g][static_cast<size_t>(i)];
+          t.device.push_back(b);
+          if (b == no_block) {  // before the group's window of the first query: never read, not taken
+            ++t.num_freed;
+            continue;
+          }
+          block_meta& m = blocks_[static_cast<size_t>(b)];
+          if (m.ref_count == 0) lru_.erase(m.lru_pos);  // revive a cached-free block
+          ++m.ref_count;
         }
-        block_meta& m = blocks_[static_cast<size_t>(b)];
-        if (m.ref_count == 0) lru_.erase(m.lru_pos);  // revive a cached-free block
-        ++m.ref_count;
       }
     }
     s.num_computed = num_computed;
   }
-  // Copy-on-write of the block that receives the first new token.
   const int32_t write_block = num_computed / block_size_;
-  if (num_new > 0 && write_block < static_cast<int32_t>(s.device.size())) {
-    block_id& slot = s.device[static_cast<size_t>(write_block)];
-    // The block of position num_computed is inside every window (w >= 1), so never freed.
-    if (slot == no_block) throw std::logic_error("block_manager::allocate_slots: write into a freed block");
-    if (blocks_[static_cast<size_t>(slot)].ref_count > 1) {
-      const block_id fresh = take_free_block();
-      copies.push_back({slot, fresh});
-      release(slot);
-      slot = fresh;
-    }
-  }
   const int32_t total_blocks = blocks_for(num_computed + num_new);
-  while (static_cast<int32_t>(s.device.size()) < total_blocks) s.device.push_back(take_free_block());
+  for (group_table& t : s.groups) {
+    // Copy-on-write of the block that receives the first new token.
+    if (num_new > 0 && write_block < static_cast<int32_t>(t.device.size())) {
+      block_id& slot = t.device[static_cast<size_t>(write_block)];
+      // The block of position num_computed is inside every window (w >= 1), so never freed.
+      if (slot == no_block) throw std::logic_error("block_manager::allocate_slots: write into a freed block");
+      if (blocks_[static_cast<size_t>(slot)].ref_count > 1) {
+        const block_id fresh = take_free_block();
+        copies.push_back({slot, fresh});
+        release(slot);
+        slot = fresh;
+      }
+    }
+    while (static_cast<int32_t>(t.device.size()) < total_blocks) t.device.push_back(take_free_block());
+  }
   return true;
 }
 
@@ -269,22 +319,25 @@ void block_manager::commit_computed(seq_id seq, std::span<const token_id> tokens
   if (s.swapped) throw std::logic_error("block_manager::commit_computed: sequence is swapped out");
   s.num_computed = num_computed;
   const int32_t num_full =
-      prefix_caching_ ? std::min(num_computed / block_size_, static_cast<int32_t>(s.device.size())) : 0;
+      prefix_caching_ ? std::min(num_computed / block_size_, static_cast<int32_t>(s.groups.front().device.size())) : 0;
   while (static_cast<int32_t>(s.hashes.size()) < num_full) {
     const size_t i = s.hashes.size();
     auto block_tokens = tokens.subspan(i * static_cast<size_t>(block_size_), static_cast<size_t>(block_size_));
     const uint64_t h = block_hash(i == 0 ? root_hash : s.hashes.back(), block_tokens);
     s.hashes.push_back(h);
-    const block_id b = s.device[i];
-    if (b == no_block) continue;  // freed for the window (the chain goes on: later blocks need it)
-    block_meta& m = blocks_[static_cast<size_t>(b)];
-    // An equal block already indexed (computed twice concurrently) keeps the index; this copy is
-    // freed normally later.
-    if (m.cached || hash_to_block_.count(h) != 0) continue;
-    m.cached = true;
-    m.hash = h;
-    m.tokens.assign(block_tokens.begin(), block_tokens.end());
-    hash_to_block_.emplace(h, b);
+    for (size_t g = 0; g < s.groups.size(); ++g) {
+      const block_id b = s.groups[g].device[i];
+      if (b == no_block) continue;  // freed for the window (the chain goes on: later blocks need it)
+      block_meta& m = blocks_[static_cast<size_t>(b)];
+      // An equal block already indexed (computed twice concurrently) keeps the index; this copy is
+      // freed normally later.
+      if (m.cached || index_[g].count(h) != 0) continue;
+      m.cached = true;
+      m.group = static_cast<int32_t>(g);
+      m.hash = h;
+      m.tokens.assign(block_tokens.begin(), block_tokens.end());
+      index_[g].emplace(h, b);
+    }
   }
   // After indexing: a full block that leaves the window in the same step (a long prefill chunk)
   // goes to the cached-free list and stays revivable by a later prefix hit.
@@ -292,13 +345,17 @@ void block_manager::commit_computed(seq_id seq, std::span<const token_id> tokens
 }
 
 void block_manager::release_outside_window(seq_state& s) {
-  const int32_t dead = std::min(blocks_outside_window(s.num_computed), static_cast<int32_t>(s.device.size()));
-  // Oldest first: they enter the LRU list first and so are evicted first.
-  for (; s.num_freed < dead; ++s.num_freed) {
-    block_id& b = s.device[static_cast<size_t>(s.num_freed)];
-    release(b);
-    b = no_block;
-    ++num_window_freed_;
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    group_table& t = s.groups[g];
+    const int32_t dead =
+        std::min(blocks_outside_window(s.num_computed, static_cast<int32_t>(g)), static_cast<int32_t>(t.device.size()));
+    // Oldest first: they enter the LRU list first and so are evicted first.
+    for (; t.num_freed < dead; ++t.num_freed) {
+      block_id& b = t.device[static_cast<size_t>(t.num_freed)];
+      release(b);
+      b = no_block;
+      ++num_window_freed_;
+    }
   }
 }
 
@@ -308,11 +365,13 @@ void block_manager::truncate(seq_id seq, int32_t num_tokens) {
   seq_state& s = it->second;
   if (s.swapped) throw std::logic_error("block_manager::truncate: sequence is swapped out");
   if (num_tokens < s.num_computed) throw std::logic_error("block_manager::truncate: would drop computed tokens");
-  const auto keep = static_cast<size_t>(std::max(blocks_for(num_tokens), s.num_freed));
-  // Last first, like free(): the freed tail leaves in the order it was allocated, reversed.
-  while (s.device.size() > keep) {
-    release(s.device.back());
-    s.device.pop_back();
+  for (group_table& t : s.groups) {
+    const auto keep = static_cast<size_t>(std::max(blocks_for(num_tokens), t.num_freed));
+    // Last first, like free(): the freed tail leaves in the order it was allocated, reversed.
+    while (t.device.size() > keep) {
+      release(t.device.back());
+      t.device.pop_back();
+    }
   }
 }
 
@@ -321,8 +380,9 @@ void block_manager::fork(seq_id parent, seq_id child) {
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::fork: parent not resident");
   if (has(child)) throw std::logic_error("block_manager::fork: child already has blocks");
   seq_state copy = it->second;  // freed window entries included: the child is at the same position
-  for (block_id b : copy.device)
-    if (b != no_block) ++blocks_[static_cast<size_t>(b)].ref_count;
+  for (const group_table& t : copy.groups)
+    for (block_id b : t.device)
+      if (b != no_block) ++blocks_[static_cast<size_t>(b)].ref_count;
   seqs_.emplace(child, std::move(copy));
 }
 
@@ -332,9 +392,11 @@ void block_manager::free(seq_id seq) {
   seq_state& s = it->second;
   // Tail blocks first: they enter the LRU list earlier, so they are evicted before the prefix
   // blocks that other requests are more likely to share.
-  for (auto b = s.device.rbegin(); b != s.device.rend(); ++b)
-    if (*b != no_block) release(*b);
-  for (block_id h : s.host) free_host_.push_back(h);
+  for (const group_table& t : s.groups) {
+    for (auto b = t.device.rbegin(); b != t.device.rend(); ++b)
+      if (*b != no_block) release(*b);
+    for (block_id h : t.host) free_host_.push_back(h);
+  }
   seqs_.erase(it);
 }
 
@@ -342,16 +404,18 @@ bool block_manager::swap_out(seq_id seq, std::vector<block_copy>& swap_out_list)
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::swap_out: not resident");
   seq_state& s = it->second;
-  const auto held = std::span(s.device).subspan(static_cast<size_t>(s.num_freed));  // freed entries: nothing to copy
-  if (held.size() > free_host_.size()) return false;
-  for (block_id d : held) {
-    const block_id h = free_host_.back();
-    free_host_.pop_back();
-    swap_out_list.push_back({d, h});
-    s.host.push_back(h);
+  if (num_blocks(seq) > static_cast<int32_t>(free_host_.size())) return false;
+  for (group_table& t : s.groups) {
+    const auto held = std::span(t.device).subspan(static_cast<size_t>(t.num_freed));  // freed entries: nothing to copy
+    for (block_id d : held) {
+      const block_id h = free_host_.back();
+      free_host_.pop_back();
+      swap_out_list.push_back({d, h});
+      t.host.push_back(h);
+    }
+    for (auto b = held.rbegin(); b != held.rend(); ++b) release(*b);
+    t.device.clear();
   }
-  for (auto b = held.rbegin(); b != held.rend(); ++b) release(*b);
-  s.device.clear();
   s.swapped = true;
   return true;
 }
@@ -360,15 +424,17 @@ bool block_manager::swap_in(seq_id seq, int32_t reserve_blocks, std::vector<bloc
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || !it->second.swapped) throw std::logic_error("block_manager::swap_in: not swapped");
   seq_state& s = it->second;
-  if (static_cast<int32_t>(s.host.size()) > num_free_blocks() - reserve_blocks) return false;
-  s.device.assign(static_cast<size_t>(s.num_freed), no_block);
-  for (block_id h : s.host) {
-    const block_id d = take_free_block();
-    swap_in_list.push_back({h, d});
-    s.device.push_back(d);
-    free_host_.push_back(h);
+  if (num_host_blocks_of(seq) > num_free_blocks() - reserve_blocks) return false;
+  for (group_table& t : s.groups) {
+    t.device.assign(static_cast<size_t>(t.num_freed), no_block);
+    for (block_id h : t.host) {
+      const block_id d = take_free_block();
+      swap_in_list.push_back({h, d});
+      t.device.push_back(d);
+      free_host_.push_back(h);
+    }
+    t.host.clear();
   }
-  s.host.clear();
   s.swapped = false;
   // The restored copies are new blocks: the next commit_computed() rebuilds the hash chain and
   // indexes those whose content is not indexed elsewhere (the originals may still be cached).
@@ -387,11 +453,13 @@ std::vector<block_info> block_manager::snapshot() const {
     if (blocks_[b].cached && blocks_[b].ref_count == 0) out[b].num_filled = block_size_;
   }
   for (const auto& [id, s] : seqs_) {
-    for (size_t i = static_cast<size_t>(s.num_freed); i < s.device.size(); ++i) {
-      block_info& info = out[static_cast<size_t>(s.device[i])];
-      const int32_t filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
-      info.num_filled = std::max(info.num_filled, filled);
-      if (!info.owner || id < info.owner) info.owner = id;
+    for (const group_table& t : s.groups) {
+      for (size_t i = static_cast<size_t>(t.num_freed); i < t.device.size(); ++i) {
+        block_info& info = out[static_cast<size_t>(t.device[i])];
+        const int32_t filled = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
+        info.num_filled = std::max(info.num_filled, filled);
+        if (!info.owner || id < info.owner) info.owner = id;
+      }
     }
   }
   return out;
@@ -401,12 +469,14 @@ std::vector<block_info> block_manager::host_snapshot() const {
   std::vector<block_info> out(static_cast<size_t>(num_host_blocks_));
   for (size_t b = 0; b < out.size(); ++b) out[b].id = static_cast<block_id>(b);
   for (const auto& [id, s] : seqs_) {
-    for (size_t i = 0; i < s.host.size(); ++i) {
-      block_info& info = out[static_cast<size_t>(s.host[i])];
-      info.ref_count = 1;
-      const int32_t logical = s.num_freed + static_cast<int32_t>(i);  // host[i] holds table entry num_freed + i
-      info.num_filled = std::clamp(s.num_computed - logical * block_size_, 0, block_size_);
-      info.owner = id;
+    for (const group_table& t : s.groups) {
+      for (size_t i = 0; i < t.host.size(); ++i) {
+        block_info& info = out[static_cast<size_t>(t.host[i])];
+        info.ref_count = 1;
+        const int32_t logical = t.num_freed + static_cast<int32_t>(i);  // host[i] holds table entry num_freed + i
+        info.num_filled = std::clamp(s.num_computed - logical * block_size_, 0, block_size_);
+        info.owner = id;
+      }
     }
   }
   return out;
@@ -416,10 +486,12 @@ block_manager::slot_usage block_manager::slots() const {
   slot_usage u;
   std::vector<int32_t> filled(blocks_.size(), -1);
   for (const auto& [id, s] : seqs_) {
-    for (size_t i = static_cast<size_t>(s.num_freed); i < s.device.size(); ++i) {
-      const int32_t f = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
-      int32_t& slot = filled[static_cast<size_t>(s.device[i])];
-      slot = std::max(slot, f);
+    for (const group_table& t : s.groups) {
+      for (size_t i = static_cast<size_t>(t.num_freed); i < t.device.size(); ++i) {
+        const int32_t f = std::clamp(s.num_computed - static_cast<int32_t>(i) * block_size_, 0, block_size_);
+        int32_t& slot = filled[static_cast<size_t>(t.device[i])];
+        slot = std::max(slot, f);
+      }
     }
   }
   for (int32_t f : filled) {
@@ -434,29 +506,42 @@ std::string block_manager::check_invariants() const {
   std::vector<int32_t> refs(blocks_.size(), 0);
   std::vector<int32_t> host_refs(static_cast<size_t>(num_host_blocks_), 0);
   for (const auto& [id, s] : seqs_) {
-    if (s.swapped && !s.device.empty())
-      return "swapped sequence " + std::to_string(id.value()) + " holds device blocks";
-    if (!s.swapped && !s.host.empty()) return "resident sequence " + std::to_string(id.value()) + " holds host blocks";
-    const std::string seq_name = "sequence " + std::to_string(id.value());
-    // The window: exactly the blocks no later query reads are freed, all of them leading entries.
-    if (s.num_freed != blocks_outside_window(s.num_computed))
-      return seq_name + ": " + std::to_string(s.num_freed) + " blocks freed for the window, expected " +
-             std::to_string(blocks_outside_window(s.num_computed)) + " at " + std::to_string(s.num_computed) +
-             " computed tokens";
-    if (!s.swapped && static_cast<int32_t>(s.device.size()) < s.num_freed)
-      return seq_name + ": table shorter than its freed entries";
-    for (size_t i = 0; i < s.device.size(); ++i) {
-      const block_id b = s.device[i];
-      if ((b == no_block) != (static_cast<int32_t>(i) < s.num_freed))
-        return seq_name + ": table entry " + std::to_string(i) + (b == no_block ? " is freed" : " is held") + " but " +
-               std::to_string(s.num_freed) + " leading entries are freed";
-      if (b == no_block) continue;
-      if (b < 0 || b >= num_device_blocks()) return "block id out of range";
-      ++refs[static_cast<size_t>(b)];
-    }
-    for (block_id h : s.host) {
-      if (h < 0 || h >= num_host_blocks_) return "host block id out of range";
-      ++host_refs[static_cast<size_t>(h)];
+    if (s.groups.size() != windows_.size())
+      return "sequence " + std::to_string(id.value()) + " has " + std::to_string(s.groups.size()) + " tables";
+    const size_t length =
+        s.groups.front().num_freed +
+        (s.swapped ? s.groups.front().host.size() : s.groups.front().device.size() - s.groups.front().num_freed);
+    for (size_t g = 0; g < s.groups.size(); ++g) {
+      const group_table& t = s.groups[g];
+      const std::string seq_name =
+          "sequence " + std::to_string(id.value()) + (windows_.size() > 1 ? " group " + std::to_string(g) : "");
+      if (s.swapped && !t.device.empty()) return "swapped " + seq_name + " holds device blocks";
+      if (!s.swapped && !t.host.empty()) return "resident " + seq_name + " holds host blocks";
+      const size_t own_length = t.num_freed + (s.swapped ? t.host.size() : t.device.size() - t.num_freed);
+      if (own_length != length) return seq_name + ": its table's length differs from group 0's";
+      // The window: exactly the blocks no later query reads are freed, all of them leading entries.
+      const int32_t expected = blocks_outside_window(s.num_computed, static_cast<int32_t>(g));
+      if (t.num_freed != expected)
+        return seq_name + ": " + std::to_string(t.num_freed) + " blocks freed for the window, expected " +
+               std::to_string(expected) + " at " + std::to_string(s.num_computed) + " computed tokens";
+      if (!s.swapped && static_cast<int32_t>(t.device.size()) < t.num_freed)
+        return seq_name + ": table shorter than its freed entries";
+      for (size_t i = 0; i < t.device.size(); ++i) {
+        const block_id b = t.device[i];
+        if ((b == no_block) != (static_cast<int32_t>(i) < t.num_freed))
+          return seq_name + ": table entry " + std::to_string(i) + (b == no_block ? " is freed" : " is held") +
+                 " but " + std::to_string(t.num_freed) + " leading entries are freed";
+        if (b == no_block) continue;
+        if (b < 0 || b >= num_device_blocks()) return "block id out of range";
+        const block_meta& m = blocks_[static_cast<size_t>(b)];
+        if (m.cached && m.group != static_cast<int32_t>(g))
+          return seq_name + ": holds block " + std::to_string(b) + " cached for group " + std::to_string(m.group);
+        ++refs[static_cast<size_t>(b)];
+      }
+      for (block_id h : t.host) {
+        if (h < 0 || h >= num_host_blocks_) return "host block id out of range";
+        ++host_refs[static_cast<size_t>(h)];
+      }
     }
   }
   std::vector<int32_t> on_free(blocks_.size(), 0);
@@ -474,15 +559,19 @@ std::string block_manager::check_invariants() const {
       return name + ": free but on " + std::to_string(on_free[b]) + " free lists";
     if (m.ref_count > 0 && on_free[b] != 0) return name + ": in use and on a free list";
     if (m.cached) {
-      auto it = hash_to_block_.find(m.hash);
-      if (it == hash_to_block_.end() || it->second != static_cast<block_id>(b))
-        return name + ": cached but not indexed";
+      if (m.group < 0 || m.group >= num_groups()) return name + ": cached for group " + std::to_string(m.group);
+      const auto& index = index_[static_cast<size_t>(m.group)];
+      auto it = index.find(m.hash);
+      if (it == index.end() || it->second != static_cast<block_id>(b)) return name + ": cached but not indexed";
       if (static_cast<int32_t>(m.tokens.size()) != block_size_) return name + ": cached block is not full";
     }
   }
-  for (const auto& [h, b] : hash_to_block_)
-    if (!blocks_[static_cast<size_t>(b)].cached || blocks_[static_cast<size_t>(b)].hash != h)
-      return "hash index points at block " + std::to_string(b) + " which does not carry that hash";
+  for (size_t g = 0; g < index_.size(); ++g)
+    for (const auto& [h, b] : index_[g]) {
+      const block_meta& m = blocks_[static_cast<size_t>(b)];
+      if (!m.cached || m.hash != h || m.group != static_cast<int32_t>(g))
+        return "hash index points at block " + std::to_string(b) + " which does not carry that hash";
+    }
   std::vector<int32_t> host_free(static_cast<size_t>(num_host_blocks_), 0);
   for (block_id h : free_host_) ++host_free[static_cast<size_t>(h)];
   for (int32_t h = 0; h < num_host_blocks_; ++h)

@@ -20,6 +20,11 @@
 //    sequence holds at most ceil((w - 1) / block_size) + 1 blocks between steps, plus the blocks of
 //    the chunk it computes next. Prefix hits need only the blocks of the hit's own window to be
 //    cached (the hash chain vouches for the prefix before them), as vLLM's sliding-window manager.
+//  * KV layer groups (engine/model/kv_layer_groups.hpp; options.group_windows): with G groups every
+//    sequence has G block tables of the same logical length, one per group, all drawing from the one
+//    pool; each group frees by its own window (0: never), and the prefix cache indexes a block by
+//    (group, hash). Counts of a sequence's blocks (held, needed, freed, host) are sums over its groups;
+//    a prefix hit needs every group's blocks that its first query reads.
 //
 // Every mutating call either succeeds completely or returns false with nothing changed.
 #pragma once
@@ -45,6 +50,9 @@ struct block_manager_options {
   // 0: every computed position stays in the cache while its sequence lives. w > 0: no query reads a
   // key more than w - 1 positions behind it (model_config::kv_window), so blocks behind that are freed.
   int32_t attention_window = 0;
+  // One window per KV layer group (0: full attention), each group with its own block table per
+  // sequence. Empty: one group whose window is attention_window.
+  std::vector<int32_t> group_windows;
 };
 
 class block_manager {
@@ -56,14 +64,20 @@ class block_manager {
   int32_t num_device_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t num_host_blocks() const { return num_host_blocks_; }
   bool prefix_caching() const { return prefix_caching_; }
+  // The window that bounds every group: the widest when every group has one, else 0.
   int32_t attention_window() const { return window_; }
+  int32_t num_groups() const { return static_cast<int32_t>(windows_.size()); }
+  int32_t group_window(int32_t group) const { return windows_[static_cast<size_t>(group)]; }
   int32_t blocks_for(int32_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
-  // Leading blocks of a sequence with `num_computed` tokens that no later query reads: 0 without a
-  // window, else floor(max(0, num_computed - w + 1) / block_size). Exactly these entries of a
-  // sequence's table are no_block (check_invariants).
-  int32_t blocks_outside_window(int32_t num_computed) const {
-    return window_ > 0 ? std::max(0, num_computed - window_ + 1) / block_size_ : 0;
+  // Leading blocks of a sequence with `num_computed` tokens that no later query of `group`'s layers
+  // reads: 0 without a window, else floor(max(0, num_computed - w + 1) / block_size). Exactly these
+  // entries of the group's table are no_block (check_invariants).
+  int32_t blocks_outside_window(int32_t num_computed, int32_t group = 0) const {
+    const int32_t w = windows_[static_cast<size_t>(group)];
+    return w > 0 ? std::max(0, num_computed - w + 1) / block_size_ : 0;
   }
+  // The sum of that over every group: what num_freed_blocks() of a resident sequence must be.
+  int32_t window_freed_blocks(int32_t num_computed) const;
 
   // Free device blocks, including cached-free ones (which an allocation may evict).
   int32_t num_free_blocks() const;
@@ -75,12 +89,14 @@ class block_manager {
   // ---- per sequence ----------------------------------------------------------------------------
   bool has(seq_id seq) const { return seqs_.count(seq) != 0; }
   bool is_swapped(seq_id seq) const;
-  // Device block table (empty for an unknown or swapped sequence); its leading
-  // num_freed_blocks(seq) entries are no_block (outside the attention window).
-  const std::vector<block_id>& block_table(seq_id seq) const;
-  int32_t num_blocks(seq_id seq) const;          // device blocks it holds (freed entries not counted)
-  int32_t num_freed_blocks(seq_id seq) const;    // leading entries freed for the window (also while swapped)
-  int32_t num_logical_blocks(seq_id seq) const;  // table length: freed + held (device or host)
+  // Device block table of one group (empty for an unknown or swapped sequence); its leading
+  // blocks_outside_window(computed, group) entries are no_block (outside the group's window).
+  const std::vector<block_id>& block_table(seq_id seq, int32_t group = 0) const;
+  // Puts every group's table into `slice` (block_table, group_tables).
+  void tables_into(seq_id seq, sequence_slice& slice) const;
+  int32_t num_blocks(seq_id seq) const;          // device blocks it holds, all groups (freed entries not counted)
+  int32_t num_freed_blocks(seq_id seq) const;    // entries freed for the windows, all groups (also while swapped)
+  int32_t num_logical_blocks(seq_id seq) const;  // one group's table length: freed + held (device or host)
   int32_t num_host_blocks_of(seq_id seq) const;
   // Blocks freed because they fell outside the attention window, since construction.
   int64_t num_window_freed_blocks() const { return num_window_freed_; }
@@ -147,30 +163,37 @@ class block_manager {
  private:
   struct block_meta {
     int32_t ref_count = 0;
-    bool cached = false;  // indexed in hash_to_block_
+    bool cached = false;  // indexed in index_[group]
+    int32_t group = 0;    // while cached: the group whose layers it holds
     uint64_t hash = 0;
     std::vector<token_id> tokens;             // the block's tokens while cached (collision check)
     std::list<block_id>::iterator lru_pos{};  // valid while cached and ref_count == 0
   };
-  struct seq_state {
-    std::vector<block_id> device;  // the table: num_freed leading no_block entries, then held blocks
+  // One group's table of a sequence.
+  struct group_table {
+    std::vector<block_id> device;  // num_freed leading no_block entries, then held blocks
     std::vector<block_id> host;    // non-empty only while swapped out: copies of device[num_freed..]
-    std::vector<uint64_t> hashes;  // hash chain of its first hashes.size() full blocks
+    int32_t num_freed = 0;         // leading entries released for the group's window
+    int32_t held() const { return static_cast<int32_t>(device.size()) - num_freed; }
+  };
+  struct seq_state {
+    std::vector<group_table> groups;  // one per KV layer group, all of one logical length
+    std::vector<uint64_t> hashes;     // hash chain of its first hashes.size() full blocks
     int32_t num_computed = 0;
-    int32_t num_freed = 0;  // leading table entries released for the attention window
     bool swapped = false;
   };
 
   uint64_t block_hash(uint64_t parent, std::span<const token_id> block_tokens) const;
-  // Cached block holding exactly these tokens after `parent`, or -1.
-  block_id lookup(uint64_t hash, std::span<const token_id> block_tokens) const;
+  // Cached block of `group` holding exactly these tokens after `parent`, or -1.
+  block_id lookup(int32_t group, uint64_t hash, std::span<const token_id> block_tokens) const;
   // Number of leading full blocks of `tokens` a new sequence can take from the cache (capped as in
-  // cached_prefix_tokens); `out` gets their blocks (no_block for those outside the window) and
-  // `hashes` their chain hashes.
-  int32_t cached_prefix_blocks(std::span<const token_id> tokens, std::vector<block_id>* out,
+  // cached_prefix_tokens); `out` (one vector per group) gets their blocks (no_block for those outside
+  // the group's window) and `hashes` their chain hashes.
+  int32_t cached_prefix_blocks(std::span<const token_id> tokens, std::vector<std::vector<block_id>>* out,
                                std::vector<uint64_t>* hashes) const;
-  // Releases the leading blocks of `s` that blocks_outside_window(s.num_computed) says are dead.
+  // Releases the leading blocks of every group of `s` that blocks_outside_window says are dead.
   void release_outside_window(seq_state& s);
+  seq_state& new_state(seq_id seq);
   block_id take_free_block();  // pre: num_free_blocks() > 0
   void release(block_id b);    // reference count - 1; to a free list at 0
   void uncache(block_id b);
@@ -178,12 +201,13 @@ class block_manager {
   int32_t block_size_;
   int32_t num_host_blocks_;
   bool prefix_caching_;
+  std::vector<int32_t> windows_;  // per group
   int32_t window_;
   int64_t num_window_freed_ = 0;
   std::vector<block_meta> blocks_;
-  std::vector<block_id> free_;  // plain free blocks (no cached content), used as a stack
-  std::list<block_id> lru_;     // cached free blocks, least recently freed first
-  std::unordered_map<uint64_t, block_id> hash_to_block_;
+  std::vector<block_id> free_;                                 // plain free blocks (no cached content), used as a stack
+  std::list<block_id> lru_;                                    // cached free blocks, least recently freed first
+  std::vector<std::unordered_map<uint64_t, block_id>> index_;  // per group: chain hash -> cached block
   std::vector<block_id> free_host_;
   std::unordered_map<seq_id, seq_state> seqs_;
 };

@@ -13,12 +13,14 @@
 #include "engine/base/token_id.hpp"
 #include "engine/device_sampling.hpp"
 #include "engine/ids.hpp"
+#include "engine/model/kv_layer_groups.hpp"
 #include "engine/model/model_config.hpp"
 #include "engine/prompt_logprobs.hpp"
 
 namespace tessera {
 
-// Geometry of one KV block (every layer's K and V for `block_size` consecutive positions).
+// Geometry of one KV block: K and V for `block_size` consecutive positions of every layer, or of one
+// layer group's layers (executor::kv_groups()).
 struct kv_cache_spec {
   int32_t block_size = 16;        // tokens per block
   int32_t num_device_blocks = 0;  // blocks in the compute pool
@@ -27,14 +29,22 @@ struct kv_cache_spec {
 
 // One sequence's part of a step: `tokens` are new tokens at positions
 // [num_computed, num_computed + tokens.size()); K/V of earlier positions are already in the blocks of
-// `block_table`, which covers every position up to the end of `tokens`. With an attention window
-// (model_config::kv_window() = w > 0, and an executor that reads_only_window()), the entries of blocks
-// wholly before position num_computed - w + 1 may be no_block: those blocks were freed.
+// `block_table` (one table per KV layer group: table(g)), which covers every position up to the end
+// of `tokens`. With an attention window (the group's window w > 0: model_config::kv_window() for a
+// single group, and an executor that reads_only_window()), the entries of blocks wholly before
+// position num_computed - w + 1 may be no_block: those blocks were freed.
 struct sequence_slice {
   seq_id seq;
   std::vector<token_id> tokens;
   int32_t num_computed = 0;
   std::vector<block_id> block_table;
+  // With several KV layer groups (executor::kv_groups(), engine/model/kv_layer_groups.hpp): the tables
+  // of groups 1, 2, ... in order, block_table being group 0's. Each covers the same positions, and a
+  // group with a window may have no_block entries before its own window. Empty with one group.
+  std::vector<std::vector<block_id>> group_tables;
+  const std::vector<block_id>& table(int32_t group) const {
+    return group == 0 ? block_table : group_tables[static_cast<size_t>(group - 1)];
+  }
   // Which logits to return: none, the last token's (sampling), or every token's (prompt logprobs, tests).
   enum class logits_mode : uint8_t { none, last, all } logits = logits_mode::last;
   // With logits == last and an executor that samples_on_device(): sample there and return the token
@@ -121,8 +131,12 @@ class executor {
   virtual ~executor() = default;
   virtual const model_config& config() const = 0;
   virtual const kv_cache_spec& kv_spec() const = 0;
-  // Bytes one KV block occupies (all layers, K and V), for sizing pools and reporting swap cost.
+  // Bytes one KV block occupies (its layers' K and V: every layer, or one layer group's), for sizing
+  // pools and reporting swap cost.
   virtual int64_t kv_block_bytes() const = 0;
+  // The layer groups its KV blocks are cut by: every slice then carries one block table per group
+  // (sequence_slice::table). One group of every layer unless the executor was built with groups.
+  virtual kv_layer_groups kv_groups() const { return single_kv_group(config()); }
   // Runs one step. pre: block ids in range; every block written this step is owned by one sequence.
   virtual void execute(const step_batch& batch, step_output& out) = 0;
   virtual const char* name() const = 0;  // "cpu", "cuda"

@@ -87,7 +87,8 @@ scheduler::scheduler(const scheduler_options& options)
   if (options.max_num_batched_tokens <= 0) throw invalid_request("max_num_batched_tokens must be positive");
   if (!(options.watermark >= 0.0 && options.watermark < 1.0)) throw invalid_request("watermark must be in [0, 1)");
   if (options.max_model_len < 0) throw invalid_request("max_model_len must not be negative");
-  const int64_t capacity = int64_t{blocks_.num_device_blocks()} * blocks_.block_size();
+  // Every group's table covers every position: a sequence of n tokens holds up to blocks_for(n) blocks per group.
+  const int64_t capacity = int64_t{blocks_.num_device_blocks()} / blocks_.num_groups() * blocks_.block_size();
   max_seq_len_ = static_cast<int32_t>(std::min<int64_t>(capacity, std::numeric_limits<int32_t>::max()));
   if (options.max_model_len > 0) max_seq_len_ = std::min(max_seq_len_, options.max_model_len);
   // With a window, a lone sequence computing a chunk of k <= max_num_batched_tokens tokens after n
@@ -97,7 +98,7 @@ scheduler::scheduler(const scheduler_options& options)
   const int32_t window = blocks_.attention_window();
   if (window > 0 && options.max_model_len > 0) {
     const int64_t span = int64_t{window} + options.max_num_batched_tokens - 2;
-    const int64_t worst = (span + blocks_.block_size() - 1) / blocks_.block_size() + 1;
+    const int64_t worst = ((span + blocks_.block_size() - 1) / blocks_.block_size() + 1) * blocks_.num_groups();
     if (worst <= blocks_.num_device_blocks()) {
       max_seq_len_ = options.max_model_len;
       window_bounded_ = true;
@@ -139,7 +140,7 @@ sequence& scheduler::add(std::unique_ptr<sequence> seq) {
   if (options_.max_model_len > 0 && len > options_.max_model_len)
     throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than max_model_len (" +
                           std::to_string(options_.max_model_len) + ")");
-  if (!window_bounded_ && blocks_.blocks_for(len) > blocks_.num_device_blocks())
+  if (!window_bounded_ && int64_t{blocks_.blocks_for(len)} * blocks_.num_groups() > blocks_.num_device_blocks())
     throw invalid_request("the prompt has " + std::to_string(len) + " tokens, more than the whole KV cache holds (" +
                           std::to_string(blocks_.num_device_blocks()) + " blocks of " +
                           std::to_string(blocks_.block_size()) + ")");
@@ -433,7 +434,8 @@ scheduler_output scheduler::schedule() {
       }
       // Blocks beyond the restored table (its freed window entries stay freed, nothing to restore).
       const int32_t extra =
-          std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id));
+          std::max(0, blocks_.blocks_for(seq->num_computed + num_new) - blocks_.num_logical_blocks(seq->id)) *
+          blocks_.num_groups();
       const int32_t reserve = (running_.empty() ? 0 : watermark) + extra;
       const size_t first = plan.swap_in.size();
       if (!blocks_.swap_in(seq->id, reserve, plan.swap_in)) {
@@ -528,7 +530,7 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
       }
     }
     slice.num_computed = s.seq->num_computed;
-    slice.block_table = blocks_.block_table(s.seq->id);
+    blocks_.tables_into(s.seq->id, slice);
     // A draft is verified from the rows of every one of its positions (engine/speculative/verifier.hpp).
     slice.logits = s.num_draft_tokens > 0 ? sequence_slice::logits_mode::all
                    : s.samples            ? sequence_slice::logits_mode::last
@@ -623,7 +625,7 @@ std::string scheduler::check_invariants() const {
         return "running sequence " + std::to_string(s->id.value()) + " has " + std::to_string(nb) + " blocks for " +
                std::to_string(s->num_computed) + " computed tokens";
       if (status == sequence_status::running &&
-          blocks_.num_freed_blocks(s->id) != blocks_.blocks_outside_window(s->num_computed))
+          blocks_.num_freed_blocks(s->id) != blocks_.window_freed_blocks(s->num_computed))
         return "running sequence " + std::to_string(s->id.value()) + " freed " +
                std::to_string(blocks_.num_freed_blocks(s->id)) + " window blocks at " +
                std::to_string(s->num_computed) + " computed tokens";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <string>
 
 #include "engine/base/error.hpp"
@@ -10,7 +11,7 @@ namespace tessera {
 
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
                        bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out,
-                       bool allow_trees) {
+                       bool allow_trees, const kv_layer_groups* groups) {
   auto refuse = [&](const char* what) { throw invalid_request(std::string(executor_name) + " executor: " + what); };
   layout.token_ids.clear();
   layout.positions.clear();
@@ -36,7 +37,11 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
   out.prompt_count.assign(batch.seqs.size(), 0);
 
   const int32_t bs = spec.block_size;
-  const int32_t window = config.kv_window();  // 0: every layer may read every past position
+  // Per KV layer group, the window of its layers (0: they may read every past position).
+  const int32_t single_window = config.kv_window();
+  const std::span<const int32_t> windows =
+      groups ? std::span<const int32_t>(groups->windows) : std::span<const int32_t>(&single_window, 1);
+  const auto num_groups = static_cast<int32_t>(windows.size());
   int32_t rows = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const sequence_slice& sl = batch.seqs[s];
@@ -45,15 +50,21 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
     // Half of int32: positions, slot numbers (block * block_size + offset) and context lengths are
     // int32 in both executors' kernels, and end + block_size must not overflow either.
     if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) refuse("bad num_computed");
-    if (static_cast<int64_t>(sl.block_table.size()) * bs < end) refuse("block table does not cover the sequence");
-    // Only the blocks this step reads or writes: a table may carry blocks allocated ahead, and with a
-    // window its leading entries that no query of this slice reaches may be no_block (freed).
-    const int64_t used_blocks = (end + bs - 1) / bs;
-    const int64_t first_read = window > 0 ? std::max<int64_t>(0, int64_t{sl.num_computed} - window + 1) / bs : 0;
-    for (int64_t b = 0; b < used_blocks; ++b) {
-      const block_id id = sl.block_table[static_cast<size_t>(b)];
-      if (id == no_block && b < first_read) continue;  // freed, and no layer reads it: never touched
-      if (id < 0 || id >= spec.num_device_blocks) refuse("block id out of range");
+    if (static_cast<int32_t>(sl.group_tables.size()) != num_groups - 1)
+      refuse("a slice needs one block table per KV layer group");
+    for (int32_t g = 0; g < num_groups; ++g) {
+      const std::vector<block_id>& table = sl.table(g);
+      if (static_cast<int64_t>(table.size()) * bs < end) refuse("block table does not cover the sequence");
+      // Only the blocks this step reads or writes: a table may carry blocks allocated ahead, and with a
+      // window its leading entries that no query of this slice reaches may be no_block (freed).
+      const int32_t window = windows[static_cast<size_t>(g)];
+      const int64_t used_blocks = (end + bs - 1) / bs;
+      const int64_t first_read = window > 0 ? std::max<int64_t>(0, int64_t{sl.num_computed} - window + 1) / bs : 0;
+      for (int64_t b = 0; b < used_blocks; ++b) {
+        const block_id id = table[static_cast<size_t>(b)];
+        if (id == no_block && b < first_read) continue;  // freed, and no layer of the group reads it
+        if (id < 0 || id >= spec.num_device_blocks) refuse("block id out of range");
+      }
     }
     step_layout::sequence_rows sr;
     sr.token_begin = layout.num_tokens();

@@ -72,8 +72,10 @@ struct step_layout {
 // are check_block_moves' (each executor calls it where it applies them).
 // A slice with tree_parents is refused unless `allow_trees` (its executor verifies_token_trees), or when
 // its parents do not form a tree in order, or it also asks for hidden rows or prompt scores.
+// `groups`: the executor's KV layer groups (nullptr: one group of every layer, window
+// config.kv_window()); a slice must carry one table per group, each checked with its group's window.
 void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const model_config& config,
                        bool samples_on_device, const char* executor_name, step_layout& layout, step_output& out,
-                       bool allow_trees = false);
+                       bool allow_trees = false, const kv_layer_groups* groups = nullptr);
 
 }  // namespace tessera

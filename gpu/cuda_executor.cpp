@@ -233,7 +233,9 @@ class cuda_executor final : public executor {
     if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
       throw invalid_request("cuda executor: --gpu-memory-utilization must be in (0, 1]");
     }
-    layout_ = {config_.num_layers, config_.num_kv_heads, spec_.block_size, config_.head_dim};
+    groups_ = options.kv_layer_groups ? group_kv_layers(config_) : single_kv_group(config_);
+    // A block holds one layer group's layers; a kernel's `layer` is the layer's slot in its group.
+    layout_ = {groups_.layers_per_block, config_.num_kv_heads, spec_.block_size, config_.head_dim};
     prefill_tile_tokens_ = gpu::prefill_tile_tokens(config_.head_dim, config_.num_heads, config_.num_kv_heads);
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
@@ -294,6 +296,7 @@ class cuda_executor final : public executor {
   const model_config& config() const override { return config_; }
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_bytes_; }
+  kv_layer_groups kv_groups() const override { return groups_; }
   const char* name() const override { return "cuda"; }
   bool samples_on_device() const override { return true; }
   // Both attention kernels start their walk at the window's first key and index the block table
@@ -556,7 +559,7 @@ class cuda_executor final : public executor {
   void plan_step(const step_batch& batch, step_output& out) {
     check_block_moves(batch, spec_, "cuda");
     build_step_layout(batch, spec_, config_, /*samples_on_device=*/true, "cuda", step_layout_, out,
-                      /*allow_trees=*/true);
+                      /*allow_trees=*/true, &groups_);
 
     // The uploaded per-token arrays: the layout's, copied (plan_prefill reorders them, pad_for_graph
     // appends padding tokens), and each token's cache slot and context length (the slot's position + 1:
@@ -565,12 +568,14 @@ class cuda_executor final : public executor {
     ids_.assign(step_layout_.token_ids.begin(), step_layout_.token_ids.end());
     positions_.assign(step_layout_.positions.begin(), step_layout_.positions.end());
     token_seq_.assign(step_layout_.token_seq.begin(), step_layout_.token_seq.end());
-    slots_.clear();
+    slots_.resize(static_cast<size_t>(groups_.num_groups()));
+    for (std::vector<int32_t>& group_slots : slots_) group_slots.clear();
     context_.clear();
     for (size_t t = 0; t < positions_.size(); ++t) {
       const int32_t at = step_layout_.slots[t];
-      const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(token_seq_[t])].block_table;
-      slots_.push_back(table[static_cast<size_t>(at / bs)] * bs + at % bs);
+      const sequence_slice& sl = batch.seqs[static_cast<size_t>(token_seq_[t])];
+      for (int32_t g = 0; g < groups_.num_groups(); ++g)
+        slots_[static_cast<size_t>(g)].push_back(sl.table(g)[static_cast<size_t>(at / bs)] * bs + at % bs);
       context_.push_back(at + 1);
     }
     max_blocks_ = std::max(1, (step_layout_.max_context + bs - 1) / bs);  // the most blocks one sequence reads
@@ -599,12 +604,15 @@ class cuda_executor final : public executor {
     const size_t T_ = ids_.size();
     meta_ids_ = place(T_);
     meta_positions_ = place(T_);
-    meta_slots_ = place(T_);
+    meta_slots_.clear();
+    for (int32_t g = 0; g < groups_.num_groups(); ++g) meta_slots_.push_back(place(T_));
     meta_context_ = place(T_);
     meta_token_seq_ = place(T_);
     meta_logit_rows_ = place(logit_rows_.size());
     if (!graph_step_) num_table_rows_ = batch.seqs.size();
-    meta_tables_ = place(num_table_rows_ * static_cast<size_t>(max_blocks_));
+    meta_tables_.clear();
+    for (int32_t g = 0; g < groups_.num_groups(); ++g)
+      meta_tables_.push_back(place(num_table_rows_ * static_cast<size_t>(max_blocks_)));
     meta_copies_ = place(2 * batch.copies.size());
     meta_tiles_ = place(4 * prefill_tiles_.size());
     meta_tree_root_ = place(tree_root_.size());
@@ -616,23 +624,25 @@ class cuda_executor final : public executor {
     auto put = [&](meta_range r, const std::vector<int32_t>& v) { std::copy(v.begin(), v.end(), h + r.offset); };
     put(meta_ids_, ids_);
     put(meta_positions_, positions_);
-    put(meta_slots_, slots_);
+    for (size_t g = 0; g < slots_.size(); ++g) put(meta_slots_[g], slots_[g]);
     put(meta_context_, context_);
     put(meta_token_seq_, token_seq_);
     put(meta_logit_rows_, logit_rows_);
     put(meta_tree_root_, tree_root_);
     put(meta_tree_offset_, tree_mask_offset_);
     put(meta_tree_mask_, tree_mask_);
-    for (size_t s = 0; s < num_table_rows_; ++s) {
-      int32_t* row = h + meta_tables_.offset + s * static_cast<size_t>(max_blocks_);
-      if (s >= batch.seqs.size()) {  // a graph step's padding rows: every entry the padding block
-        std::fill(row, row + max_blocks_, pad_block_);
-        continue;
+    for (int32_t g = 0; g < groups_.num_groups(); ++g) {
+      for (size_t s = 0; s < num_table_rows_; ++s) {
+        int32_t* row = h + meta_tables_[static_cast<size_t>(g)].offset + s * static_cast<size_t>(max_blocks_);
+        if (s >= batch.seqs.size()) {  // a graph step's padding rows: every entry the padding block
+          std::fill(row, row + max_blocks_, pad_block_);
+          continue;
+        }
+        const auto& table = batch.seqs[s].table(g);
+        const size_t n = std::min(table.size(), static_cast<size_t>(max_blocks_));
+        std::copy(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(n), row);
+        std::fill(row + n, row + max_blocks_, 0);
       }
-      const auto& table = batch.seqs[s].block_table;
-      const size_t n = std::min(table.size(), static_cast<size_t>(max_blocks_));
-      std::copy(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(n), row);
-      std::fill(row + n, row + max_blocks_, 0);
     }
     for (size_t c = 0; c < batch.copies.size(); ++c) {
       h[meta_copies_.offset + 2 * c] = batch.copies[c].src;
@@ -725,10 +735,12 @@ class cuda_executor final : public executor {
       }
     }
     const size_t T_ = row_order_.size();
-    for (std::vector<int32_t>* v : {&ids_, &positions_, &slots_, &context_, &token_seq_}) {
-      row_scratch_.assign(v->begin(), v->end());
-      for (size_t r = 0; r < T_; ++r) (*v)[r] = row_scratch_[static_cast<size_t>(row_order_[r])];
-    }
+    auto reorder = [&](std::vector<int32_t>& v) {
+      row_scratch_.assign(v.begin(), v.end());
+      for (size_t r = 0; r < T_; ++r) v[r] = row_scratch_[static_cast<size_t>(row_order_[r])];
+    };
+    for (std::vector<int32_t>* v : {&ids_, &positions_, &context_, &token_seq_}) reorder(*v);
+    for (std::vector<int32_t>& group_slots : slots_) reorder(group_slots);
     row_scratch_.resize(T_);
     for (size_t r = 0; r < T_; ++r) row_scratch_[static_cast<size_t>(row_order_[r])] = static_cast<int32_t>(r);
     for (int32_t& r : logit_rows_) r = row_scratch_[static_cast<size_t>(r)];
@@ -807,7 +819,7 @@ class cuda_executor final : public executor {
     for (auto s = static_cast<int32_t>(num_seqs); s < bucket; ++s) {
       ids_.push_back(0);
       positions_.push_back(0);
-      slots_.push_back(pad_block_ * spec_.block_size);
+      for (std::vector<int32_t>& group_slots : slots_) group_slots.push_back(pad_block_ * spec_.block_size);
       context_.push_back(1);
       token_seq_.push_back(s);
       logit_rows_.push_back(s);
@@ -907,7 +919,6 @@ class cuda_executor final : public executor {
     rope.qkv = qkv;
     rope.qkv_stride = qkv_cols;
     rope.positions = meta_ptr(meta_positions_);
-    rope.slot_mapping = meta_ptr(meta_slots_);
     rope.eps = eps;
     rope.num_tokens = T_;
     rope.num_heads = config_.num_heads;
@@ -925,7 +936,6 @@ class cuda_executor final : public executor {
     common.kv_cache = kv;
     common.layout = layout_;
     common.num_heads = config_.num_heads;
-    common.block_tables = meta_ptr(meta_tables_);
     common.max_blocks_per_seq = max_blocks_;
     // As the CPU executor: the model's scale (Gemma: query_pre_attn_scalar^-1/2), else 1/sqrt(head_dim).
     common.scale = f.attention_scale > 0.0f ? f.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
@@ -964,7 +974,11 @@ class cuda_executor final : public executor {
       }
       gemm(L.qkv, qkv_cols, hidden, xn, T_, qkv, qkv_cols, false);
       profiler_.mark(stream_, "gemm qkv");
-      rope.layer = l;
+      // The layer's K/V: its group's blocks (slot mapping and tables), at its slot in the group.
+      const auto group = static_cast<size_t>(groups_.group_of(l));
+      rope.slot_mapping = meta_ptr(meta_slots_[group]);
+      common.block_tables = meta_ptr(meta_tables_[group]);
+      rope.layer = groups_.slot_of(l);
       rope.inv_freq = L.inv_freq;
       rope.attention_factor = L.attention_factor;
       rope.bias = L.qkv_bias;
@@ -974,11 +988,11 @@ class cuda_executor final : public executor {
       profiler_.mark(stream_, "rope_kv_write");
       const auto wc = static_cast<size_t>(L.window_class);
       static_cast<gpu::paged_attention_common<T>&>(att) = with_split(split_[wc], L.window);
-      att.layer = l;
+      att.layer = groups_.slot_of(l);
       gpu::paged_attention(att, stream_);
       profiler_.mark(stream_, "attention decode");
       static_cast<gpu::paged_attention_common<T>&>(pre) = with_split(prefill_split_[wc], L.window);
-      pre.layer = l;
+      pre.layer = groups_.slot_of(l);
       gpu::prefill_attention(pre, stream_);
       profiler_.mark(stream_, "attention prefill");
       if (post_norms_) {
@@ -1143,6 +1157,7 @@ class cuda_executor final : public executor {
   int device_ = 0;
   int num_sms_ = 0;
   gpu::kv_layout layout_;
+  kv_layer_groups groups_;  // how the layers share blocks (one group of all, unless options.kv_layer_groups)
   int64_t block_bytes_ = 0;
 
   cudaStream_t stream_ = nullptr;
@@ -1178,7 +1193,8 @@ class cuda_executor final : public executor {
 
   // ---- per-step state --------------------------------------------------------------------------
   step_layout step_layout_;  // the validated, flattened batch (engine/step_layout.hpp)
-  std::vector<int32_t> ids_, positions_, slots_, context_, token_seq_, logit_rows_;
+  std::vector<int32_t> ids_, positions_, context_, token_seq_, logit_rows_;
+  std::vector<std::vector<int32_t>> slots_;  // per KV layer group: each token's cache slot in its blocks
   int32_t num_tokens_ = 0, num_logit_rows_ = 0, max_blocks_ = 1;
   bool graph_step_ = false;                     // this step replays a captured graph (padded to its bucket)
   size_t num_table_rows_ = 0;                   // block-table rows uploaded (sequences, plus padding rows)
@@ -1194,8 +1210,9 @@ class cuda_executor final : public executor {
   // Embeddings and prompt logprobs: the rows of a group, their normed rows and their logits.
   pinned_buffer aux_rows_host_, pooled_host_, score_logits_host_;
   device_buffer aux_rows_dev_, pooled_dev_, score_x_, score_logits_;
-  meta_range meta_ids_, meta_positions_, meta_slots_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_tables_,
-      meta_copies_, meta_tiles_, meta_tree_root_, meta_tree_offset_, meta_tree_mask_;
+  std::vector<meta_range> meta_slots_, meta_tables_;  // per KV layer group
+  meta_range meta_ids_, meta_positions_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_copies_, meta_tiles_,
+      meta_tree_root_, meta_tree_offset_, meta_tree_mask_;
   size_t meta_size_ = 0;
   pinned_buffer meta_host_;
   device_buffer meta_dev_;
@@ -1218,8 +1235,10 @@ std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights
   return std::make_unique<cuda_executor<bf16>>(std::move(weights), options);
 }
 
-int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype) {
-  const gpu::kv_layout layout{config.num_layers, config.num_kv_heads, block_size, config.head_dim};
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype,
+                            int32_t layers_per_block) {
+  const gpu::kv_layout layout{layers_per_block > 0 ? layers_per_block : config.num_layers, config.num_kv_heads,
+                              block_size, config.head_dim};
   return layout.block_elems() * static_cast<int64_t>(element_bytes(dtype));
 }
 

@@ -48,6 +48,9 @@ struct cuda_executor_options {
   // With num_device_blocks == 0: the budget that sizes the pool leaves room for this other model
   // (cuda_co_resident_for), and each block of the pool counts its kv_block_bytes too.
   cuda_co_resident co_resident;
+  // Cut the KV blocks by layer groups (engine/model/kv_layer_groups.hpp), as the CPU executor's
+  // option of the same name: a block holds one group's layers, each slice one table per group.
+  bool kv_layer_groups = false;
 };
 
 // True when the binary has the CUDA executor and a CUDA device is visible (never throws).
@@ -58,8 +61,10 @@ bool cuda_executor_available() noexcept;
 std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights> weights,
                                              const cuda_executor_options& options);
 
-// Bytes of one KV block of `block_size` positions for `dtype` (every layer's K and V).
-int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype);
+// Bytes of one KV block of `block_size` positions for `dtype` (every layer's K and V, or
+// `layers_per_block` layers' with KV layer groups).
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype,
+                            int32_t layers_per_block = 0);
 
 // What a CUDA executor of `weights` with `options` will hold on the GPU besides a pool sized with its
 // target's: its weights in the compute dtype, its activation and logit buffers, cuBLAS' workspace,

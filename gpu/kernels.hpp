@@ -80,7 +80,7 @@ void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
 //   block * block_elems + ((layer * 2 + kind) * num_kv_heads + kv_head) * block_size * head_dim
 //                       + slot * head_dim + d
 struct kv_layout {
-  int32_t num_layers = 0;
+  int32_t num_layers = 0;  // layers per block: every layer, or one KV layer group's
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;
   int32_t head_dim = 0;
@@ -106,7 +106,7 @@ struct paged_attention_common {
   int64_t q_stride = 0;
   const T* kv_cache = nullptr;
   kv_layout layout;
-  int32_t layer = 0;
+  int32_t layer = 0;  // the layer's index in a block (its slot in its KV layer group; kv_layout)
   int32_t num_heads = 0;
   const int32_t* block_tables = nullptr;  // [rows, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
@@ -158,7 +158,7 @@ struct rope_kv_args {
   int32_t num_heads = 0;
   int32_t rope_dims = 0;
   bool interleaved_pairs = true;
-  int32_t layer = 0;
+  int32_t layer = 0;  // the layer's index in a block (its slot in its KV layer group; kv_layout)
   kv_layout layout;
 };
 void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream);

@@ -50,6 +50,7 @@ block_manager_options pool_options(const executor& exec, const draft_model_optio
   // holding a prefix, and no window is freed (the tables stay whole, whatever the draft model).
   b.enable_prefix_caching = false;
   b.attention_window = 0;
+  b.group_windows.assign(static_cast<size_t>(exec.kv_groups().num_groups()), 0);
   return b;
 }
 
@@ -135,7 +136,7 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
         s.seq = a.seq;
         s.tokens.assign(a.tokens.begin() + c, a.tokens.begin() + c + m);
         s.num_computed = c;
-        s.block_table = blocks_.block_table(a.seq);
+        blocks_.tables_into(a.seq, s);
         s.logits = c + m == n ? sequence_slice::logits_mode::last : sequence_slice::logits_mode::none;
         step.seqs.push_back(std::move(s));
         who.push_back(&a);
@@ -160,7 +161,7 @@ std::vector<draft_proposal> draft_model_proposer::propose(std::span<const draft_
         s.seq = a.seq;
         s.tokens = {d.back()};
         s.num_computed = static_cast<int32_t>(a.state->computed.size());
-        s.block_table = blocks_.block_table(a.seq);
+        blocks_.tables_into(a.seq, s);
         s.logits = sequence_slice::logits_mode::last;
         step.seqs.push_back(std::move(s));
         who.push_back(&a);

@@ -134,6 +134,8 @@ struct claims_everything : sim_executor {
   bool reads_only_window() const override { return true; }
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
+  // Two KV layer groups (a sliding layer and a global one): the engine must get a table per group.
+  kv_layer_groups kv_groups() const override { return {1, {8, 0}, {0, 1}, {0, 0}}; }
 };
 
 void expect_same_capabilities(const executor& got, const executor& want) {
@@ -143,6 +145,11 @@ void expect_same_capabilities(const executor& got, const executor& want) {
   EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
   EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());
   EXPECT_EQ(got.scores_prompts(), want.scores_prompts());
+  const kv_layer_groups g = got.kv_groups(), w = want.kv_groups();
+  EXPECT_EQ(g.layers_per_block, w.layers_per_block);
+  EXPECT_EQ(g.windows, w.windows);
+  EXPECT_EQ(g.layer_group, w.layer_group);
+  EXPECT_EQ(g.layer_slot, w.layer_slot);
 }
 
 // The served engine talks to the executor through actor_executor (and, in fault-injection runs, the

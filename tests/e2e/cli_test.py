@@ -138,6 +138,7 @@ def inspect_reports_the_config():
     p = run(["inspect", MODEL])
     assert p.returncode == 0, p.stderr
     assert "layers 30, hidden 576" in p.stdout and "general.architecture" in p.stdout, p.stdout[:2000]
+    assert "kv cache: 1 group of 30 layers: 1 global" in p.stdout, p.stdout[:2000]
 
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "models")
@@ -153,7 +154,7 @@ def inspect_names_architecture_features_and_tensor_types():
     p = run(["inspect", os.path.join(TINY, "gemma3")])
     assert p.returncode == 0, p.stderr
     for want in ("architecture: gemma3", "rmsnorm (1+w)", "geglu (tanh gelu)", "q/k norm", "post-norms",
-                 "sliding window 8 on 1/2 layers", "BF16 x"):
+                 "sliding window 8 on 1/2 layers", "BF16 x", "kv cache: 2 groups of 1 layer: 1 global, 1 with window 8"):
         assert want in p.stdout, (want, p.stdout[:1500])
 
 

@@ -493,14 +493,19 @@ TEST(block_manager, window_swap_moves_only_the_held_blocks) {
 }
 
 // Randomized: a reference model of reference counts checked against the manager after every op.
-void random_operations(uint32_t seed, int32_t window) {
+// `groups`: windows of KV layer groups (empty: one group with `window`).
+void random_operations(uint32_t seed, int32_t window, std::vector<int32_t> groups = {}) {
   {
     std::mt19937 rng(seed);
     const int32_t bs = 1 + static_cast<int32_t>(rng() % 5);
-    auto bm = window == 0
-                  ? make(bs, 4 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 8), rng() % 2 == 0)
-                  : make_windowed(bs, 4 + static_cast<int32_t>(rng() % 12), window, static_cast<int32_t>(rng() % 8),
-                                  rng() % 2 == 0);
+    const int32_t device =
+        (4 + static_cast<int32_t>(rng() % 12)) * std::max<int32_t>(1, static_cast<int32_t>(groups.size()));
+    block_manager_options o{bs, device,
+                            static_cast<int32_t>(rng() % 8) * std::max<int32_t>(1, static_cast<int32_t>(groups.size())),
+                            rng() % 2 == 0};
+    o.attention_window = window;
+    o.group_windows = groups;
+    block_manager bm(o);
     struct live {
       std::vector<token_id> tokens;
       int32_t computed = 0;
@@ -549,11 +554,15 @@ void random_operations(uint32_t seed, int32_t window) {
         }
       }
       ASSERT_EQ(bm.check_invariants(), "") << "seed " << seed << " window " << window << " op " << op;
-      if (window > 0) {
-        for (const auto& [id, l] : seqs) {
-          if (bm.is_swapped(id)) continue;
-          ASSERT_LE(bm.num_blocks(id), (window - 1 + bs - 1) / bs + 1) << "seed " << seed << " op " << op;
+      for (const auto& [id, l] : seqs) {
+        if (bm.is_swapped(id)) continue;
+        // Between steps a group with window w holds at most ceil((w - 1) / bs) + 1 blocks.
+        int32_t bound = 0;
+        for (int32_t g = 0; g < bm.num_groups(); ++g) {
+          const int32_t w = bm.group_window(g);
+          bound += w > 0 ? std::min(bm.blocks_for(l.computed), (w - 1 + bs - 1) / bs + 1) : bm.blocks_for(l.computed);
         }
+        ASSERT_LE(bm.num_blocks(id), bound) << "seed " << seed << " op " << op;
       }
     }
     for (auto& [s, l] : seqs) bm.free(s);
@@ -575,6 +584,130 @@ TEST(block_manager, random_operations_with_a_window_keep_invariants) {
     random_operations(seed, 1 + static_cast<int32_t>(seed % 9));
     if (HasFatalFailure()) return;
   }
+}
+
+TEST(block_manager, random_operations_with_layer_groups_keep_invariants) {
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    const auto w = 1 + static_cast<int32_t>(seed % 7);
+    // Interleaved (windows and a global group, as Gemma), two windows, and windows only.
+    const std::vector<std::vector<int32_t>> shapes = {{w, 0}, {w, w, 0}, {w, w + 3}, {0, w}};
+    random_operations(seed, 0, shapes[seed % shapes.size()]);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ---- KV layer groups: one table per group, each freed by its own window ---------------------------
+
+block_manager make_grouped(int32_t block_size, int32_t device, std::vector<int32_t> windows, int32_t host = 0) {
+  block_manager_options o{block_size, device, host, true};
+  o.group_windows = std::move(windows);
+  return block_manager(o);
+}
+
+TEST(block_manager, groups_free_only_their_windowed_tables) {
+  // Group 0: window 6, group 1: global. Block size 4, 40 tokens decoded one by one.
+  auto bm = make_grouped(4, 32, {6, 0});
+  EXPECT_EQ(bm.num_groups(), 2);
+  EXPECT_EQ(bm.attention_window(), 0) << "a global group bounds nothing";
+  std::vector<block_copy> copies;
+  const auto t = iota_tokens(40);
+  for (int32_t n = 0; n < 40; ++n) {
+    ASSERT_EQ(bm.blocks_needed(seq_id{1}, t, n, 1), n % 4 == 0 ? 2 : 0) << "one block per group at a boundary";
+    ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, n, 1, 0, copies));
+    bm.commit_computed(seq_id{1}, t, n + 1);
+    const int32_t computed = n + 1;
+    const int32_t dead = std::max(0, computed - 5) / 4;
+    const auto& local = bm.block_table(seq_id{1}, 0);
+    const auto& global = bm.block_table(seq_id{1}, 1);
+    ASSERT_EQ(local.size(), global.size());
+    ASSERT_EQ(static_cast<int32_t>(local.size()), bm.blocks_for(computed));
+    for (size_t i = 0; i < local.size(); ++i) {
+      ASSERT_EQ(local[i] == no_block, static_cast<int32_t>(i) < dead) << computed;
+      ASSERT_NE(global[i], no_block);
+      ASSERT_NE(global[i], local[i]) << "the groups' blocks are distinct";
+    }
+    ASSERT_EQ(bm.num_freed_blocks(seq_id{1}), dead);
+    ASSERT_EQ(bm.window_freed_blocks(computed), dead);
+    ASSERT_EQ(bm.num_blocks(seq_id{1}), 2 * bm.blocks_for(computed) - dead);
+    ASSERT_EQ(bm.num_free_blocks(), 32 - bm.num_blocks(seq_id{1}));
+    ASSERT_EQ(bm.check_invariants(), "") << computed;
+  }
+  sequence_slice slice;
+  bm.tables_into(seq_id{1}, slice);
+  EXPECT_EQ(slice.block_table, bm.block_table(seq_id{1}, 0));
+  ASSERT_EQ(slice.group_tables.size(), 1u);
+  EXPECT_EQ(slice.table(1), bm.block_table(seq_id{1}, 1));
+  bm.free(seq_id{1});
+  EXPECT_EQ(bm.num_free_blocks(), 32);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, groups_prefix_hit_needs_every_group_and_takes_each_groups_window) {
+  auto bm = make_grouped(4, 32, {6, 0});
+  std::vector<block_copy> copies;
+  const auto a = iota_tokens(20);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, a, 0, 20, 0, copies));
+  bm.commit_computed(seq_id{1}, a, 20);  // both groups' blocks 0..4 indexed; the local 0..2 freed
+  const std::vector<block_id> local_a = bm.block_table(seq_id{1}, 0), global_a = bm.block_table(seq_id{1}, 1);
+  const auto b = iota_tokens(24);
+  EXPECT_EQ(bm.cached_prefix_tokens(b), 20);
+  EXPECT_EQ(bm.blocks_needed(seq_id{2}, b, 20, 4), 2) << "one new block per group";
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, b, 20, 4, 0, copies));
+  const auto& local_b = bm.block_table(seq_id{2}, 0);
+  const auto& global_b = bm.block_table(seq_id{2}, 1);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(local_b[i], i < 3 ? no_block : local_a[i]) << i;
+    EXPECT_EQ(global_b[i], global_a[i]) << "the global group shares its whole prefix";
+  }
+  EXPECT_EQ(bm.num_freed_blocks(seq_id{2}), 3);
+  EXPECT_INVARIANTS(bm);
+
+  // Freed, all ten indexed blocks are cached-free, in LRU order: local 0, 1, 2 (freed at the commit),
+  // local 4, 3, then global 4, 3, 2, 1, 0. Taking 28 blocks evicts the first six: the global blocks
+  // 0..3 stay cached, but every hit would also need local blocks of its window: none is left.
+  bm.free(seq_id{2});
+  bm.free(seq_id{1});
+  EXPECT_EQ(bm.num_cached_free_blocks(), 10);
+  const auto c = iota_tokens(32 * 4, 900);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{3}, c, 0, 4 * 14, 0, copies));
+  EXPECT_EQ(bm.num_cached_free_blocks(), 4);
+  EXPECT_EQ(bm.cached_prefix_tokens(iota_tokens(21)), 0);
+  EXPECT_INVARIANTS(bm);
+}
+
+TEST(block_manager, groups_fork_swap_and_truncate_move_every_groups_blocks) {
+  auto bm = make_grouped(4, 32, {6, 0, 6}, 16);
+  std::vector<block_copy> copies, out, in;
+  auto t = iota_tokens(22);
+  ASSERT_TRUE(bm.allocate_slots(seq_id{1}, t, 0, 18, 0, copies));
+  bm.commit_computed(seq_id{1}, t, 18);  // 5 blocks per group; the windowed groups free 3 each
+  EXPECT_EQ(bm.num_blocks(seq_id{1}), 2 + 5 + 2);
+  bm.fork(seq_id{1}, seq_id{2});
+  EXPECT_EQ(bm.num_blocks(seq_id{2}), 9);
+  // The child writes position 18: block 4 of every group is shared, so each group copies it.
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t, 18, 1, 0, copies));
+  EXPECT_EQ(copies.size(), 3u);
+  EXPECT_INVARIANTS(bm);
+  ASSERT_TRUE(bm.swap_out(seq_id{2}, out));
+  EXPECT_EQ(out.size(), 9u) << "only held blocks move, of every group";
+  EXPECT_EQ(bm.num_host_blocks_of(seq_id{2}), 9);
+  EXPECT_EQ(bm.num_logical_blocks(seq_id{2}), 5);
+  EXPECT_INVARIANTS(bm);
+  ASSERT_FALSE(bm.swap_in(seq_id{2}, bm.num_free_blocks() - 8, in)) << "needs 9 blocks";
+  ASSERT_TRUE(bm.swap_in(seq_id{2}, 0, in));
+  EXPECT_EQ(in.size(), 9u);
+  EXPECT_EQ(bm.block_table(seq_id{2}, 0)[2], no_block);
+  EXPECT_INVARIANTS(bm);
+  // Speculative slots beyond 19 tokens, then rolled back: every group drops its tail block.
+  ASSERT_TRUE(bm.allocate_slots(seq_id{2}, t, 19, 3, 0, copies));
+  EXPECT_EQ(bm.num_logical_blocks(seq_id{2}), 6);
+  bm.truncate(seq_id{2}, 19);
+  EXPECT_EQ(bm.num_logical_blocks(seq_id{2}), 5);
+  EXPECT_INVARIANTS(bm);
+  bm.free(seq_id{1});
+  bm.free(seq_id{2});
+  EXPECT_EQ(bm.num_free_blocks(), 32);
+  EXPECT_EQ(bm.num_free_host_blocks(), 16);
 }
 
 }  // namespace

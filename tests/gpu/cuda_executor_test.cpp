@@ -1175,6 +1175,36 @@ TEST(CudaTinyModels, GgufFilesEqualTheCpuExecutor) {
 // executor declares reads_only_window, so the engine frees each block once no window reaches it and
 // hands its entry as no_block; the tokens equal the exact CPU executor's (which frees too), with and
 // without CUDA graphs, and the CUDA run holds at most window / block_size + 2 blocks between steps.
+// One greedy request of 16 tokens through the engine on `exec` (its whole pool, prefill chunks of
+// `chunk`), with the blocks the sequence held after each step and the blocks freed for windows.
+struct windowed_run {
+  std::vector<token_id> tokens;
+  uint64_t window_freed = 0;
+  int32_t most_held = 0;    // the most blocks the sequence held after any step
+  int32_t held_at_end = 0;  // after the last step that still lists it
+};
+windowed_run serve_greedy_16(executor& exec, const std::vector<token_id>& prompt, int32_t chunk) {
+  engine_options eo = chunked_engine_options();
+  eo.max_num_batched_tokens = chunk;
+  eo.num_kv_blocks = exec.kv_spec().num_device_blocks;
+  llm_engine engine(exec, nullptr, eo);
+  engine.add_request(prompt, greedy_params(16));
+  windowed_run r;
+  while (engine.has_unfinished()) {
+    for (const request_output& o : engine.step()) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    }
+    for (const sequence_blocks& b : engine.last_record().running) {
+      r.most_held = std::max(r.most_held, b.num_blocks);
+      r.held_at_end = b.num_blocks;
+    }
+    EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+  }
+  r.window_freed = engine.stats().num_window_freed_blocks;
+  return r;
+}
+
 TEST(CudaSlidingWindow, FreedWindowBlocksChangeNoTokenWithAndWithoutGraphs) {
   if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
   const std::filesystem::path dir = fixture_dir("mistral");
@@ -1183,33 +1213,11 @@ TEST(CudaSlidingWindow, FreedWindowBlocksChangeNoTokenWithAndWithoutGraphs) {
   const model_config& c = m.weights->config;
   ASSERT_EQ(c.kv_window(), 8);
   const std::vector<token_id> prompt = tokens(150, 21, c.vocab_size);
-  struct result {
-    std::vector<token_id> tokens;
-    uint64_t window_freed = 0;
-    int32_t most_held = 0;  // the most blocks the sequence held after any step
-  };
-  auto run = [&](executor& exec, int32_t chunk) {
-    engine_options eo = chunked_engine_options();
-    eo.max_num_batched_tokens = chunk;
-    llm_engine engine(exec, nullptr, eo);
-    engine.add_request(prompt, greedy_params(16));
-    result r;
-    while (engine.has_unfinished()) {
-      for (const request_output& o : engine.step()) {
-        EXPECT_TRUE(o.error.empty()) << o.error;
-        r.tokens.insert(r.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      }
-      for (const sequence_blocks& b : engine.last_record().running) r.most_held = std::max(r.most_held, b.num_blocks);
-      EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
-    }
-    r.window_freed = engine.stats().num_window_freed_blocks;
-    return r;
-  };
   const kv_cache_spec kv = test_support::kv_pool(32, 0);
   const int32_t bound = c.kv_window() / kv.block_size + 2;
   for (const int32_t chunk : {16, 2048}) {
     const auto cpu = cpu_exact(m.weights, kv);
-    const result want = run(*cpu, chunk);
+    const windowed_run want = serve_greedy_16(*cpu, prompt, chunk);
     ASSERT_EQ(want.tokens.size(), 16u);
     for (const bool graphs : {false, true}) {
       cuda_executor_options go;
@@ -1218,7 +1226,7 @@ TEST(CudaSlidingWindow, FreedWindowBlocksChangeNoTokenWithAndWithoutGraphs) {
       go.cuda_graphs = graphs;
       const auto cuda = make_cuda_executor(m.weights, go);
       ASSERT_TRUE(cuda->reads_only_window());
-      const result got = run(*cuda, chunk);
+      const windowed_run got = serve_greedy_16(*cuda, prompt, chunk);
       const std::string what = "chunk " + std::to_string(chunk) + (graphs ? ", graphs" : "");
       EXPECT_EQ(got.tokens, want.tokens) << what;
       EXPECT_EQ(got.window_freed, want.window_freed) << what;
@@ -1226,6 +1234,45 @@ TEST(CudaSlidingWindow, FreedWindowBlocksChangeNoTokenWithAndWithoutGraphs) {
       EXPECT_LE(got.most_held, bound) << what;
       std::printf("  mistral tiny on cuda (%s): %llu blocks freed early, at most %d held between steps\n", what.c_str(),
                   static_cast<unsigned long long>(got.window_freed), got.most_held);
+    }
+  }
+}
+
+// KV layer groups (engine/model/kv_layer_groups.hpp) on the interleaved fixtures (tiny Gemma 2 and 3:
+// a sliding layer with window 8 and a global one): a table per group, so the sliding layer's blocks
+// before its window are freed, gives the CPU executor's tokens (one table for both layers), chunked
+// and whole, with and without CUDA graphs.
+TEST(CudaSlidingWindow, InterleavedLayerGroupsFreeSlidingBlocksAndChangeNoToken) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  for (const char* name : {"gemma2", "gemma3"}) {
+    const std::filesystem::path dir = fixture_dir(name);
+    if (!std::filesystem::exists(dir / "oracle.json")) GTEST_SKIP() << dir << " missing";
+    const loaded_model m = load_model(dir);
+    const model_config& c = m.weights->config;
+    ASSERT_EQ(group_kv_layers(c).windows, (std::vector<int32_t>{8, 0})) << name;
+    const std::vector<token_id> prompt = tokens(150, 23, c.vocab_size);
+    for (const int32_t chunk : {16, 2048}) {
+      const auto cpu = cpu_exact(m.weights, test_support::kv_pool(32, 0));
+      const windowed_run want = serve_greedy_16(*cpu, prompt, chunk);
+      ASSERT_EQ(want.tokens.size(), 16u);
+      EXPECT_EQ(want.window_freed, 0u);
+      for (const bool graphs : {false, true}) {
+        cuda_executor_options go;
+        go.kv = test_support::kv_pool(64, 0);  // blocks of one layer: twice as many for the same bytes
+        go.dtype = cuda_dtype::f32;
+        go.cuda_graphs = graphs;
+        go.kv_layer_groups = true;
+        const auto cuda = make_cuda_executor(m.weights, go);
+        ASSERT_EQ(cuda->kv_groups().num_groups(), 2);
+        const windowed_run got = serve_greedy_16(*cuda, prompt, chunk);
+        const std::string what = std::string(name) + " chunk " + std::to_string(chunk) + (graphs ? ", graphs" : "");
+        EXPECT_EQ(got.tokens, want.tokens) << what;
+        const auto total = static_cast<int32_t>(prompt.size()) + 15;
+        EXPECT_EQ(got.window_freed, static_cast<uint64_t>((total - 8 + 1) / 16)) << what;
+        EXPECT_LE(got.held_at_end, (total - 1 + 15) / 16 + 2) << what << ": the global layer's blocks and two";
+        std::printf("  %s on cuda with layer groups (%s): %llu sliding blocks freed early, %d held at the end\n", name,
+                    what.c_str(), static_cast<unsigned long long>(got.window_freed), got.held_at_end);
+      }
     }
   }
 }
