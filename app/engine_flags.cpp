@@ -131,9 +131,15 @@ std::string draft_flag(const engine_flags& flags) {
                                 : "--draft-model " + flags.draft_model;
 }
 
+// Blocks of block_size positions the target's pool holds for every layer: its blocks over its KV layer
+// groups (a grouped target spends one block per group on each block_size positions).
+int32_t target_position_blocks(const executor& target) {
+  return target.kv_spec().num_device_blocks / target.kv_groups().num_groups();
+}
+
 // The draft model's CPU executor, with a KV pool of its own: as many blocks as the target's KV budget
-// buys for the draft model, never more than the target has (the draft never holds more tokens than
-// the target does), or --draft-num-kv-blocks.
+// buys for the draft model, never more than the target has for all its layers (the draft never holds
+// more tokens than the target does), or --draft-num-kv-blocks.
 void make_draft_cpu_executor(const engine_flags& flags, engine_bundle& b) {
   const model_config& draft = b.draft_model->weights->config;
   cpu_executor_options o;
@@ -144,7 +150,7 @@ void make_draft_cpu_executor(const engine_flags& flags, engine_bundle& b) {
   o.kv.num_device_blocks =
       flags.draft_num_kv_blocks > 0
           ? flags.draft_num_kv_blocks
-          : std::min(b.exec->kv_spec().num_device_blocks,
+          : std::min(target_position_blocks(*b.exec),
                      kv_blocks_for_bytes(draft, flags.block_size, static_cast<int64_t>(flags.kv_cache_memory_gib * gib),
                                          o.kv_dtype));
   o.kv.num_host_blocks = 0;
@@ -403,10 +409,14 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
       draft_cuda.kv.num_device_blocks = flags.draft_num_kv_blocks;
       draft_cuda.max_num_batched_tokens = draft_model_options{}.max_batch_tokens;
       cuda.co_resident = cuda_co_resident_for(*b.draft_model->weights, draft_cuda);
+      // The target's blocks hold one layer group each: the draft needs one block of its own per
+      // block_size positions, i.e. per num_groups of the target's blocks.
+      const int64_t groups = group_kv_layers(config).num_groups();
+      cuda.co_resident.kv_block_bytes = (cuda.co_resident.kv_block_bytes + groups - 1) / groups;
     }
     b.exec = make_cuda_executor(b.model.weights, cuda);
     if (b.draft_model) {
-      if (draft_cuda.kv.num_device_blocks == 0) draft_cuda.kv.num_device_blocks = b.exec->kv_spec().num_device_blocks;
+      if (draft_cuda.kv.num_device_blocks == 0) draft_cuda.kv.num_device_blocks = target_position_blocks(*b.exec);
       try {
         b.draft_exec = make_cuda_executor(b.draft_model->weights, draft_cuda);
       } catch (const std::exception& e) { throw invalid_request(draft_flag(flags) + ": " + e.what()); }

@@ -22,6 +22,7 @@ Usage: speculative_test.py TESSERA_BINARY MODEL
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -319,6 +320,28 @@ def draft_model_bad_flags_are_startup_errors():
         out = p.stderr + p.stdout
         assert word in out, (flags, out[-500:])
         assert "terminate called" not in out and "Segmentation" not in out, out[-500:]
+
+
+@case
+def grouped_target_sizes_its_draft_pool_per_position():
+    # Gemma 3's KV blocks hold one layer group each (6 groups: engine/model/kv_layer_groups.hpp), so its
+    # pool has 6 blocks for every 16 positions; a draft of its first 6 layers needs one block of its own
+    # per 16 positions, never more than the target holds for all its layers. The greedy text is plain
+    # decoding's.
+    gemma = os.path.join(os.path.dirname(MODEL), "gemma-3-270m-q4_k_m.gguf")
+    if not os.path.exists(gemma):
+        print("  (skipped: no gemma-3-270m)")
+        return
+    base = [BIN, "generate", "-m", gemma, "--threads", "2", "--kv-cache-memory", "0.25", "-n", "24",
+            "--temperature", "0", "-p", "The quick brown fox jumps over the lazy dog. The quick brown fox"]
+    plain_run = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    layers_run = subprocess.run(base + ["--speculative", "draft", "--draft-layers", "6"], capture_output=True,
+                                text=True, timeout=300)
+    assert plain_run.returncode == 0 and layers_run.returncode == 0, (plain_run.stderr[-500:], layers_run.stderr[-500:])
+    target = int(re.search(r"executor; KV pool (\d+) blocks", layers_run.stderr).group(1))
+    drafted = int(re.search(r"draft KV pool (\d+) blocks", layers_run.stderr).group(1))
+    assert 0 < drafted <= target // 6, (target, drafted, layers_run.stderr[-800:])
+    assert layers_run.stdout == plain_run.stdout, (plain_run.stdout, layers_run.stdout)
 
 
 @case
