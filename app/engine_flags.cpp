@@ -374,7 +374,8 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
   // Blocks of one layer group each when the layers' windows differ (Gemma 2/3), so that the engine
   // frees the sliding layers' old blocks: engine/model/kv_layer_groups.hpp.
   exec_options.kv_layer_groups = true;
-  const int32_t layers_per_block = group_kv_layers(config).layers_per_block;
+  const kv_layer_groups target_groups = group_kv_layers(config);
+  const int32_t layers_per_block = target_groups.layers_per_block;
   exec_options.kv.block_size = flags.block_size;
   exec_options.kv.num_device_blocks =
       flags.num_kv_blocks > 0
@@ -411,7 +412,7 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
       cuda.co_resident = cuda_co_resident_for(*b.draft_model->weights, draft_cuda);
       // The target's blocks hold one layer group each: the draft needs one block of its own per
       // block_size positions, i.e. per num_groups of the target's blocks.
-      const int64_t groups = group_kv_layers(config).num_groups();
+      const int64_t groups = target_groups.num_groups();
       cuda.co_resident.kv_block_bytes = (cuda.co_resident.kv_block_bytes + groups - 1) / groups;
     }
     b.exec = make_cuda_executor(b.model.weights, cuda);

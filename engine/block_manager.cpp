@@ -104,10 +104,7 @@ int32_t block_manager::num_freed_blocks(seq_id seq) const {
 int32_t block_manager::num_logical_blocks(seq_id seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return 0;
-  const seq_state& s = it->second;
-  const group_table& g = s.groups.front();  // every group's table has the same length
-  return g.num_freed +
-         static_cast<int32_t>(s.swapped ? g.host.size() : g.device.size() - static_cast<size_t>(g.num_freed));
+  return it->second.groups.front().length(it->second.swapped);  // every group's table has the same length
 }
 
 int32_t block_manager::num_host_blocks_of(seq_id seq) const {
@@ -240,11 +237,11 @@ int32_t block_manager::blocks_needed(seq_id seq, std::span<const token_id> token
     return revived + (total_blocks - num_hit_blocks) * num_groups();
   }
   int32_t need = 0;
+  const int32_t write_block = num_computed / block_size_;
   for (const group_table& g : it->second.groups) {
     const int32_t have = static_cast<int32_t>(g.device.size());
     need += std::max(0, total_blocks - have);
     // Copy-on-write: the next write lands in an existing, shared block.
-    const int32_t write_block = num_computed / block_size_;
     if (num_new > 0 && write_block < have &&
         blocks_[static_cast<size_t>(g.device[static_cast<size_t>(write_block)])].ref_count > 1)
       ++need;
@@ -508,17 +505,14 @@ std::string block_manager::check_invariants() const {
   for (const auto& [id, s] : seqs_) {
     if (s.groups.size() != windows_.size())
       return "sequence " + std::to_string(id.value()) + " has " + std::to_string(s.groups.size()) + " tables";
-    const size_t length =
-        s.groups.front().num_freed +
-        (s.swapped ? s.groups.front().host.size() : s.groups.front().device.size() - s.groups.front().num_freed);
+    const int32_t length = s.groups.front().length(s.swapped);
     for (size_t g = 0; g < s.groups.size(); ++g) {
       const group_table& t = s.groups[g];
       const std::string seq_name =
           "sequence " + std::to_string(id.value()) + (windows_.size() > 1 ? " group " + std::to_string(g) : "");
       if (s.swapped && !t.device.empty()) return "swapped " + seq_name + " holds device blocks";
       if (!s.swapped && !t.host.empty()) return "resident " + seq_name + " holds host blocks";
-      const size_t own_length = t.num_freed + (s.swapped ? t.host.size() : t.device.size() - t.num_freed);
-      if (own_length != length) return seq_name + ": its table's length differs from group 0's";
+      if (t.length(s.swapped) != length) return seq_name + ": its table's length differs from group 0's";
       // The window: exactly the blocks no later query reads are freed, all of them leading entries.
       const int32_t expected = blocks_outside_window(s.num_computed, static_cast<int32_t>(g));
       if (t.num_freed != expected)

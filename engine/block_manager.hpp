@@ -175,6 +175,10 @@ class block_manager {
     std::vector<block_id> host;    // non-empty only while swapped out: copies of device[num_freed..]
     int32_t num_freed = 0;         // leading entries released for the group's window
     int32_t held() const { return static_cast<int32_t>(device.size()) - num_freed; }
+    // Its logical length: freed entries and held blocks, on the device or (swapped) on the host.
+    int32_t length(bool swapped) const {
+      return swapped ? num_freed + static_cast<int32_t>(host.size()) : static_cast<int32_t>(device.size());
+    }
   };
   struct seq_state {
     std::vector<group_table> groups;  // one per KV layer group, all of one logical length

@@ -33,11 +33,11 @@ scheduler_options make_scheduler_options(const executor& exec, const engine_opti
   s.blocks.enable_prefix_caching = o.enable_prefix_caching;
   // Freed blocks' table entries become no_block: only an executor that skips keys outside the window
   // without touching their entries may get such tables.
-  const bool frees = o.free_window_blocks && exec.reads_only_window();
-  s.blocks.attention_window = frees ? exec.config().kv_window() : 0;
-  // One table per KV layer group of the executor's blocks, each freed by its own window.
+  // One table per KV layer group of the executor's blocks, each freed by its own window (a single
+  // group's window is config().kv_window()).
   s.blocks.group_windows = exec.kv_groups().windows;
-  if (!frees) std::fill(s.blocks.group_windows.begin(), s.blocks.group_windows.end(), 0);
+  if (!o.free_window_blocks || !exec.reads_only_window())
+    std::fill(s.blocks.group_windows.begin(), s.blocks.group_windows.end(), 0);
   s.max_num_seqs = o.max_num_seqs;
   s.max_num_batched_tokens = o.max_num_batched_tokens;
   s.target_step_seconds = o.target_step_seconds;
