@@ -2,7 +2,7 @@
 // Protocol (all messages in actors/messages.hpp; details and a message-flow diagram in
 // docs/architecture.md):
 //
-//   tokenizer  (pool, event-based):  (encode_atom, prompt_ptr)  -> std::vector<token_id> | error
+//   tokenizer  (pool, detached):     (encode_atom, prompt_ptr)  -> std::vector<token_id> | error
 //   executor   (detached):           (exec_atom, exec_job)      -> done_atom | error (and it quits)
 //   kv_manager (event-based):        (occupy_atom, occupancy_ptr)             one per engine step
 //                                    (query_atom)               -> occupancy_ptr (null before step 1)

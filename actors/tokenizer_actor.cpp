@@ -1,5 +1,9 @@
-// The tokenizer actors (a pool, event-based): prompt text or conversation -> token ids, off the engine
-// actor's thread, so a long prompt or a slow chat template never delays an engine step.
+// The tokenizer actors (a pool, event-based, detached): prompt text or conversation -> token ids, off
+// the engine actor's thread, so a long prompt or a slow chat template never delays an engine step.
+// Detached, each on a thread of its own, as the executor actor is: encoding a megabyte prompt takes a
+// second, and on CAF's cooperative threads a pool as large as the scheduler's (4 and 4 on 16 cores)
+// held every thread that delivers stream deltas for that second (tests/actors/engine_facade_test.cpp,
+// busy_tokenizers_never_hold_up_a_streams_deltas).
 #include <caf/all.hpp>
 
 #include <exception>
@@ -33,7 +37,7 @@ caf::behavior tokenizer_behavior(caf::event_based_actor* self, std::shared_ptr<c
 
 caf::actor spawn_tokenizer_actor(caf::actor_system& sys, std::shared_ptr<const prompt_encoder> encoder,
                                  tokenizer_fault fault) {
-  return sys.spawn(tokenizer_behavior, std::move(encoder), std::move(fault));
+  return sys.spawn<caf::detached>(tokenizer_behavior, std::move(encoder), std::move(fault));
 }
 
 }  // namespace tessera::actors

@@ -282,6 +282,66 @@ TEST(engine_facade, dropping_a_handle_aborts_its_request) {
   EXPECT_EQ(s.device.num_used, 0);
 }
 
+// Tokenizer actors have threads of their own (detached): with every tokenizer busy on a prompt (held
+// inside the encoder here by the test hook) and as many tokenizers as CAF's cooperative threads, as a
+// machine of 16 cores or more gets by default (4 and 4), a stream still receives its deltas. When the
+// tokenizers were cooperative actors they occupied every thread that delivers deltas, and the stream
+// froze until they finished (CI: no delta during 8 big /tokenize requests, tests/e2e/adversarial_test.py).
+TEST(engine_facade, busy_tokenizers_never_hold_up_a_streams_deltas) {
+  struct hold {
+    std::mutex mutex;
+    std::condition_variable cv;
+    int entered = 0;
+    bool released = false;
+    void release() {
+      std::lock_guard lock(mutex);
+      released = true;
+      cv.notify_all();
+    }
+  };
+  auto held = std::make_shared<hold>();
+  std::atomic<int> answered{0};
+  facade_components c = sim_components(std::make_unique<sim_executor>(16, num_blocks, 0, test_vocab));
+  c.tokenizer_exit_when = [held](const prompt_input& p) {
+    if (p.text != "hold") return false;
+    std::unique_lock lock(held->mutex);
+    ++held->entered;
+    held->cv.notify_all();
+    held->cv.wait(lock, [&] { return held->released; });
+    return false;  // encode it after all
+  };
+  facade_options o = small_options();
+  o.num_tokenizer_actors = o.num_caf_threads;
+  engine_facade engine(std::move(c), o);
+  submit_result r = engine.submit(prompt_input::from_ids({4, 5, 6}), seeded(1, 1 << 20));
+  ASSERT_TRUE(r) << r.message;
+  ASSERT_TRUE(r.stream.next(30s).has_value()) << "it started";
+  // Round robin: one held prompt per tokenizer actor.
+  for (int i = 0; i < o.num_tokenizer_actors; ++i)
+    engine.tokenize_async(prompt_input::from_text("hold"), [&answered](tokenize_result t) {
+      EXPECT_TRUE(t.error.empty()) << t.error;
+      ++answered;
+    });
+  bool all_busy;
+  {
+    std::unique_lock lock(held->mutex);
+    all_busy = held->cv.wait_for(lock, 30s, [&] { return held->entered == o.num_tokenizer_actors; });
+  }
+  int fresh = 0;
+  if (all_busy) {
+    r.stream.take_all();  // what was delivered before; what comes now comes while every tokenizer is held
+    while (fresh < 20 && r.stream.next(10s).has_value()) ++fresh;
+  }
+  held->release();
+  ASSERT_TRUE(all_busy) << held->entered << " of " << o.num_tokenizer_actors << " tokenizers took a held prompt";
+  EXPECT_EQ(fresh, 20) << "the stream stalled while every tokenizer was busy";
+  for (int i = 0; i < 3000 && answered < o.num_tokenizer_actors; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(answered, o.num_tokenizer_actors) << "the held prompts are answered once released";
+  r.stream.abort();
+  const finish_reason end = r.stream.wait().reason;
+  EXPECT_TRUE(end == finish_reason::abort || end == finish_reason::length) << to_string(end);
+}
+
 // A reader that never blocks on a stream (the server's I/O threads): each stream's ready hook posts its
 // index to one mailbox, and a single consumer drains the woken stream with take_all(). Every stream
 // still equals the offline engine, ends with exactly one final, and no wake-up is lost (a lost one
