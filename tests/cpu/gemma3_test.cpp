@@ -4,8 +4,8 @@
 // the same file (tests/data/logits/gemma3_270m_greedy.json, made by scripts/make_gemma_fixtures.py):
 //
 //   * the file loads as gemma3 with what its metadata says: 18 layers, interleaved local (window 512)
-//     and global layers (pattern 6), so nothing is outside EVERY layer's window (kv_window 0: no KV
-//     block is ever freed for the window), and its Q4_K_M tensor mix;
+//     and global layers (pattern 6), so nothing is outside EVERY layer's window (kv_window 0), and its
+//     Q4_K_M tensor mix;
 //   * our tokenizer gives llama.cpp's ids on the hard corpus of tests/data/tokenizer/gemma3_parity.jsonl
 //     (whitespace runs, code, mixed scripts, emoji, control characters, invalid UTF-8, Gemma's special
 //     tokens and their look-alikes, with and without special-token parsing) and the prompt ids (BOS first);
@@ -15,7 +15,10 @@
 //   * free-running greedy through the engine (continuous batching, paged KV, prefix cache): per
 //     prompt, the leading steps whose llama.cpp margin is clear produce llama.cpp's tokens (after the
 //     first near-tie the two may legitimately take different branches), and at least 30 of the
-//     prompts' 16-token continuations are identical to llama.cpp's in full.
+//     prompts' 16-token continuations are identical to llama.cpp's in full;
+//   * a block table per KV layer group (six groups of three layers) frees the sliding groups' blocks
+//     with bit-identical output, and sequences with freed blocks survive preemption by swap and by
+//     recompute with the tokens they give alone.
 //
 // Without the model file the tests skip with a message, except in CI (CI=true), where they fail.
 #include <gtest/gtest.h>
@@ -350,6 +353,98 @@ TEST(Gemma3, LayerGroupsFreeTheSlidingLayersBlocksWithIdenticalOutput) {
       prompt.size(), static_cast<double>(bytes_grouped) / (1 << 20), grouped.held_at_end,
       static_cast<long long>(grouped.block_bytes), static_cast<double>(bytes_single) / (1 << 20), single.held_at_end,
       static_cast<long long>(single.block_bytes), static_cast<unsigned long long>(grouped.freed));
+}
+
+// Preemption on the interleaved model, with a block table per layer group: two prompts past the
+// 512-token window (1,001 and 643 tokens) in a pool that holds both only until their decodes grow.
+// The newer one is preempted after its sliding groups freed their first blocks (its tables have holes),
+// by swap (every group's blocks to the host pool and back) and by recompute. Each request still gives
+// the greedy tokens it gives alone, and every group's blocks are back in the pools at the end.
+TEST(Gemma3, PreemptionBySwapAndRecomputeOfSequencesWithFreedWindowBlocks) {
+  REQUIRE_GEMMA();
+  // A first and longer, B second: B, the newer, is the one preempted.
+  const std::string openings[] = {"The river town kept its records in a long stone hall. ",
+                                  "A lighthouse keeper wrote down every ship that passed. "};
+  const int repeats[] = {36, 25};
+  std::vector<std::vector<token_id>> prompts;
+  for (int k = 0; k < 2; ++k) {
+    std::string text;
+    for (int i = 0; i < repeats[k]; ++i)
+      text += openings[k] + "Season " + std::to_string(i + 1) + " brought rain, then sun, then the long dry weeks. ";
+    prompts.push_back(gemma().tok->encode(text, {.add_special = true, .parse_special = false}));
+    ASSERT_GT(prompts.back().size(), 600u) << "well past the 512-token window";
+  }
+  constexpr int32_t max_tokens = 64;
+  cpu_executor_options o;
+  o.num_threads = 2;
+  o.kv.block_size = 16;
+  o.kv_layer_groups = true;
+  o.kv.num_device_blocks = 2048;
+  o.kv.num_host_blocks = 2048;
+  auto exec = make_cpu_executor(gemma().weights, o);
+  auto options = [&](int32_t num_blocks, preemption_mode mode) {
+    engine_options eo;
+    eo.block_size = 16;
+    eo.num_kv_blocks = num_blocks;
+    eo.max_model_len = 2048;
+    eo.max_num_batched_tokens = 16;  // small chunks: a chunk needs few blocks beyond the window
+    eo.preemption = mode;
+    eo.enable_prefix_caching = false;  // recompute really recomputes
+    return eo;
+  };
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  std::vector<std::vector<token_id>> alone;
+  for (const auto& prompt : prompts) {
+    llm_engine engine(*exec, gemma().tok, options(2048, preemption_mode::automatic));
+    engine.add_request(prompt, p);
+    std::vector<token_id> tokens;
+    while (engine.has_unfinished())
+      for (const request_output& out : engine.step())
+        tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
+    alone.push_back(std::move(tokens));
+  }
+  for (const preemption_mode mode : {preemption_mode::swap, preemption_mode::recompute}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    // Past the window a sequence holds ~33 blocks in each of the five sliding groups and one per 16
+    // positions in the global group: ~229 + ~205 after the prompts, more as the decodes go on.
+    constexpr int32_t num_blocks = 440;
+    llm_engine engine(*exec, gemma().tok, options(num_blocks, mode));
+    std::vector<request_id> ids;
+    for (const auto& prompt : prompts) ids.push_back(engine.add_request(prompt, p));
+    const event_kind preempted_kind =
+        mode == preemption_mode::swap ? event_kind::preempted_swap : event_kind::preempted_recompute;
+    std::map<request_id, std::vector<token_id>> tokens;
+    std::map<seq_id, int32_t> window_freed;  // each running sequence's, as of the step before
+    int preempted = 0;
+    int preempted_with_holes = 0;
+    while (engine.has_unfinished()) {
+      for (const request_output& out : engine.step()) {
+        EXPECT_NE(out.reason, finish_reason::error) << out.error;
+        tokens[out.id].insert(tokens[out.id].end(), out.token_ids.begin(), out.token_ids.end());
+      }
+      const step_record& record = engine.last_record();
+      for (const engine_event& e : record.events) {
+        if (e.kind != preempted_kind) continue;
+        ++preempted;
+        preempted_with_holes += window_freed[e.seq] > 0;
+      }
+      for (const sequence_blocks& b : record.running) window_freed[b.seq] = b.num_window_freed;
+      ASSERT_EQ(engine.get_scheduler().check_invariants(), "");
+    }
+    EXPECT_GT(preempted_with_holes, 0) << preempted << " preemptions, none of a sequence past the window";
+    if (mode == preemption_mode::swap) { EXPECT_GT(engine.stats().num_blocks_swapped_in, 0u); }
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tokens[ids[i]], alone[i]) << "request " << i;
+    EXPECT_EQ(engine.get_scheduler().blocks().device_usage().num_used, 0) << "every group's blocks back in the pool";
+    EXPECT_EQ(engine.get_scheduler().blocks().host_usage().num_used, 0) << "and none left on the host";
+    std::printf(
+        "  gemma3 270M, %zu- and %zu-token prompts + %d greedy in %d blocks, %s: %d preemptions (%d of sequences "
+        "with freed window blocks), %llu blocks freed for the window, tokens as alone\n",
+        prompts[0].size(), prompts[1].size(), max_tokens, num_blocks, std::string(to_string(mode)).c_str(), preempted,
+        preempted_with_holes, static_cast<unsigned long long>(engine.stats().num_window_freed_blocks));
+  }
 }
 
 }  // namespace
