@@ -409,7 +409,10 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
       draft_cuda.kv.num_host_blocks = 0;  // a preempted sequence's draft state is dropped, not swapped
       draft_cuda.kv.num_device_blocks = flags.draft_num_kv_blocks;
       draft_cuda.max_num_batched_tokens = draft_model_options{}.max_batch_tokens;
-      cuda.co_resident = cuda_co_resident_for(*b.draft_model->weights, draft_cuda);
+      // One copy on the GPU of the matrices both read: all of a --draft-layers draft's, none of a
+      // draft model file's (its tensors are its own).
+      cuda.weight_cache = draft_cuda.weight_cache = make_cuda_weight_cache();
+      cuda.co_resident = cuda_co_resident_for(*b.draft_model->weights, draft_cuda, b.model.weights.get());
       // The target's blocks hold one layer group each: the draft needs one block of its own per
       // block_size positions, i.e. per num_groups of the target's blocks.
       const int64_t groups = target_groups.num_groups();

@@ -25,6 +25,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -89,6 +93,45 @@ class device_buffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// What identifies a device copy of weight rows: the host tensors it was made from and its layout.
+struct weight_key {
+  struct part {
+    uintptr_t data = 0;
+    int64_t rows = 0;
+    int64_t row_stride_bytes = 0;
+    int type = 0;
+    auto operator<=>(const part&) const = default;
+  };
+  size_t element_bytes = 0;
+  int64_t cols = 0;
+  std::vector<part> parts;
+  auto operator<=>(const weight_key&) const = default;
+};
+
+}  // namespace
+
+class cuda_weight_cache {
+ public:
+  std::shared_ptr<const device_buffer> find(const weight_key& key) {
+    std::lock_guard lock(mutex_);
+    const auto it = copies_.find(key);
+    return it == copies_.end() ? nullptr : it->second.lock();
+  }
+  void add(weight_key key, const std::shared_ptr<const device_buffer>& copy) {
+    std::lock_guard lock(mutex_);
+    copies_[std::move(key)] = copy;
+  }
+
+ private:
+  std::mutex mutex_;
+  // Weak: a copy is freed with the last executor that uses it, not kept alive by the cache.
+  std::map<weight_key, std::weak_ptr<const device_buffer>> copies_;
+};
+
+std::shared_ptr<cuda_weight_cache> make_cuda_weight_cache() { return std::make_shared<cuda_weight_cache>(); }
+
+namespace {
 
 // Page-locked host memory: the copies from/to it are real asynchronous DMA.
 class pinned_buffer {
@@ -183,17 +226,27 @@ int32_t initial_logit_rows(int32_t max_num_batched_tokens) {
 // cuBLAS' fixed workspace (no allocation during a step; what graph capture needs).
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-// Device bytes of the uploaded weights: matrices in the compute dtype (a tied head once), vectors
-// (norms, biases) in fp32, as upload_weights lays them out.
-int64_t device_weight_bytes(const model_weights& w, size_t elem) {
+// The weight matrices as upload_weights uploads them (a tied head once).
+template <class F>
+void for_each_matrix(const model_weights& w, F&& f) {
+  f(w.token_embedding);
+  if (!w.output.empty() && w.output.data != w.token_embedding.data) f(w.output);
+  for (const layer_weights& l : w.layers)
+    for (const weight_tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) f(*t);
+}
+
+// Device bytes of the uploaded weights: matrices in the compute dtype, vectors (norms, biases) in
+// fp32, as upload_weights lays them out; less the matrices that are tensors of `shares_with`.
+int64_t device_weight_bytes(const model_weights& w, size_t elem, const model_weights* shares_with = nullptr) {
+  std::set<const void*> shared;
+  if (shares_with) for_each_matrix(*shares_with, [&](const weight_tensor& t) { shared.insert(t.data); });
   int64_t matrix_elems = 0, vector_elems = 0;
-  auto matrix = [&](const weight_tensor& t) { matrix_elems += t.empty() ? 0 : t.rows * t.cols; };
+  for_each_matrix(w, [&](const weight_tensor& t) {
+    if (!t.empty() && !shared.contains(t.data)) matrix_elems += t.rows * t.cols;
+  });
   auto vector = [&](const weight_tensor& t) { vector_elems += t.empty() ? 0 : t.rows * t.cols; };
-  matrix(w.token_embedding);
-  if (!w.output.empty() && w.output.data != w.token_embedding.data) matrix(w.output);
   vector(w.output_norm);
   for (const layer_weights& l : w.layers) {
-    for (const weight_tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrix(*t);
     for (const weight_tensor* t :
          {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
       vector(*t);
@@ -247,6 +300,7 @@ class cuda_executor final : public executor {
     // A fixed workspace keeps cuBLAS from allocating during a step (and is what graph capture needs).
     cublas_workspace_.reserve(kCublasWorkspaceBytes);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
+    weight_cache_ = options.weight_cache;
     upload_weights();
     plan_layers();
 
@@ -395,10 +449,23 @@ class cuda_executor final : public executor {
 
   // The rows of `parts` one after the other, as one [sum of rows, cols] matrix of T.
   // pre: check_weight_shapes accepted them (present, `cols` wide, a decodable type).
+  // With a weight cache, rows another executor uploaded already are that executor's copy.
   const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
+    weight_key key{sizeof(T), cols, {}};
     int64_t rows = 0;
-    for (const weight_tensor* w : parts) rows += w->rows;
-    device_buffer buf;
+    for (const weight_tensor* w : parts) {
+      rows += w->rows;
+      key.parts.push_back(
+          {reinterpret_cast<uintptr_t>(w->data), w->rows, w->row_stride_bytes, static_cast<int>(w->type)});
+    }
+    if (weight_cache_) {
+      if (std::shared_ptr<const device_buffer> copy = weight_cache_->find(key)) {
+        matrices_.push_back(copy);
+        return copy->as<void>();
+      }
+    }
+    auto shared = std::make_shared<device_buffer>();
+    device_buffer& buf = *shared;
     buf.reserve(static_cast<size_t>(rows * cols) * sizeof(T));
     // Host staging in the device element's bits (bf16 as uint16_t: __nv_bfloat16 is not trivially copyable).
     using host_t = std::conditional_t<is_bf16, uint16_t, float>;
@@ -427,9 +494,9 @@ class cuda_executor final : public executor {
       }
       row0 += w->rows;
     }
-    const void* p = buf.as<void>();
-    weight_buffers_.push_back(std::move(buf));
-    return p;
+    if (weight_cache_) weight_cache_->add(std::move(key), shared);
+    matrices_.push_back(std::move(shared));
+    return buf.as<void>();
   }
 
   // Vectors (norm weights, biases) in fp32, one after the other.
@@ -1167,7 +1234,9 @@ class cuda_executor final : public executor {
   device_buffer cublas_workspace_;
   gpu::op_profiler profiler_;  // TESSERA_CUDA_PROFILE=1
 
-  std::vector<device_buffer> weight_buffers_;
+  std::vector<device_buffer> weight_buffers_;                   // vectors (norms, biases, RoPE tables)
+  std::vector<std::shared_ptr<const device_buffer>> matrices_;  // with weight_cache_: maybe another's too
+  std::shared_ptr<cuda_weight_cache> weight_cache_;
   std::vector<gpu_layer> layers_;
   const void* embedding_ = nullptr;
   const void* output_ = nullptr;
@@ -1242,14 +1311,15 @@ int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda
   return layout.block_elems() * static_cast<int64_t>(element_bytes(dtype));
 }
 
-cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options) {
+cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options,
+                                      const model_weights* shares_with) {
   const model_config& c = weights.config;
   const size_t elem = element_bytes(options.dtype);
   const size_t tokens = static_cast<size_t>(std::max(1, options.max_num_batched_tokens));
   const auto rows = static_cast<size_t>(initial_logit_rows(options.max_num_batched_tokens));
   const int64_t block = cuda_kv_block_bytes(c, options.kv.block_size, options.dtype);
   cuda_co_resident r;
-  r.bytes = device_weight_bytes(weights, elem) +
+  r.bytes = device_weight_bytes(weights, elem, shares_with) +
             static_cast<int64_t>(activation_bytes_for(c, tokens, elem).total() +
                                  logit_row_bytes_for(c, rows, elem).total() + kCublasWorkspaceBytes);
   if (options.kv.num_device_blocks > 0) {

@@ -27,6 +27,14 @@ struct cuda_co_resident {
   int64_t kv_block_bytes = 0;  // its KV bytes per block of this pool
 };
 
+// Device copies of weight matrices that CUDA executors on one GPU share. A --draft-layers draft's
+// tensors are its target's own (engine/speculative/layer_draft.hpp): with one cache in both executors'
+// options each matrix is uploaded once and both read it. Keyed by the host tensors (data, rows, stride,
+// type) and the compute dtype, so it serves executors whose weights are alive at the same time; a
+// device copy lives as long as an executor that uses it.
+class cuda_weight_cache;
+std::shared_ptr<cuda_weight_cache> make_cuda_weight_cache();
+
 struct cuda_executor_options {
   int device = 0;
   cuda_dtype dtype = cuda_dtype::bf16;
@@ -51,6 +59,8 @@ struct cuda_executor_options {
   // Cut the KV blocks by layer groups (engine/model/kv_layer_groups.hpp), as the CPU executor's
   // option of the same name: a block holds one group's layers, each slice one table per group.
   bool kv_layer_groups = false;
+  // Null: this executor's weights are its own.
+  std::shared_ptr<cuda_weight_cache> weight_cache;
 };
 
 // True when the binary has the CUDA executor and a CUDA device is visible (never throws).
@@ -70,7 +80,9 @@ int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda
 // target's: its weights in the compute dtype, its activation and logit buffers, cuBLAS' workspace,
 // and its pool when options.kv.num_device_blocks fixes it (then kv_block_bytes is 0). An estimate
 // from the shapes (buffers that grow later, for longer steps, are not in it); the sizing's reserve
-// covers those.
-cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options);
+// covers those. With `shares_with` (its target, when both executors have one weight cache), the
+// matrices that are shares_with's own tensors are not counted: they are on the GPU once.
+cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options,
+                                      const model_weights* shares_with = nullptr);
 
 }  // namespace tessera

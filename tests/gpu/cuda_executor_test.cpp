@@ -662,6 +662,54 @@ std::vector<float> last_logits(executor& exec, const std::vector<token_id>& prom
   return {o.row(0).begin(), o.row(0).end()};
 }
 
+// --draft-layers on the GPU (app/engine_flags.cpp): a layer draft's matrices are its target's tensors,
+// and with one weight cache in both executors' options the draft uploads none of them again. Its
+// executor takes exactly the memory of an unshared draft less those matrices, which is what
+// cuda_co_resident_for estimates with the target as `shares_with`; and it computes the same tokens,
+// reading the target's copies, as an unshared draft (and the whole model's first layers alone).
+TEST(CudaExecutorSizing, ALayerDraftSharesItsTargetsMatricesThroughAWeightCache) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  const auto target_weights = make_dummy_weights(tiny_config(rope_style::half));
+  const auto draft_weights = first_layers_draft(target_weights, 1);
+  auto memory_of = [](auto&& make) {
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXPECT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    auto exec = make();
+    EXPECT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    return std::pair{std::move(exec), static_cast<int64_t>(free0) - static_cast<int64_t>(free1)};
+  };
+  cuda_executor_options o;
+  o.kv.block_size = 16;
+  o.kv.num_device_blocks = 8;
+  o.dtype = cuda_dtype::f32;
+  o.max_num_batched_tokens = 64;
+  cuda_executor_options cached = o;
+  cached.weight_cache = make_cuda_weight_cache();
+  const auto target = make_cuda_executor(target_weights, cached);
+  auto [shared, shared_bytes] = memory_of([&] { return make_cuda_executor(draft_weights, cached); });
+  auto [own, own_bytes] = memory_of([&] { return make_cuda_executor(draft_weights, o); });
+  const int64_t estimated_saving = cuda_co_resident_for(*draft_weights, o).bytes -
+                                   cuda_co_resident_for(*draft_weights, o, target_weights.get()).bytes;
+  // The draft's matrices: embedding and head (one if tied), fused qkv, wo, fused gate|up and down of
+  // its one layer.
+  const model_config& c = target_weights->config;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim, kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t heads = c.tied_embeddings ? 1 : 2;
+  const int64_t matrices = (heads * c.vocab_size * c.hidden_size + (q_dim + 2 * kv_dim) * c.hidden_size +
+                            c.hidden_size * q_dim + 3 * int64_t{c.intermediate_size} * c.hidden_size) *
+                           static_cast<int64_t>(sizeof(float));
+  EXPECT_EQ(estimated_saving, matrices);
+  // The emulation counts allocations in multiples of 256 bytes, as CUDA's granularity.
+  EXPECT_NEAR(static_cast<double>(own_bytes - shared_bytes), static_cast<double>(matrices), 5 * 256.0)
+      << "the shared draft allocated " << shared_bytes << " bytes, an unshared one " << own_bytes;
+  const std::vector<token_id> prompt = tokens(37, 5, c.vocab_size);
+  const std::vector<token_id> from_shared = greedy(*shared, prompt, 8);
+  EXPECT_EQ(from_shared, greedy(*own, prompt, 8));
+  // The cache only shares: the target still computes the whole model.
+  const auto target_alone = make_cuda_executor(target_weights, o);
+  EXPECT_EQ(greedy(*target, prompt, 8), greedy(*target_alone, prompt, 8));
+}
+
 // Greedy tokens per prompt: 32 on a GPU; 16 under the CPU emulation of CUDA (tests/cuda_emu), where every
 // GEMM runs on the host, to stay within CI's time budget. TESSERA_GPU_PARITY_TOKENS overrides.
 int32_t parity_tokens() {
@@ -807,11 +855,13 @@ class CudaTinyModel : public ::testing::TestWithParam<fixture_case> {
     model_ = load_model(dir_);
   }
 
-  std::unique_ptr<executor> gpu(const kv_cache_spec& kv, bool graphs = false) const {
+  std::unique_ptr<executor> gpu(const kv_cache_spec& kv, bool graphs = false,
+                                std::shared_ptr<cuda_weight_cache> cache = nullptr) const {
     cuda_executor_options go;
     go.kv = kv;
     go.dtype = GetParam().dtype;
     go.cuda_graphs = graphs;
+    go.weight_cache = std::move(cache);
     return make_cuda_executor(model_.weights, go);
   }
 
@@ -999,8 +1049,9 @@ TEST_P(CudaTinyModel, NgramTokenTreesThroughTheEngineGiveThePlainGreedyTokens) {
 }
 
 // A draft model on the CUDA executor (--speculative draft --device cuda): the fixture's first layer and
-// head (engine/speculative/layer_draft.hpp) drafting for the whole model on a CUDA executor of its own,
-// three sequences together. Greedy output must be plain decoding's, with drafts accepted and (but for
+// head (engine/speculative/layer_draft.hpp) drafting for the whole model on a CUDA executor of its own
+// that reads the target's device copies of those matrices (one weight cache, as --draft-layers), three
+// sequences together. Greedy output must be plain decoding's, with drafts accepted and (but for
 // Gemma's fixtures, below) rejected, so the draft's rollback on the device is exercised, and both pools
 // free after. fp32 only.
 TEST_P(CudaTinyModel, DraftModelOnTheCudaExecutorGivesThePlainGreedyTokens) {
@@ -1011,10 +1062,14 @@ TEST_P(CudaTinyModel, DraftModelOnTheCudaExecutorGivesThePlainGreedyTokens) {
   auto run = [&](bool speculate, engine_stats& stats) {
     engine_options eo = chunked_engine_options();
     std::shared_ptr<executor> draft;
+    // As --draft-layers on the GPU: the draft reads the target's copies of its matrices.
+    const std::shared_ptr<cuda_weight_cache> cache = make_cuda_weight_cache();
+    const auto cuda = gpu(test_support::kv_pool(32, 0), false, cache);
     if (speculate) {
       cuda_executor_options go;
       go.kv = test_support::kv_pool(32, 0);
       go.dtype = GetParam().dtype;
+      go.weight_cache = cache;
       draft = make_cuda_executor(first_layers_draft(model_.weights, 1), go);
       EXPECT_STREQ(draft->name(), "cuda");
       eo.speculative.mode = speculative_mode::draft;
@@ -1022,7 +1077,6 @@ TEST_P(CudaTinyModel, DraftModelOnTheCudaExecutorGivesThePlainGreedyTokens) {
       eo.speculative.max_batch = 16;
       eo.speculative.draft_executor = draft;
     }
-    const auto cuda = gpu(test_support::kv_pool(32, 0));
     return greedy_through_engine(*cuda, eo, prompts, 16, stats);
   };
   engine_stats plain_stats, spec_stats;
