@@ -215,8 +215,9 @@ void http_session::handle() {
 // ---- /tokenize ----------------------------------------------------------------------------------
 
 // Encoding megabytes of text (or rendering a chat template) takes the tokenizer long enough to stall
-// every stream of this I/O thread: it runs on a tokenizer actor, which also builds the body, and the
-// answer is posted back to this strand. Meanwhile the watch read notices a client that leaves.
+// every stream of this I/O thread: it runs on a tokenizer actor (a thread of its own), the body is
+// built where its answer arrives (a short-lived CAF actor), and the reply is posted back to this
+// strand. Meanwhile the watch read notices a client that leaves.
 void http_session::start_tokenize(bool keep_alive) {
   const tokenize_request t = parse_tokenize_request(request_.body());
   if (!state_.engine.tok()) throw api_error(400, "this model has no tokenizer");
