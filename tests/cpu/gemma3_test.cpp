@@ -41,6 +41,7 @@
 #include "engine/llm_engine.hpp"
 #include "engine/model/model_loader.hpp"
 #include "support/base64.hpp"
+#include "tests/support/greedy_params.hpp"
 #include "tests/support/logit_rank.hpp"
 
 namespace tessera {
@@ -392,10 +393,7 @@ TEST(Gemma3, PreemptionBySwapAndRecomputeOfSequencesWithFreedWindowBlocks) {
     eo.enable_prefix_caching = false;  // recompute really recomputes
     return eo;
   };
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
+  const sampling_params p = test_support::greedy_to_length(max_tokens);
   std::vector<std::vector<token_id>> alone;
   for (const auto& prompt : prompts) {
     llm_engine engine(*exec, gemma().tok, options(2048, preemption_mode::automatic));

@@ -665,8 +665,8 @@ std::vector<float> last_logits(executor& exec, const std::vector<token_id>& prom
 // --draft-layers on the GPU (app/engine_flags.cpp): a layer draft's matrices are its target's tensors,
 // and with one weight cache in both executors' options the draft uploads none of them again. Its
 // executor takes exactly the memory of an unshared draft less those matrices, which is what
-// cuda_co_resident_for estimates with the target as `shares_with`; and it computes the same tokens,
-// reading the target's copies, as an unshared draft (and the whole model's first layers alone).
+// cuda_co_resident_for estimates with the target as `shares_with`; it computes the same tokens, reading
+// the target's copies, as an unshared draft; and the target's tokens are those of a target alone.
 TEST(CudaExecutorSizing, ALayerDraftSharesItsTargetsMatricesThroughAWeightCache) {
   if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine";
   const auto target_weights = make_dummy_weights(tiny_config(rope_style::half));
