@@ -82,7 +82,9 @@ struct alignas(64) padded_counter {
 };
 
 // Attention of the query heads [head_begin, head_end) of one kv head, for the tokens [token_begin,
-// token_end) of one sequence: its rows (token-major) share every K / V tile they read.
+// token_end) of one sequence: its rows (token-major) share every K / V tile they read. A split task
+// (segment >= 0) takes only the keys of one key segment and leaves its rows' partial softmax states at
+// `partials` (attn_merge then folds them); an unsplit one takes them all and writes the output rows.
 struct attn_task {
   int32_t seq;  // index into step_batch::seqs
   int32_t kv_head;
@@ -90,7 +92,44 @@ struct attn_task {
   int32_t head_end;
   int32_t token_begin;
   int32_t token_end;
+  int32_t segment = -1;
+  int32_t num_segments = 0;  // of the split family: partial of (row m, segment s) at (m * num_segments + s)
+  int64_t partials = 0;      // offset into attn_partials_, in partial_state floats
 };
+
+// Where the split tasks of one (sequence, kv head, token run) left their partial states.
+struct attn_merge {
+  int32_t head_begin;
+  int32_t head_end;
+  int32_t token_begin;
+  int32_t token_end;
+  int32_t num_segments;
+  int64_t partials;
+};
+
+// Keys per segment of the attention's key range (a whole number of blocks: segment_blocks). Every row's
+// softmax runs segment by segment and folds each segment into the row's result in key order
+// (fold_segment), whether one task walks all of them or each is a task of its own (flash-decoding's
+// split-KV: Dao et al. 2023, "Flash-Decoding for long-context inference"), so a row's result does not
+// depend on how a step was split: a sequence decodes the same tokens alone, in a batch, or verifying
+// a draft.
+constexpr int32_t attn_segment_keys = 128;
+
+// A row's softmax state over some keys: the largest score m, the sum l of exp(score - m), and the
+// output o (head_dim values) still to be divided by l.
+inline int64_t partial_state_floats(int32_t head_dim) { return 2 + static_cast<int64_t>(head_dim); }
+
+// (M, L, O) := the state over both key sets, (M, L, O) followed by (m, l, o). Out of line, so that the
+// unsplit tasks and the merge of split ones run the very same instructions.
+[[gnu::noinline]] void fold_segment(float& M, float& L, float* O, float m, float l, const float* o, int32_t head_dim) {
+  if (l == 0.0f) return;  // no key of the segment was the row's
+  const float next = std::max(M, m);
+  const float a = L == 0.0f ? 0.0f : std::exp(M - next);
+  const float b = std::exp(m - next);
+  for (int32_t d = 0; d < head_dim; ++d) O[d] = O[d] * a + o[d] * b;
+  L = L * a + l * b;
+  M = next;
+}
 
 // Query tokens per attention task: enough rows (x the GQA group) to reuse each tile from L1, few enough
 // to spread a prefill over the threads.
@@ -145,15 +184,20 @@ class cpu_executor final : public executor {
     base_phases_ = 11 + 16 * static_cast<int64_t>(config_.num_layers);
     num_phases_ = base_phases_;
     counters_.reset(new padded_counter[static_cast<size_t>(num_phases_)]);
+    prefetched_.reset(new padded_counter[static_cast<size_t>(num_linears())]);
     // Attention scratch per thread: scores / probabilities, outputs, running max and sum, query rows.
     attn_rows_ = attn_chunk * (config_.num_heads / config_.num_kv_heads);
     attn_ld_ = (spec_.block_size + 15) / 16 * 16;
+    segment_blocks_ = std::max(1, attn_segment_keys / spec_.block_size);
     scratch_.resize(static_cast<size_t>(pool_->size()));
     for (auto& sc : scratch_) {
       sc.s.resize(static_cast<size_t>(attn_rows_ * attn_ld_));
       sc.o.resize(static_cast<size_t>(attn_rows_ * config_.head_dim));
       sc.mx.resize(static_cast<size_t>(attn_rows_));
       sc.l.resize(static_cast<size_t>(attn_rows_));
+      sc.O.resize(static_cast<size_t>(attn_rows_ * config_.head_dim));
+      sc.M.resize(static_cast<size_t>(attn_rows_));
+      sc.L.resize(static_cast<size_t>(attn_rows_));
       sc.q.resize(static_cast<size_t>(attn_rows_));
       sc.masked.resize(static_cast<size_t>(attn_ld_));
     }
@@ -183,6 +227,19 @@ class cpu_executor final : public executor {
   void plan_step(const step_batch& batch, step_output& out);
   void apply_block_moves(const step_batch& batch);
   void forward(int thread_index, const step_batch& batch);
+
+  // The linears of a forward pass in the order it runs them: per layer Q|K|V, O, gate|up, down; then
+  // the LM head. nullptr past the end.
+  int64_t num_linears() const { return 4 * static_cast<int64_t>(config_.num_layers) + 1; }
+  const fused_linear* linear_at(int64_t id) const {
+    if (id < 4 * static_cast<int64_t>(config_.num_layers)) {
+      const layer_state& L = layers_[static_cast<size_t>(id / 4)];
+      const fused_linear* in_order[] = {&L.qkv, &L.wo, &L.gate_up, &L.down};
+      return in_order[id % 4];
+    }
+    return id == num_linears() - 1 ? &output_ : nullptr;
+  }
+  bool prefetch_piece(int64_t id);
 
   // The (layer, K|V, kv head) tile of a device block (cpu/kernels.hpp, "KV cache tiles"); a block of
   // the layer's group holds it at the layer's slot in the group (kv_layer_groups).
@@ -241,11 +298,16 @@ class cpu_executor final : public executor {
   int64_t base_phases_ = 0;  // a step's phases of the pool (parallel() calls) without prompt logprobs
   int64_t num_phases_ = 0;   // the counters allocated
   std::unique_ptr<padded_counter[]> counters_;
+  // Per linear of the pass (linear_at's order), the pieces of its weights prefetched so far this step.
+  std::unique_ptr<padded_counter[]> prefetched_;
 
   // ---- per-step state (sized by plan_step, read by every thread in forward) ----------------
   int32_t num_tokens_ = 0;
   step_layout layout_;  // token rows, positions, owning sequences, logits rows (engine/step_layout.hpp)
   std::vector<attn_task> attn_tasks_;
+  std::vector<attn_merge> attn_merges_;  // the split families of attn_tasks_
+  std::vector<float> attn_partials_;     // their rows' partial states, per (row, segment)
+  int32_t segment_blocks_ = 1;           // attn_segment_keys in blocks
   float* logits_out_ = nullptr;
   float* hidden_out_ = nullptr;                          // step_output::hidden: one row per pooled sequence
   prompt_logprob* scored_out_ = nullptr;                 // step_output::prompt_logprobs: one per scored row
@@ -259,7 +321,8 @@ class cpu_executor final : public executor {
   std::vector<float> xbf_;
   std::vector<uint16_t> xbf16_;
   struct attn_scratch {
-    std::vector<float> s, o, mx, l;
+    std::vector<float> s, o, mx, l;  // the current segment's state per row
+    std::vector<float> O, M, L;      // the segments folded so far (unsplit tasks)
     std::vector<const float*> q;
     std::vector<uint8_t> masked;  // a token tree's row: which keys of the current block it may not see
   };
@@ -439,10 +502,43 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
       }
     }
   }
-  // Heaviest attention tasks (latest slots) first, so the tail of the phase is short.
+  // Still fewer than two tasks per thread (SmolLM2's decode: 3 tasks for 2 threads, one of which then
+  // waited a third of the phase): each task becomes one per key segment its rows reach, and a merge
+  // phase folds their partial states. Segments before a sliding window get tasks that find no key.
   const std::vector<int32_t>& pos = layout_.slots;
-  std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [&pos](const attn_task& a, const attn_task& b) {
-    return pos[static_cast<size_t>(a.token_end - 1)] > pos[static_cast<size_t>(b.token_end - 1)];
+  attn_merges_.clear();
+  const int32_t segment_keys = segment_blocks_ * spec_.block_size;
+  if (attn_tasks_.size() < 2 * static_cast<size_t>(pool_->size())) {
+    std::vector<attn_task> split;
+    const int64_t state = partial_state_floats(config_.head_dim);
+    int64_t partials = 0;
+    for (const attn_task& t : attn_tasks_) {
+      const int32_t keys = pos[static_cast<size_t>(t.token_end - 1)] + 1;  // the last row's context
+      const int32_t segments = (keys + segment_keys - 1) / segment_keys;
+      if (segments < 2) {
+        split.push_back(t);
+        continue;
+      }
+      attn_merges_.push_back({t.head_begin, t.head_end, t.token_begin, t.token_end, segments, partials});
+      for (int32_t g = 0; g < segments; ++g) {
+        attn_task part = t;
+        part.segment = g;
+        part.num_segments = segments;
+        part.partials = partials;
+        split.push_back(part);
+      }
+      partials += static_cast<int64_t>(t.token_end - t.token_begin) * (t.head_end - t.head_begin) * segments * state;
+    }
+    attn_tasks_ = std::move(split);
+    attn_partials_.resize(static_cast<size_t>(partials));
+  }
+  // Heaviest attention tasks (latest slots, latest segments) first, so the tail of the phase is short.
+  std::stable_sort(attn_tasks_.begin(), attn_tasks_.end(), [&](const attn_task& a, const attn_task& b) {
+    auto keys = [&](const attn_task& t) {
+      const int32_t all = pos[static_cast<size_t>(t.token_end - 1)] + 1;
+      return t.segment < 0 ? all : std::min(all - t.segment * segment_keys, segment_keys);
+    };
+    return keys(a) > keys(b);
   });
 
   num_tokens_ = layout_.num_tokens();
@@ -498,10 +594,37 @@ void cpu_executor::execute(const step_batch& batch, step_output& out) {
   apply_block_moves(batch);
   if (num_tokens_ == 0) return;
   for (int64_t p = 0; p < num_phases_; ++p) counters_[p].next.store(0, std::memory_order_relaxed);
+  for (int64_t p = 0; p < num_linears(); ++p) prefetched_[p].next.store(0, std::memory_order_relaxed);
   pool_->run([this, &batch](int i) { forward(i, batch); });
 }
 
 // ---- the forward pass (runs on every pool thread) ----------------------------------------------
+
+// Weights asked for ahead of their matmul by threads waiting at a barrier. A decode step's memory bus
+// idles through the phases between matmuls (norms, RoPE, attention's latency-bound walk, the wait for
+// the slowest thread), about a quarter of SmolLM2's step; a waiting thread spends that time pulling
+// the next matmuls' first rows into the cache, and the matmul then starts on cached rows rather than
+// on a cold stream (SmolLM2 Q4_1 decode: O projection 188 -> 130 us per token, docs/cpu_executor.md).
+// The amount ahead stays within a core's L2 (1 MiB on Zen 4): the next two linears, 256 KiB each.
+constexpr int64_t prefetch_bytes_per_linear = 256 << 10;
+constexpr int64_t prefetch_piece_bytes = 1024;  // one call's share: short, so a released thread goes on soon
+
+// Asks for the next piece of linear `id`'s first prefetch_bytes_per_linear, a piece of each row chunk
+// in turn (whichever thread takes a chunk finds its start cached); false when there is none left.
+bool cpu_executor::prefetch_piece(int64_t id) {
+  const fused_linear* f = linear_at(id);
+  if (f == nullptr) return false;
+  const auto chunks = static_cast<int64_t>(f->chunks.size());
+  const int64_t per_chunk = std::max<int64_t>(1, prefetch_bytes_per_linear / chunks / prefetch_piece_bytes);
+  const int64_t p = prefetched_[id].next.fetch_add(1, std::memory_order_relaxed);
+  if (p >= per_chunk * chunks) return false;
+  const fused_linear::chunk& ch = f->chunks[static_cast<size_t>(p % chunks)];
+  const matrix& m = f->parts[static_cast<size_t>(ch.part)];
+  const std::byte* begin = m.data + ch.row_begin * m.stride + (p / chunks) * prefetch_piece_bytes;
+  const std::byte* end = std::min(begin + prefetch_piece_bytes, m.data + ch.row_end * m.stride);
+  for (const std::byte* a = begin; a < end; a += 64) __builtin_prefetch(a, 0, 1);
+  return true;
+}
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   float ss = 0.0f;
@@ -537,11 +660,13 @@ void soft_cap(float* x, int64_t n, float cap) {
 void cpu_executor::forward(int thread_index, const step_batch& batch) {
   const kernel_table& k = *kern_;
   int64_t phase = 0;
-  // Runs body(i) for every i < n, spread over the threads, then waits for all of them.
+  int64_t upcoming = 0;  // linear_at's id of the next linear to start
+  // Runs body(i) for every i < n, spread over the threads, then waits for all of them (prefetching the
+  // next two linears' first weights while it waits).
   auto parallel = [&](int64_t n, auto&& body) {
     std::atomic<int64_t>& next = counters_[phase++].next;
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(i);
-    pool_->barrier();
+    pool_->barrier([&] { return prefetch_piece(upcoming) || prefetch_piece(upcoming + 1); });
   };
   const model_features& feat = config_.features;
   const int32_t T = num_tokens_;
@@ -561,8 +686,9 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
 
   // out[t, cols of part] (+)= input[t] . W rows, over the chunks of `f`. The input is `xf` (f32) and
   // its conversions quantize_rows made (xq_, xqk_, xbf_ / xbf16_).
-  auto linear = [&](const fused_linear& f, const float* xf, int64_t xf_stride, int32_t num_tokens, float* out,
-                    int64_t out_stride, bool accumulate) {
+  auto linear = [&](int64_t id, const fused_linear& f, const float* xf, int64_t xf_stride, int32_t num_tokens,
+                    float* out, int64_t out_stride, bool accumulate) {
+    upcoming = id + 1;  // threads done with their chunks start on the next one's weights
     parallel(static_cast<int64_t>(f.chunks.size()), [&](int64_t c) {
       const fused_linear::chunk& ch = f.chunks[static_cast<size_t>(c)];
       const matrix& m = f.parts[static_cast<size_t>(ch.part)];
@@ -670,7 +796,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       quantize_rows(L.qkv, xn_.data(), t);
     });
     const int64_t qkv_cols = L.qkv.out_cols;
-    linear(L.qkv, xn_.data(), hidden, T, qkv_.data(), qkv_cols, false);
+    linear(4 * l, L.qkv, xn_.data(), hidden, T, qkv_.data(), qkv_cols, false);
 
     // Biases, per-head q/k norms, RoPE on Q and K, then K and V into their paged slots.
     parallel(T, [&](int64_t t) {
@@ -706,6 +832,11 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     // Dao et al. 2022, FlashAttention, alg. 1), so no row keeps more than one block of scores. Each row sees the same
     // blocks, slots and operations whatever task it is in.
     const int32_t window = L.sliding_window;
+    auto write_attention_row = [&](int32_t token, int32_t head, const float* o, float sum) {
+      float* out = attn_.data() + int64_t{token} * q_dim + int64_t{head} * hd;
+      const float inv = 1.0f / sum;
+      for (int32_t d = 0; d < hd; ++d) out[d] = o[d] * inv;
+    };
     parallel(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i) {
       const attn_task& task = attn_tasks_[static_cast<size_t>(i)];
       const std::vector<block_id>& table = batch.seqs[static_cast<size_t>(task.seq)].table(group);
@@ -750,13 +881,27 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         }
         return any;
       };
+      constexpr float no_score = -std::numeric_limits<float>::infinity();
       for (int32_t m = 0; m < rows; ++m) {
         sc.q[static_cast<size_t>(m)] = qkv_.data() + static_cast<int64_t>(task.token_begin + m / heads) * qkv_cols +
                                        static_cast<int64_t>(task.head_begin + m % heads) * hd;
-        sc.mx[static_cast<size_t>(m)] = -std::numeric_limits<float>::infinity();
-        sc.l[static_cast<size_t>(m)] = 0.0f;
       }
-      std::fill(sc.o.begin(), sc.o.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
+      // A fresh segment: every row's state empty.
+      auto start_segment = [&] {
+        std::fill(sc.mx.begin(), sc.mx.begin() + rows, no_score);
+        std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+        std::fill(sc.o.begin(), sc.o.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
+      };
+      auto fold_into_result = [&] {
+        for (int32_t m = 0; m < rows; ++m) {
+          fold_segment(sc.M[static_cast<size_t>(m)], sc.L[static_cast<size_t>(m)], sc.O.data() + int64_t{m} * hd,
+                       sc.mx[static_cast<size_t>(m)], sc.l[static_cast<size_t>(m)], sc.o.data() + int64_t{m} * hd, hd);
+        }
+      };
+      start_segment();
+      std::fill(sc.M.begin(), sc.M.begin() + rows, no_score);
+      std::fill(sc.L.begin(), sc.L.begin() + rows, 0.0f);
+      std::fill(sc.O.begin(), sc.O.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
       const int32_t ctx_end = n_ctx(rows - 1);
       cpu::attn_block_args a;
       a.dtype = kv_dt_;
@@ -770,8 +915,19 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       // so no hardware prefetcher follows them: the next block's tiles are asked for while this one is
       // computed. A decode step's attention waited on these loads for most of its time (SmolLM2, context
       // 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same).
-      const int32_t b_end = (ctx_end + bs - 1) / bs;
-      for (int32_t b = first(0) / bs; b * bs < ctx_end; ++b) {
+      // The blocks this task walks: all the rows reach, or those of its segment.
+      const int32_t seg = segment_blocks_;
+      int32_t b_begin = first(0) / bs;
+      int32_t b_end = (ctx_end + bs - 1) / bs;
+      if (task.segment >= 0) {
+        b_begin = std::max(b_begin, task.segment * seg);
+        b_end = std::min(b_end, (task.segment + 1) * seg);
+      }
+      for (int32_t b = b_begin; b < b_end; ++b) {
+        if (b > b_begin && b % seg == 0) {
+          fold_into_result();
+          start_segment();
+        }
         const block_id next = b + 1 < b_end ? table[static_cast<size_t>(b + 1)] : no_block;
         if (next >= 0) {  // (a block no row reaches is skipped below without looking at its entry)
           for (int kind = 0; kind < 2; ++kind) {
@@ -833,31 +989,58 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         a.o = sc.o.data() + static_cast<int64_t>(m_lo) * hd;
         k.attn_accumulate(a);
       }
+      if (task.segment >= 0) {  // the segment's states, for attn_merge
+        const int64_t state = partial_state_floats(hd);
+        for (int32_t m = 0; m < rows; ++m) {
+          float* p = attn_partials_.data() + task.partials + (int64_t{m} * task.num_segments + task.segment) * state;
+          p[0] = sc.mx[static_cast<size_t>(m)];
+          p[1] = sc.l[static_cast<size_t>(m)];
+          std::copy_n(sc.o.data() + int64_t{m} * hd, hd, p + 2);
+        }
+        return;
+      }
+      fold_into_result();
       for (int32_t m = 0; m < rows; ++m) {
-        const float* o = sc.o.data() + static_cast<int64_t>(m) * hd;
-        float* out = attn_.data() + static_cast<int64_t>(task.token_begin + m / heads) * q_dim +
-                     static_cast<int64_t>(task.head_begin + m % heads) * hd;
-        const float inv = 1.0f / sc.l[static_cast<size_t>(m)];
-        for (int32_t d = 0; d < hd; ++d) out[d] = o[d] * inv;
+        write_attention_row(task.token_begin + m / heads, task.head_begin + m % heads, sc.O.data() + int64_t{m} * hd,
+                            sc.L[static_cast<size_t>(m)]);
       }
     });
+    // The split tasks' rows: their segments folded in key order, as an unsplit task folds them.
+    if (!attn_merges_.empty())
+      parallel(static_cast<int64_t>(attn_merges_.size()), [&](int64_t i) {
+        const attn_merge& mg = attn_merges_[static_cast<size_t>(i)];
+        attn_scratch& sc = scratch_[static_cast<size_t>(thread_index)];
+        const int32_t heads = mg.head_end - mg.head_begin;
+        const int32_t rows = (mg.token_end - mg.token_begin) * heads;
+        const int64_t state = partial_state_floats(hd);
+        for (int32_t m = 0; m < rows; ++m) {
+          float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+          float* o = sc.O.data();
+          std::fill(o, o + hd, 0.0f);
+          for (int32_t g = 0; g < mg.num_segments; ++g) {
+            const float* p = attn_partials_.data() + mg.partials + (int64_t{m} * mg.num_segments + g) * state;
+            fold_segment(mx, sum, o, p[0], p[1], p + 2, hd);
+          }
+          write_attention_row(mg.token_begin + m / heads, mg.head_begin + m % heads, o, sum);
+        }
+      });
 
     // Output projection: added to the residual directly, or (post_norms) normed first.
     if (L.wo.needs_conversion()) parallel(T, [&](int64_t t) { quantize_rows(L.wo, attn_.data(), t); });
     if (feat.post_norms) {
-      linear(L.wo, attn_.data(), q_dim, T, tmp_.data(), hidden, false);
+      linear(4 * l + 1, L.wo, attn_.data(), q_dim, T, tmp_.data(), hidden, false);
       parallel(T, [&](int64_t t) {
         add_rms_norm(x_.data() + t * hidden, tmp_.data() + t * hidden, L.post_attn_norm.data(), hidden, eps);
       });
     } else {
-      linear(L.wo, attn_.data(), q_dim, T, x_.data(), hidden, true);
+      linear(4 * l + 1, L.wo, attn_.data(), q_dim, T, x_.data(), hidden, true);
     }
 
     parallel(T, [&](int64_t t) {
       rms_norm(x_.data() + t * hidden, L.ffn_norm.data(), xn_.data() + t * hidden, hidden, eps);
       quantize_rows(L.gate_up, xn_.data(), t);
     });
-    linear(L.gate_up, xn_.data(), hidden, T, gu_.data(), 2 * ffn, false);
+    linear(4 * l + 2, L.gate_up, xn_.data(), hidden, T, gu_.data(), 2 * ffn, false);
 
     parallel(T, [&](int64_t t) {
       const float* g = gu_.data() + t * 2 * ffn;
@@ -871,12 +1054,12 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       quantize_rows(L.down, mlp_.data(), t);
     });
     if (feat.post_norms) {
-      linear(L.down, mlp_.data(), ffn, T, tmp_.data(), hidden, false);
+      linear(4 * l + 3, L.down, mlp_.data(), ffn, T, tmp_.data(), hidden, false);
       parallel(T, [&](int64_t t) {
         add_rms_norm(x_.data() + t * hidden, tmp_.data() + t * hidden, L.post_ffn_norm.data(), hidden, eps);
       });
     } else {
-      linear(L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
+      linear(4 * l + 3, L.down, mlp_.data(), ffn, T, x_.data(), hidden, true);
     }
   }
 
@@ -910,7 +1093,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
                sx_.data() + r * hidden, hidden, eps);
       quantize_rows(output_, sx_.data(), r);
     });
-    linear(output_, sx_.data(), hidden, static_cast<int32_t>(G), slogits_.data(), vocab, false);
+    linear(num_linears() - 1, output_, sx_.data(), hidden, static_cast<int32_t>(G), slogits_.data(), vocab, false);
     parallel(G, [&](int64_t r) {
       float* row = slogits_.data() + r * vocab;
       if (feat.final_softcap.on()) soft_cap(row, vocab, feat.final_softcap.cap);
@@ -928,7 +1111,8 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
              lx_.data() + r * hidden, hidden, eps);
     quantize_rows(output_, lx_.data(), r);
   });
-  linear(output_, lx_.data(), hidden, static_cast<int32_t>(R), logits_out_, config_.vocab_size, false);
+  linear(num_linears() - 1, output_, lx_.data(), hidden, static_cast<int32_t>(R), logits_out_, config_.vocab_size,
+         false);
   if (feat.final_softcap.on()) {
     parallel(R, [&](int64_t r) {
       soft_cap(logits_out_ + r * config_.vocab_size, config_.vocab_size, feat.final_softcap.cap);

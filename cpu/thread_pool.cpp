@@ -79,7 +79,7 @@ void thread_pool::worker_loop(int index) {
   }
 }
 
-void thread_pool::barrier() noexcept {
+void thread_pool::barrier_impl(idle_fn idle, void* idle_ctx) noexcept {
   if (num_threads_ == 1) return;
   const uint32_t gen = barrier_generation_.load(std::memory_order_acquire);
   if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) == num_threads_ - 1) {
@@ -88,7 +88,11 @@ void thread_pool::barrier() noexcept {
     barrier_generation_.notify_all();
     return;
   }
-  wait_for(barrier_generation_, gen, [&] { return barrier_generation_.load(std::memory_order_acquire) != gen; });
+  auto released = [&] { return barrier_generation_.load(std::memory_order_acquire) != gen; };
+  if (idle != nullptr) {
+    while (!released() && idle(idle_ctx)) {}
+  }
+  wait_for(barrier_generation_, gen, released);
 }
 
 }  // namespace tessera::cpu

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace tessera::cpu {
@@ -29,15 +30,28 @@ class thread_pool {
   }
 
   // Every thread of the running job must call this the same number of times.
-  void barrier() noexcept;
+  void barrier() noexcept { barrier_impl(nullptr, nullptr); }
+
+  // barrier(), but a thread that arrives early calls idle() (a short piece of work returning whether
+  // there is more) until the others arrive or it returns false; then it waits as barrier() does.
+  template <class Idle>
+  void barrier(Idle&& idle) noexcept {
+    barrier_impl(&call_idle<Idle>, &idle);
+  }
 
  private:
   using job_fn = void (*)(void* ctx, int thread_index);
+  using idle_fn = bool (*)(void* ctx);
   template <class F>
   static void invoke(void* ctx, int i) {
     (*static_cast<F*>(ctx))(i);
   }
+  template <class F>
+  static bool call_idle(void* ctx) {
+    return (*static_cast<std::remove_reference_t<F>*>(ctx))();
+  }
   void run_impl(job_fn fn, void* ctx);
+  void barrier_impl(idle_fn idle, void* idle_ctx) noexcept;
   void worker_loop(int index);
 
   int num_threads_;

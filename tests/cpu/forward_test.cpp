@@ -415,6 +415,28 @@ INSTANTIATE_TEST_SUITE_P(
         reference_case{"q4_k_kv_int8", wide_model(ggml_type::q4_k), "", 3e-2, cpu_kv_dtype::int8}),
     [](const ::testing::TestParamInfo<reference_case>& p) { return std::string(p.param.name); });
 
+// A decode step of one sequence has fewer attention tasks than twice the threads (2 kv heads, 2
+// threads), so the executor splits each task's keys into segments of 128, a task each, and folds them
+// after; a prefill's many tasks each walk all the segments themselves. Rows must not depend on which:
+// the decoded rows equal the prefilled ones bit for bit, past the first segment, and both stay with
+// the naive forward.
+TEST(cpu_executor, key_segments_split_over_threads_give_the_unsplit_rows) {
+  const auto w = make_tiny_model(model(rope_style::interleaved, 16, ggml_type::f32, ggml_type::f32, false));
+  const std::vector<token_id> tokens = random_tokens(250, 12);
+  auto ex = make_cpu_executor(w, opts(2, 4, 64, 0, "", cpu_kv_dtype::fp32));  // the naive forward's K and V
+  const std::vector<std::vector<float>> prefilled = run_chunked(*ex, tokens, iota_table(0, 63), {250});
+  const std::vector<std::vector<float>> decoded = run_chunked(*ex, tokens, iota_table(0, 63), {1});
+  EXPECT_EQ(max_abs_diff(decoded, prefilled), 0.0);
+  const auto ref = reference_forward(*w, tokens);
+  double scale = 0.0;
+  for (const auto& row : ref) {
+    for (const double v : row) scale = std::max(scale, std::fabs(v));
+  }
+  std::vector<std::vector<float>> ref_rows;
+  for (const auto& row : ref) ref_rows.emplace_back(row.begin(), row.end());
+  EXPECT_LE(max_abs_diff(decoded, ref_rows), 2e-5 * scale);
+}
+
 // ---- paging invariance -------------------------------------------------------------------------
 
 class paging_test : public ::testing::TestWithParam<ggml_type> {
