@@ -914,7 +914,9 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       // The K and V tiles of a sequence's blocks are scattered through the pool (the block table's order),
       // so no hardware prefetcher follows them: the next block's tiles are asked for while this one is
       // computed. A decode step's attention waited on these loads for most of its time (SmolLM2, context
-      // 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same).
+      // 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same). Into L2 (prefetcht1), not
+      // L1: on Zen 4 the L1 requests held the tile loads up (attention 1,000-1,460 -> 770-1,080 us per token
+      // at context 512..640; two, four or eight blocks ahead were slower, 2026-12-06).
       // The blocks this task walks: all the rows reach, or those of its segment.
       const int32_t seg = segment_blocks_;
       int32_t b_begin = first(0) / bs;
@@ -932,7 +934,7 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         if (next >= 0) {  // (a block no row reaches is skipped below without looking at its entry)
           for (int kind = 0; kind < 2; ++kind) {
             const std::byte* t = kv_tile(next, l, kind, task.kv_head);
-            for (int64_t off = 0; off < tile_bytes_; off += 64) __builtin_prefetch(t + off);
+            for (int64_t off = 0; off < tile_bytes_; off += 64) __builtin_prefetch(t + off, 0, 2);
           }
         }
         const int32_t begin = b * bs;
