@@ -508,13 +508,25 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
   const std::vector<int32_t>& pos = layout_.slots;
   attn_merges_.clear();
   const int32_t segment_keys = segment_blocks_ * spec_.block_size;
-  if (attn_tasks_.size() < 2 * static_cast<size_t>(pool_->size())) {
+  const int64_t state = partial_state_floats(config_.head_dim);
+  auto partials_of = [&](const attn_task& t, int32_t segments) {
+    return static_cast<int64_t>(t.token_end - t.token_begin) * (t.head_end - t.head_begin) * segments * state;
+  };
+  auto segments_of = [&](const attn_task& t) {
+    const int32_t keys = pos[static_cast<size_t>(t.token_end - 1)] + 1;  // the last row's context
+    return (keys + segment_keys - 1) / segment_keys;
+  };
+  // The partial states stay small next to the KV they summarise (a decode row: 66 floats per 128 keys),
+  // but a chunk of many rows at a long context on many threads could ask for hundreds of MB: such a
+  // step keeps its tasks whole.
+  constexpr int64_t max_partial_floats = int64_t{4} << 20;  // 16 MiB
+  int64_t wanted = 0;
+  for (const attn_task& t : attn_tasks_) wanted += partials_of(t, segments_of(t));
+  if (attn_tasks_.size() < 2 * static_cast<size_t>(pool_->size()) && wanted <= max_partial_floats) {
     std::vector<attn_task> split;
-    const int64_t state = partial_state_floats(config_.head_dim);
     int64_t partials = 0;
     for (const attn_task& t : attn_tasks_) {
-      const int32_t keys = pos[static_cast<size_t>(t.token_end - 1)] + 1;  // the last row's context
-      const int32_t segments = (keys + segment_keys - 1) / segment_keys;
+      const int32_t segments = segments_of(t);
       if (segments < 2) {
         split.push_back(t);
         continue;
@@ -527,7 +539,7 @@ void cpu_executor::plan_step(const step_batch& batch, step_output& out) {
         part.partials = partials;
         split.push_back(part);
       }
-      partials += static_cast<int64_t>(t.token_end - t.token_begin) * (t.head_end - t.head_begin) * segments * state;
+      partials += partials_of(t, segments);
     }
     attn_tasks_ = std::move(split);
     attn_partials_.resize(static_cast<size_t>(partials));
