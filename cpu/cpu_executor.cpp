@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -131,6 +132,19 @@ inline int64_t partial_state_floats(int32_t head_dim) { return 2 + static_cast<i
   M = next;
 }
 
+// The largest of x[0 .. n), n > 0, over four independent chains: one chain of dependent max
+// instructions over a segment's 128 keys was a large part of a decode step's attention. (The largest
+// value is the same whatever the order.)
+inline float max_of(const float* x, int32_t n) {
+  float m[4] = {x[0], x[0], x[0], x[0]};
+  int32_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int i = 0; i < 4; ++i) m[i] = std::max(m[i], x[j + i]);
+  }
+  for (; j < n; ++j) m[0] = std::max(m[0], x[j]);
+  return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+}
+
 // Query tokens per attention task: enough rows (x the GQA group) to reuse each tile from L1, few enough
 // to spread a prefill over the threads.
 constexpr int32_t attn_chunk = 16;
@@ -187,8 +201,10 @@ class cpu_executor final : public executor {
     prefetched_.reset(new padded_counter[static_cast<size_t>(num_linears())]);
     // Attention scratch per thread: scores / probabilities, outputs, running max and sum, query rows.
     attn_rows_ = attn_chunk * (config_.num_heads / config_.num_kv_heads);
-    attn_ld_ = (spec_.block_size + 15) / 16 * 16;
     segment_blocks_ = std::max(1, attn_segment_keys / spec_.block_size);
+    // A segment's keys, rounded up to whole vectors, and one vector more: a block's scores are written
+    // in whole vectors from its column, which may run past a block size that is no multiple of 16.
+    attn_ld_ = (segment_blocks_ * spec_.block_size + 15) / 16 * 16 + 16;
     scratch_.resize(static_cast<size_t>(pool_->size()));
     for (auto& sc : scratch_) {
       sc.s.resize(static_cast<size_t>(attn_rows_ * attn_ld_));
@@ -200,6 +216,7 @@ class cpu_executor final : public executor {
       sc.L.resize(static_cast<size_t>(attn_rows_));
       sc.q.resize(static_cast<size_t>(attn_rows_));
       sc.masked.resize(static_cast<size_t>(attn_ld_));
+      sc.blocks.resize(static_cast<size_t>(segment_blocks_));
     }
   }
 
@@ -320,16 +337,26 @@ class cpu_executor final : public executor {
   std::vector<act_block_k> xqk_;
   std::vector<float> xbf_;
   std::vector<uint16_t> xbf16_;
+  // A block of the current attention segment that some of a task's rows reach: rows [m_lo, m_hi), its
+  // first n slots.
+  struct segment_block {
+    int32_t block;
+    int32_t m_lo;
+    int32_t m_hi;
+    int32_t n;
+  };
   struct attn_scratch {
-    std::vector<float> s, o, mx, l;  // the current segment's state per row
-    std::vector<float> O, M, L;      // the segments folded so far (unsplit tasks)
+    std::vector<float> s;         // the current segment's scores, then probabilities, per row (attn_ld_)
+    std::vector<float> o, mx, l;  // the current segment's state per row
+    std::vector<float> O, M, L;   // the segments folded so far (unsplit tasks)
     std::vector<const float*> q;
-    std::vector<uint8_t> masked;  // a token tree's row: which keys of the current block it may not see
+    std::vector<uint8_t> masked;  // a token tree's row: which keys of the current segment it may not see
+    std::vector<segment_block> blocks;
   };
   // A masked score: far below any real one, finite so that the softmax's exp stays defined.
   static constexpr float kMasked = -1e30f;
   int32_t attn_rows_ = 0;  // rows of the largest attention task
-  int32_t attn_ld_ = 0;    // scores per row: the block size rounded up to 16
+  int32_t attn_ld_ = 0;    // scores per row: a segment's keys rounded up to 16, and 16 more
   std::vector<attn_scratch> scratch_;
 };
 
@@ -840,9 +867,10 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
     // as transformers' sliding mask and llama.cpp's LLAMA_SWA_TYPE_STANDARD do). Table entries before
     // first / block_size are never looked at: the engine frees those blocks (no_block) when every layer
     // of the group whose table it is has a window (reads_only_window, kv_layer_groups). Flash-style: a task's rows walk
-    // the KV blocks once, with an online softmax (running max and sum per row, the output rescaled when the max grows;
-    // Dao et al. 2022, FlashAttention, alg. 1), so no row keeps more than one block of scores. Each row sees the same
-    // blocks, slots and operations whatever task it is in.
+    // the KV blocks once, a segment (attn_segment_keys) at a time: each row's exact softmax over its keys of
+    // the segment, folded into the row's result with the online softmax's rescaling (Dao et al. 2022,
+    // FlashAttention, alg. 1), so no row keeps more than one segment of scores. Each row sees the same
+    // segments, slots and operations whatever task it is in.
     const int32_t window = L.sliding_window;
     auto write_attention_row = [&](int32_t token, int32_t head, const float* o, float sum) {
       float* out = attn_.data() + int64_t{token} * q_dim + int64_t{head} * hd;
@@ -870,8 +898,8 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         if (window <= 0) return 0;
         return std::max(0, (tree ? root_slot + 1 : n_ctx(m)) - window);
       };
-      // Scores of row m's keys [lo, hi) of the block at slot `begin` that it may not see: set to
-      // kMasked (after any soft-cap), flagged in sc.masked. Returns whether any key is left.
+      // Scores of row m's keys [lo, hi) of the segment whose column 0 is slot `begin` that it may not
+      // see: set to kMasked (after any soft-cap), flagged in sc.masked. Returns whether any key is left.
       const int32_t slice_begin = layout_.seqs[static_cast<size_t>(task.seq)].token_begin;
       auto tree_mask = [&](int32_t m, int32_t begin, int32_t lo, int32_t hi, float* sr) {
         const auto tk = static_cast<size_t>(task.token_begin + m / heads);
@@ -898,17 +926,17 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         sc.q[static_cast<size_t>(m)] = qkv_.data() + static_cast<int64_t>(task.token_begin + m / heads) * qkv_cols +
                                        static_cast<int64_t>(task.head_begin + m % heads) * hd;
       }
-      // A fresh segment: every row's state empty.
-      auto start_segment = [&] {
-        std::fill(sc.mx.begin(), sc.mx.begin() + rows, no_score);
-        std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
-        std::fill(sc.o.begin(), sc.o.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
-      };
       auto fold_into_result = [&] {
         for (int32_t m = 0; m < rows; ++m) {
           fold_segment(sc.M[static_cast<size_t>(m)], sc.L[static_cast<size_t>(m)], sc.O.data() + int64_t{m} * hd,
                        sc.mx[static_cast<size_t>(m)], sc.l[static_cast<size_t>(m)], sc.o.data() + int64_t{m} * hd, hd);
         }
+      };
+      // A fresh segment: every row's state empty.
+      auto start_segment = [&] {
+        std::fill(sc.mx.begin(), sc.mx.begin() + rows, no_score);
+        std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+        std::fill(sc.o.begin(), sc.o.begin() + static_cast<int64_t>(rows) * hd, 0.0f);
       };
       start_segment();
       std::fill(sc.M.begin(), sc.M.begin() + rows, no_score);
@@ -923,12 +951,6 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
       a.ld = ld;
       a.o_ld = hd;
       int32_t m_lo = 0, m_hi = 0;
-      // The K and V tiles of a sequence's blocks are scattered through the pool (the block table's order),
-      // so no hardware prefetcher follows them: the next block's tiles are asked for while this one is
-      // computed. A decode step's attention waited on these loads for most of its time (SmolLM2, context
-      // 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same). Into L2 (prefetcht1), not
-      // L1: on Zen 4 the L1 requests held the tile loads up (attention 1,000-1,460 -> 770-1,080 us per token
-      // at context 512..640; two, four or eight blocks ahead were slower, 2026-12-06).
       // The blocks this task walks: all the rows reach, or those of its segment.
       const int32_t seg = segment_blocks_;
       int32_t b_begin = first(0) / bs;
@@ -937,71 +959,89 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         b_begin = std::max(b_begin, task.segment * seg);
         b_end = std::min(b_end, (task.segment + 1) * seg);
       }
-      for (int32_t b = b_begin; b < b_end; ++b) {
-        if (b > b_begin && b % seg == 0) {
-          fold_into_result();
-          start_segment();
-        }
-        const block_id next = b + 1 < b_end ? table[static_cast<size_t>(b + 1)] : no_block;
-        if (next >= 0) {  // (a block no row reaches is skipped below without looking at its entry)
-          for (int kind = 0; kind < 2; ++kind) {
-            const std::byte* t = kv_tile(next, l, kind, task.kv_head);
-            for (int64_t off = 0; off < tile_bytes_; off += 64) __builtin_prefetch(t + off, 0, 2);
+      // One segment at a time: the scores of all its blocks, then each row's softmax over its keys of the
+      // segment in one pass (a decode row's 128 keys at once, not 16 at a time with a rescale per block:
+      // the per-block max, exp and bookkeeping cost more than the tiles' dot products), then the V tiles.
+      // Column c of a row's scores is the segment's key seg_begin + c.
+      for (int32_t g_first = b_begin; g_first < b_end;) {
+        const int32_t g_end = std::min(b_end, (g_first / seg + 1) * seg);
+        const int32_t seg_begin = g_first * bs;
+        int32_t walked = 0;  // blocks of the segment some row reaches, in sc.blocks
+        for (int32_t b = g_first; b < g_end; ++b) {
+          // The K and V tiles of a sequence's blocks are scattered through the pool (the block table's
+          // order), so no hardware prefetcher follows them: the next block's tiles are asked for while
+          // this one is computed. A decode step's attention waited on these loads for most of its time
+          // (SmolLM2, context 512..768: 4.77 -> 4.08 ms per token; two blocks ahead measured the same).
+          // Into L2 (prefetcht1), not L1: on Zen 4 the L1 requests held the tile loads up (attention
+          // 1,000-1,460 -> 770-1,080 us per token at context 512..640; two, four or eight blocks ahead
+          // were slower, 2026-12-06).
+          const block_id next = b + 1 < b_end ? table[static_cast<size_t>(b + 1)] : no_block;
+          if (next >= 0) {  // (a block no row reaches is skipped below without looking at its entry)
+            for (int kind = 0; kind < 2; ++kind) {
+              const std::byte* t = kv_tile(next, l, kind, task.kv_head);
+              for (int64_t off = 0; off < tile_bytes_; off += 64) __builtin_prefetch(t + off, 0, 2);
+            }
           }
+          const int32_t begin = b * bs;
+          while (m_lo < rows && n_ctx(m_lo) <= begin) ++m_lo;
+          m_hi = std::max(m_hi, m_lo);
+          while (m_hi < rows && first(m_hi) < begin + bs) ++m_hi;
+          if (m_lo >= m_hi) continue;
+          const int32_t n = std::min(bs, n_ctx(m_hi - 1) - begin);
+          a.tile = kv_tile(table[static_cast<size_t>(b)], l, 0, task.kv_head);
+          a.n = n;
+          a.rows = m_hi - m_lo;
+          a.q = sc.q.data() + m_lo;
+          a.s = sc.s.data() + static_cast<int64_t>(m_lo) * ld + (begin - seg_begin);
+          k.attn_scores(a);
+          sc.blocks[static_cast<size_t>(walked++)] = {b, m_lo, m_hi, n};
         }
-        const int32_t begin = b * bs;
-        while (m_lo < rows && n_ctx(m_lo) <= begin) ++m_lo;
-        m_hi = std::max(m_hi, m_lo);
-        while (m_hi < rows && first(m_hi) < begin + bs) ++m_hi;
-        if (m_lo >= m_hi) continue;
-        const int32_t n = std::min(bs, n_ctx(m_hi - 1) - begin);
-        float* s = sc.s.data() + static_cast<int64_t>(m_lo) * ld;
-        a.tile = kv_tile(table[static_cast<size_t>(b)], l, 0, task.kv_head);
-        a.n = n;
-        a.rows = m_hi - m_lo;
-        a.q = sc.q.data() + m_lo;
-        a.s = s;
-        k.attn_scores(a);
-        for (int32_t m = m_lo; m < m_hi; ++m) {
+        if (walked == 0) {  // no row's keys reach into this segment (before a window)
+          g_first = g_end;
+          continue;
+        }
+        // Each row that reaches into the segment: its keys are one run [lo, hi) of the columns (causal
+        // and window limits; a tree row's hidden keys masked inside it), all of them computed above.
+        const segment_block& last = sc.blocks[static_cast<size_t>(walked - 1)];
+        const int32_t width = last.block * bs + last.n - seg_begin;
+        for (int32_t m = sc.blocks[0].m_lo; m < last.m_hi; ++m) {
           float* sr = sc.s.data() + static_cast<int64_t>(m) * ld;
-          const int32_t lo = std::max(first(m), begin) - begin;
-          const int32_t hi = std::min(n_ctx(m), begin + n) - begin;
-          if (lo >= hi) {  // a row whose keys do not reach into this block adds nothing
-            std::fill(sr, sr + n, 0.0f);
+          const int32_t lo = std::max(first(m), seg_begin) - seg_begin;
+          const int32_t hi = std::min(n_ctx(m), seg_begin + width) - seg_begin;
+          bool any = lo < hi;
+          if (any && feat.attn_softcap.on()) soft_cap(sr + lo, hi - lo, feat.attn_softcap.cap);
+          if (any && tree) any = tree_mask(m, seg_begin, lo, hi, sr);
+          if (!any) {  // a row none of whose keys is in this segment adds nothing
+            std::fill(sr, sr + width, 0.0f);
             continue;
           }
-          if (feat.attn_softcap.on()) soft_cap(sr + lo, hi - lo, feat.attn_softcap.cap);
-          if (tree && !tree_mask(m, begin, lo, hi, sr)) {  // no key of this block is this row's
-            std::fill(sr, sr + n, 0.0f);
-            continue;
-          }
-          float bmax = sr[lo];
-          for (int32_t j = lo + 1; j < hi; ++j) bmax = std::max(bmax, sr[j]);
-          float& mx = sc.mx[static_cast<size_t>(m)];
-          float& sum = sc.l[static_cast<size_t>(m)];
-          const float new_max = std::max(mx, bmax);
-          float block_sum = k.softmax_exp(sr + lo, hi - lo, new_max);
+          const float mx = max_of(sr + lo, hi - lo);
+          float sum = k.softmax_exp(sr + lo, hi - lo, mx);
           if (tree) {  // a masked key adds exactly nothing, whatever the exp approximation made of it
             for (int32_t j = lo; j < hi; ++j) {
               if (sc.masked[static_cast<size_t>(j)] == 0) continue;
-              block_sum -= sr[j];
+              sum -= sr[j];
               sr[j] = 0.0f;
             }
           }
           std::fill(sr, sr + lo, 0.0f);
-          std::fill(sr + hi, sr + n, 0.0f);
-          if (new_max != mx && sum != 0.0f) {  // rescale what the earlier blocks accumulated
-            const float c = std::exp(mx - new_max);
-            float* o = sc.o.data() + static_cast<int64_t>(m) * hd;
-            for (int32_t d = 0; d < hd; ++d) o[d] *= c;
-            sum *= c;
-          }
-          sum += block_sum;
-          mx = new_max;
+          std::fill(sr + hi, sr + width, 0.0f);
+          sc.mx[static_cast<size_t>(m)] = mx;
+          sc.l[static_cast<size_t>(m)] = sum;
         }
-        a.tile = kv_tile(table[static_cast<size_t>(b)], l, 1, task.kv_head);
-        a.o = sc.o.data() + static_cast<int64_t>(m_lo) * hd;
-        k.attn_accumulate(a);
+        for (const segment_block& w : std::span(sc.blocks).first(static_cast<size_t>(walked))) {
+          a.tile = kv_tile(table[static_cast<size_t>(w.block)], l, 1, task.kv_head);
+          a.n = w.n;
+          a.rows = w.m_hi - w.m_lo;
+          a.s = sc.s.data() + static_cast<int64_t>(w.m_lo) * ld + (w.block * bs - seg_begin);
+          a.o = sc.o.data() + static_cast<int64_t>(w.m_lo) * hd;
+          k.attn_accumulate(a);
+        }
+        g_first = g_end;
+        if (task.segment < 0) {
+          fold_into_result();
+          start_segment();
+        }
       }
       if (task.segment >= 0) {  // the segment's states, for attn_merge
         const int64_t state = partial_state_floats(hd);
@@ -1013,7 +1053,6 @@ void cpu_executor::forward(int thread_index, const step_batch& batch) {
         }
         return;
       }
-      fold_into_result();
       for (int32_t m = 0; m < rows; ++m) {
         write_attention_row(task.token_begin + m / heads, task.head_begin + m % heads, sc.O.data() + int64_t{m} * hd,
                             sc.L[static_cast<size_t>(m)]);
