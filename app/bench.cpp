@@ -199,6 +199,7 @@ int bench_command::run_throughput() {
               {"preemptions", s.num_preemptions_swap + s.num_preemptions_recompute},
               {"prefix_cached_tokens", s.num_cached_prompt_tokens},
               {"speculative", engine_.speculative},
+              {"spec_verifications", s.num_spec_verifications},
               {"spec_draft_tokens", s.num_draft_tokens},
               {"spec_accepted_tokens", s.num_accepted_draft_tokens},
               {"spec_tree_branch_tokens", s.num_tree_branch_tokens},

@@ -270,8 +270,9 @@ void engine_flags::add_to(CLI::App& cmd) {
                  "output is plain decoding's token for token)")
       ->check(CLI::IsMember({"sample", "argmax"}));
   cmd.add_option("--draft-branches", draft_branches,
-                 "--speculative draft, argmax drafts: the draft row's most likely tokens offered per position, "
-                 "verified together as a token tree (1: a chain)")
+                 "--speculative draft: tokens offered per position, verified together as a token tree: the draft "
+                 "row's most likely ones for argmax drafts, draws from its distribution without replacement for "
+                 "sampled ones (1: a chain)")
       ->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-min", ngram_min, "N-gram prompt lookup: shortest suffix matched")->check(CLI::Range(1, 64));
   cmd.add_option("--ngram-max", ngram_max, "N-gram prompt lookup: longest suffix matched (>= --ngram-min)")

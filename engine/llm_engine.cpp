@@ -690,7 +690,7 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
   std::vector<int32_t> parents;  // a token tree's (never a constrained request's: propose_drafts)
   if (!s.seq->draft_parents.empty())
     parents.assign(s.seq->draft_parents.begin(), s.seq->draft_parents.begin() + s.num_draft_tokens);
-  const std::vector<float> q = std::move(s.seq->draft_probs);  // a sampled chain's q rows
+  const std::vector<float> q = std::move(s.seq->draft_probs);  // sampled drafts' q rows
   // Structured output: row 0's mask came from the grammar workers; row j's needs the grammar advanced
   // over draft[0, j), so the matcher walks the draft here, filling each next mask, and is rolled back.
   // A draft token the grammar refuses can never be drawn (its row masks it): the draft is cut there.
@@ -723,14 +723,13 @@ void llm_engine::verify_sequence(size_t i, scheduler_output& p, step_context& ct
     accept_token(r, c, res, out);
     return !c.finished;
   };
-  if (!q.empty()) {
-    ctx.accepted[i] = verify_sampled_draft(c.samp, draft, q, row, commit);
-  } else if (parents.empty()) {
+  if (q.empty() && parents.empty()) {
     ctx.accepted[i] = verify_draft(c.samp, draft, row, commit);
   } else {
     // Only the accepted nodes 0, 1, ... have their K/V at their own positions; a branch taken after
-    // them is computed again by the next step (scheduler::accept_draft).
-    const std::vector<int32_t> path = verify_tree(c.samp, draft, parents, row, commit);
+    // them is computed again by the next step (scheduler::accept_draft). A chain's path is 0, 1, ...
+    const std::vector<int32_t> path = q.empty() ? verify_tree(c.samp, draft, parents, row, commit)
+                                                : verify_sampled_tree(c.samp, draft, parents, q, row, commit);
     int32_t in_place = 0;
     while (in_place < static_cast<int32_t>(path.size()) && path[static_cast<size_t>(in_place)] == in_place) ++in_place;
     ctx.accepted[i] = in_place;

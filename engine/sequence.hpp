@@ -67,8 +67,8 @@ struct sequence {
   // A token tree's shape (engine/speculative/proposer.hpp, draft_proposal::parents): draft[i] follows
   // draft[draft_parents[i]] (-1: the last token). Empty: the draft is a chain.
   std::vector<int32_t> draft_parents;
-  // A chain drawn from distributions (draft_proposal::probs): draft[j] was drawn from row j (vocabulary-
-  // sized). Empty: point masses.
+  // Drafts drawn from distributions (draft_proposal::probs): the nodes at depth j were drawn from row j
+  // (vocabulary-sized). Empty: point masses.
   std::vector<float> draft_probs;
   void clear_draft() {
     draft.clear();
@@ -76,7 +76,8 @@ struct sequence {
     draft_probs.clear();
   }
   // Keeps the first n draft tokens (parents come before children, so a tree's first n nodes are a tree;
-  // a cut chain keeps its first n q rows: the rows past it are never read).
+  // a cut chain keeps its first n q rows: the rows past it are never read; a cut sampled tree keeps
+  // the first draws of each position, as its leaves come in draw order).
   void cut_draft(size_t n) {
     draft.resize(std::min(draft.size(), n));
     if (!draft_parents.empty()) draft_parents.resize(draft.size());

@@ -65,7 +65,8 @@ struct draft_model_proposer::active {
   int32_t k = 0;
   const draft_request* request = nullptr;
   bool samples = false;
-  // An argmax-drafted request's tree (options.branches > 1): per draft position, its row's runners-up.
+  // A tree (options.branches > 1): per draft position, the leaves beside the chain's token there (its
+  // row's runners-up, or further draws from its q).
   std::vector<std::vector<token_id>> leaves;
 };
 
@@ -203,10 +204,17 @@ void draft_model_proposer::draw(active& a, std::span<const float> row, draft_pro
   const token_id t = draw_from(q_, speculative_uniform(r.stream_key, speculative_draw::draft, position));
   into.tokens.push_back(t >= 0 ? t : argmax(row));
   into.probs.insert(into.probs.end(), q_.begin(), q_.end());
+  if (options_.branches > 1) {
+    // More draws from the same q, without replacement: verify_sampled_tree's candidates after the
+    // chain's token (recursive rejection sampling keeps the output the target's).
+    a.leaves.emplace_back();
+    draw_further_candidates(q_, into.tokens.back(), options_.branches, r.stream_key, position, a.leaves.back());
+  }
 }
 
-// The chain is nodes 0 .. k-1 (each the child of the one before); position j's runners-up hang under
-// node j - 1 (-1: the sequence's last token), after the chain, so parents come before children.
+// The chain is nodes 0 .. k-1 (each the child of the one before); position j's leaves hang under
+// node j - 1 (-1: the sequence's last token), after the chain, so parents come before children, in
+// the order they were found (a sampled tree's draw order, which its verification follows).
 void draft_model_proposer::add_leaves(const active& a, draft_proposal& into) {
   if (a.leaves.empty() || into.tokens.empty()) return;
   const size_t chain = into.tokens.size();

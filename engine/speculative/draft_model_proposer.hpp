@@ -18,9 +18,10 @@
 // for a request that samples (draft_request::sampling, unless options.sample is off), a draw from q,
 // the row under the request's temperature and top-k/top-p/min-p (draft_distribution), returned with
 // the proposal for verify_sampled_draft's min(1, p/q) rule: either way the output is the target's in
-// distribution (engine/speculative/verifier.hpp). With options.branches > 1 an argmax-drafted
-// request's proposal is a tree: the chain (nodes 0 .. k-1), then per position its row's runners-up as leaves
-// under the chain node before it. rollback() then truncates each sequence's draft K/V to the longest
+// distribution (engine/speculative/verifier.hpp). With options.branches > 1 the proposal is a tree:
+// the chain (nodes 0 .. k-1), then per position more candidates as leaves under the chain node before
+// it: the row's runners-up for argmax drafts, further draws from q without replacement for sampled
+// ones (verify_sampled_tree). rollback() then truncates each sequence's draft K/V to the longest
 // common prefix of what it drafted and what the target committed: rejected positions are never attended to again (their
 // blocks past it go back to the pool; their stale slots in a kept block are overwritten).
 #pragma once
@@ -42,10 +43,11 @@ struct draft_model_options {
   // probability sum_x min(p(x), q(x)) per token); off: argmax drafts for every request (accepted with
   // p(argmax q), fewer at high temperatures, but a seeded request's tokens are then plain decoding's).
   bool sample = true;
-  // Argmax drafts: each draft position also offers the draft row's next branches - 1 most likely
-  // tokens, as leaves beside the chain's token there (a token tree, SpecInfer's top-k expansion): when
-  // the target rejects the chain's token it may take one of them instead. They cost no draft pass
-  // (they come from the rows the chain already computes), only target rows. 1: a chain.
+  // Each draft position also offers branches - 1 more tokens as leaves beside the chain's token there
+  // (a token tree): the draft row's next most likely tokens for argmax drafts (SpecInfer's top-k
+  // expansion), further draws from q without replacement for sampled ones (recursive rejection
+  // sampling). When the target rejects the chain's token it may take one of them instead. They cost
+  // no draft pass (they come from the rows the chain already computes), only target rows. 1: a chain.
   int32_t branches = 1;
 };
 
@@ -82,10 +84,10 @@ class draft_model_proposer final : public draft_proposer {
   struct active;  // one request of a propose() round
 
   void forward(step_batch& step);  // runs it on the draft executor into out_; throws when it fails
-  // Appends the next draft token of `a` from the logits row `row` (and its q row when it samples, or
-  // its runners-up to `leaves` when it branches).
+  // Appends the next draft token of `a` from the logits row `row` (and its q row when it samples), and
+  // when it branches the position's other candidates to a.leaves.
   void draw(active& a, std::span<const float> row, draft_proposal& into);
-  // Turns `a`'s chain into a tree with its runners-up as leaves (options.branches > 1).
+  // Turns `a`'s chain into a tree with a.leaves beside it (options.branches > 1).
   static void add_leaves(const active& a, draft_proposal& into);
 
   std::shared_ptr<executor> exec_;

@@ -53,8 +53,10 @@ struct draft_pool_usage {
 struct draft_proposal {
   std::vector<token_id> tokens;
   std::vector<int32_t> parents;
-  // A chain drawn from distributions (draft_request::sampling): row j, vocabulary-sized, is q_j, what
+  // Drafts drawn from distributions (draft_request::sampling): row j, vocabulary-sized, is q_j, what
   // tokens[j] was drawn from, and the verifier's rejection sampling needs (engine/speculative/verifier.hpp).
+  // A sampled tree is a chain with leaves beside it: position j's leaves (children of node j - 1) were
+  // drawn from q_j too, after tokens[j] and without replacement, in node order (verify_sampled_tree).
   // Empty: each token is a point mass (copied from the context, or the draft's argmax).
   std::vector<float> probs;
 };

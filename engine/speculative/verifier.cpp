@@ -13,6 +13,12 @@ double speculative_uniform(uint64_t stream_key, speculative_draw draw, uint64_t 
                                      position);
 }
 
+double speculative_uniform(uint64_t stream_key, speculative_draw draw, uint64_t position, uint32_t candidate) {
+  if (candidate == 0) return speculative_uniform(stream_key, draw, position);
+  const uint64_t per_draw = sampling_math::derive_stream_key(stream_key, static_cast<uint64_t>(draw));
+  return sampling_math::uniform_draw(sampling_math::derive_stream_key(per_draw, candidate), position);
+}
+
 void draft_distribution(std::span<const float> logits, const sampling_params& params, std::vector<float>& q) {
   thread_local std::vector<float> tls_scaled;
   std::vector<float>& scaled = tls_scaled;
@@ -30,36 +36,104 @@ void draft_distribution(std::span<const float> logits, const sampling_params& pa
 int32_t verify_sampled_draft(sampler& samp, std::span<const token_id> draft, std::span<const float> q,
                              const std::function<verify_row(int32_t row)>& row,
                              const std::function<bool(const sample_result&, bool accepted)>& commit) {
-  thread_local std::vector<float> tls_p;
-  std::vector<float>& p = tls_p;
-  int32_t accepted = 0;
-  for (size_t j = 0; j < draft.size(); ++j) {
-    const verify_row rj = row(static_cast<int32_t>(j));
-    const size_t vocab = rj.logits.size();
-    if (q.size() < (j + 1) * vocab) throw std::invalid_argument("verify_sampled_draft: fewer q rows than draft tokens");
-    const std::span<const float> qj = q.subspan(j * vocab, vocab);
-    samp.distribution(rj.logits, rj.allowed, p);
-    const auto d = static_cast<size_t>(draft[j]);
-    const auto position = static_cast<uint64_t>(samp.num_generated());
-    // u < p(d) / q(d), without dividing: always when p(d) >= q(d).
-    const double u = speculative_uniform(samp.stream_key(), speculative_draw::accept, position);
-    if (d < vocab && qj[d] > 0.0f && u * qj[d] < p[d]) {
-      if (!commit(samp.take(rj.logits, rj.allowed, draft[j]), true)) return accepted;
-      ++accepted;
-      continue;
-    }
-    // Rejected: the residual max(0, p - q). Its mass is 1 - Σ min(p, q) > 0 after a rejection, but
-    // rounding may leave none: then p itself (the residual's limit as q -> p).
-    double mass = 0.0;
-    for (size_t x = 0; x < vocab; ++x) mass += p[x] = std::max(0.0f, p[x] - qj[x]);
-    if (!(mass > 0.0)) samp.distribution(rj.logits, rj.allowed, p);
-    const token_id t = draw_from(p, speculative_uniform(samp.stream_key(), speculative_draw::residual, position));
-    commit(samp.take(rj.logits, rj.allowed, t), false);
-    return accepted;
+  return static_cast<int32_t>(verify_sampled_tree(samp, draft, {}, q, row, commit).size());
+}
+
+void draw_further_candidates(std::span<const float> q, token_id first, int32_t count, uint64_t stream_key,
+                             uint64_t position, std::vector<token_id>& out) {
+  out.clear();
+  thread_local std::vector<float> tls_rest;
+  std::vector<float>& rest = tls_rest;
+  rest.assign(q.begin(), q.end());
+  if (first >= 0 && static_cast<size_t>(first) < rest.size()) rest[static_cast<size_t>(first)] = 0.0f;
+  for (uint32_t c = 1; c < static_cast<uint32_t>(std::max(count, 0)); ++c) {
+    // draw_from takes weights of any total: zeroing the drawn ones is drawing from the rest renormalised.
+    const token_id t = draw_from(rest, speculative_uniform(stream_key, speculative_draw::draft, position, c));
+    if (t < 0) return;
+    out.push_back(t);
+    rest[static_cast<size_t>(t)] = 0.0f;
   }
-  const verify_row last = row(static_cast<int32_t>(draft.size()));
-  commit(samp.sample(last.logits, last.allowed), false);
-  return accepted;
+}
+
+namespace {
+
+// The children of node `at` (-1: the root) in node order: children come after their parent.
+void children_of(std::span<const int32_t> parents, size_t num_nodes, int32_t at, std::vector<int32_t>& out) {
+  out.clear();
+  for (auto i = static_cast<size_t>(at + 1); i < num_nodes; ++i) {
+    const int32_t parent = parents.empty() ? static_cast<int32_t>(i) - 1 : parents[i];
+    if (parent == at) out.push_back(static_cast<int32_t>(i));
+  }
+}
+
+}  // namespace
+
+std::vector<int32_t> verify_sampled_tree(sampler& samp, std::span<const token_id> tokens,
+                                         std::span<const int32_t> parents, std::span<const float> q,
+                                         const std::function<verify_row(int32_t row)>& row,
+                                         const std::function<bool(const sample_result&, bool accepted)>& commit) {
+  if (!parents.empty() && parents.size() != tokens.size())
+    throw std::invalid_argument("verify_sampled_tree: one parent per token");
+  thread_local std::vector<float> tls_p;
+  thread_local std::vector<int32_t> tls_children;
+  std::vector<float>& p = tls_p;
+  std::vector<int32_t>& children = tls_children;
+  std::vector<int32_t> path;
+  int32_t at = -1;  // the current node: -1 is the sequence's last token (row 0)
+  for (;;) {
+    const verify_row r = row(at + 1);
+    children_of(parents, tokens.size(), at, children);
+    if (children.empty()) {  // past the drafts: the target's own token, as plain decoding draws it
+      commit(samp.sample(r.logits, r.allowed), false);
+      return path;
+    }
+    const size_t vocab = r.logits.size(), depth = path.size();
+    if (q.size() < (depth + 1) * vocab) throw std::invalid_argument("verify_sampled_tree: fewer q rows than depths");
+    if (at >= 0 && static_cast<size_t>(at) != depth - 1)
+      throw std::invalid_argument("verify_sampled_tree: a node off the chain has children");
+    const std::span<const float> qd = q.subspan(depth * vocab, vocab);
+    samp.distribution(r.logits, r.allowed, p);
+    const auto position = static_cast<uint64_t>(samp.num_generated());
+    // q_i is qd without the candidates tried before x_i, renormalised: qd(x) / (1 - removed).
+    double removed = 0.0;
+    int32_t taken = -1;
+    for (uint32_t c = 0; c < children.size(); ++c) {
+      const auto d = static_cast<size_t>(tokens[static_cast<size_t>(children[c])]);
+      const double kept = 1.0 - removed;
+      // A candidate q_i gives no mass (off q's support, or a repeat of one tried before) was never
+      // drawn from it: skipped, as if not proposed.
+      const bool repeat = std::any_of(children.begin(), children.begin() + c, [&](int32_t n) {
+        return static_cast<size_t>(tokens[static_cast<size_t>(n)]) == d;
+      });
+      if (d >= vocab || !(qd[d] > 0.0f) || !(kept > 0.0) || repeat) continue;
+      // u < p_i(d) / q_i(d), without dividing: always when p_i(d) >= q_i(d).
+      const double u = speculative_uniform(samp.stream_key(), speculative_draw::accept, position, c);
+      if (u * qd[d] < p[d] * kept) {
+        taken = children[c];
+        break;
+      }
+      // Rejected: p_{i+1} = max(0, p_i - q_i). Its mass is 1 - Σ min(p_i, q_i) > 0 after a rejection,
+      // but rounding may leave none: then p_i stays (the residual's limit as q_i -> p_i).
+      double mass = 0.0;
+      for (size_t x = 0; x < vocab; ++x) mass += std::max(0.0, static_cast<double>(p[x]) - qd[x] / kept);
+      if (mass > 0.0) {
+        // Normalised only when another candidate follows: draw_from takes any total (a chain's one
+        // residual is drawn from exactly as before).
+        const double scale = c + 1 < children.size() ? 1.0 / mass : 1.0;
+        for (size_t x = 0; x < vocab; ++x)
+          p[x] = static_cast<float>(std::max(0.0, static_cast<double>(p[x]) - qd[x] / kept) * scale);
+      }
+      removed += qd[d];
+    }
+    if (taken < 0) {
+      const token_id t = draw_from(p, speculative_uniform(samp.stream_key(), speculative_draw::residual, position));
+      commit(samp.take(r.logits, r.allowed, t), false);
+      return path;
+    }
+    if (!commit(samp.take(r.logits, r.allowed, tokens[static_cast<size_t>(taken)]), true)) return path;
+    path.push_back(taken);
+    at = taken;
+  }
 }
 
 int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::function<verify_row(int32_t row)>& row,

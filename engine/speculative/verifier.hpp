@@ -62,6 +62,9 @@ int32_t verify_draft(sampler& samp, std::span<const token_id> draft, const std::
 // tokens differ from plain decoding's (in value, not in distribution).
 enum class speculative_draw : uint64_t { draft = 1, accept = 2, residual = 3 };
 double speculative_uniform(uint64_t stream_key, speculative_draw draw, uint64_t position);
+// The uniform of the candidate-th of several candidates at one output position (a token tree's
+// siblings, below); candidate 0's is the one above, so a chain draws what it always drew.
+double speculative_uniform(uint64_t stream_key, speculative_draw draw, uint64_t position, uint32_t candidate);
 
 // q for a request sampled with `params`: the draft model's logits under its temperature, top-k, top-p
 // and min-p (penalties, biases and grammar stay with the target: any q keeps the output exact, a
@@ -73,6 +76,36 @@ void draft_distribution(std::span<const float> logits, const sampling_params& pa
 int32_t verify_sampled_draft(sampler& samp, std::span<const token_id> draft, std::span<const float> q,
                              const std::function<verify_row(int32_t row)>& row,
                              const std::function<bool(const sample_result&, bool accepted)>& commit);
+
+// ---- Trees of drafts sampled from q: recursive rejection sampling ---------------------------------
+//
+// Several drafts for one position, drawn from one q WITHOUT replacement (x_1 ~ q, x_2 ~ q without x_1
+// renormalised, ...), verified in their draw order (Jeon et al., "Recursive Speculative Decoding:
+// Accelerating LLM Inference via Sampling Without Replacement", 2024; SpecInfer's multi-step
+// speculative sampling is the same rule for draws with replacement). With p_1 = p and q_1 = q:
+// x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); on rejection p_{i+1} = max(0, p_i - q_i)
+// normalised and q_{i+1} = q_i without x_i normalised; when every candidate is rejected the token
+// comes from p_{m+1}. Lossless by induction from the last candidate: whatever q_{i+1} is, if the
+// rest emits p_{i+1} then candidate i's stage emits min(p_i, q_i) + (1 - Σ min(p_i, q_i)) p_{i+1} =
+// p_i. A rejected x_i had p_i(x_i) < q_i(x_i), so p_{i+1}(x_i) = 0: no later stage emits it.
+
+// Draws candidates 1 .. count - 1 (x_2 .. x_count) for output position `position` from q without
+// `first` (x_1, drawn with speculative_draw::draft there) and without each other, each with its
+// candidate's uniform, into `out`, most recent last; fewer when q's support runs out.
+void draw_further_candidates(std::span<const float> q, token_id first, int32_t count, uint64_t stream_key,
+                             uint64_t position, std::vector<token_id>& out);
+
+// Verifies a tree of drafts sampled from q (a chain when parents is empty), committing each token as
+// verify_draft does: the candidates at a node are its children in node order, which must be their
+// draw order, verified by the rule above. Row j of q (vocab: the rows' size) is what the children of
+// the accepted node at depth j - 1 were drawn from (j = 0: the root's): the draft model's shape, a
+// chain with leaves beside it (a leaf has no children). A chain's tokens and draws are
+// verify_sampled_draft's. Returns the accepted nodes, in order; commit() got them and one more token,
+// unless it ended earlier.
+std::vector<int32_t> verify_sampled_tree(sampler& samp, std::span<const token_id> tokens,
+                                         std::span<const int32_t> parents, std::span<const float> q,
+                                         const std::function<verify_row(int32_t row)>& row,
+                                         const std::function<bool(const sample_result&, bool accepted)>& commit);
 
 // Verifies a token tree (engine/speculative/proposer.hpp: tokens[i] a child of parents[i], -1 the
 // sequence's last token): row 0 is the target's logits after the context, row 1 + i after the context

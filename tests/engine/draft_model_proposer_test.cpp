@@ -343,7 +343,7 @@ TEST(draft_model_proposer, rollback_keeps_the_common_prefix_and_returns_the_rest
   EXPECT_TRUE(exec->errors().empty());
 }
 
-TEST(draft_model_proposer, branches_add_each_positions_runners_up_as_leaves_beside_the_chain) {
+TEST(draft_model_proposer, branches_add_runners_up_or_further_draws_as_leaves_beside_the_chain) {
   auto exec = std::make_shared<sim_executor>(4, 16, 0, vocab);
   draft_model_proposer p(exec, vocab, {.max_batch_tokens = 512, .sample = true, .branches = 3});
   const std::vector<token_id> tokens{1, 2, 3, 4, 5, 6};
@@ -361,13 +361,26 @@ TEST(draft_model_proposer, branches_add_each_positions_runners_up_as_leaves_besi
     EXPECT_EQ(t.tokens[4 + 2 * j], ranked_token(history, vocab, 2)) << "position " << j;
     history.push_back(t.tokens[j]);
   }
-  // A request that samples (drafts drawn from q) stays a chain with its q rows.
+  // A request that samples gets the same shape, its leaves further draws from each position's q (the
+  // chain's token drawn first): distinct from it and from each other, where q has mass; q's rows come
+  // with it, one per position.
   sampling_params sampled = seeded(8, 1);
   draft_request r{seq_id{2}, tokens, 3, &sampled, 7, 0};
-  const auto chain = p.propose(std::vector<draft_request>{r});
-  EXPECT_EQ(chain[0].tokens.size(), 3u);
-  EXPECT_TRUE(chain[0].parents.empty());
-  EXPECT_EQ(chain[0].probs.size(), 3u * vocab);
+  const auto drawn = p.propose(std::vector<draft_request>{r});
+  const draft_proposal& d = drawn[0];
+  ASSERT_EQ(d.tokens.size(), 3u + 3u * 2u);
+  EXPECT_EQ(d.parents, t.parents);
+  ASSERT_EQ(d.probs.size(), 3u * vocab);
+  for (size_t j = 0; j < 3; ++j) {
+    const std::vector<token_id> candidates{d.tokens[j], d.tokens[3 + 2 * j], d.tokens[4 + 2 * j]};
+    for (size_t a = 0; a < 3; ++a) {
+      EXPECT_GT(d.probs[j * vocab + static_cast<size_t>(candidates[a])], 0.0f) << "position " << j;
+      for (size_t b = 0; b < a; ++b) EXPECT_NE(candidates[a], candidates[b]) << "position " << j;
+    }
+  }
+  // The same request drafted again (seeded: the same uniforms) draws the same tree.
+  p.release(seq_id{2});
+  EXPECT_EQ(p.propose(std::vector<draft_request>{r})[0].tokens, d.tokens);
   p.release(seq_id{1});
   p.release(seq_id{2});
   EXPECT_EQ(p.pool_usage().num_free_blocks, 16);

@@ -308,6 +308,123 @@ TEST(verify_sampled_draft, a_draft_from_p_itself_is_always_accepted_and_logprobs
   }
 }
 
+// `count` distinct tokens drawn from `weights` without replacement, with the test's own generator.
+std::vector<token_id> draws_without_replacement(std::vector<float> weights, int count, std::mt19937_64& rng) {
+  std::vector<token_id> out;
+  for (int i = 0; i < count; ++i) {
+    std::discrete_distribution<int> d(weights.begin(), weights.end());
+    const auto t = static_cast<token_id>(d(rng));
+    out.push_back(t);
+    weights[static_cast<size_t>(t)] = 0.0f;
+  }
+  return out;
+}
+
+TEST(verify_sampled_tree, three_draws_without_replacement_per_position_give_the_targets_joint_distribution) {
+  // Recursive rejection sampling, directly: per position three candidates drawn from q without
+  // replacement (the test's own generator), x_1 on the chain and x_2, x_3 as leaves beside it, at the
+  // root from q0 and under chain node 0 from q1: tokens [x1, y1, x2, x3, y2, y3], parents [-1, 0, -1, -1,
+  // 0, 0]. The target's row after a branch depends on its tokens, p includes a presence penalty and
+  // top-k (which cuts token 5, where both q put mass). The first two tokens committed (a second drawn
+  // plainly from the first's row when the walk ended at once, as the next step would) must follow
+  // p(t1) p(t2 | t1) exactly, and leaves must be taken at both depths.
+  constexpr size_t v = 6;
+  const std::vector<float> row0{1.0f, 0.4f, 0.9f, -0.5f, 0.2f, -2.0f};
+  const auto row_after = [&](const std::vector<token_id>& branch) {
+    std::vector<float> r(v);
+    for (size_t x = 0; x < v; ++x) r[x] = 0.35f * static_cast<float>((x * 7 + branch.back() * 3 + branch.size()) % 5);
+    return r;
+  };
+  const std::vector<float> q0{0.05f, 0.35f, 0.1f, 0.2f, 0.05f, 0.25f};
+  const std::vector<float> q1{0.3f, 0.05f, 0.25f, 0.1f, 0.2f, 0.1f};
+  sampling_params params;
+  params.temperature = 0.8f;
+  params.top_k = 4;
+  params.presence_penalty = 0.6f;
+  std::vector<double> expected(v * v, 0.0);
+  const std::vector<double> p0 = target_distribution(row0, params, {});
+  for (size_t a = 0; a < v; ++a) {
+    const std::vector<double> p1 =
+        target_distribution(row_after({static_cast<token_id>(a)}), params, {static_cast<token_id>(a)});
+    for (size_t b = 0; b < v; ++b) expected[a * v + b] = p0[a] * p1[b];
+  }
+  std::vector<float> q = q0;
+  q.insert(q.end(), q1.begin(), q1.end());
+  const std::vector<int32_t> parents{-1, 0, -1, -1, 0, 0};
+  constexpr int trials = 60000;
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> observed(v * v, 0);
+  int64_t root_leaves = 0, deep_leaves = 0, chain_both = 0;
+  for (int i = 0; i < trials; ++i) {
+    const std::vector<token_id> x = draws_without_replacement(q0, 3, rng), y = draws_without_replacement(q1, 3, rng);
+    const std::vector<token_id> tokens{x[0], y[0], x[1], x[2], y[1], y[2]};
+    params.seed = 900 + static_cast<uint64_t>(i);
+    sampler s(params, 0, {});
+    std::vector<token_id> got;
+    const auto row = [&](int32_t r) {
+      std::vector<token_id> branch;
+      for (int32_t at = r - 1; at >= 0; at = parents[static_cast<size_t>(at)])
+        branch.insert(branch.begin(), tokens[static_cast<size_t>(at)]);
+      thread_local std::vector<float> held;
+      held = branch.empty() ? row0 : row_after(branch);
+      return verify_row{held, {}};
+    };
+    const std::vector<int32_t> path =
+        verify_sampled_tree(s, tokens, parents, q, row, [&](const sample_result& res, bool) {
+          got.push_back(res.token);
+          return true;
+        });
+    ASSERT_EQ(got.size(), path.size() + 1);
+    ASSERT_EQ(s.num_generated(), static_cast<int32_t>(got.size()));
+    for (size_t j = 0; j < path.size(); ++j) ASSERT_EQ(got[j], tokens[static_cast<size_t>(path[j])]);
+    if (!path.empty() && path[0] != 0) ++root_leaves;
+    if (path.size() >= 2 && path[1] != 1) ++deep_leaves;
+    if (path.size() == 2) ++chain_both;
+    if (got.size() == 1) got.push_back(s.sample(row_after({got[0]}), {}).token);
+    ++observed[static_cast<size_t>(got[0]) * v + static_cast<size_t>(got[1])];
+  }
+  const auto c = chi_square(observed, expected);
+  EXPECT_GT(c.p_value, 0.01) << "chi2 " << c.statistic << " dof " << c.degrees_of_freedom;
+  EXPECT_GT(root_leaves, trials / 50);
+  EXPECT_GT(deep_leaves, trials / 200);
+  EXPECT_GT(chain_both, trials / 200);
+}
+
+TEST(verify_sampled_tree, refuses_q_rows_it_lacks_and_children_off_the_chain_and_skips_repeats) {
+  // p is (almost) a point mass on token 1, so a draft of 1 is accepted whatever the uniform.
+  const std::vector<float> row{0.0f, 10.0f, 0.0f};
+  sampling_params params;
+  params.temperature = 0.1f;
+  params.seed = 1;
+  const auto rows = [&](int32_t) { return verify_row{row, {}}; };
+  const auto keep = [](const sample_result&, bool) { return true; };
+  // A chain of two with one q row: the second position has none.
+  sampler a(params, 0, {});
+  EXPECT_THROW(verify_sampled_tree(a, std::vector<token_id>{1, 1}, {}, std::vector<float>{0, 1, 0}, rows, keep),
+               std::invalid_argument);
+  // Root candidates 0 then 1 from q0 = (1/2, 1/2, 0): 0 is rejected (p(0) ~ 0), 1 accepted; node 1 is
+  // a leaf beside the chain, and a child of it has no q row of its own.
+  const std::vector<float> q{0.5f, 0.5f, 0.0f, 0.0f, 1.0f, 0.0f};
+  sampler b(params, 0, {});
+  EXPECT_THROW(verify_sampled_tree(b, std::vector<token_id>{0, 1, 1}, std::vector<int32_t>{-1, -1, 1}, q, rows, keep),
+               std::invalid_argument);
+  // The same tree without the leaf's child: token 1 from the leaf, then the leaf's row.
+  sampler c(params, 0, {});
+  std::vector<token_id> got;
+  EXPECT_EQ(verify_sampled_tree(c, std::vector<token_id>{0, 1}, std::vector<int32_t>{-1, -1}, q, rows,
+                                [&](const sample_result& r, bool) {
+                                  got.push_back(r.token);
+                                  return true;
+                                }),
+            (std::vector<int32_t>{1}));
+  EXPECT_EQ(got, (std::vector<token_id>{1, 1}));
+  // A repeated candidate was never a draw without replacement: skipped, so that the 1 after it is
+  // still tried with q_2 = q without the first 0 (and accepted), not with q's mass spent.
+  sampler d(params, 0, {});
+  EXPECT_EQ(verify_sampled_tree(d, std::vector<token_id>{0, 0, 1}, std::vector<int32_t>{-1, -1, -1}, q, rows, keep),
+            (std::vector<int32_t>{2}));
+}
+
 TEST(verify_draft, greedy_accepts_the_longest_prefix_equal_to_the_argmax_then_the_targets_token) {
   sampling_params params;
   params.temperature = 0;
@@ -889,12 +1006,14 @@ TEST(speculative_engine, sampled_tokens_follow_the_targets_joint_distribution_ch
   EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
 }
 
-TEST(speculative_engine, sampled_drafts_of_a_draft_model_give_the_targets_joint_distribution_chi_square) {
-  // The draft model draws its drafts from its own q (a first-order Markov model: far from the
-  // history-hash target) under the request's temperature and top-k; the verifier accepts with
-  // min(1, p/q) and resamples the residual, p including the presence penalty that q leaves out. Every
-  // request samples 4 tokens (drafts of up to 3 after the first); the empirical joint distribution of
-  // (t1, t2, t3, t4) over 60000 seeded requests must be the target's, p(t1) p(t2 | t1) ... exactly.
+// The draft model draws its drafts from its own q (a first-order Markov model: far from the
+// history-hash target) under the request's temperature and top-k; the verifier accepts with
+// min(1, p/q) and resamples the residual, p including the presence penalty that q leaves out. Every
+// request samples 4 tokens (drafts of up to 3 after the first); the empirical joint distribution of
+// (t1, t2, t3, t4) over 60000 seeded requests must be the target's, p(t1) p(t2 | t1) ... exactly.
+// With `branches` > 1 every position offers that many draws from q without replacement, verified as a
+// token tree (recursive rejection sampling) by a target that verifies trees.
+engine_stats expect_sampled_draft_model_joint_distribution(int32_t branches) {
   constexpr int32_t v = 4;
   const std::vector<token_id> prompt{0, 1, 2, 3, 0, 1, 2, 3};
   sampling_params params;
@@ -916,15 +1035,17 @@ TEST(speculative_engine, sampled_drafts_of_a_draft_model_give_the_targets_joint_
     expected[static_cast<size_t>(cell)] = prob;
   }
   sim_executor exec(4, 2048, 0, v);
+  exec.set_verifies_trees(branches > 1);
   engine_options o = spec_opts(2048, false);
   o.speculative.mode = speculative_mode::draft;
   o.speculative.num_tokens = 3;
   o.speculative.max_batch = 256;
+  o.speculative.draft.branches = branches;
   o.speculative.draft_executor = std::make_shared<markov_executor>(4, 2048, 0, v);
   llm_engine engine(exec, nullptr, o);
   constexpr int total = 60000;
   const std::vector<int64_t> observed = joint_counts(engine, prompt, params, total, v);
-  ASSERT_TRUE(exec.errors().empty()) << exec.errors()[0];
+  EXPECT_TRUE(exec.errors().empty()) << exec.errors()[0];
   const engine_stats s = engine.stats();
   EXPECT_GE(s.num_draft_tokens, static_cast<uint64_t>(total));
   EXPECT_GT(s.num_accepted_draft_tokens, s.num_draft_tokens / 10);
@@ -935,6 +1056,25 @@ TEST(speculative_engine, sampled_drafts_of_a_draft_model_give_the_targets_joint_
   EXPECT_EQ(bm.num_free_blocks(), bm.num_device_blocks());
   const draft_pool_usage pool = engine.proposer()->pool_usage();
   EXPECT_EQ(pool.num_free_blocks, pool.num_blocks);
+  EXPECT_EQ(exec.num_tree_slices() > 0, branches > 1);
+  return s;
+}
+
+TEST(speculative_engine, sampled_drafts_of_a_draft_model_give_the_targets_joint_distribution_chi_square) {
+  EXPECT_EQ(expect_sampled_draft_model_joint_distribution(1).num_tree_branch_tokens, 0u);
+}
+
+TEST(speculative_engine, trees_of_sampled_drafts_give_the_targets_joint_distribution_and_accept_more) {
+  // q's top-k of 3 leaves 3 tokens to draw: three draws per position exhaust it (the verifier's last
+  // candidate then has q_3 = its point mass). Tokens come from side branches, and more drafts are
+  // accepted per verification than with a chain of the same q.
+  const engine_stats chain = expect_sampled_draft_model_joint_distribution(1);
+  const engine_stats tree = expect_sampled_draft_model_joint_distribution(3);
+  EXPECT_GT(tree.num_tree_branch_tokens, 0u);
+  const auto per_verification = [](const engine_stats& s) {
+    return static_cast<double>(s.num_accepted_draft_tokens) / static_cast<double>(s.num_spec_verifications);
+  };
+  EXPECT_GT(per_verification(tree), per_verification(chain));
 }
 
 }  // namespace
