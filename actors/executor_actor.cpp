@@ -50,6 +50,7 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       kv_dtype_(metadata.kv_cache_dtype()),
       samples_on_device_(metadata.samples_on_device()),
       reads_only_window_(metadata.reads_only_window()),
+      verifies_token_trees_(metadata.verifies_token_trees()),
       pools_hidden_states_(metadata.pools_hidden_states()),
       scores_prompts_(metadata.scores_prompts()),
       groups_(metadata.kv_groups()) {}

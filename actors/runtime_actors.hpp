@@ -109,10 +109,12 @@ class actor_executor : public executor {
   const char* kv_cache_dtype() const override { return kv_dtype_.c_str(); }
   // What the executor actor's executor can do, which the engine asks this one: it samples on the
   // device (the CUDA executor), reads only the attention window (so the engine frees the blocks before
-  // it), returns hidden states (embeddings). Each must be passed on: a capability this adapter forgets
-  // is silently off in every served engine (tests/actors/actor_protocol_test.cpp checks each).
+  // it), verifies token trees (speculative decoding's trees), returns hidden states (embeddings). Each must be passed
+  // on: a capability this adapter forgets is silently off in every served engine (tests/actors/actor_protocol_test.cpp
+  // checks each).
   bool samples_on_device() const override { return samples_on_device_; }
   bool reads_only_window() const override { return reads_only_window_; }
+  bool verifies_token_trees() const override { return verifies_token_trees_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
   bool scores_prompts() const override { return scores_prompts_; }
   kv_layer_groups kv_groups() const override { return groups_; }
@@ -131,6 +133,7 @@ class actor_executor : public executor {
   std::string kv_dtype_;
   bool samples_on_device_ = false;
   bool reads_only_window_ = false;
+  bool verifies_token_trees_ = false;
   bool pools_hidden_states_ = false;
   bool scores_prompts_ = false;
   kv_layer_groups groups_;  // one block table per group in every slice (engine/model/kv_layer_groups.hpp)

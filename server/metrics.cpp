@@ -226,6 +226,9 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
           double(e.num_draft_tokens));
   counter(out, "tessera_spec_decode_num_accepted_tokens_total", "Draft tokens the target model accepted",
           double(e.num_accepted_draft_tokens));
+  counter(out, "tessera_spec_decode_num_tree_branch_tokens_total",
+          "Draft tokens accepted from a token tree's side branch (the next step computes them again)",
+          double(e.num_tree_branch_tokens));
   gauge(out, "tessera_spec_decode_draft_acceptance_rate", "Accepted draft tokens / draft tokens (0 before any)",
         ratio(double(e.num_accepted_draft_tokens), double(e.num_draft_tokens)));
   gauge(out, "tessera_spec_decode_mean_accepted_length",

@@ -132,6 +132,7 @@ struct claims_everything : sim_executor {
   const char* kv_cache_dtype() const override { return "bf16"; }
   bool samples_on_device() const override { return true; }
   bool reads_only_window() const override { return true; }
+  bool verifies_token_trees() const override { return true; }
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
   // Two KV layer groups (a sliding layer and a global one): the engine must get a table per group.
@@ -143,6 +144,7 @@ void expect_same_capabilities(const executor& got, const executor& want) {
   EXPECT_STREQ(got.kv_cache_dtype(), want.kv_cache_dtype());
   EXPECT_EQ(got.samples_on_device(), want.samples_on_device());
   EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
+  EXPECT_EQ(got.verifies_token_trees(), want.verifies_token_trees());
   EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());
   EXPECT_EQ(got.scores_prompts(), want.scores_prompts());
   const kv_layer_groups g = got.kv_groups(), w = want.kv_groups();
@@ -154,7 +156,7 @@ void expect_same_capabilities(const executor& got, const executor& want) {
 
 // The served engine talks to the executor through actor_executor (and, in fault-injection runs, the
 // fault-injecting wrapper): a capability either forgets is off in every served engine (the window's
-// blocks never freed, device sampling never used), with no error anywhere.
+// blocks never freed, device sampling never used, token trees cut to chains), with no error anywhere.
 TEST_F(actor_test, the_adapters_report_every_capability_of_the_executor_behind_them) {
   for (bool claims : {true, false}) {
     std::shared_ptr<sim_executor> exec = claims ? std::make_shared<claims_everything>(16, 8, 0, test_vocab)
