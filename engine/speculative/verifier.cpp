@@ -75,8 +75,10 @@ std::vector<int32_t> verify_sampled_tree(sampler& samp, std::span<const token_id
   if (!parents.empty() && parents.size() != tokens.size())
     throw std::invalid_argument("verify_sampled_tree: one parent per token");
   thread_local std::vector<float> tls_p;
+  thread_local std::vector<double> tls_residual;
   thread_local std::vector<int32_t> tls_children;
   std::vector<float>& p = tls_p;
+  std::vector<double>& residual = tls_residual;
   std::vector<int32_t>& children = tls_children;
   std::vector<int32_t> path;
   int32_t at = -1;  // the current node: -1 is the sequence's last token (row 0)
@@ -114,14 +116,14 @@ std::vector<int32_t> verify_sampled_tree(sampler& samp, std::span<const token_id
       }
       // Rejected: p_{i+1} = max(0, p_i - q_i). Its mass is 1 - Σ min(p_i, q_i) > 0 after a rejection,
       // but rounding may leave none: then p_i stays (the residual's limit as q_i -> p_i).
+      residual.resize(vocab);
       double mass = 0.0;
-      for (size_t x = 0; x < vocab; ++x) mass += std::max(0.0, static_cast<double>(p[x]) - qd[x] / kept);
+      for (size_t x = 0; x < vocab; ++x) mass += residual[x] = std::max(0.0, static_cast<double>(p[x]) - qd[x] / kept);
       if (mass > 0.0) {
         // Normalised only when another candidate follows: draw_from takes any total (a chain's one
         // residual is drawn from exactly as before).
         const double scale = c + 1 < children.size() ? 1.0 / mass : 1.0;
-        for (size_t x = 0; x < vocab; ++x)
-          p[x] = static_cast<float>(std::max(0.0, static_cast<double>(p[x]) - qd[x] / kept) * scale);
+        for (size_t x = 0; x < vocab; ++x) p[x] = static_cast<float>(residual[x] * scale);
       }
       removed += qd[d];
     }

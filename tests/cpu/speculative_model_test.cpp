@@ -158,16 +158,10 @@ TEST(speculative_tiny_model, token_trees_give_identical_greedy_output_batch_1_16
 // reordering of the two walks. The tree is deeper than the Mistral fixture's window (8), so a deep
 // row's window excludes its oldest ancestors and context; Gemma 3's fixture adds interleaved windows,
 // per-layer RoPE bases and soft-capping-free (1+w) norms; the tiny model is plain full attention.
-// Every row of a token tree against its branch computed as a chain, within `tolerance` of the logit
-// scale; dequantize: fp32 math for a quantized model (--dequantize-weights), not int8 activations.
+// Within `tolerance` of the logit scale; dequantize: as cpu_reference_executor's.
 void expect_tree_rows_equal_chains(std::shared_ptr<const model_weights> weights, const char* what,
                                    float tolerance = 1e-4f, bool dequantize = false) {
-  cpu_executor_options co;
-  co.kv = test_support::kv_pool(16);
-  co.num_threads = 2;
-  co.kv_dtype = cpu_kv_dtype::fp32;
-  co.dequantize_weights = dequantize;
-  auto exec = make_cpu_executor(weights, co);
+  auto exec = test_support::cpu_reference_executor(weights, test_support::kv_pool(16), 2, dequantize);
   ASSERT_TRUE(exec->verifies_token_trees());
   const int32_t vocab = weights->config.vocab_size;
   const std::vector<token_id> context = test_support::pseudo_tokens(37, 3, vocab);

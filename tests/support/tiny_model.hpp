@@ -44,11 +44,14 @@ inline kv_cache_spec kv_pool(int32_t num_device_blocks, int32_t num_host_blocks 
   return kv;
 }
 
+// dequantize_weights: fp32 math for a quantized model too (--dequantize-weights), not int8 activations.
 inline std::unique_ptr<executor> cpu_reference_executor(std::shared_ptr<const model_weights> weights,
-                                                        const kv_cache_spec& kv, int32_t num_threads) {
+                                                        const kv_cache_spec& kv, int32_t num_threads,
+                                                        bool dequantize_weights = false) {
   cpu_executor_options co;
   co.kv = kv;
   co.num_threads = num_threads;
+  co.dequantize_weights = dequantize_weights;
   // fp32 KV: the reference the CUDA executor's f32 variants are held to within 1e-5 (the CPU's
   // automatic choice is fp16, whose rounding alone exceeds that).
   co.kv_dtype = cpu_kv_dtype::fp32;
