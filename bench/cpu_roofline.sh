@@ -5,10 +5,14 @@
 # against an earlier Tessera build (--baseline), rounds alternating so that a machine getting busier
 # favours no side.
 #
-#   bench/cpu_roofline.sh [--tessera PATH] [--baseline PATH] [--model M] [--threads N] [--rounds R]
+#   bench/cpu_roofline.sh [--tessera PATH] [--baseline PATH] [--model M | --wide] [--threads N] [--rounds R]
 #                         [--prompt-tokens P] [--gen-tokens G] [--out-dir DIR]
 #     defaults: build-bench/bin/tessera, no baseline, models/SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads,
 #               3 rounds, P = 512, G = 128, /tmp/tessera_bench/cpu_roofline
+#     --wide: the model is bench/make_wide_gguf.py's file (SmolLM2-1.7B's shape, random weights, 1.1 GB
+#             read per token), written first if missing: a size no last-level cache holds, so decode's
+#             fraction of the bandwidth limit is one of DRAM bandwidth on every machine (a 260 MiB L3
+#             holds SmolLM2-135M's weights).
 #
 # `roofline` is taken from next to --tessera and also drives the baseline (so both are accounted the
 # same way: fp16 KV, Tessera's default). llama-bench is built by bench/build_llama_cpp.sh. Prints a
@@ -25,17 +29,19 @@ ROUNDS=3
 PROMPT=512
 GEN=128
 OUT=/tmp/tessera_bench/cpu_roofline
+WIDE=
 while (($#)); do
   case "$1" in
     --tessera) TESSERA=$2; shift ;;
     --baseline) BASELINE=$2; shift ;;
     --model) MODEL=$2; shift ;;
+    --wide) MODEL=/tmp/tessera_bench/smollm2-1.7b-shape.Q4_1.gguf; WIDE=1 ;;
     --threads) THREADS=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --prompt-tokens) PROMPT=$2; shift ;;
     --gen-tokens) GEN=$2; shift ;;
     --out-dir) OUT=$2; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "cpu_roofline: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -44,6 +50,15 @@ ROOFLINE=$(dirname "$TESSERA")/roofline
 for f in "$TESSERA" "$ROOFLINE"; do
   [ -x "$f" ] || { echo "cpu_roofline: no $f (build the tessera and roofline targets)" >&2; exit 2; }
 done
+if [ -n "$WIDE" ] && [ ! -s "$MODEL" ]; then
+  if ! python3 -c "import gguf, numpy" 2>/dev/null; then  # the versions bench/requirements.txt pins
+    pins=$(grep -E '^(gguf|numpy)==' bench/requirements.txt | cut -d' ' -f1)
+    # shellcheck disable=SC2086  # one argument per pin
+    python3 -m pip install --quiet --disable-pip-version-check $pins 2>/dev/null ||
+      python3 -m pip install --quiet --disable-pip-version-check --break-system-packages $pins
+  fi
+  python3 bench/make_wide_gguf.py --out "$MODEL" >/dev/null
+fi
 LLAMA_BENCH=$(bench/build_llama_cpp.sh)/build/bin/llama-bench
 mkdir -p "$OUT"
 : >"$OUT/runs.jsonl"
