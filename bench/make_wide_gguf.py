@@ -53,8 +53,11 @@ def random_blocks(rng, qtype, rows, cols):
 
     Q4_1 block (ggml-common.h block_q4_1): fp16 scale d, fp16 minimum m, 16 bytes of nibbles, weight =
     d * q + m. Q8_0 block: fp16 d, 32 int8, weight = d * q. Scales are chosen so weights stay near
-    the ±0.02 of a trained model's matrices: activations neither vanish nor overflow.
+    the ±0.02 of a trained model's matrices: activations neither vanish nor overflow. Bytes, not
+    gguf-py's quantize() of random floats: that takes minutes for 1.7 billion weights, this seconds.
     """
+    if qtype not in (Q.Q4_1, Q.Q8_0):
+        raise ValueError(f"no random blocks for {qtype.name}")
     block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rows * cols // block_weights
     data = rng.integers(0, 256, size=(blocks, block_bytes), dtype=np.uint8)
@@ -63,8 +66,6 @@ def random_blocks(rng, qtype, rows, cols):
     if qtype == Q.Q4_1:
         m = (-8.0 * d.astype(np.float32)).astype(np.float16)
         data[:, 2:4] = m.view(np.uint8).reshape(blocks, 2)
-    elif qtype != Q.Q8_0:
-        raise ValueError(f"no random blocks for {qtype.name}")
     return data.reshape(rows, cols // block_weights * block_bytes)
 
 
@@ -107,26 +108,30 @@ def main():
 
     rng = np.random.default_rng(args.seed)
 
-    def matrix(name, rows, cols, like):  # `rows` outputs of `cols` inputs, in the type of the base's `like`
-        qtype = types[like]
+    def matrix(name, rows, cols, qtype):  # `rows` outputs of `cols` inputs
         writer.add_tensor(name, random_blocks(rng, qtype, rows, cols), raw_dtype=qtype)
 
     def norm(name, n):
         writer.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    matrix("token_embd.weight", vocab, hidden, "token_embd.weight")
+    q_dim = s["head_count"] * s["head_dim"]
+    layer_matrices = {  # (rows, cols); this order and the seed fix the file's bytes
+        "attn_q": (q_dim, hidden),
+        "attn_k": (kv, hidden),
+        "attn_v": (kv, hidden),
+        "attn_output": (hidden, q_dim),
+        "ffn_gate": (ffn, hidden),
+        "ffn_up": (ffn, hidden),
+        "ffn_down": (hidden, ffn),
+    }
+    matrix("token_embd.weight", vocab, hidden, types["token_embd.weight"])
     norm("output_norm.weight", hidden)
     for layer in range(s["block_count"]):
-        p = f"blk.{layer}."
-        norm(p + "attn_norm.weight", hidden)
-        norm(p + "ffn_norm.weight", hidden)
-        matrix(p + "attn_q.weight", s["head_count"] * s["head_dim"], hidden, "blk.0.attn_q.weight")
-        matrix(p + "attn_k.weight", kv, hidden, "blk.0.attn_k.weight")
-        matrix(p + "attn_v.weight", kv, hidden, "blk.0.attn_v.weight")
-        matrix(p + "attn_output.weight", hidden, s["head_count"] * s["head_dim"], "blk.0.attn_output.weight")
-        matrix(p + "ffn_gate.weight", ffn, hidden, "blk.0.ffn_gate.weight")
-        matrix(p + "ffn_up.weight", ffn, hidden, "blk.0.ffn_up.weight")
-        matrix(p + "ffn_down.weight", hidden, ffn, "blk.0.ffn_down.weight")
+        norm(f"blk.{layer}.attn_norm.weight", hidden)
+        norm(f"blk.{layer}.ffn_norm.weight", hidden)
+        for name, (rows, cols) in layer_matrices.items():
+            # Every layer in the type of the base's first layer (SmolLM2-135M Q4_1: all Q4_1).
+            matrix(f"blk.{layer}.{name}.weight", rows, cols, types[f"blk.0.{name}.weight"])
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
