@@ -53,6 +53,7 @@ class bench_command {
 
  private:
   int run_latency();
+  void run_latency_batch(engine_bundle& b, int batch_size);
   int run_throughput();
   int run_serve();  // execs bench/serve_client.py with the remaining arguments
 
@@ -64,8 +65,14 @@ class bench_command {
   int prompt_tokens_ = 512;
   int gen_tokens_ = 128;
   int repeats_ = 1;
+  std::vector<int> batch_sizes_{1};  // latency: sequences decoded together (one JSON line per size)
   std::string workload_;
   int num_requests_ = 0;  // 0: all
+  // throughput without --workload: num_prompts_ synthetic prompts of input_len_ tokens, each
+  // generating exactly output_len_ (vLLM's benchmark_throughput --input-len/--output-len/--num-prompts).
+  int input_len_ = 0;
+  int output_len_ = 0;
+  int num_prompts_ = 1000;
 };
 
 class inspect_command {

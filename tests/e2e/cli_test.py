@@ -116,6 +116,24 @@ def every_kv_cache_dtype_generates_and_a_bad_one_is_refused():
 
 
 @case
+def bench_runs_fixed_lengths_and_fixed_batches():
+    # throughput --input-len/--output-len/--num-prompts: exactly those tokens in and out (vLLM's flags).
+    p = run(["bench", "throughput", *ENGINE, "--input-len", "40", "--output-len", "6", "--num-prompts", "5"])
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert (r["requests"], r["prompt_tokens"], r["output_tokens"]) == (5, 200, 30), r
+    assert (r["input_len"], r["output_len"]) == (40, 6) and r["output_tps"] > 0, r
+    # latency --batch-size: decode steps of that many rows; decode_tps counts all of them.
+    p = run(["bench", "latency", *ENGINE, "--prompt-tokens", "32", "--gen-tokens", "8", "--batch-size", "3"])
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["batch_size"] == 3 and r["decode_tps"] > 0 and r["step_ms"] > 0, r
+    for bad in (["--input-len", "4"], ["--workload", MODEL, "--input-len", "4", "--output-len", "4"], []):
+        p = run(["bench", "throughput", *ENGINE, *bad])
+        assert p.returncode != 0 and p.stderr, (bad, p.stderr)
+
+
+@case
 def missing_model_is_a_clear_error():
     p = run(["generate", "--model", "/nonexistent/model.gguf", "--prompt", "hi"])
     assert p.returncode == 4 and "no such file" in p.stderr, p.stderr  # 4: the model cannot be loaded
