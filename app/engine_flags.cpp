@@ -73,11 +73,9 @@ void fault_in_weights(const model_weights& w, bool show) {
 
 // --dummy-weight-type, for --load-format dummy (the flag's check has accepted the name).
 dummy_weights_options dummy_options(const engine_flags& flags) {
-  static constexpr std::pair<std::string_view, ggml_type> kTypes[] = {{"f32", ggml_type::f32},
-                                                                      {"f16", ggml_type::f16},
-                                                                      {"bf16", ggml_type::bf16},
-                                                                      {"q8_0", ggml_type::q8_0},
-                                                                      {"q4_0", ggml_type::q4_0}};
+  static constexpr std::pair<std::string_view, ggml_type> kTypes[] = {
+      {"f32", ggml_type::f32},   {"f16", ggml_type::f16},   {"bf16", ggml_type::bf16},
+      {"q8_0", ggml_type::q8_0}, {"q4_0", ggml_type::q4_0}, {"q4_k", ggml_type::q4_k}};
   dummy_weights_options o;
   for (const auto& [name, type] : kTypes) {
     if (flags.dummy_weight_type == name) o.type = type;
@@ -161,6 +159,21 @@ void make_draft_cpu_executor(const engine_flags& flags, engine_bundle& b) {
   } catch (const std::exception& e) { throw invalid_request(draft_flag(flags) + ": " + e.what()); }
 }
 
+#if TESSERA_WITH_CUDA
+// --kv-cache-dtype for the CUDA executor: its cache is the compute dtype's or fp8 (vLLM's names:
+// auto, fp8, fp8_e4m3); the CPU executor's other types would be silently something else here.
+cuda_kv_dtype parse_cuda_kv_dtype(const std::string& name, cuda_dtype dtype) {
+  const char* compute = dtype == cuda_dtype::f32 ? "fp32" : "bf16";
+  if (name == "auto" || name.empty() || name == compute) return cuda_kv_dtype::automatic;
+  if (name == "fp8" || name == "fp8_e4m3") {
+    if (dtype != cuda_dtype::bf16) throw invalid_request("--kv-cache-dtype fp8 needs --dtype bfloat16");
+    return cuda_kv_dtype::fp8_e4m3;
+  }
+  throw invalid_request("--kv-cache-dtype " + name + ": the CUDA executor's KV cache is auto (" + compute +
+                        ", the --dtype) or fp8");
+}
+#endif
+
 }  // namespace
 
 std::string resolve_device(const std::string& requested) {
@@ -224,26 +237,31 @@ void engine_flags::add_to(CLI::App& cmd) {
       ->check(CLI::IsMember({"swap", "recompute", "auto"}));
   cmd.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
   cmd.add_flag("--dequantize-weights", dequantize_weights,
-               "Dequantize every weight matrix to f32 at load: exact fp32 math (matches transformers), "
-               "about 4x the weight memory and slower decode");
+               "Dequantize every weight matrix at load. CPU: to f32, exact fp32 math (matches transformers), "
+               "about 4x the weight memory and slower decode; CUDA: to bf16 instead of reading Q8_0/Q4_0/Q4_1/"
+               "Q4_K/Q6_K blocks in the GEMMs");
   cmd.add_option("--kv-cache-dtype", kv_cache_dtype,
-                 "CPU KV cache element type: auto (fp16) | fp32 | fp16 | bf16 | int8 (a scale per token and head)")
-      ->check(CLI::IsMember({"auto", "fp32", "fp16", "bf16", "int8"}));
+                 "KV cache element type. CPU: auto (fp16) | fp32 | fp16 | bf16 | int8 (a scale per token and head); "
+                 "CUDA: auto (the --dtype) | fp8 (E4M3, per-tensor scale; with --dtype bfloat16)")
+      ->check(CLI::IsMember({"auto", "fp32", "fp16", "bf16", "int8", "fp8", "fp8_e4m3"}));
   cmd.add_option("--device", device, "auto | cpu | cuda (auto: CUDA when built with it and a GPU is visible)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd.add_option("--load-format", load_format,
                  "auto | dummy (random weights of the shape in --model's config.json, for benchmarks)")
       ->check(CLI::IsMember({"auto", "dummy"}));
   cmd.add_option("--dummy-weight-type", dummy_weight_type,
-                 "--load-format dummy: element type of the random matrices: bf16 | f16 | f32 | q8_0 | q4_0 "
-                 "(q4_0: a 7-8B shape in about 4.5 GB, for CPU smoke runs)")
-      ->check(CLI::IsMember({"bf16", "f16", "f32", "q8_0", "q4_0"}));
+                 "--load-format dummy: element type of the random matrices: bf16 | f16 | f32 | q8_0 | q4_0 | q4_k "
+                 "(q4_0: a 7-8B shape in about 4.5 GB, for CPU smoke runs; q4_k: what the CUDA executor's "
+                 "quantized GEMMs read, dims multiples of 256)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "q8_0", "q4_0", "q4_k"}));
   cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
                  "CUDA: share of GPU memory used (weights, activations, then the KV pool fills the rest)")
       ->check(CLI::Range(0.01, 1.0));
   cmd.add_option("--dtype", dtype, "CUDA compute type: bfloat16 | float32")
       ->check(CLI::IsMember({"bfloat16", "float32"}));
-  cmd.add_flag("--cuda-graphs", cuda_graphs, "CUDA: replay decode steps from graphs captured per batch-size bucket");
+  cmd.add_flag("--cuda-graphs,!--enforce-eager", cuda_graphs,
+               "CUDA: replay decode steps from graphs captured per batch-size bucket (the default; "
+               "--enforce-eager launches every kernel, as vLLM's flag)");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
   cmd.add_option("--speculative", speculative,
                  "Speculative decoding: off | ngram (n-gram prompt lookup drafts) | draft (a small draft model, "
@@ -364,10 +382,13 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
   const model_config& config = b.model.weights->config;
   cpu_executor_options exec_options;
   exec_options.num_threads = flags.threads;
-  const std::optional<cpu_kv_dtype> kv_dtype = parse_cpu_kv_dtype(flags.kv_cache_dtype);
+  // On the GPU the CPU options only size nothing that is used: the flag is the CUDA executor's there.
+  const std::optional<cpu_kv_dtype> kv_dtype =
+      device == "cuda" ? std::optional{cpu_kv_dtype::automatic} : parse_cpu_kv_dtype(flags.kv_cache_dtype);
   if (!kv_dtype) {
-    throw invalid_request("--kv-cache-dtype must be auto, fp32, fp16, bf16 or int8 (got '" + flags.kv_cache_dtype +
-                          "')");
+    throw invalid_request("--kv-cache-dtype " + flags.kv_cache_dtype +
+                          ": the CPU executor's KV cache is auto, fp32, fp16, bf16 or int8 (fp8 is the CUDA "
+                          "executor's, --device cuda)");
   }
   // Resolved here (not in the executor) so that the pools below are sized for the dtype it will use.
   exec_options.kv_dtype = resolve(*kv_dtype, flags.dequantize_weights);
@@ -392,16 +413,18 @@ engine_bundle make_engine(const engine_flags& flags, bool direct_engine, const e
 #if TESSERA_WITH_CUDA
     cuda_executor_options cuda;
     cuda.dtype = flags.dtype == "float32" ? cuda_dtype::f32 : cuda_dtype::bf16;
+    cuda.kv_dtype = parse_cuda_kv_dtype(flags.kv_cache_dtype, cuda.dtype);
+    cuda.quantized_weights = !flags.dequantize_weights;
     cuda.gpu_memory_utilization = flags.gpu_memory_utilization;
     cuda.max_num_batched_tokens = flags.max_num_batched_tokens;
     cuda.cuda_graphs = flags.cuda_graphs;
     cuda.kv_layer_groups = true;
     cuda.kv.block_size = flags.block_size;
     cuda.kv.num_device_blocks = flags.num_kv_blocks;  // 0: sized by --gpu-memory-utilization
-    cuda.kv.num_host_blocks = static_cast<int32_t>(
-        std::min<int64_t>(static_cast<int64_t>(flags.swap_space_gib * gib) /
-                              cuda_kv_block_bytes(config, flags.block_size, cuda.dtype, layers_per_block),
-                          std::numeric_limits<int32_t>::max()));
+    cuda.kv.num_host_blocks = static_cast<int32_t>(std::min<int64_t>(
+        static_cast<int64_t>(flags.swap_space_gib * gib) /
+            cuda_kv_block_bytes(config, flags.block_size, cuda.dtype, cuda.kv_dtype, layers_per_block),
+        std::numeric_limits<int32_t>::max()));
     // A draft model runs on the GPU too, its pool sized with the target's: as many blocks (or
     // --draft-num-kv-blocks), the target's budget leaving room for its weights and blocks.
     cuda_executor_options draft_cuda = cuda;

@@ -34,13 +34,13 @@ struct engine_flags {
   std::string preemption_mode = "auto";
   bool no_prefix_caching = false;
   bool dequantize_weights = false;         // fp32 weights: exact math (as transformers), slower decode
-  std::string kv_cache_dtype = "auto";     // CPU KV cache elements: auto (fp16) | fp32 | fp16 | bf16 | int8
+  std::string kv_cache_dtype = "auto";     // CPU: auto (fp16) | fp32 | fp16 | bf16 | int8; CUDA: auto | fp8
   std::string device = "auto";             // auto (CUDA when built and a GPU is visible) | cpu | cuda
   std::string load_format = "auto";        // auto (read the weights) | dummy (random weights from config.json)
   std::string dummy_weight_type = "bf16";  // --load-format dummy: f32 | f16 | bf16 | q8_0 | q4_0
   double gpu_memory_utilization = 0.9;     // CUDA: share of GPU memory for weights + activations + KV pool
   std::string dtype = "bfloat16";          // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
-  bool cuda_graphs = false;                // CUDA: replay decode steps from captured graphs (not yet verified)
+  bool cuda_graphs = true;                 // CUDA: replay decode steps from captured graphs (--enforce-eager: off)
   bool quiet = false;                      // no progress/stats on stderr
   // Speculative decoding (docs/speculative.md).
   std::string speculative = "off";        // off | ngram | draft

@@ -30,6 +30,9 @@ constexpr int kMaxGroup = 8;     // query heads per CTA (larger GQA groups take 
 constexpr int heads_per_cta(int32_t group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
 // V dims per thread in P.V: VEC, a template parameter (16 bytes of T by default; see launch_for_dim).
 
+template <class T, class C>
+__device__ void merge_if_last(const paged_attention_args<T, C>& a, int32_t token, int32_t head0, int32_t ng, int D);
+
 // grid: (num_tokens, num_kv_heads * group_chunks, num_splits), block: kThreads; G query heads per CTA.
 // The CTA walks its positions in tiles of kTile (flash-decoding):
 //   1. Q.K: thread t scores position tile0 + t against every query head of the group (the whole K row
@@ -42,8 +45,8 @@ constexpr int heads_per_cta(int32_t group) { return group <= 1 ? 1 : group <= 2 
 // An earlier version gave each warp one position at a time with the head dim split over lanes: a
 // warp reduction per position and head made it latency-bound (measured on an H200: 14% of HBM
 // bandwidth at 32k, and 43% of a batch-1 Llama-3-8B decode step).
-template <int D, int VEC, int G, class T>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attention_args<T> a, int32_t group_chunks) {
+template <int D, int VEC, int G, class T, class C>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
   constexpr int row_lanes = D / VEC;
   constexpr int parts = kThreads / row_lanes;
   static_assert(row_lanes <= kThreads && kThreads % row_lanes == 0, "head_dim must be 4..512 and divide the CTA");
@@ -65,7 +68,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 
   const float* q = a.q + static_cast<int64_t>(token) * a.q_stride + static_cast<int64_t>(head0) * D;
   for (int i = tid; i < G * D; i += kThreads) {
-    reinterpret_cast<float*>(&q_s[0][0])[i] = i / D < ng ? q[i] * a.scale : 0.0f;
+    // An fp8 cache holds K / k_scale: the scale goes into Q once instead of into every K element.
+    reinterpret_cast<float*>(&q_s[0][0])[i] = i / D < ng ? q[i] * a.scale * a.k_scale : 0.0f;
   }
   __syncthreads();
 
@@ -110,11 +114,11 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
     for (int g = 0; g < G; ++g) s[g] = 0.0f;
     if (tid < n) {
-      const T* k = row(tile0 + tid) + k_off;
+      const C* k = row(tile0 + tid) + k_off;
 #pragma unroll 4
       for (int c = 0; c < D; c += 8) {
         float kf[8];
-        load_floats<T, 8>(k + c, kf);
+        load_floats<C, 8>(k + c, kf);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           if (g < ng) {
@@ -174,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll 8
     for (int32_t jj = part; jj < n; jj += parts) {
       float vf[VEC];
-      load_floats<T, VEC>(row(tile0 + jj) + v_off + d0, vf);
+      load_floats<C, VEC>(row(tile0 + jj) + v_off + d0, vf);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float p = p_s[g][jj];
@@ -205,6 +209,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
     float o = 0.0f;
 #pragma unroll
     for (int p = 0; p < parts; ++p) o += acc_s[p][g][d];
+    o *= a.v_scale;  // an fp8 cache holds V / v_scale (1 otherwise: exact)
     // m and l are the same in every thread; select the head's by unrolled compare (no local memory)
     float mg = -INFINITY, lg = 0.0f;
 #pragma unroll
@@ -229,11 +234,36 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
       }
     }
   }
+  if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, token, head0, ng, D);
+}
+
+// The fused merge (paged_attention_args::split_counters): the CTA that finishes its (token, head group)
+// last, counted with an atomic after a fence that publishes its partials, merges every split's
+// partials for the group's heads and resets the counter for the next launch (a graph replays it).
+template <class T, class C>
+__device__ void merge_if_last(const paged_attention_args<T, C>& a, int32_t token, int32_t head0, int32_t ng, int D) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();  // every thread's partial is written and fenced
+  int32_t* counter = a.split_counters + static_cast<int64_t>(token) * gridDim.y + blockIdx.y;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == a.num_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other splits' partials, fenced before their increments, are visible now
+  const volatile float* part_o = a.workspace;
+  const volatile float* part_ml = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * D;
+  for (int i = static_cast<int>(threadIdx.x); i < ng * D; i += static_cast<int>(blockDim.x)) {
+    const int32_t head = head0 + i / D, d = i % D;
+    const int64_t first = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_splits;
+    a.out[static_cast<int64_t>(token) * a.out_stride + static_cast<int64_t>(head) * D + d] =
+        from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
+  }
+  if (threadIdx.x == 0) *counter = 0;
 }
 
 // grid: (num_tokens, num_heads), block: head_dim threads. Merges the partitions of one (token, head).
-template <class T>
-__global__ void combine_splits_kernel(paged_attention_args<T> a) {
+template <class T, class C>
+__global__ void combine_splits_kernel(paged_attention_args<T, C> a) {
   const int32_t token = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const int32_t D = a.layout.head_dim;
   const int64_t first = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_splits;
@@ -253,40 +283,42 @@ int attention_vec_bytes() {
   return bytes;
 }
 
-template <int D, int VEC, int G, class T>
-void launch_kernels(const paged_attention_args<T>& a, cudaStream_t stream) {
+template <int D, int VEC, int G, class T, class C>
+void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
   const int32_t group_chunks = (group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T>)(a, group_chunks);
+  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
   CUDA_CHECK(cudaGetLastError());
-  if (a.num_splits > 1) {
-    TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T>)(a);
+  if (a.num_splits > 1 && a.split_counters == nullptr) {
+    TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T, C>)(a);
     CUDA_CHECK(cudaGetLastError());
   }
 }
 
-template <int D, int VEC, class T>
-void launch_for_group(const paged_attention_args<T>& a, cudaStream_t stream) {
+template <int D, int VEC, class T, class C>
+void launch_for_group(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   switch (heads_per_cta(a.num_heads / a.layout.num_kv_heads)) {
-    case 1: return launch_kernels<D, VEC, 1, T>(a, stream);
-    case 2: return launch_kernels<D, VEC, 2, T>(a, stream);
-    case 4: return launch_kernels<D, VEC, 4, T>(a, stream);
-    default: return launch_kernels<D, VEC, kMaxGroup, T>(a, stream);
+    case 1: return launch_kernels<D, VEC, 1>(a, stream);
+    case 2: return launch_kernels<D, VEC, 2>(a, stream);
+    case 4: return launch_kernels<D, VEC, 4>(a, stream);
+    default: return launch_kernels<D, VEC, kMaxGroup>(a, stream);
   }
 }
 
-template <int D, class T>
-void launch_for_dim(const paged_attention_args<T>& a, cudaStream_t stream) {
-  constexpr int vec16 = 16 / static_cast<int>(sizeof(T));
-  if (attention_vec_bytes() == 16) return launch_for_group<D, vec16, T>(a, stream);
-  return launch_for_group<D, vec16 / 2, T>(a, stream);
+template <int D, class T, class C>
+void launch_for_dim(const paged_attention_args<T, C>& a, cudaStream_t stream) {
+  // V elements per thread: 16 bytes of a 2- or 4-byte cache; 8 fp8 elements (8 bytes), not 16, whose
+  // per-thread accumulators and per-part shared sums (acc_s: 16 parts x 8 heads x D floats) would not fit.
+  constexpr int vec16 = 16 / static_cast<int>(sizeof(C) < 2 ? 2 : sizeof(C));
+  if (attention_vec_bytes() == 16) return launch_for_group<D, vec16>(a, stream);
+  return launch_for_group<D, vec16 / 2>(a, stream);
 }
 
-template <class T>
-void launch(const paged_attention_args<T>& a, cudaStream_t stream) {
+template <class T, class C>
+void launch(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return;
   if (a.layout.num_kv_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
     throw std::invalid_argument("paged_attention: num_heads must be a multiple of num_kv_heads");
@@ -298,6 +330,7 @@ void launch(const paged_attention_args<T>& a, cudaStream_t stream) {
     throw std::invalid_argument("paged_attention: too many heads for one launch");
   }
   if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("paged_attention: negative window or soft-cap");
+  if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("paged_attention: scales must be > 0");
   switch (a.layout.head_dim) {
     case 32: return launch_for_dim<32>(a, stream);
     case 64: return launch_for_dim<64>(a, stream);
@@ -337,5 +370,6 @@ split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_
 
 void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream) { launch(a, stream); }
 void paged_attention(const paged_attention_args<bf16>& a, cudaStream_t stream) { launch(a, stream); }
+void paged_attention(const paged_attention_args<bf16, fp8_e4m3>& a, cudaStream_t stream) { launch(a, stream); }
 
 }  // namespace tessera::gpu

@@ -34,12 +34,16 @@ struct tree_attention_view {
   const uint32_t* mask = nullptr;        // bit r of word r / 32 from mask_offset: tree row r is visible
 };
 
-template <class T>
-struct paged_attention_args : paged_attention_common<T> {
+template <class T, class C = T>
+struct paged_attention_args : paged_attention_common<T, C> {
   int32_t num_tokens = 0;
   const int32_t* context_lens = nullptr;  // [num_tokens]: position + 1 (causal); a tree row's: slot + 1
   const int32_t* token_seq = nullptr;     // [num_tokens]: row of block_tables
   tree_attention_view tree;               // all null: no token tree in the launch
+  // With a split: num_tokens * num_heads counters, zero before the launch and left zero after it. The
+  // last CTA of each (token, head group) to finish merges the partials itself (flash-decoding's
+  // second kernel folded into the first: one launch less per layer). Null: a second kernel merges.
+  int32_t* split_counters = nullptr;
 };
 
 // Head sizes the kernel is compiled for (32, 64, 128, 256; the prefill kernel's too).
@@ -57,5 +61,6 @@ split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_
 // Throws std::invalid_argument for an unsupported head_dim or a bad split.
 void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream);
 void paged_attention(const paged_attention_args<bf16>& a, cudaStream_t stream);
+void paged_attention(const paged_attention_args<bf16, fp8_e4m3>& a, cudaStream_t stream);  // fp8 cache
 
 }  // namespace tessera::gpu

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -41,10 +42,12 @@
 #include "engine/step_layout.hpp"
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/fp8.hpp"
 #include "gpu/gemv.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/op_profiler.hpp"
 #include "gpu/prefill_attention.hpp"
+#include "gpu/quantized_gemm.hpp"
 #include "gpu/sampling.hpp"
 #include "gpu/sampling_batch.hpp"
 
@@ -163,6 +166,14 @@ class pinned_buffer {
   size_t bytes_ = 0;
 };
 
+// A weight matrix on the device, [rows, cols] row-major: in the compute dtype, or (bf16 compute)
+// GGUF blocks as the file has them, for the kernels of gpu/quantized_gemm.hpp.
+struct gpu_matrix {
+  const void* data = nullptr;
+  std::optional<ggml_type> quantized;  // the blocks' type; empty: compute-dtype elements
+  int64_t row_bytes = 0;               // quantized: bytes of a row
+};
+
 struct gpu_layer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
@@ -171,10 +182,10 @@ struct gpu_layer {
   const float* q_norm = nullptr;  // qk_norm, else null: [head_dim] each
   const float* k_norm = nullptr;
   const float* qkv_bias = nullptr;  // qkv_bias, else null: Q|K|V biases, as the fused GEMM's columns
-  const void* qkv = nullptr;        // [q_dim + 2 kv_dim, hidden]
-  const void* wo = nullptr;         // [hidden, q_dim]
-  const void* gate_up = nullptr;    // [2 ffn, hidden]
-  const void* down = nullptr;       // [hidden, ffn]
+  gpu_matrix qkv;                   // [q_dim + 2 kv_dim, hidden]
+  gpu_matrix wo;                    // [hidden, q_dim]
+  gpu_matrix gate_up;               // [2 ffn, hidden]
+  gpu_matrix down;                  // [hidden, ffn]
   const float* inv_freq = nullptr;  // this layer's RoPE table (layers with equal tables share one)
   float attention_factor = 1.0f;
   int32_t window = 0;        // sliding window (0: full causal)
@@ -217,6 +228,16 @@ logit_row_bytes logit_row_bytes_for(const model_config& c, size_t rows, size_t e
 
 // Bytes of one element of the compute dtype.
 size_t element_bytes(cuda_dtype dtype) { return dtype == cuda_dtype::f32 ? 4 : 2; }
+// Bytes of one KV cache element.
+size_t kv_element_bytes(cuda_dtype dtype, cuda_kv_dtype kv) {
+  return kv == cuda_kv_dtype::fp8_e4m3 ? sizeof(gpu::fp8_e4m3) : element_bytes(dtype);
+}
+
+// The per-tensor scale of an fp8 KV cache (K and V alike): 1, what vLLM uses when a checkpoint
+// carries no calibrated k/v scales. E4M3 then keeps 3 mantissa bits down to 2^-6 (subnormals below)
+// and saturates at |448|; post-RoPE K and V of LLaMA-family models stay far below that. The kernels
+// take any scale (gpu/kernels.hpp); calibrated per-layer scales from a checkpoint are not read yet.
+constexpr float kKvScale = 1.0f;
 
 // Logit rows allocated up front: those of a full step, at most 256 (they grow when a step has more).
 int32_t initial_logit_rows(int32_t max_num_batched_tokens) {
@@ -235,15 +256,40 @@ void for_each_matrix(const model_weights& w, F&& f) {
     for (const weight_tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) f(*t);
 }
 
-// Device bytes of the uploaded weights: matrices in the compute dtype, vectors (norms, biases) in
-// fp32, as upload_weights lays them out; less the matrices that are tensors of `shares_with`.
-int64_t device_weight_bytes(const model_weights& w, size_t elem, const model_weights* shares_with = nullptr) {
+// Whether a layer matrix made of `parts` stays in its GGUF blocks on the device: bf16 compute, a type
+// gpu/quantized_gemm.hpp reads, the same type in every part (a fused Q|K|V of Q4_K and Q6_K parts is
+// dequantised), rows at their natural stride.
+bool keeps_quantized(std::initializer_list<const weight_tensor*> parts, int64_t cols, bool allowed) {
+  if (!allowed) return false;
+  const ggml_type type = (*parts.begin())->type;
+  if (!gpu::quantized_gemm_supports(type)) return false;
+  for (const weight_tensor* w : parts) {
+    if (w->type != type || w->row_stride_bytes != row_bytes(type, cols)) return false;
+  }
+  return true;
+}
+
+// Device bytes of the uploaded weights: matrices in the compute dtype (layer matrices in their GGUF
+// blocks where `quantized` keeps them so), vectors (norms, biases) in fp32, as upload_weights lays
+// them out; less the matrices that are tensors of `shares_with`.
+int64_t device_weight_bytes(const model_weights& w, size_t elem, bool quantized,
+                            const model_weights* shares_with = nullptr) {
   std::set<const void*> shared;
   if (shares_with) for_each_matrix(*shares_with, [&](const weight_tensor& t) { shared.insert(t.data); });
-  int64_t matrix_elems = 0, vector_elems = 0;
+  int64_t matrix_elems = 0, vector_elems = 0, block_bytes = 0, largest_blocks = 0;
   for_each_matrix(w, [&](const weight_tensor& t) {
-    if (!t.empty() && !shared.contains(t.data)) matrix_elems += t.rows * t.cols;
+    if (t.empty() || shared.contains(t.data)) return;
+    const bool layer_matrix = t.data != w.token_embedding.data && t.data != w.output.data;
+    if (layer_matrix && keeps_quantized({&t}, t.cols, quantized && elem == sizeof(uint16_t))) {
+      block_bytes += t.rows * t.row_stride_bytes;
+      largest_blocks = std::max(largest_blocks, t.rows * t.cols);
+    } else {
+      matrix_elems += t.rows * t.cols;
+    }
   });
+  // The bf16 scratch of the largest quantized matrix (a fused gate|up is two tensors: bounded by twice
+  // the largest one).
+  block_bytes += 2 * largest_blocks * static_cast<int64_t>(elem);
   auto vector = [&](const weight_tensor& t) { vector_elems += t.empty() ? 0 : t.rows * t.cols; };
   vector(w.output_norm);
   for (const layer_weights& l : w.layers) {
@@ -251,7 +297,7 @@ int64_t device_weight_bytes(const model_weights& w, size_t elem, const model_wei
          {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
       vector(*t);
   }
-  return matrix_elems * static_cast<int64_t>(elem) + vector_elems * static_cast<int64_t>(sizeof(float));
+  return matrix_elems * static_cast<int64_t>(elem) + block_bytes + vector_elems * static_cast<int64_t>(sizeof(float));
 }
 
 // What the CUDA kernels still lack is refused at load by name rather than computed as another model.
@@ -265,23 +311,32 @@ void refuse_unsupported_features(const model_config& c) {
   }
 }
 
-template <class T>
+// T: weights, GEMM inputs and activations (float or bf16); C: the KV cache's element (T, or
+// fp8_e4m3 under bf16 for --kv-cache-dtype fp8).
+template <class T, class C = T>
 class cuda_executor final : public executor {
  public:
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
+  static constexpr bool fp8_cache = std::is_same_v<C, gpu::fp8_e4m3>;
+  static_assert(std::is_same_v<C, T> || (is_bf16 && fp8_cache), "an fp8 cache is for bf16 compute");
 
   cuda_executor(std::shared_ptr<const model_weights> weights, const cuda_executor_options& options)
       : weights_(std::move(weights)),
         spec_(options.kv),
         device_(options.device),
         use_graphs_(options.cuda_graphs),
-        use_small_batch_gemm_(options.small_batch_gemm.value_or(gpu::small_batch_gemm_from_env())) {
+        small_batch_gemm_rows_(options.small_batch_gemm_rows.value_or(gpu::small_batch_gemm_rows_from_env())),
+        quantized_weights_(options.quantized_weights) {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
     post_norms_ = config_.features.post_norms;
     if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
       throw invalid_request("cuda executor: bad kv_cache_spec");
+    }
+    if (small_batch_gemm_rows_ < 0 || small_batch_gemm_rows_ > gpu::kMaxGemvRows) {
+      throw invalid_request("cuda executor: small_batch_gemm_rows must be in [0, " + std::to_string(gpu::kMaxGemvRows) +
+                            "]");
     }
     if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
       throw invalid_request("cuda executor: --gpu-memory-utilization must be in (0, 1]");
@@ -307,7 +362,7 @@ class cuda_executor final : public executor {
     reserve_tokens(std::max(1, options.max_num_batched_tokens));
     reserve_logit_rows(initial_logit_rows(options.max_num_batched_tokens));
 
-    block_bytes_ = layout_.block_elems() * static_cast<int64_t>(sizeof(T));
+    block_bytes_ = layout_.block_elems() * static_cast<int64_t>(sizeof(C));
     if (spec_.num_device_blocks == 0) {
       size_t free_bytes = 0, total_bytes = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -352,6 +407,7 @@ class cuda_executor final : public executor {
   int64_t kv_block_bytes() const override { return block_bytes_; }
   kv_layer_groups kv_groups() const override { return groups_; }
   const char* name() const override { return "cuda"; }
+  const char* kv_cache_dtype() const override { return fp8_cache ? "fp8_e4m3" : is_bf16 ? "bf16" : "fp32"; }
   bool samples_on_device() const override { return true; }
   // Both attention kernels start their walk at the window's first key and index the block table
   // from there (gpu/attention.cu, gpu/prefill_attention.cu), and a step writes only its own tokens'
@@ -499,6 +555,38 @@ class cuda_executor final : public executor {
     return buf.as<void>();
   }
 
+  // A layer matrix: its GGUF blocks copied as they are when keeps_quantized says so (the parts' rows
+  // one after the other, as upload() does with elements), else upload()'s compute-dtype copy. The
+  // scratch that dequantize_rows_to_bf16 fills for steps of many rows grows to the largest such matrix.
+  gpu_matrix upload_matrix(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
+    if (!keeps_quantized(parts, cols, quantized_weights_ && is_bf16)) return {upload(parts, cols), std::nullopt, 0};
+    const ggml_type type = (*parts.begin())->type;
+    const int64_t rb = row_bytes(type, cols);
+    weight_key key{0, cols, {}};  // element_bytes 0: blocks, not elements
+    int64_t rows = 0;
+    for (const weight_tensor* w : parts) {
+      rows += w->rows;
+      key.parts.push_back(
+          {reinterpret_cast<uintptr_t>(w->data), w->rows, w->row_stride_bytes, static_cast<int>(w->type)});
+    }
+    dequant_scratch_.reserve(static_cast<size_t>(rows * cols) * sizeof(T));
+    std::shared_ptr<const device_buffer> copy = weight_cache_ ? weight_cache_->find(key) : nullptr;
+    if (!copy) {
+      auto fresh = std::make_shared<device_buffer>();
+      fresh->reserve(static_cast<size_t>(rows * rb));
+      int64_t row0 = 0;
+      for (const weight_tensor* w : parts) {
+        CUDA_CHECK(cudaMemcpy(fresh->as<char>() + row0 * rb, w->data, static_cast<size_t>(w->rows * rb),
+                              cudaMemcpyHostToDevice));
+        row0 += w->rows;
+      }
+      if (weight_cache_) weight_cache_->add(std::move(key), fresh);
+      copy = std::move(fresh);
+    }
+    matrices_.push_back(copy);
+    return {copy->as<void>(), type, rb};
+  }
+
   // Vectors (norm weights, biases) in fp32, one after the other.
   const float* upload_vector(std::initializer_list<const weight_tensor*> parts, bool is_norm) {
     std::vector<float> v;
@@ -546,10 +634,10 @@ class cuda_executor final : public executor {
       }
       if (f.qkv_bias) g.qkv_bias = upload_vector({&lw.bq, &lw.bk, &lw.bv}, false);
       // Phi-3's fused qkv_proj / gate_up_proj arrive as row views of one tensor: uploaded the same way.
-      g.qkv = upload({&lw.wq, &lw.wk, &lw.wv}, hidden);
-      g.wo = upload({&lw.wo}, q_dim);
-      g.gate_up = upload({&lw.w_gate, &lw.w_up}, hidden);
-      g.down = upload({&lw.w_down}, ffn);
+      g.qkv = upload_matrix({&lw.wq, &lw.wk, &lw.wv}, hidden);
+      g.wo = upload_matrix({&lw.wo}, q_dim);
+      g.gate_up = upload_matrix({&lw.w_gate, &lw.w_up}, hidden);
+      g.down = upload_matrix({&lw.w_down}, ffn);
       layers_.push_back(g);
     }
     output_norm_ = upload_vector({&w.output_norm}, true);
@@ -747,6 +835,7 @@ class cuda_executor final : public executor {
       const int32_t walk = window > 0 ? std::min(widest_context, window + tree_lag_) : widest_context;
       split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, walk, num_sms_);
       if (split_[c].num_splits > 1) {
+        reserve_split_counters(static_cast<int64_t>(num_tokens_) * config_.num_heads);
         workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads,
                                                                         config_.head_dim, split_[c].num_splits));
       }
@@ -766,6 +855,14 @@ class cuda_executor final : public executor {
       }
     }
     if (workspace > 0) attn_workspace_.reserve(static_cast<size_t>(workspace) * sizeof(float));
+  }
+
+  // paged_attention_args::split_counters: zero when allocated, and the kernels leave them zero.
+  void reserve_split_counters(int64_t n) {
+    const auto bytes = static_cast<size_t>(n) * sizeof(int32_t);
+    if (bytes <= split_counters_.bytes()) return;
+    split_counters_.reserve(bytes);
+    CUDA_CHECK(cudaMemsetAsync(split_counters_.as<void>(), 0, bytes, stream_));
   }
 
   // Sequences bringing at least kMinPrefillTokens new tokens (prompt chunks) take the tiled prefill
@@ -902,8 +999,17 @@ class cuda_executor final : public executor {
   };
 
   std::vector<const void*> graph_buffers() const {
-    return {x_.as<void>(),       xn_.as<void>(),  qkv_.as<void>(), attn_.as<void>(),   gu_.as<void>(),
-            mlp_.as<void>(),     tmp_.as<void>(), lx_.as<void>(),  logits_.as<void>(), attn_workspace_.as<void>(),
+    return {x_.as<void>(),
+            xn_.as<void>(),
+            qkv_.as<void>(),
+            attn_.as<void>(),
+            gu_.as<void>(),
+            mlp_.as<void>(),
+            tmp_.as<void>(),
+            lx_.as<void>(),
+            logits_.as<void>(),
+            attn_workspace_.as<void>(),
+            split_counters_.as<void>(),
             meta_dev_.as<void>()};
   }
 
@@ -945,10 +1051,23 @@ class cuda_executor final : public executor {
   // out[rows, n] (row stride ldc) = (or +=) in[rows, k] . W[n, k]^T. cuBLAS is column-major: this is
   // out^T = W . in^T with W read transposed (its row-major [n, k] is a column-major [k, n]).
   // Steps of at most kMaxGemvRows rows can take gpu/gemv.hpp's weight-streaming kernel instead
-  // (cuda_executor_options::small_batch_gemm).
-  void gemm(const void* w, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc, bool accumulate) {
-    if (use_small_batch_gemm_ && rows <= gpu::kMaxGemvRows &&
-        gpu::small_batch_gemm_supports(static_cast<const T*>(w), n, k, in, rows)) {
+  // (cuda_executor_options::small_batch_gemm_rows). A matrix kept in its GGUF blocks goes through
+  // gpu/quantized_gemm.hpp: its own kernel for up to 8 rows, else dequantised to bf16 into a scratch
+  // buffer for cuBLAS (prefill and large decode batches, where weight bytes no longer bound the step).
+  void gemm(const gpu_matrix& m, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc,
+            bool accumulate) {
+    const void* w = m.data;
+    if constexpr (is_bf16) {
+      if (m.quantized) {
+        if (rows <= gpu::kMaxQuantizedGemvRows) {
+          gpu::quantized_small_batch_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate, stream_);
+          return;
+        }
+        gpu::dequantize_rows_to_bf16(*m.quantized, w, m.row_bytes, n, k, dequant_scratch_.as<bf16>(), stream_);
+        w = dequant_scratch_.as<void>();
+      }
+    }
+    if (rows <= small_batch_gemm_rows_ && gpu::small_batch_gemm_supports(static_cast<const T*>(w), n, k, in, rows)) {
       gpu::small_batch_gemm(static_cast<const T*>(w), n, k, in, rows, out, ldc, accumulate, stream_);
       return;
     }
@@ -980,7 +1099,7 @@ class cuda_executor final : public executor {
     float* gu = gu_.as<float>();
     T* mlp = mlp_.as<T>();
     float* tmp = tmp_.as<float>();  // post_norms: the O and down GEMMs' outputs before their norms
-    T* kv = kv_.as<T>();
+    C* kv = kv_.as<C>();
 
     gpu::rope_kv_args rope;
     rope.qkv = qkv;
@@ -992,15 +1111,19 @@ class cuda_executor final : public executor {
     rope.rope_dims = config_.rope_dims;
     rope.interleaved_pairs = config_.rope == rope_style::interleaved;
     rope.layout = layout_;
+    rope.k_scale = kKvScale;
+    rope.v_scale = kKvScale;
 
     // The two attention launches share the matrices and the cache; each has its own split plan per
     // window class.
-    gpu::paged_attention_common<T> common;
+    gpu::paged_attention_common<T, C> common;
     common.out = attn;
     common.out_stride = q_dim;
     common.q = qkv;
     common.q_stride = qkv_cols;
     common.kv_cache = kv;
+    common.k_scale = kKvScale;
+    common.v_scale = kKvScale;
     common.layout = layout_;
     common.num_heads = config_.num_heads;
     common.max_blocks_per_seq = max_blocks_;
@@ -1008,7 +1131,7 @@ class cuda_executor final : public executor {
     common.scale = f.attention_scale > 0.0f ? f.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     common.softcap = f.attn_softcap.cap;
     auto with_split = [&](const gpu::split_plan& plan, int32_t window) {
-      gpu::paged_attention_common<T> c = common;
+      gpu::paged_attention_common<T, C> c = common;
       c.window = window;
       c.num_splits = plan.num_splits;
       c.partition_size = plan.partition_size;
@@ -1016,7 +1139,7 @@ class cuda_executor final : public executor {
       return c;
     };
 
-    gpu::paged_attention_args<T> att;
+    gpu::paged_attention_args<T, C> att;
     att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
@@ -1027,7 +1150,7 @@ class cuda_executor final : public executor {
       att.tree.mask = reinterpret_cast<const uint32_t*>(meta_ptr(meta_tree_mask_));
     }
 
-    gpu::prefill_attention_args<T> pre;
+    gpu::prefill_attention_args<T, C> pre;
     pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
     pre.num_tiles = static_cast<int32_t>(prefill_tiles_.size());
     pre.tile_tokens = prefill_tile_tokens_;
@@ -1054,11 +1177,12 @@ class cuda_executor final : public executor {
       gpu::rope_kv_write(rope, kv, stream_);
       profiler_.mark(stream_, "rope_kv_write");
       const auto wc = static_cast<size_t>(L.window_class);
-      static_cast<gpu::paged_attention_common<T>&>(att) = with_split(split_[wc], L.window);
+      static_cast<gpu::paged_attention_common<T, C>&>(att) = with_split(split_[wc], L.window);
+      att.split_counters = split_[wc].num_splits > 1 ? split_counters_.as<int32_t>() : nullptr;
       att.layer = groups_.slot_of(l);
       gpu::paged_attention(att, stream_);
       profiler_.mark(stream_, "attention decode");
-      static_cast<gpu::paged_attention_common<T>&>(pre) = with_split(prefill_split_[wc], L.window);
+      static_cast<gpu::paged_attention_common<T, C>&>(pre) = with_split(prefill_split_[wc], L.window);
       pre.layer = groups_.slot_of(l);
       gpu::prefill_attention(pre, stream_);
       profiler_.mark(stream_, "attention prefill");
@@ -1100,7 +1224,7 @@ class cuda_executor final : public executor {
     T* lx = lx_.as<T>();
     final_norm_rows(lx, meta_ptr(meta_logit_rows_), num_logit_rows_);
     profiler_.mark(stream_, "rms_norm");
-    gemm(output_, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
+    gemm({output_}, config_.vocab_size, hidden, lx, num_logit_rows_, logits_.as<float>(), config_.vocab_size, false);
     profiler_.mark(stream_, "gemm lm_head");
     if (f.final_softcap.on()) {  // before the GPU sampler and the copy to the host
       gpu::soft_cap(logits_.as<float>(), static_cast<int64_t>(num_logit_rows_) * config_.vocab_size,
@@ -1202,7 +1326,7 @@ class cuda_executor final : public executor {
         aux_rows_host_.as<int32_t>()[r] = device_row(step_layout_.scored_tokens[static_cast<size_t>(g0 + r)]);
       }
       final_norm_of_aux_rows(score_x_.as<T>(), n);
-      gemm(output_, config_.vocab_size, config_.hidden_size, score_x_.as<T>(), n, score_logits_.as<float>(),
+      gemm({output_}, config_.vocab_size, config_.hidden_size, score_x_.as<T>(), n, score_logits_.as<float>(),
            config_.vocab_size, false);
       if (cap.on())
         gpu::soft_cap(score_logits_.as<float>(), static_cast<int64_t>(n) * config_.vocab_size, cap.cap, stream_);
@@ -1239,7 +1363,8 @@ class cuda_executor final : public executor {
   std::shared_ptr<cuda_weight_cache> weight_cache_;
   std::vector<gpu_layer> layers_;
   const void* embedding_ = nullptr;
-  const void* output_ = nullptr;
+  const void* output_ = nullptr;   // the LM head (the embedding's copy when tied), in the compute dtype
+  device_buffer dequant_scratch_;  // bf16 of the largest quantized matrix, for steps of many rows
   const float* output_norm_ = nullptr;
   bool post_norms_ = false;
   std::vector<int32_t> window_classes_;  // the layers' distinct sliding windows (0: full attention)
@@ -1249,6 +1374,7 @@ class cuda_executor final : public executor {
 
   int32_t cap_tokens_ = 0, cap_rows_ = 0;
   device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, tmp_, lx_, logits_, attn_workspace_;
+  device_buffer split_counters_;  // the decode kernel's fused split-KV merge (gpu/attention.hpp)
   pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;
@@ -1256,7 +1382,8 @@ class cuda_executor final : public executor {
   device_buffer sample_in_dev_, sample_out_dev_, sample_work_;
 
   bool use_graphs_ = false;
-  bool use_small_batch_gemm_ = false;
+  int32_t small_batch_gemm_rows_ = 0;
+  bool quantized_weights_ = true;  // cuda_executor_options::quantized_weights
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 
@@ -1300,15 +1427,20 @@ std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights
     throw invalid_request("cuda executor: device " + std::to_string(options.device) + " does not exist (" +
                           std::to_string(n) + " visible)");
   }
-  if (options.dtype == cuda_dtype::f32) return std::make_unique<cuda_executor<float>>(std::move(weights), options);
+  const bool fp8 = options.kv_dtype == cuda_kv_dtype::fp8_e4m3;
+  if (options.dtype == cuda_dtype::f32) {
+    if (fp8) throw invalid_request("--kv-cache-dtype fp8 needs --dtype bfloat16 (the fp32 path is the exact one)");
+    return std::make_unique<cuda_executor<float>>(std::move(weights), options);
+  }
+  if (fp8) return std::make_unique<cuda_executor<bf16, gpu::fp8_e4m3>>(std::move(weights), options);
   return std::make_unique<cuda_executor<bf16>>(std::move(weights), options);
 }
 
-int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype,
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype, cuda_kv_dtype kv_dtype,
                             int32_t layers_per_block) {
   const gpu::kv_layout layout{layers_per_block > 0 ? layers_per_block : config.num_layers, config.num_kv_heads,
                               block_size, config.head_dim};
-  return layout.block_elems() * static_cast<int64_t>(element_bytes(dtype));
+  return layout.block_elems() * static_cast<int64_t>(kv_element_bytes(dtype, kv_dtype));
 }
 
 cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_executor_options& options,
@@ -1317,9 +1449,9 @@ cuda_co_resident cuda_co_resident_for(const model_weights& weights, const cuda_e
   const size_t elem = element_bytes(options.dtype);
   const size_t tokens = static_cast<size_t>(std::max(1, options.max_num_batched_tokens));
   const auto rows = static_cast<size_t>(initial_logit_rows(options.max_num_batched_tokens));
-  const int64_t block = cuda_kv_block_bytes(c, options.kv.block_size, options.dtype);
+  const int64_t block = cuda_kv_block_bytes(c, options.kv.block_size, options.dtype, options.kv_dtype);
   cuda_co_resident r;
-  r.bytes = device_weight_bytes(weights, elem, shares_with) +
+  r.bytes = device_weight_bytes(weights, elem, options.quantized_weights, shares_with) +
             static_cast<int64_t>(activation_bytes_for(c, tokens, elem).total() +
                                  logit_row_bytes_for(c, rows, elem).total() + kCublasWorkspaceBytes);
   if (options.kv.num_device_blocks > 0) {

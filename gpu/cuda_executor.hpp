@@ -19,6 +19,15 @@ enum class cuda_dtype {
   f32,   // everything fp32 (pure fp32 GEMMs, no TF32): matches the CPU executor's exact path
 };
 
+// The KV cache's element type.
+enum class cuda_kv_dtype {
+  automatic,  // the compute dtype's (bf16 or fp32)
+  // FP8 E4M3 (gpu/fp8.hpp) under bf16 compute: half the bytes per block, so twice the blocks in the
+  // same memory and half the bytes attention reads. Quantised in the KV write (round to nearest even,
+  // saturating), dequantised in both attention kernels; per-tensor scales (vLLM's --kv-cache-dtype fp8).
+  fp8_e4m3,
+};
+
 // Another model on the same GPU whose KV pool is sized with this one's: the draft model of
 // --speculative draft. Its pool gets as many blocks as this one (of its own size), as vLLM sizes a
 // draft's cache with its target's, so the draft never runs out of room before the target does.
@@ -42,23 +51,32 @@ struct cuda_executor_options {
   // many blocks as fit in gpu_memory_utilization * total GPU memory once weights and activation
   // buffers are allocated (as vLLM's --gpu-memory-utilization).
   kv_cache_spec kv;
+  cuda_kv_dtype kv_dtype = cuda_kv_dtype::automatic;  // fp8_e4m3 needs dtype bf16 (invalid_request)
   double gpu_memory_utilization = 0.9;
   // Tokens per step the activation buffers are allocated for up front (they grow if a step has more).
   int32_t max_num_batched_tokens = 2048;
   // Replay decode steps (every sequence one new token, at most 256 sequences) from CUDA graphs
   // captured per (batch-size bucket, block-table width) on first use: one launch instead of ~9 per
-  // layer. Off by default until verified on a GPU (docs/gpu_executor.md).
-  bool cuda_graphs = false;
-  // GEMMs of steps with at most 8 rows (gpu::kMaxGemvRows: small-batch decode) through the
-  // weight-streaming kernel of gpu/gemv.hpp instead of cuBLAS. Unset: the environment variable
-  // TESSERA_GEMV ("1" on, else off). Off by default until measured on a GPU (docs/gpu_executor.md).
-  std::optional<bool> small_batch_gemm;
+  // layer. On by default since an H200 ran it token for token with eager steps, 1.10x faster at
+  // batch 1 (docs/benchmarks.md, 2026-12-04); false is vLLM's --enforce-eager.
+  bool cuda_graphs = true;
+  // GEMMs of steps with at most this many rows (0 .. gpu::kMaxGemvRows) through the weight-streaming
+  // kernel of gpu/gemv.hpp instead of cuBLAS. Unset: gpu::small_batch_gemm_rows_from_env(), 1 unless
+  // TESSERA_GEMV says otherwise: on the H200 the kernel beat cuBLAS at 1 row (4.06 against 4.29 ms of
+  // a Llama-3-8B decode step's GEMMs) and lost at 2, 4 and 8 (docs/gpu_executor.md).
+  std::optional<int32_t> small_batch_gemm_rows;
   // With num_device_blocks == 0: the budget that sizes the pool leaves room for this other model
   // (cuda_co_resident_for), and each block of the pool counts its kv_block_bytes too.
   cuda_co_resident co_resident;
   // Cut the KV blocks by layer groups (engine/model/kv_layer_groups.hpp), as the CPU executor's
   // option of the same name: a block holds one group's layers, each slice one table per group.
   bool kv_layer_groups = false;
+  // With bf16 compute, GGUF layer matrices of a type gpu/quantized_gemm.hpp reads (Q8_0, Q4_0, Q4_1,
+  // Q4_K, Q6_K; every part of a fused Q|K|V or gate|up of one type) stay in their blocks on the GPU:
+  // a quarter to a half of bf16's bytes, which a decode step streams once. false (tessera's
+  // --dequantize-weights): every matrix dequantised to bf16 at load. The embedding and LM head are
+  // bf16 either way.
+  bool quantized_weights = true;
   // Null: this executor's weights are its own.
   std::shared_ptr<cuda_weight_cache> weight_cache;
 };
@@ -71,9 +89,9 @@ bool cuda_executor_available() noexcept;
 std::unique_ptr<executor> make_cuda_executor(std::shared_ptr<const model_weights> weights,
                                              const cuda_executor_options& options);
 
-// Bytes of one KV block of `block_size` positions for `dtype` (every layer's K and V, or
-// `layers_per_block` layers' with KV layer groups).
-int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype,
+// Bytes of one KV block of `block_size` positions for `dtype` and `kv_dtype` (every layer's K and V,
+// or `layers_per_block` layers' with KV layer groups).
+int64_t cuda_kv_block_bytes(const model_config& config, int32_t block_size, cuda_dtype dtype, cuda_kv_dtype kv_dtype,
                             int32_t layers_per_block = 0);
 
 // What a CUDA executor of `weights` with `options` will hold on the GPU besides a pool sized with its

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu/fp8.hpp"
+
 namespace tessera::gpu::detail {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(fp8_e4m3 v) { return fp8_e4m3_to_float(v.bits); }
 
 template <class T>
 __device__ __forceinline__ T from_float(float v);
@@ -20,6 +23,10 @@ __device__ __forceinline__ float from_float<float>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ fp8_e4m3 from_float<fp8_e4m3>(float v) {
+  return {float_to_fp8_e4m3(v)};
 }
 
 // out[0..E) = p[0..E) as floats, with one 4/8/16-byte load per 16 bytes where the size allows.
@@ -58,8 +65,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 // num_splits partitions, each a (max, sum) pair at part_ml[2 * (first + s)] and an unnormalised output
 // row at part_o[(first + s) * D]. Partitions that saw no position (max -inf) are skipped; 0 when
 // none did.
-__device__ __forceinline__ float merge_splits(const float* part_o, const float* part_ml, int64_t first,
-                                              int32_t num_splits, int32_t D, int32_t d) {
+// F: const float, or const volatile float where other CTAs of the same launch wrote the partials (the
+// loads then bypass L1, which is not coherent between multiprocessors).
+template <class F = const float>
+__device__ __forceinline__ float merge_splits(F* part_o, F* part_ml, int64_t first, int32_t num_splits, int32_t D,
+                                              int32_t d) {
   float mx = -INFINITY;
   for (int32_t s = 0; s < num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (first + s)]);
   float sum = 0.0f, o = 0.0f;

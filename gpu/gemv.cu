@@ -241,12 +241,14 @@ void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, 
   launch(w, n, k, in, rows, out, ldc, accumulate, tuning, stream);
 }
 
-bool small_batch_gemm_from_env() noexcept {
-  static const bool on = [] {
+int32_t small_batch_gemm_rows_from_env() noexcept {
+  static const int32_t rows = [] {
     const char* env = std::getenv("TESSERA_GEMV");
-    return env != nullptr && std::string(env) == "1";
+    const std::string v = env != nullptr ? env : "";
+    if (v.size() == 1 && v[0] >= '0' && v[0] <= '0' + kMaxGemvRows) return static_cast<int32_t>(v[0] - '0');
+    return 1;
   }();
-  return on;
+  return rows;
 }
 
 }  // namespace tessera::gpu

@@ -56,9 +56,10 @@ void small_batch_gemm_with(const float* w, int64_t n, int64_t k, const float* in
 void small_batch_gemm_with(const bf16* w, int64_t n, int64_t k, const bf16* in, int32_t rows, float* out, int64_t ldc,
                            bool accumulate, const small_batch_gemm_tuning& tuning, cudaStream_t stream);
 
-// Whether the CUDA executor uses small_batch_gemm for steps of <= kMaxGemvRows rows when its options
-// leave it unset: the environment variable TESSERA_GEMV ("1" on; anything else or unset: off, i.e.
-// cuBLAS, the default until a device has measured both). Read once per process.
-bool small_batch_gemm_from_env() noexcept;
+// The most rows of a step whose GEMMs the CUDA executor runs through small_batch_gemm when its
+// options leave it unset: the environment variable TESSERA_GEMV, a number 0 (cuBLAS always) to
+// kMaxGemvRows; unset or anything else: 1, where an H200 measured the kernel faster than cuBLAS
+// (at 2, 4 and 8 rows it was slower: docs/gpu_executor.md). Read once per process.
+int32_t small_batch_gemm_rows_from_env() noexcept;
 
 }  // namespace tessera::gpu

@@ -214,6 +214,7 @@ __global__ void rope_kv_write_kernel(rope_kv_args a, T* kv) {
   const int32_t slot = a.slot_mapping[t];
   const int32_t block = slot / a.layout.block_size, offset = slot % a.layout.block_size;
   auto cache = [&](int32_t kind, int32_t h) { return kv + a.layout.offset(block, a.layer, kind, h, offset); };
+  const float k_inv = 1.0f / a.k_scale, v_inv = 1.0f / a.v_scale;  // 1 but for an fp8 cache
 
   if (i < q_pairs + k_pairs) {
     const bool is_k = i >= q_pairs;
@@ -231,19 +232,19 @@ __global__ void rope_kv_write_kernel(rope_kv_args a, T* kv) {
     x[ib] = r1;
     if (is_k) {
       T* dst = cache(0, h);
-      dst[ia] = from_float<T>(r0);
-      dst[ib] = from_float<T>(r1);
+      dst[ia] = from_float<T>(r0 * k_inv);
+      dst[ib] = from_float<T>(r1 * k_inv);
     }
     return;
   }
   i -= q_pairs + k_pairs;
   if (i < k_tail) {
     const int32_t h = i / tail, d = a.rope_dims + i % tail;
-    cache(0, h)[d] = from_float<T>(k[static_cast<int64_t>(h) * hd + d]);
+    cache(0, h)[d] = from_float<T>(k[static_cast<int64_t>(h) * hd + d] * k_inv);
     return;
   }
   i -= k_tail;
-  cache(1, i / hd)[i % hd] = from_float<T>(v[i]);
+  cache(1, i / hd)[i % hd] = from_float<T>(v[i] * v_inv);
 }
 
 // The same with Q/K/V biases and per-head q/k norms, which need a whole head (the norm is a sum over
@@ -282,12 +283,14 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_head_kv_write_kernel(rop
   const int32_t block = slot / a.layout.block_size, offset = slot % a.layout.block_size;
   if (is_v) {
     T* dst = kv + a.layout.offset(block, a.layer, 1, hh - nh - nkv, offset);
+    const float v_inv = 1.0f / a.v_scale;
     for (int32_t d = lane; d < hd; d += 32) {
       x[d] = s[d];
-      dst[d] = from_float<T>(s[d]);
+      dst[d] = from_float<T>(s[d] * v_inv);
     }
     return;
   }
+  const float k_inv = 1.0f / a.k_scale;
   T* kdst = is_q ? nullptr : kv + a.layout.offset(block, a.layer, 0, hh - nh, offset);
   const float pos = static_cast<float>(a.positions[t]);
   const int32_t half = a.rope_dims / 2;
@@ -302,13 +305,13 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_head_kv_write_kernel(rop
     x[ia] = r0;
     x[ib] = r1;
     if (kdst) {
-      kdst[ia] = from_float<T>(r0);
-      kdst[ib] = from_float<T>(r1);
+      kdst[ia] = from_float<T>(r0 * k_inv);
+      kdst[ib] = from_float<T>(r1 * k_inv);
     }
   }
   for (int32_t d = a.rope_dims + lane; d < hd; d += 32) {  // partial rotary: the rest as it is
     x[d] = s[d];
-    if (kdst) kdst[d] = from_float<T>(s[d]);
+    if (kdst) kdst[d] = from_float<T>(s[d] * k_inv);
   }
 }
 
@@ -363,6 +366,7 @@ void launch_rope_kv_write(const rope_kv_args& a, T* kv, cudaStream_t stream) {
     throw std::invalid_argument("rope_kv_write: rope_dims must be even and in [2, head_dim]");
   }
   const int32_t nkv = a.layout.num_kv_heads, hd = a.layout.head_dim;
+  if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("rope_kv_write: scales must be > 0");
   if ((a.q_norm == nullptr) != (a.k_norm == nullptr)) {
     throw std::invalid_argument("rope_kv_write: q_norm and k_norm come together");
   }
@@ -455,6 +459,9 @@ void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream) 
   launch_rope_kv_write(a, kv_cache, stream);
 }
 void rope_kv_write(const rope_kv_args& a, bf16* kv_cache, cudaStream_t stream) {
+  launch_rope_kv_write(a, kv_cache, stream);
+}
+void rope_kv_write(const rope_kv_args& a, fp8_e4m3* kv_cache, cudaStream_t stream) {
   launch_rope_kv_write(a, kv_cache, stream);
 }
 

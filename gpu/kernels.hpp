@@ -20,6 +20,7 @@
 namespace tessera::gpu {
 
 using bf16 = __nv_bfloat16;
+struct fp8_e4m3;  // gpu/fp8.hpp: the element of an fp8 KV cache
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
 int device_count() noexcept;
@@ -98,13 +99,17 @@ struct kv_layout {
 // the split over positions (flash-decoding's split-KV: 1 = none; with more, split s covers positions
 // [s * partition_size, (s + 1) * partition_size) and writes its partial (max, sum, unnormalised
 // output) to `workspace`, which a second kernel merges).
-template <class T>
+// The cache's element type C is the output's (T: float or bf16) or, under bf16, fp8_e4m3
+// (gpu/fp8.hpp): then the cache holds K / k_scale and V / v_scale, and the kernels multiply back.
+template <class T, class C = T>
 struct paged_attention_common {
   T* out = nullptr;  // [tokens, out_stride], head h at columns h*head_dim
   int64_t out_stride = 0;
   const float* q = nullptr;  // [tokens, q_stride], head h at columns h*head_dim (RoPE applied)
   int64_t q_stride = 0;
-  const T* kv_cache = nullptr;
+  const C* kv_cache = nullptr;
+  float k_scale = 1.0f;  // per-tensor scales of a quantised cache (1 for float and bf16)
+  float v_scale = 1.0f;
   kv_layout layout;
   int32_t layer = 0;  // the layer's index in a block (its slot in its KV layer group; kv_layout)
   int32_t num_heads = 0;
@@ -160,9 +165,13 @@ struct rope_kv_args {
   bool interleaved_pairs = true;
   int32_t layer = 0;  // the layer's index in a block (its slot in its KV layer group; kv_layout)
   kv_layout layout;
+  // An fp8 cache stores K / k_scale and V / v_scale (paged_attention_common); 1 for float and bf16.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 void rope_kv_write(const rope_kv_args& a, float* kv_cache, cudaStream_t stream);
 void rope_kv_write(const rope_kv_args& a, bf16* kv_cache, cudaStream_t stream);
+void rope_kv_write(const rope_kv_args& a, fp8_e4m3* kv_cache, cudaStream_t stream);
 
 // Copies whole blocks within the cache (copy-on-write): pairs [num_copies][2] = (src, dst) block ids.
 // One launch for every copy of the step. block_bytes % 16 == 0 (checked: invalid_argument).

@@ -82,9 +82,9 @@ __device__ __forceinline__ float lanes_sum(float v) {
 // Soft-capping (a.softcap) applies to the scaled scores before the masks; a sliding window (a.window)
 // masks keys before p - window + 1 for the row at p, and the walk starts at the tile's first row's
 // window, so K/V tiles (and blocks) wholly before every row's window are never loaded.
-template <int D, class T>
+template <int D, class T, class C>
 __global__ void __launch_bounds__(tile_shape<D>::threads)
-    prefill_attention_kernel(prefill_attention_args<T> a, int32_t heads_per_cta, int32_t group_chunks) {
+    prefill_attention_kernel(prefill_attention_args<T, C> a, int32_t heads_per_cta, int32_t group_chunks) {
   using shape = tile_shape<D>;
   constexpr int R = shape::rows, K = shape::keys, NT = shape::threads, D4 = D / 4, KL = shape::key_lanes;
   constexpr int RPT = R / (NT / KL);  // rows per thread
@@ -143,19 +143,20 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
   const int64_t k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * bs * D;
   const int64_t v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kvh) * bs * D;
 
-  // kv_s[key] = positions k0 + key of K (or V) through the block table; zeros from `end` on, so that
-  // P.V never multiplies a zero probability by uninitialised memory.
-  auto load_tile = [&](int32_t k0, int64_t kind_off) {
+  // kv_s[key] = positions k0 + key of K (or V) through the block table, times the cache's scale (an
+  // fp8 cache holds K / k_scale, V / v_scale; 1 otherwise: exact); zeros from `end` on, so that P.V
+  // never multiplies a zero probability by uninitialised memory.
+  auto load_tile = [&](int32_t k0, int64_t kind_off, float scale) {
     for (int idx = static_cast<int>(threadIdx.x); idx < K * D4; idx += NT) {
       const int key = idx / D4, c4 = idx % D4;
       const int32_t j = k0 + key;
       float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (j < end) {
-        load_floats<T, 4>(a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + kind_off +
+        load_floats<C, 4>(a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + kind_off +
                               static_cast<int64_t>(j % bs) * D + 4 * c4,
                           f);
       }
-      kv_s[key][c4] = make_float4(f[0], f[1], f[2], f[3]);
+      kv_s[key][c4] = make_float4(f[0] * scale, f[1] * scale, f[2] * scale, f[3] * scale);
     }
   };
 
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 
   for (int32_t k0 = start; k0 < end; k0 += K) {
     __syncthreads();  // the previous V tile is consumed (and, the first time, q_s is written)
-    load_tile(k0, k_off);
+    load_tile(k0, k_off, a.k_scale);
     __syncthreads();
 
     // S = Q K^T for this thread's rows x keys.
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       }
     }
     __syncthreads();  // every K read is done before V overwrites the tile; p_s is complete
-    load_tile(k0, v_off);
+    load_tile(k0, v_off, a.v_scale);
     __syncthreads();
 
     // O += P V over the tile's positions that exist (the rest are zero rows of V anyway).
@@ -293,8 +294,8 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 
 // grid: (num_tiles, num_heads), block: head_dim threads. Merges the splits of each (tile token, head),
 // with the same merge_splits as the decode kernel's combine_splits_kernel.
-template <class T>
-__global__ void prefill_combine_kernel(prefill_attention_args<T> a) {
+template <class T, class C>
+__global__ void prefill_combine_kernel(prefill_attention_args<T, C> a) {
   const prefill_tile tile = a.tiles[blockIdx.x];
   const int32_t head = static_cast<int32_t>(blockIdx.y), d = static_cast<int32_t>(threadIdx.x);
   const int32_t D = a.layout.head_dim;
@@ -308,8 +309,8 @@ __global__ void prefill_combine_kernel(prefill_attention_args<T> a) {
   }
 }
 
-template <int D, class T>
-void launch_for_dim(const prefill_attention_args<T>& a, cudaStream_t stream) {
+template <int D, class T, class C>
+void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
   const int32_t heads_per_cta = std::min(group, tile_shape<D>::rows);
@@ -317,23 +318,23 @@ void launch_for_dim(const prefill_attention_args<T>& a, cudaStream_t stream) {
   // gridDim.y is at most 65535: more tiles take several launches.
   constexpr int32_t max_tiles = 65535;
   for (int32_t first = 0; first < a.num_tiles; first += max_tiles) {
-    prefill_attention_args<T> part = a;
+    prefill_attention_args<T, C> part = a;
     part.tiles = a.tiles + first;
     part.num_tiles = std::min(max_tiles, a.num_tiles - first);
     const dim3 grid(static_cast<unsigned>(nkv * group_chunks), static_cast<unsigned>(part.num_tiles),
                     static_cast<unsigned>(a.num_splits));
-    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T>)
+    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
     (part, heads_per_cta, group_chunks);
     CUDA_CHECK(cudaGetLastError());
     if (a.num_splits > 1) {  // the workspace is indexed by tile within this launch: merge before the next
-      TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T>)(part);
+      TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T, C>)(part);
       CUDA_CHECK(cudaGetLastError());
     }
   }
 }
 
-template <class T>
-void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
+template <class T, class C>
+void launch(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.num_tiles <= 0) return;
   if (a.layout.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
     throw std::invalid_argument("prefill_attention: num_heads must be a positive multiple of num_kv_heads");
@@ -351,6 +352,7 @@ void launch(const prefill_attention_args<T>& a, cudaStream_t stream) {
   }
   if (a.window < 0 || !(a.softcap >= 0.0f))
     throw std::invalid_argument("prefill_attention: negative window or soft-cap");
+  if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("prefill_attention: scales must be > 0");
   switch (a.layout.head_dim) {
     case 32: return launch_for_dim<32>(a, stream);
     case 64: return launch_for_dim<64>(a, stream);
@@ -412,5 +414,6 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
 
 void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream) { launch(a, stream); }
 void prefill_attention(const prefill_attention_args<bf16>& a, cudaStream_t stream) { launch(a, stream); }
+void prefill_attention(const prefill_attention_args<bf16, fp8_e4m3>& a, cudaStream_t stream) { launch(a, stream); }
 
 }  // namespace tessera::gpu

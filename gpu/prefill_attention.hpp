@@ -43,8 +43,8 @@ static_assert(sizeof(prefill_tile) == 4 * sizeof(int32_t), "packed as 4 int32 in
 
 // The common part (gpu/kernels.hpp) for the query tokens of the tiles; a split (for few tiles over
 // long contexts) has a workspace of prefill_workspace_floats(...) floats.
-template <class T>
-struct prefill_attention_args : paged_attention_common<T> {
+template <class T, class C = T>
+struct prefill_attention_args : paged_attention_common<T, C> {
   const prefill_tile* tiles = nullptr;  // [num_tiles], from plan_prefill_tiles with prefill_tile_tokens
   int32_t num_tiles = 0;
   int32_t tile_tokens = 0;  // prefill_tile_tokens(...) the tiles were cut with
@@ -76,5 +76,6 @@ int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t
 // num_tiles 0.
 void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream);
 void prefill_attention(const prefill_attention_args<bf16>& a, cudaStream_t stream);
+void prefill_attention(const prefill_attention_args<bf16, fp8_e4m3>& a, cudaStream_t stream);  // fp8 cache
 
 }  // namespace tessera::gpu

@@ -9,17 +9,23 @@
 #      every architecture's tiny fixture (tests/data/models: llama, qwen2, qwen3, mistral, gemma2,
 #      gemma3, phi3) in f32 and bf16 through the same steps, greedy through the engine with and
 #      without CUDA graphs, each model feature alone, and the fixtures' GGUF files
-#   4. `tessera bench latency` (with and without --cuda-graphs) and `throughput` with --load-format
-#      dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape
+#   4. `tessera bench latency` (CUDA graphs on, the default; and --enforce-eager) and `throughput` with
+#      --load-format dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape;
+#      fixed-batch decode steps at 1, 64, 128, 256 sequences (bf16 and fp8 KV) and the fixed-length
+#      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV)
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
 #      TFLOP/s on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
-#      (gpu_gemv_bench, a markdown table), and `bench latency` with it on (TESSERA_GEMV=1): the data
-#      that decides TESSERA_GEMV's default
+#      (gpu_gemv_bench, a markdown table), and `bench latency` with cuBLAS only (TESSERA_GEMV=0; the
+#      default uses the kernel for 1-row steps)
 #   7. a per-op profile of a batch-1 decode step (TESSERA_CUDA_PROFILE=1), with cuBLAS and with the
 #      small-batch kernel
 #   8. the warp matrix and cp.async wrappers of gpu/mma.cuh (mma.sync, ldmatrix, cp.async) against the
 #      PTX ISA manual's fragment layouts and scalar matmuls (tests/gpu/mma_test.cpp), memcheck too
+#   9. the FP8 KV cache (tests/gpu/fp8_kv_test.cpp: E4M3 conversions, the KV write, both attention
+#      kernels over an fp8 cache) and the GEMMs over GGUF-quantised weights (tests/gpu/
+#      quantized_gemm_test.cpp), with memcheck (and racecheck) right after the correctness tests;
+#      batch-1 decode of the Llama-3-8B shape with Q4_K weights (--dummy-weight-type q4_k) against bf16
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -37,7 +43,7 @@ log=$out/gpu-check.log
 results=$out/gpu-results.md
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
-deadline=$(($(date +%s) + ${GPU_CHECK_BUDGET_S:-450}))  # the whole check stays under 8 minutes
+deadline=$(($(date +%s) + ${GPU_CHECK_BUDGET_S:-480}))  # the whole check stays under 8 minutes
 run() {  # run LABEL TIMEOUT CMD...: logs the command and its output, records pass/fail
   local label=$1 limit=$2
   shift 2
@@ -50,8 +56,9 @@ run() {  # run LABEL TIMEOUT CMD...: logs the command and its output, records pa
   [ "$limit" -gt "$left" ] && limit=$left
   say "---- $label: $*"
   local t0=$(date +%s)
-  timeout "$limit" "$@" >>"$log" 2>&1
+  timeout "$limit" "$@" >"$out/.step" 2>&1
   local rc=$?
+  cat "$out/.step" >>"$log"
   local secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then status="PASS"; elif [ $rc -eq 124 ]; then status="TIMEOUT"; else status="FAIL (exit $rc)"; fi
   say "---- $label: $status in ${secs}s"
@@ -76,7 +83,7 @@ else
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
   cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench \
-    gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test tessera >>"$log" 2>&1 ||
+    gpu_fp8_kv_test gpu_quantized_gemm_test gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -102,10 +109,21 @@ run "kernel tests" 60 "$tests/gpu_kernels_test"
 run "prefill attention kernel tests" 60 "$tests/gpu_prefill_attention_test"
 run "sampling kernels vs the host sampler" 60 "$tests/gpu_sampling_test"
 run "small-batch GEMM kernel vs reference, executor with it vs CPU" 60 "$tests/gpu_gemv_test"
+run "fp8 KV cache: E4M3 conversions, KV write, decode and prefill attention over fp8" 60 "$tests/gpu_fp8_kv_test"
+run "GEMMs over Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks vs the CPU dequantiser" 60 "$tests/gpu_quantized_gemm_test"
 arch_tests='CudaExecutorFeatures.*:Fixtures/*:CudaTinyModels.*'
 run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test" --gtest_filter="-$arch_tests"
 run "every architecture's fixture (f32, bf16; engine greedy with/without graphs) and each feature vs CPU executor" 120 \
   "$tests/gpu_cuda_executor_test" --gtest_filter="$arch_tests"
+
+# 9: the new fp8 kernels under the sanitizers before the long runs, so the budget cannot skip them.
+if command -v compute-sanitizer >/dev/null; then
+  run "memcheck: fp8 KV tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_fp8_kv_test"
+  run "racecheck: fp8 KV tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$tests/gpu_fp8_kv_test" \
+    --gtest_filter='GpuFp8Kv.*:Shapes/*/1:Shapes/*/3'
+  run "memcheck: quantized GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$tests/gpu_quantized_gemm_test"
+fi
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
 if [ -x "$bin/gpu_attention_bench" ]; then
@@ -128,32 +146,56 @@ fi
 # 4: the Llama-3-8B shape in bf16 with dummy weights.
 shape=$root/bench/models/llama-3-8b
 common=(--model "$shape" --load-format dummy --device cuda --dtype bfloat16 --gpu-memory-utilization 0.9)
-run "bench latency (Llama-3-8B shape, bf16, dummy)" 100 \
+run "bench latency (Llama-3-8B shape, bf16, dummy; CUDA graphs, the default)" 100 \
   "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
-grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency.json" || true
+grep '^{' "$out/.step" | tail -1 >"$out/latency.json" || true
 # Issue #15: the Qwen2.5-7B shape (QKV biases, 152k vocabulary, GQA 28/4) on the H200, dummy weights.
 run "bench latency (Qwen2.5-7B shape, bf16, dummy)" 100 \
   "$bin/tessera" bench latency --model "$root/bench/models/qwen2.5-7b" "${common[@]:2}" --prompt-tokens 512 \
   --gen-tokens 128 --repeats 2
-grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_qwen.json" || true
-run "bench latency with --cuda-graphs" 100 \
-  "$bin/tessera" bench latency "${common[@]}" --cuda-graphs --prompt-tokens 512 --gen-tokens 128 --repeats 3
-grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_graphs.json" || true
-run "bench latency with TESSERA_GEMV=1 (small-batch GEMM kernel)" 100 \
-  env TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
-grep '^{' "$log" | grep '"prompt_tps"' | tail -1 >"$out/latency_gemv.json" || true
-# Where a batch-1 decode step's GPU time goes, op by op (gpu/op_profiler.hpp), cuBLAS and the
-# small-batch kernel: the table docs/benchmarks.md keeps, and what says which kernel to work on next.
-run "per-op profile of batch-1 decode (cuBLAS GEMMs)" 60 \
-  env TESSERA_CUDA_PROFILE=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 64 --repeats 1
-run "per-op profile of batch-1 decode (TESSERA_GEMV=1)" 60 \
-  env TESSERA_CUDA_PROFILE=1 TESSERA_GEMV=1 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 \
+grep '^{' "$out/.step" | tail -1 >"$out/latency_qwen.json" || true
+run "bench latency --enforce-eager (no CUDA graphs)" 100 \
+  "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 --gen-tokens 128 --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_eager.json" || true
+run "bench latency with TESSERA_GEMV=0 (cuBLAS for every GEMM)" 100 \
+  env TESSERA_GEMV=0 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_cublas.json" || true
+# Where a batch-1 decode step's GPU time goes, op by op (gpu/op_profiler.hpp; eager steps: a graph
+# replays the step as one launch), with the defaults (the small-batch kernel at 1 row).
+run "per-op profile of batch-1 decode (small-batch GEMM at 1 row, the default)" 60 \
+  env TESSERA_CUDA_PROFILE=1 "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 \
   --gen-tokens 64 --repeats 1
 grep '^cuda profile' "$log" >"$out/profile.txt" || true
+# Q4_K weights kept in their blocks on the GPU (issue #20's target: >= 2.5x the bf16 batch-1 decode).
+run "bench latency with Q4_K weights (Llama-3-8B shape, dummy)" 120 \
+  "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 --gen-tokens 128 \
+  --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k.json" || true
+# Fixed-batch decode steps (issue #20): 1, 64, 128, 256 sequences of a 128-token prompt, one load each.
+run "decode steps at batch 1, 64, 128, 256 (bf16 KV)" 90 \
+  "$bin/tessera" bench latency "${common[@]}" --max-num-seqs 256 --prompt-tokens 128 --gen-tokens 64 \
+  --batch-size 1 64 128 256
+grep '^{' "$out/.step" >"$out/latency_batches.jsonl" || true
+run "decode steps at batch 1, 64, 128, 256 (fp8 KV)" 90 \
+  "$bin/tessera" bench latency "${common[@]}" --kv-cache-dtype fp8 --max-num-seqs 256 --prompt-tokens 128 \
+  --gen-tokens 64 --batch-size 1 64 128 256
+grep '^{' "$out/.step" >"$out/latency_batches_fp8.jsonl" || true
 run "bench throughput (Llama-3-8B shape, bf16, dummy, the ShareGPT-like workload: 320 requests)" 150 \
   "$bin/tessera" bench throughput "${common[@]}" --workload "$root/bench/workloads/sharegpt_like.jsonl" \
   --max-num-seqs 256 --max-num-batched-tokens 8192
-grep '^{' "$log" | grep '"requests_per_s"' | tail -1 >"$out/throughput.json" || true
+grep '^{' "$out/.step" | tail -1 >"$out/throughput.json" || true
+# TensorRT-LLM's published H200 lengths (input/output tokens), fixed: 1000/1000 in bf16 and fp8 KV
+# (issue #20's >= 1.3x), 128/128.
+fixed=(bench throughput "${common[@]}" --max-num-seqs 256 --max-num-batched-tokens 8192)
+run "bench throughput 1000/1000, 256 prompts, bf16 KV" 150 \
+  "$bin/tessera" "${fixed[@]}" --input-len 1000 --output-len 1000 --num-prompts 256
+grep '^{' "$out/.step" | tail -1 >"$out/throughput_1000.json" || true
+run "bench throughput 1000/1000, 256 prompts, fp8 KV" 150 \
+  "$bin/tessera" "${fixed[@]}" --kv-cache-dtype fp8 --input-len 1000 --output-len 1000 --num-prompts 256
+grep '^{' "$out/.step" | tail -1 >"$out/throughput_1000_fp8.json" || true
+run "bench throughput 128/128, 1024 prompts, bf16 KV" 90 \
+  "$bin/tessera" "${fixed[@]}" --input-len 128 --output-len 128 --num-prompts 1024
+grep '^{' "$out/.step" | tail -1 >"$out/throughput_128.json" || true
 
 # 2, last (the slowest; it gets what the budget has left): memcheck on the kernels and on the
 # executor's synthetic steps (which go through cuBLAS too).
@@ -213,7 +255,9 @@ fi
   echo '```'
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_graphs.json latency_gemv.json profile.txt throughput.json; do
+  for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_cublas.json \
+    latency_q4k.json profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
+    throughput_1000_fp8.json throughput_128.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null
@@ -222,7 +266,7 @@ fi
   echo
   cat "$out/gemv.md" 2>/dev/null
 } >"$results"
-rm -f "$out/.table"
+rm -f "$out/.table" "$out/.step"
 cat "$results"
 grep -q "FAIL\|TIMEOUT" "$results" && exit 1
 exit 0

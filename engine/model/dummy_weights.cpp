@@ -54,6 +54,53 @@ void quantize_q4_0_block(const float* x, std::byte* out) {
   for (int j = 0; j < 16; ++j) out[2 + j] = static_cast<std::byte>(q(x[j]) | (q(x[j + 16]) << 4));
 }
 
+// Q4_K, one super-block of 256 values (ggml's layout: engine/model/ggml_types.cpp's dequant_q4_k).
+// Not ggml's quantiser (quantize_row_q4_K_ref searches each group's scale and min): per group of 32,
+// min m = min(0, min x) and scale s = (max x - m) / 15; the super-block's fp16 d = max s / 63 and
+// dmin = max(-m) / 63; each group's 6-bit scale rounded up (so 15 steps cover its range) and 6-bit
+// min rounded to nearest; then q = round((x + dmin mq) / (d sq)) in [0, 15]. Every value is then
+// within half a step (d sq) plus half of dmin of itself, plus the fp16 rounding of d and dmin.
+void quantize_q4_k_block(const float* x, std::byte* out) {
+  float scale[8], neg_min[8], max_scale = 0.0f, max_min = 0.0f;
+  for (int g = 0; g < 8; ++g) {
+    float lo = 0.0f, hi = x[32 * g];
+    for (int i = 0; i < 32; ++i) {
+      lo = std::min(lo, x[32 * g + i]);
+      hi = std::max(hi, x[32 * g + i]);
+    }
+    scale[g] = (hi - lo) / 15.0f;
+    neg_min[g] = -lo;
+    max_scale = std::max(max_scale, scale[g]);
+    max_min = std::max(max_min, neg_min[g]);
+  }
+  const uint16_t d16 = fp32_to_fp16(max_scale / 63.0f), dmin16 = fp32_to_fp16(max_min / 63.0f);
+  const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
+  uint8_t sc[8], mn[8];
+  for (int g = 0; g < 8; ++g) {
+    sc[g] = d > 0.0f ? static_cast<uint8_t>(std::clamp(std::ceil(scale[g] / d), 0.0f, 63.0f)) : 0;
+    mn[g] = dmin > 0.0f ? static_cast<uint8_t>(std::clamp(std::round(neg_min[g] / dmin), 0.0f, 63.0f)) : 0;
+  }
+  auto* b = reinterpret_cast<uint8_t*>(out);
+  std::memcpy(b, &d16, 2);
+  std::memcpy(b + 2, &dmin16, 2);
+  uint8_t* packed = b + 4;  // the inverse of ggml's get_scale_min_k4
+  for (int j = 0; j < 4; ++j) {
+    packed[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    packed[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    packed[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
+  }
+  uint8_t* qs = b + 16;
+  for (int g = 0; g < 8; ++g) {
+    const float step = d * static_cast<float>(sc[g]), shift = dmin * static_cast<float>(mn[g]);
+    for (int i = 0; i < 32; ++i) {
+      const float q = step > 0.0f ? std::round((x[32 * g + i] + shift) / step) : 0.0f;
+      const auto v = static_cast<uint8_t>(std::clamp(q, 0.0f, 15.0f));
+      uint8_t& byte = qs[32 * (g / 2) + i];  // groups 2p and 2p + 1 share run p: low, high nibbles
+      byte = static_cast<uint8_t>(g % 2 == 0 ? v : (byte | (v << 4)));
+    }
+  }
+}
+
 struct dummy_storage {
   std::vector<std::vector<std::byte>> buffers;
 };
@@ -91,6 +138,12 @@ class filler {
       } else if (type == ggml_type::bf16) {
         auto* out = reinterpret_cast<uint16_t*>(row);
         for (int64_t c = 0; c < cols; ++c) out[c] = fp32_to_bf16(value(c));
+      } else if (type == ggml_type::q4_k) {
+        for (int64_t c = 0; c < cols; c += 256) {
+          float block[256];
+          for (int64_t i = 0; i < 256; ++i) block[i] = value(c + i);
+          quantize_q4_k_block(block, row + (c / 256) * type_info(type).block_bytes);
+        }
       } else {
         for (int64_t c = 0; c < cols; c += 32) {
           float block[32];
@@ -154,23 +207,25 @@ class filler {
 
 bool is_dummy_weight_type(ggml_type t) noexcept {
   return t == ggml_type::f32 || t == ggml_type::f16 || t == ggml_type::bf16 || t == ggml_type::q8_0 ||
-         t == ggml_type::q4_0;
+         t == ggml_type::q4_0 || t == ggml_type::q4_k;
 }
 
 std::shared_ptr<const model_weights> make_dummy_weights(const model_config& config,
                                                         const dummy_weights_options& options) {
   config.validate();
   if (!is_dummy_weight_type(options.type)) {
-    throw invalid_request("dummy weights: element type must be f32, f16, bf16, q8_0 or q4_0");
+    throw invalid_request("dummy weights: element type must be f32, f16, bf16, q8_0, q4_0 or q4_k");
   }
-  // Quantized rows are whole blocks of 32: every matrix dimension they cover must be a multiple of it.
-  if (options.type == ggml_type::q8_0 || options.type == ggml_type::q4_0) {
+  // Quantized rows are whole blocks (32 values, 256 for Q4_K): every matrix dimension they cover must
+  // be a multiple of one.
+  if (options.type == ggml_type::q8_0 || options.type == ggml_type::q4_0 || options.type == ggml_type::q4_k) {
+    const int64_t block = type_info(options.type).block_elems;
     for (const auto& [what, n] : {std::pair{"hidden_size", int64_t{config.hidden_size}},
                                   std::pair{"intermediate_size", int64_t{config.intermediate_size}},
                                   std::pair{"num_heads * head_dim", int64_t{config.num_heads} * config.head_dim}}) {
-      if (n % 32 != 0) {
+      if (n % block != 0) {
         throw invalid_request(std::string("dummy weights: ") + std::string(type_info(options.type).name) + " needs " +
-                              what + " to be a multiple of 32, got " + std::to_string(n));
+                              what + " to be a multiple of " + std::to_string(block) + ", got " + std::to_string(n));
       }
     }
   }

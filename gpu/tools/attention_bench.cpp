@@ -1,6 +1,7 @@
 // Attention kernels on Llama-3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, bf16
 // cache of 32 layers, 16-token blocks in shuffled order). One JSON line per case.
-//   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak;
+//   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
+//            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes);
 //   prefill: gpu::prefill_attention (tiled) against paged_attention on the same causal prompt chunk,
 //            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
 //            QK^T and PV multiply-adds) and their ratio.
@@ -10,10 +11,12 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
+#include "gpu/fp8.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/prefill_attention.hpp"
 
@@ -21,13 +24,15 @@ using namespace tessera::gpu;
 
 namespace {
 
+// C: the cache element, bf16 or fp8_e4m3.
+template <class C>
 void bench(int32_t batch, int32_t context, int num_sms) {
   const kv_layout layout{32, 8, 16, 128};
   const int32_t num_heads = 32, blocks_per_seq = (context + 15) / 16;
   const int64_t num_blocks = int64_t{batch} * blocks_per_seq;
-  bf16* kv = nullptr;
-  CUDA_CHECK(cudaMalloc(&kv, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(bf16)));
-  CUDA_CHECK(cudaMemset(kv, 0, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(bf16)));
+  C* kv = nullptr;
+  CUDA_CHECK(cudaMalloc(&kv, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(C)));
+  CUDA_CHECK(cudaMemset(kv, 0, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(C)));
   std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
   std::iota(tables.begin(), tables.end(), 0);
   std::shuffle(tables.begin(), tables.end(), std::mt19937(1));
@@ -44,7 +49,7 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   CUDA_CHECK(cudaMalloc(&q, size_t(batch) * num_heads * 128 * sizeof(float)));
   CUDA_CHECK(cudaMemset(q, 0, size_t(batch) * num_heads * 128 * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&out, size_t(batch) * num_heads * 128 * sizeof(bf16)));
-  paged_attention_args<bf16> a;
+  paged_attention_args<bf16, C> a;
   a.out = out;
   a.out_stride = num_heads * 128;
   a.q = q;
@@ -62,10 +67,15 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   a.num_splits = plan.num_splits;
   a.partition_size = plan.partition_size;
   float* ws = nullptr;
+  int32_t* counters = nullptr;
   if (plan.num_splits > 1) {
     CUDA_CHECK(
         cudaMalloc(&ws, size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)) * sizeof(float)));
     a.workspace = ws;
+    // The executor's fused merge (one launch): counters zeroed once, left zero by the kernel.
+    CUDA_CHECK(cudaMalloc(&counters, size_t(batch) * num_heads * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(counters, 0, size_t(batch) * num_heads * sizeof(int32_t)));
+    a.split_counters = counters;
   }
   for (int i = 0; i < 3; ++i) paged_attention(a, nullptr);
   cudaEvent_t t0, t1;
@@ -79,12 +89,13 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
   const double secs = ms / 1e3 / iters;
-  const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * 2 /*bf16*/;
+  const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
   std::printf(
-      "{\"bench\": \"paged_attention\", \"batch\": %d, \"context\": %d, \"splits\": %d, \"us\": %.1f, "
-      "\"GBps\": %.0f, \"pct_of_4800GBps\": %.1f}\n",
-      batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9, bytes / secs / 4.8e12 * 100);
-  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws);
+      "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, "
+      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f}\n",
+      sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9,
+      bytes / secs / 4.8e12 * 100);
+  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(counters);
   cudaFree(const_cast<int32_t*>(a.context_lens)), cudaFree(const_cast<int32_t*>(a.token_seq));
   cudaFree(const_cast<int32_t*>(a.block_tables));
   cudaEventDestroy(t0), cudaEventDestroy(t1);
@@ -213,10 +224,10 @@ int main() {
   }
   int num_sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
-  bench(1, 32768, num_sms);
-  bench(8, 32768, num_sms);
-  bench(64, 4096, num_sms);
-  bench(256, 1024, num_sms);
+  for (const auto& [batch, context] : {std::pair{1, 32768}, {8, 32768}, {64, 4096}, {256, 1024}}) {
+    bench<bf16>(batch, context, num_sms);
+    bench<fp8_e4m3>(batch, context, num_sms);
+  }
   bench_prefill(0, 4096, num_sms);    // a 4k-token prompt
   bench_prefill(3584, 512, num_sms);  // a 512-token chunk after 3.5k cached positions (chunked prefill / prefix hit)
   bench_prefill(16384, 64, num_sms);  // 64 new tokens after a 16k cached prefix (multi-turn chat): split

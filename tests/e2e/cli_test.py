@@ -113,6 +113,12 @@ def every_kv_cache_dtype_generates_and_a_bad_one_is_refused():
         assert len(p.stdout.strip()) > 0, (dtype, p.stdout)
     p = run(["generate", *ENGINE, "--kv-cache-dtype", "q8_0", "--prompt", "hi"])
     assert p.returncode != 0 and "--kv-cache-dtype" in p.stderr, p.stderr
+    # fp8 is the CUDA executor's: on the CPU it is refused by name, saying where it runs.
+    p = run(["generate", *ENGINE, "--device", "cpu", "--kv-cache-dtype", "fp8", "--prompt", "hi"])
+    assert p.returncode != 0 and "fp8 is the CUDA executor's" in p.stderr, p.stderr
+    # --enforce-eager (vLLM's spelling of "no CUDA graphs") is accepted everywhere; the CPU ignores it.
+    p = run(["generate", *ENGINE, "--device", "cpu", "--enforce-eager", "--max-tokens", "2", "--prompt", "hi"])
+    assert p.returncode == 0, p.stderr
 
 
 @case

@@ -161,6 +161,64 @@ TEST(DummyWeights, QuantizedTypesAreTheFloatValuesQuantizedAsGgmlDoes) {
   }
 }
 
+// q4_k (for the CUDA executor's quantized GEMMs on 7-8B shapes): the f32 model's values in Q4_K
+// super-blocks of 256, read back through the engine's own dequantiser, each within the bound its
+// quantiser promises: half a step of its group (d * 6-bit scale, the scale rounded up from range / 15)
+// plus half of dmin (the 6-bit min's rounding) plus the fp16 rounding of d and dmin; dimensions that
+// are not whole super-blocks are refused.
+TEST(DummyWeights, Q4KIsTheFloatValuesInSuperBlocksWithinTheirStep) {
+  model_config c = tiny_config();
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.rope_dims = 64;
+  dummy_weights_options f32;
+  f32.type = ggml_type::f32;
+  const auto exact = make_dummy_weights(c, f32);
+  dummy_weights_options o;
+  o.type = ggml_type::q4_k;
+  const auto w = make_dummy_weights(c, o);
+  for (const auto& [got, want] : {std::pair{&w->layers[0].w_up, &exact->layers[0].w_up},
+                                  std::pair{&w->layers[1].w_down, &exact->layers[1].w_down}}) {
+    ASSERT_EQ(got->type, ggml_type::q4_k);
+    ASSERT_EQ(got->row_stride_bytes, got->cols / 256 * 144);
+    const std::vector<float> q = values(*got), x = values(*want);
+    double err2 = 0, x2 = 0;
+    for (size_t b = 0; b < x.size(); b += 256) {
+      float max_scale = 0, max_min = 0, scale[8];
+      for (int g = 0; g < 8; ++g) {
+        float lo = 0, hi = x[b + 32 * g];
+        for (int i = 0; i < 32; ++i) lo = std::min(lo, x[b + 32 * g + i]), hi = std::max(hi, x[b + 32 * g + i]);
+        scale[g] = (hi - lo) / 15;
+        max_scale = std::max(max_scale, scale[g]);
+        max_min = std::max(max_min, -lo);
+      }
+      const float d = max_scale / 63, dmin = max_min / 63;
+      for (int g = 0; g < 8; ++g) {
+        const float bound = 0.5f * (scale[g] + d) + 0.5f * dmin + 64 * (d + dmin) / 1024 + 1e-7f;
+        for (size_t i = b + 32 * g; i < b + 32 * g + 32; ++i) {
+          ASSERT_LE(std::fabs(q[i] - x[i]), bound) << "value " << i;
+          err2 += double(q[i] - x[i]) * (q[i] - x[i]);
+          x2 += double(x[i]) * x[i];
+        }
+      }
+    }
+    EXPECT_GT(err2, 0.0) << "quantized, not copied";
+    EXPECT_LT(std::sqrt(err2 / x2), 0.1) << "4-bit: the error is a small part of the values";
+  }
+  model_config odd = c;
+  odd.intermediate_size = 320;
+  try {
+    make_dummy_weights(odd, o);
+    FAIL() << "no exception";
+  } catch (const invalid_request& e) {
+    EXPECT_NE(std::string(e.what()).find("intermediate_size to be a multiple of 256, got 320"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DummyWeights, ByteTokenizerRoundTripsText) {
   const auto tok = make_byte_tokenizer(300);
   EXPECT_EQ(tok->vocab_size(), 300u);

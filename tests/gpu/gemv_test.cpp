@@ -220,9 +220,9 @@ TEST_P(CudaExecutorSmallBatchGemm, SameLogitsAsTheCpuExecutor) {
   go.kv = kv;
   go.dtype = c.dtype;
   go.cuda_graphs = c.graphs;
-  go.small_batch_gemm = true;
+  go.small_batch_gemm_rows = gpu::kMaxGemvRows;
   const auto gemv = make_cuda_executor(weights, go);
-  go.small_batch_gemm = false;
+  go.small_batch_gemm_rows = 0;
   const auto cublas = make_cuda_executor(weights, go);
 
   const float rel_tol = c.dtype == cuda_dtype::f32 ? 1e-3f : 6e-2f;

@@ -34,9 +34,16 @@ class GpuKernels : public device_fixture<> {
     if (forced_splits > 1) plan = {forced_splits, (walk + forced_splits - 1) / forced_splits};
     a.num_splits = plan.num_splits;
     a.partition_size = plan.partition_size;
-    if (plan.num_splits > 1)
+    if (plan.num_splits > 1) {
       a.workspace = alloc(size_t(attention_workspace_floats(a.num_tokens, a.num_heads, head_dim, plan.num_splits)));
+      if constexpr (requires { a.split_counters; }) {
+        if (fused_merge_) a.split_counters = alloc<int32_t>(size_t(a.num_tokens) * a.num_heads);
+      }
+    }
   }
+  // plan_split's paged_attention launches merge their splits in the attention kernel (the executor's
+  // way) instead of a second kernel.
+  bool fused_merge_ = false;
 
   // paged_attention over `kv` as an f32 or a bf16 cache (`fill` sets every other argument), as floats.
   template <class Fill>
@@ -447,10 +454,27 @@ TEST_P(GpuAttention, MatchesCpuReference) {
     // As the executor: a sliding-window layer's queries walk at most `window` positions.
     plan_split(a, c.num_kv_heads, c.head_dim, c.window > 0 ? std::min(301, c.window) : 301, c.num_splits);
   };
-  const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
+  // A split is merged by a second kernel, then (the executor's way) by the attention kernel's last
+  // CTA per (token, head group), twice over the same counters (which it must leave at zero).
   const double tol = c.bf16 ? 1e-2 : 2e-5;
-  for (size_t i = 0; i < out_elems; ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+  int32_t* counters = nullptr;
+  for (const int pass : {0, 1, 2}) {
+    fused_merge_ = pass > 0;
+    bool split = false;
+    const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, [&](auto& a) {
+      fill(a);
+      split = a.num_splits > 1;
+      if (pass == 2) a.split_counters = counters;  // the first fused pass's, as it left them
+      counters = a.split_counters;
+    });
+    for (size_t i = 0; i < out_elems; ++i)
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i << " pass " << pass;
+    if (!split) break;  // no split: one pass says it all
+    if (pass == 1) {
+      const auto left = download(counters, size_t(T) * c.num_heads);
+      ASSERT_EQ(std::count(left.begin(), left.end(), 0), std::ptrdiff_t(left.size())) << "counters left at zero";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

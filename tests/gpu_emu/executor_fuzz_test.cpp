@@ -15,6 +15,7 @@
 #include "cpu/cpu_executor.hpp"
 #include "engine/model/dummy_weights.hpp"
 #include "gpu/cuda_executor.hpp"
+#include "gpu/gemv.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace tessera {
@@ -52,8 +53,8 @@ void fuzz(bool graphs, uint32_t seed, bool small_batch_gemm = false) {
   go.kv = kv;
   go.dtype = cuda_dtype::f32;
   go.cuda_graphs = graphs;
-  go.small_batch_gemm = small_batch_gemm;  // steps of <= 8 rows through gpu/gemv.hpp
-  go.max_num_batched_tokens = 32;          // small: larger steps grow the buffers
+  go.small_batch_gemm_rows = small_batch_gemm ? gpu::kMaxGemvRows : 0;  // steps of <= 8 rows: gpu/gemv.hpp
+  go.max_num_batched_tokens = 32;                                       // small: larger steps grow the buffers
   const auto gpu = make_cuda_executor(w, go);
 
   std::mt19937 rng(seed);

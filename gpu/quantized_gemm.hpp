@@ -1,0 +1,48 @@
+// GGUF-quantised weight matrices on the GPU: GEMMs that read Q8_0, Q4_0, Q4_1, Q4_K or Q6_K blocks as
+// they are in the file instead of a bf16 copy made at load (a Q4_K matrix is 4.5 bits a weight
+// against bf16's 16, so a decode step, which streams every weight once, reads ~3.5x fewer bytes).
+//
+// Same contract as gemm() of gpu/cuda_executor.cpp: W row-major [n, k] (row r at w + r * row_bytes,
+// GGUF's blocks along k), in row-major bf16 [rows, k], out fp32 with row stride ldc >= n,
+//   out[r, j] = (accumulate ? out[r, j] : 0) + sum_i in[r, i] * W[j, i],
+// W's values exactly those of the engine's dequantize_row (engine/model/ggml_types.hpp), computed in
+// fp32. Two paths, as llama.cpp's CUDA backend has (mmvq for small batches, dequantise + cuBLAS for
+// large ones):
+//   * quantized_small_batch_gemm, for 1 to kMaxQuantizedGemvRows input rows: one warp per output
+//     column walks the column's blocks once, each lane a chunk of 8 or 16 weights at a time
+//     (dequantised in registers) against every input row;
+//   * dequantize_rows_to_bf16: the matrix as bf16 into a scratch buffer, for cuBLAS's tensor-core
+//     GEMM when a step has more rows (prefill, large decode batches), where the weights' bytes are no
+//     longer what limits the step.
+// Block layouts: ggml's (llama.cpp ggml-common.h), as documented at each CPU dequantiser.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/model/ggml_types.hpp"
+#include "gpu/kernels.hpp"
+
+namespace tessera::gpu {
+
+// The most input rows quantized_small_batch_gemm serves.
+inline constexpr int32_t kMaxQuantizedGemvRows = 8;
+
+// The GGUF types these kernels read: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (other types are dequantised to bf16
+// at load by the executor).
+bool quantized_gemm_supports(ggml_type type) noexcept;
+
+// Throws std::invalid_argument for an unsupported type, k not a multiple of the type's block, row_bytes
+// short of a row, w or row_bytes not 4-byte aligned for Q4_K (read in words), rows outside
+// [1, kMaxQuantizedGemvRows], ldc < n, or `in` not 16-byte aligned.
+void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k,
+                                const bf16* in, int32_t rows, float* out, int64_t ldc, bool accumulate,
+                                cudaStream_t stream);
+
+// out[n, k] (row-major bf16, row stride k) = W's values rounded to bf16 (nearest even).
+// Throws std::invalid_argument as above.
+void dequantize_rows_to_bf16(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, bf16* out,
+                             cudaStream_t stream);
+
+}  // namespace tessera::gpu
