@@ -143,6 +143,11 @@ class executor {
   // The KV cache's element type as the executor stores it ("fp32", "fp16", "bf16", "int8"; empty when
   // the executor does not say), reported by /v1/models, /metrics and the dashboard.
   virtual const char* kv_cache_dtype() const { return ""; }
+  // Seconds a device executor's steps have occupied its device so far, each from its first queued
+  // work to its last (so the time between steps, the host's planning and bookkeeping, is left out):
+  // against the wall clock, the share an overlapped (submit, then wait) step loop could win back.
+  // 0 for an executor that computes on the calling thread.
+  virtual double device_step_seconds() const { return 0.0; }
   // True when execute() honours sequence_slice::sampling (gpu/cuda_executor.cpp); the engine then
   // sends its sampler's state and records the tokens the executor returns.
   virtual bool samples_on_device() const { return false; }

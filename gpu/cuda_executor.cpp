@@ -350,6 +350,8 @@ class cuda_executor final : public executor {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&swap_done_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreate(&step_begin_));
+    CUDA_CHECK(cudaEventCreate(&step_end_));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // A fixed workspace keeps cuBLAS from allocating during a step (and is what graph capture needs).
@@ -398,6 +400,8 @@ class cuda_executor final : public executor {
     for (auto& g : graphs_) cudaGraphExecDestroy(g.exec);
     if (cublas_) cublasDestroy(cublas_);
     if (swap_done_) cudaEventDestroy(swap_done_);
+    if (step_begin_) cudaEventDestroy(step_begin_);
+    if (step_end_) cudaEventDestroy(step_end_);
     if (stream_) cudaStreamDestroy(stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
   }
@@ -408,6 +412,7 @@ class cuda_executor final : public executor {
   kv_layer_groups kv_groups() const override { return groups_; }
   const char* name() const override { return "cuda"; }
   const char* kv_cache_dtype() const override { return fp8_cache ? "fp8_e4m3" : is_bf16 ? "bf16" : "fp32"; }
+  double device_step_seconds() const override { return device_step_seconds_; }
   bool samples_on_device() const override { return true; }
   // Both attention kernels start their walk at the window's first key and index the block table
   // from there (gpu/attention.cu, gpu/prefill_attention.cu), and a step writes only its own tokens'
@@ -422,6 +427,7 @@ class cuda_executor final : public executor {
   void execute(const step_batch& batch, step_output& out) override {
     CUDA_CHECK(cudaSetDevice(device_));
     plan_step(batch, out);  // validates everything before the cache is touched
+    CUDA_CHECK(cudaEventRecord(step_begin_, stream_));
     upload_metadata();
     if (!sampling_.empty()) {
       // Without the grammar masks when they come later (below): the host is about to write them.
@@ -487,7 +493,11 @@ class cuda_executor final : public executor {
                                  cudaMemcpyDeviceToHost, stream_));
     }
     if (!graph_step_ && T_ > 0) profiler_.mark(stream_, "sampling + copies");
+    CUDA_CHECK(cudaEventRecord(step_end_, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    float step_ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&step_ms, step_begin_, step_end_));
+    device_step_seconds_ += step_ms / 1e3;
     profiler_.end_step();
     if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
     if (!sampling_.empty()) {
@@ -1354,6 +1364,8 @@ class cuda_executor final : public executor {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t swap_done_ = nullptr;
+  cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // device_step_seconds()
+  double device_step_seconds_ = 0.0;
   cublasHandle_t cublas_ = nullptr;
   device_buffer cublas_workspace_;
   gpu::op_profiler profiler_;  // TESSERA_CUDA_PROFILE=1

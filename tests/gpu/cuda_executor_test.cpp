@@ -13,6 +13,7 @@
 #include <functional>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -331,7 +332,13 @@ TEST_P(CudaExecutor, SameLogitsAsCpuThroughPagingSwapAndCopyOnWrite) {
                     : GetParam().fp8_kv                 ? 0.1f
                                                         : 6e-2f,
                     "synthetic llama");
+  const auto start = std::chrono::steady_clock::now();
   run_paging_sequence(c, 1500);
+  // The steps' device time: some, and no more than the wall clock they took (the CPU's steps too).
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(gpu_->device_step_seconds(), 0.0);
+  EXPECT_LE(gpu_->device_step_seconds(), wall);
+  EXPECT_EQ(cpu_->device_step_seconds(), 0.0);
 }
 
 // Seeded sampling through the engine: the CUDA executor samples on its device (gpu/sampling.cu) and
