@@ -61,8 +61,8 @@ TESSERA_HOST_DEVICE inline uint8_t float_to_fp8_e4m3(float x) {
   const uint32_t u = detail::float_to_bits(x);
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN stays NaN
-  constexpr uint8_t kMaxFinite = 0x7E;                                   // 448
+  if (mag > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);        // NaN stays NaN
+  constexpr uint8_t kMaxFinite = 0x7E;                                     // 448
   if (mag >= 0x43E00000u) return static_cast<uint8_t>(sign | kMaxFinite);  // >= 448 (and inf): saturate
   const int32_t exp = static_cast<int32_t>(mag >> 23) - 127;
   uint32_t code;

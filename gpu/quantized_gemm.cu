@@ -28,9 +28,9 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
 }
 
 // Each type's block cut into chunks a lane dequantises at once: kRuns runs of 4 consecutive weights,
-// run r at element offset off[r] of the block (the matrix and its rows kAlign-byte aligned), with the CPU dequantiser's arithmetic (same
-// operations in the same order). Consecutive chunks are consecutive bytes of the block, so a warp's
-// 32 lanes read a contiguous stretch of the row.
+// run r at element offset off[r] of the block (the matrix and its rows kAlign-byte aligned), with the CPU dequantiser's
+// arithmetic (same operations in the same order). Consecutive chunks are consecutive bytes of the block, so a warp's 32
+// lanes read a contiguous stretch of the row.
 
 // Q8_0 {d, int8 qs[32]}: y = q * d. Chunk c: elements 8c .. 8c + 7.
 struct q8_0_blocks {
@@ -248,12 +248,12 @@ bool quantized_gemm_supports(ggml_type type) noexcept {
          type == ggml_type::q6_k;
 }
 
-void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k,
-                                const bf16* in, int32_t rows, float* out, int64_t ldc, bool accumulate,
-                                cudaStream_t stream) {
+void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
+                                int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream) {
   if (rows < 1 || rows > kMaxQuantizedGemvRows) throw std::invalid_argument("quantized GEMM: rows must be 1..8");
   if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
-  if (reinterpret_cast<uintptr_t>(in) % 16 != 0) throw std::invalid_argument("quantized GEMM: input not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0)
+    throw std::invalid_argument("quantized GEMM: input not 16-byte aligned");
   with_blocks(type, [&](auto blocks) {
     using L = decltype(blocks);
     check_shape<L>(w, row_bytes, n, k);

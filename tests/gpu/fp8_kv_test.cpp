@@ -132,9 +132,8 @@ class GpuFp8Kv : public device_fixture<> {
   // What both attention kernels take alike: Q (rows of num_heads heads, 1/sqrt(head_dim)), the fp8
   // cache with its scales, the block tables, the window.
   template <class Args>
-  void set_common(Args& a, const std::vector<float>& q, const fp8_cache& kv, const ref::kv_geometry& g,
-                  int32_t layer, int32_t num_heads, const std::vector<int32_t>& tables, int32_t max_blocks,
-                  int32_t window) {
+  void set_common(Args& a, const std::vector<float>& q, const fp8_cache& kv, const ref::kv_geometry& g, int32_t layer,
+                  int32_t num_heads, const std::vector<int32_t>& tables, int32_t max_blocks, int32_t window) {
     a.out_stride = a.q_stride = int64_t{num_heads} * g.head_dim;
     a.q = upload(q);
     a.kv_cache = reinterpret_cast<const fp8_e4m3*>(upload(kv.codes));
@@ -306,10 +305,10 @@ TEST_P(GpuFp8Prefill, TiledKernelEqualsTheReferenceOverTheDequantisedCache) {
   a.num_tiles = int32_t(tiles.size());
   a.tile_tokens = tile_tokens;
   if (c.num_splits > 1) {
-    a.num_splits = 3;       // 75 positions at most: three partitions of 32 (a multiple of the key tiles)
+    a.num_splits = 3;  // 75 positions at most: three partitions of 32 (a multiple of the key tiles)
     a.partition_size = 32;
-    a.workspace = alloc(
-        size_t(prefill_workspace_floats(a.num_tiles, tile_tokens, c.num_heads, c.head_dim, a.num_splits)));
+    a.workspace =
+        alloc(size_t(prefill_workspace_floats(a.num_tiles, tile_tokens, c.num_heads, c.head_dim, a.num_splits)));
   }
   const size_t out_elems = size_t(T) * q_stride;
   uint16_t* out = alloc<uint16_t>(out_elems);
@@ -326,16 +325,16 @@ void PrintTo(const fp8_attention_case& c, std::ostream* os) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Attention,
-                         ::testing::Values(fp8_attention_case{64, 9, 3, false, 1},     // SmolLM2's group of 3
-                                           fp8_attention_case{128, 32, 8, false, 3},   // Llama-3-8B, split-KV
-                                           fp8_attention_case{128, 12, 1, false, 1},   // MQA: two CTAs a KV head
-                                           fp8_attention_case{64, 8, 2, true, 1},      // chunks
-                                           fp8_attention_case{128, 32, 8, true, 2},    // chunks, split
+                         ::testing::Values(fp8_attention_case{64, 9, 3, false, 1},      // SmolLM2's group of 3
+                                           fp8_attention_case{128, 32, 8, false, 3},    // Llama-3-8B, split-KV
+                                           fp8_attention_case{128, 12, 1, false, 1},    // MQA: two CTAs a KV head
+                                           fp8_attention_case{64, 8, 2, true, 1},       // chunks
+                                           fp8_attention_case{128, 32, 8, true, 2},     // chunks, split
                                            fp8_attention_case{256, 4, 4, true, 1, 24},  // head_dim 256, window
                                            fp8_attention_case{32, 4, 1, false, 1, 24}));
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Prefill,
-                         ::testing::Values(fp8_attention_case{64, 9, 3, true, 1},      // SmolLM2
-                                           fp8_attention_case{128, 32, 8, true, 3},    // Llama-3-8B, split
+                         ::testing::Values(fp8_attention_case{64, 9, 3, true, 1},       // SmolLM2
+                                           fp8_attention_case{128, 32, 8, true, 3},     // Llama-3-8B, split
                                            fp8_attention_case{256, 4, 4, true, 1, 24},  // head_dim 256, window
                                            fp8_attention_case{32, 16, 2, true, 3, 40}));
 

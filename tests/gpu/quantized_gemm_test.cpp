@@ -130,8 +130,8 @@ TEST_F(QuantizedGemm, DequantisationToBf16EqualsTheCpuDequantiserRounded) {
         ++exact;
         continue;
       }
-      ASSERT_EQ(std::abs(int(got[i]) - int(want)), 1) << "element " << i << ": " << bf16_to_fp32(got[i]) << " vs "
-                                                      << w[i];
+      ASSERT_EQ(std::abs(int(got[i]) - int(want)), 1)
+          << "element " << i << ": " << bf16_to_fp32(got[i]) << " vs " << w[i];
     }
     EXPECT_GE(double(exact), 0.999 * double(got.size()));
   }
