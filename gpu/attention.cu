@@ -238,18 +238,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 }
 
 // The fused merge (paged_attention_args::split_counters): the CTA that finishes its (token, head group)
-// last, counted with an atomic after a fence that publishes its partials, merges every split's
-// partials for the group's heads and resets the counter for the next launch (a graph replays it).
+// last merges every split's partials for the group's heads and resets the counter for the next
+// launch (a graph replays it).
 template <class T, class C>
 __device__ void merge_if_last(const paged_attention_args<T, C>& a, int32_t token, int32_t head0, int32_t ng, int D) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();  // every thread's partial is written and fenced
   int32_t* counter = a.split_counters + static_cast<int64_t>(token) * gridDim.y + blockIdx.y;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == a.num_splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other splits' partials, fenced before their increments, are visible now
+  if (!detail::last_of_splits(counter, a.num_splits)) return;
   const volatile float* part_o = a.workspace;
   const volatile float* part_ml = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * D;
   for (int i = static_cast<int>(threadIdx.x); i < ng * D; i += static_cast<int>(blockDim.x)) {

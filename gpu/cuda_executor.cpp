@@ -859,6 +859,8 @@ class cuda_executor final : public executor {
       prefill_split_[c] = gpu::plan_prefill_split(static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
                                                   config_.num_heads, config_.num_kv_heads, prefill_walk, num_sms_);
       if (prefill_split_[c].num_splits > 1) {
+        reserve_split_counters(std::min<int64_t>(static_cast<int64_t>(prefill_tiles_.size()), 65535) *
+                               config_.num_heads);
         workspace = std::max(workspace, gpu::prefill_workspace_floats(static_cast<int32_t>(prefill_tiles_.size()),
                                                                       prefill_tile_tokens_, config_.num_heads,
                                                                       config_.head_dim, prefill_split_[c].num_splits));
@@ -1193,6 +1195,7 @@ class cuda_executor final : public executor {
       gpu::paged_attention(att, stream_);
       profiler_.mark(stream_, "attention decode");
       static_cast<gpu::paged_attention_common<T, C>&>(pre) = with_split(prefill_split_[wc], L.window);
+      pre.split_counters = prefill_split_[wc].num_splits > 1 ? split_counters_.as<int32_t>() : nullptr;
       pre.layer = groups_.slot_of(l);
       gpu::prefill_attention(pre, stream_);
       profiler_.mark(stream_, "attention prefill");
@@ -1386,7 +1389,7 @@ class cuda_executor final : public executor {
 
   int32_t cap_tokens_ = 0, cap_rows_ = 0;
   device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, tmp_, lx_, logits_, attn_workspace_;
-  device_buffer split_counters_;  // the decode kernel's fused split-KV merge (gpu/attention.hpp)
+  device_buffer split_counters_;  // both attention kernels' fused split-KV merge (gpu/attention.hpp)
   pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;

@@ -83,6 +83,22 @@ __device__ __forceinline__ float merge_splits(F* part_o, F* part_ml, int64_t fir
   return sum > 0.0f ? o / sum : 0.0f;
 }
 
+// Split-KV merged by the last CTA to finish (flash-decoding's second kernel folded into the first):
+// after a fence that publishes this CTA's partials, counts it in on `counter` (one per group of CTAs
+// whose splits merge together). True in every thread of the CTA that completes the count, which may
+// then read the others' partials (through volatile loads: L1 is not coherent across SMs) and must
+// reset the counter to 0 for the next launch. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_of_splits(int32_t* counter, int32_t num_splits) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();  // every thread's partial is written and fenced
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == num_splits - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();  // the other CTAs' partials, fenced before their increments, are visible now
+  return true;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));

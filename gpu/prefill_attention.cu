@@ -290,6 +290,23 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       dst[col + 3] = from_float<T>(acc[rr][c].w * inv);
     }
   }
+  // The fused merge (prefill_attention_args::split_counters): the last CTA of this (tile, head group)
+  // merges every row's splits, as prefill_combine_kernel would, and resets the counter.
+  if (a.num_splits > 1 && a.split_counters != nullptr) {
+    int32_t* counter = a.split_counters + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+    if (!detail::last_of_splits(counter, a.num_splits)) return;
+    const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
+    const volatile float* part_o = a.workspace;
+    const volatile float* part_ml = a.workspace + num_parts * D;
+    for (int idx = static_cast<int>(threadIdx.x); idx < tile.num_tokens * num_heads_here * D; idx += NT) {
+      const int i = idx / (num_heads_here * D), g = idx / D % num_heads_here, d = idx % D;
+      const int64_t first =
+          ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) * a.num_splits;
+      a.out[static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head0 + g) * D + d] =
+          from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
+    }
+    if (threadIdx.x == 0) *counter = 0;
+  }
 }
 
 // grid: (num_tiles, num_heads), block: head_dim threads. Merges the splits of each (tile token, head),
@@ -326,7 +343,9 @@ void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) 
     TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
     (part, heads_per_cta, group_chunks);
     CUDA_CHECK(cudaGetLastError());
-    if (a.num_splits > 1) {  // the workspace is indexed by tile within this launch: merge before the next
+    // Without counters a second kernel merges, before the next part: the workspace is indexed by tile
+    // within one launch.
+    if (a.num_splits > 1 && a.split_counters == nullptr) {
       TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T, C>)(part);
       CUDA_CHECK(cudaGetLastError());
     }

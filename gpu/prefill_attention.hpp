@@ -48,6 +48,10 @@ struct prefill_attention_args : paged_attention_common<T, C> {
   const prefill_tile* tiles = nullptr;  // [num_tiles], from plan_prefill_tiles with prefill_tile_tokens
   int32_t num_tiles = 0;
   int32_t tile_tokens = 0;  // prefill_tile_tokens(...) the tiles were cut with
+  // With a split: min(num_tiles, 65535) * num_heads counters, zero before the launch and left zero
+  // after it; the last CTA of each (tile, head group) merges the partials (gpu/attention.hpp's
+  // split_counters). Null: a second kernel merges.
+  int32_t* split_counters = nullptr;
 };
 
 // Query tokens per tile for this shape: the CTA's rows (64 for head_dim 32/64/128, 24 for 256) divided

@@ -174,6 +174,12 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
                                                                      tiled_plan.num_splits)) *
                                          sizeof(float)));
     p.workspace = tiled_ws;
+    // The executor's fused merge: counters zeroed once, left zero by the kernel.
+    int32_t* counters = nullptr;
+    CUDA_CHECK(cudaMalloc(&counters, size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(counters, 0, size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
+    owned.push_back(counters);
+    p.split_counters = counters;
   }
   const double tiled = time_calls([&] { prefill_attention(p, nullptr); });
 

@@ -223,36 +223,50 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
       a.workspace = ws;
     }
   };
-  std::vector<float> got;
-  if (c.bf16) {
-    prefill_attention_args<bf16> a;
-    fill(a);
-    a.kv_cache = reinterpret_cast<const bf16*>(upload(to_bf16(kv)));
-    uint16_t* out = upload(to_bf16(std::vector<float>(out_elems, sentinel)));
-    a.out = reinterpret_cast<bf16*>(out);
-    prefill_attention(a, nullptr);
-    got = from_bf16(download(out, out_elems));
-  } else {
-    prefill_attention_args<float> a;
-    fill(a);
-    a.kv_cache = upload(kv);
-    float* out = upload(std::vector<float>(out_elems, sentinel));
-    a.out = out;
-    prefill_attention(a, nullptr);
-    got = download(out, out_elems);
-  }
-  // fp32: the kernel's only departures from the double reference are fp32 rounding of D-term dot
-  // products and softmax sums (scores ~N(0, 1) after scaling, outputs convex combinations of N(0, 1)
-  // values): ~1e-6, so 2e-5 relative is tight yet safe (the decode kernel's bound). bf16: the output
-  // is rounded to bf16 (relative error <= 2^-9 ~ 2e-3) on top, the cache holds exactly what the
-  // reference reads; 4e-3 relative.
-  const double tol = c.bf16 ? 4e-3 : 2e-5;
-  const size_t row = size_t(c.num_heads) * c.head_dim;
-  for (size_t i = 0; i < out_elems; ++i) {
-    if (in_tile[i / row]) {
-      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i << " (row " << i / row << ")";
+  // A split is merged by a second kernel, then by the attention kernel's last CTA per (tile, head
+  // group) (the executor's way), twice over the same counters, which it must leave at zero.
+  int32_t* counters = nullptr;
+  for (const int pass : {0, 1, 2}) {
+    if (pass > 0 && c.partition == 0) break;
+    if (pass == 1) counters = alloc<int32_t>(tiles.size() * size_t(c.num_heads));
+    std::vector<float> got;
+    if (c.bf16) {
+      prefill_attention_args<bf16> a;
+      fill(a);
+      a.split_counters = counters;
+      a.kv_cache = reinterpret_cast<const bf16*>(upload(to_bf16(kv)));
+      uint16_t* out = upload(to_bf16(std::vector<float>(out_elems, sentinel)));
+      a.out = reinterpret_cast<bf16*>(out);
+      prefill_attention(a, nullptr);
+      got = from_bf16(download(out, out_elems));
     } else {
-      ASSERT_EQ(got[i], sentinel) << "row " << i / row << " belongs to no tile but was written";
+      prefill_attention_args<float> a;
+      fill(a);
+      a.split_counters = counters;
+      a.kv_cache = upload(kv);
+      float* out = upload(std::vector<float>(out_elems, sentinel));
+      a.out = out;
+      prefill_attention(a, nullptr);
+      got = download(out, out_elems);
+    }
+    // fp32: the kernel's only departures from the double reference are fp32 rounding of D-term dot
+    // products and softmax sums (scores ~N(0, 1) after scaling, outputs convex combinations of N(0, 1)
+    // values): ~1e-6, so 2e-5 relative is tight yet safe (the decode kernel's bound). bf16: the output
+    // is rounded to bf16 (relative error <= 2^-9 ~ 2e-3) on top, the cache holds exactly what the
+    // reference reads; 4e-3 relative.
+    const double tol = c.bf16 ? 4e-3 : 2e-5;
+    const size_t row = size_t(c.num_heads) * c.head_dim;
+    for (size_t i = 0; i < out_elems; ++i) {
+      if (in_tile[i / row]) {
+        ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+            << "element " << i << " (row " << i / row << ") pass " << pass;
+      } else {
+        ASSERT_EQ(got[i], sentinel) << "row " << i / row << " belongs to no tile but was written";
+      }
+    }
+    if (counters != nullptr) {
+      const auto left = download(counters, tiles.size() * size_t(c.num_heads));
+      ASSERT_EQ(std::count(left.begin(), left.end(), 0), std::ptrdiff_t(left.size())) << "counters left at zero";
     }
   }
 }
