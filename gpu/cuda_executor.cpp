@@ -110,6 +110,22 @@ struct weight_key {
   int64_t cols = 0;
   std::vector<part> parts;
   auto operator<=>(const weight_key&) const = default;
+
+  // The key of a matrix made of `parts`' rows one after the other, `cols` wide; element_bytes 0: a
+  // copy of GGUF blocks rather than of elements.
+  static weight_key of(std::initializer_list<const weight_tensor*> parts, size_t element_bytes, int64_t cols) {
+    weight_key key{element_bytes, cols, {}};
+    for (const weight_tensor* w : parts) {
+      key.parts.push_back(
+          {reinterpret_cast<uintptr_t>(w->data), w->rows, w->row_stride_bytes, static_cast<int>(w->type)});
+    }
+    return key;
+  }
+  int64_t rows() const {
+    int64_t n = 0;
+    for (const part& p : parts) n += p.rows;
+    return n;
+  }
 };
 
 }  // namespace
@@ -517,13 +533,8 @@ class cuda_executor final : public executor {
   // pre: check_weight_shapes accepted them (present, `cols` wide, a decodable type).
   // With a weight cache, rows another executor uploaded already are that executor's copy.
   const void* upload(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
-    weight_key key{sizeof(T), cols, {}};
-    int64_t rows = 0;
-    for (const weight_tensor* w : parts) {
-      rows += w->rows;
-      key.parts.push_back(
-          {reinterpret_cast<uintptr_t>(w->data), w->rows, w->row_stride_bytes, static_cast<int>(w->type)});
-    }
+    weight_key key = weight_key::of(parts, sizeof(T), cols);
+    const int64_t rows = key.rows();
     if (weight_cache_) {
       if (std::shared_ptr<const device_buffer> copy = weight_cache_->find(key)) {
         matrices_.push_back(copy);
@@ -572,13 +583,8 @@ class cuda_executor final : public executor {
     if (!keeps_quantized(parts, cols, quantized_weights_ && is_bf16)) return {upload(parts, cols), std::nullopt, 0};
     const ggml_type type = (*parts.begin())->type;
     const int64_t rb = row_bytes(type, cols);
-    weight_key key{0, cols, {}};  // element_bytes 0: blocks, not elements
-    int64_t rows = 0;
-    for (const weight_tensor* w : parts) {
-      rows += w->rows;
-      key.parts.push_back(
-          {reinterpret_cast<uintptr_t>(w->data), w->rows, w->row_stride_bytes, static_cast<int>(w->type)});
-    }
+    weight_key key = weight_key::of(parts, 0, cols);
+    const int64_t rows = key.rows();
     dequant_scratch_.reserve(static_cast<size_t>(rows * cols) * sizeof(T));
     std::shared_ptr<const device_buffer> copy = weight_cache_ ? weight_cache_->find(key) : nullptr;
     if (!copy) {
