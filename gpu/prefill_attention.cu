@@ -5,11 +5,13 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
 #include "gpu/launch.cuh"
 #include "gpu/prefill_attention.hpp"
+#include "gpu/prefill_attention_mma.cuh"
 
 namespace tessera::gpu {
 
@@ -18,6 +20,7 @@ namespace {
 using detail::from_float;
 using detail::load_floats;
 using detail::merge_splits;
+using detail::prefill_part_index;
 
 // A CTA's work: `rows` query rows (tile tokens x the heads it serves) against K/V tiles of `keys`
 // positions, with `threads` threads. Sized so that the three shared arrays stay within the 48 KiB of
@@ -96,12 +99,8 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
   __shared__ float p_s[R][K + 1];     // this tile's probabilities exp(s - m)
 
   const prefill_tile tile = a.tiles[blockIdx.y];
-  const int32_t nkv = a.layout.num_kv_heads;
-  const int32_t kvh = static_cast<int32_t>(blockIdx.x) / group_chunks;
-  const int32_t chunk = static_cast<int32_t>(blockIdx.x) % group_chunks;
-  const int32_t group = a.num_heads / nkv;
-  const int32_t head0 = kvh * group + chunk * heads_per_cta;
-  const int32_t num_heads_here = min(heads_per_cta, group - chunk * heads_per_cta);
+  const detail::prefill_heads heads = detail::prefill_heads_of(a, heads_per_cta, group_chunks);
+  const int32_t kvh = heads.kv_head, head0 = heads.first, num_heads_here = heads.count;
   const int tr = static_cast<int>(threadIdx.x) / KL, tc = static_cast<int>(threadIdx.x) % KL;
 
   for (int idx = static_cast<int>(threadIdx.x); idx < R * D4; idx += NT) {
@@ -127,21 +126,13 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     row_first[rr] = a.window > 0 ? row_pos[rr] - a.window + 1 : 0;
   }
 
-  // Causal: the tile's last query sees positions [0, kv_end); tiles beyond are never loaded. With a
-  // window, nothing before kv_begin (the first row's window start) is loaded either. A split walks
-  // its partition [start, end) of [kv_begin, kv_end) only (empty for partitions past kv_end).
-  const int32_t kv_end = tile.first_position + tile.num_tokens;
-  const int32_t kv_begin = a.window > 0 ? max(0, tile.first_position - a.window + 1) : 0;
-  const int32_t split = static_cast<int32_t>(blockIdx.z);
-  const int32_t start = kv_begin + (a.num_splits == 1 ? 0 : split * a.partition_size);
-  const int32_t end = a.num_splits == 1 ? kv_end : min(kv_end, start + a.partition_size);
+  // The positions this CTA reads (causal, from the window's start, its split's partition).
+  const detail::prefill_walk w = detail::prefill_walk_of(a, tile, kvh);
+  const int32_t split = static_cast<int32_t>(blockIdx.z), start = w.start, end = w.end, bs = w.block_size;
+  const int32_t* table = w.table;
+  const int64_t block_elems = w.block_elems, k_off = w.k_off, v_off = w.v_off;
   const bool capped = a.softcap > 0.0f;
   const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
-  const int32_t* table = a.block_tables + static_cast<int64_t>(tile.table_row) * a.max_blocks_per_seq;
-  const int32_t bs = a.layout.block_size;
-  const int64_t block_elems = a.layout.block_elems();
-  const int64_t k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * bs * D;
-  const int64_t v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kvh) * bs * D;
 
   // kv_s[key] = positions k0 + key of K (or V) through the block table, times the cache's scale (an
   // fp8 cache holds K / k_scale, V / v_scale; 1 otherwise: exact); zeros from `end` on, so that P.V
@@ -267,7 +258,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     if (a.num_splits > 1) {
       // The partial state, -inf / 0 / zeros for a row that saw nothing here (the merge skips it).
       const int64_t part =
-          ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) * a.num_splits + split;
+          prefill_part_index(blockIdx.y, a.tile_tokens, i, a.num_heads, head0 + g, a.num_splits) + split;
       const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
       float* o = a.workspace + part * D;
 #pragma unroll
@@ -290,23 +281,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       dst[col + 3] = from_float<T>(acc[rr][c].w * inv);
     }
   }
-  // The fused merge (prefill_attention_args::split_counters): the last CTA of this (tile, head group)
-  // merges every row's splits, as prefill_combine_kernel would, and resets the counter.
-  if (a.num_splits > 1 && a.split_counters != nullptr) {
-    int32_t* counter = a.split_counters + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-    if (!detail::last_of_splits(counter, a.num_splits)) return;
-    const int64_t num_parts = static_cast<int64_t>(gridDim.y) * a.tile_tokens * a.num_heads * a.num_splits;
-    const volatile float* part_o = a.workspace;
-    const volatile float* part_ml = a.workspace + num_parts * D;
-    for (int idx = static_cast<int>(threadIdx.x); idx < tile.num_tokens * num_heads_here * D; idx += NT) {
-      const int i = idx / (num_heads_here * D), g = idx / D % num_heads_here, d = idx % D;
-      const int64_t first =
-          ((static_cast<int64_t>(blockIdx.y) * a.tile_tokens + i) * a.num_heads + head0 + g) * a.num_splits;
-      a.out[static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head0 + g) * D + d] =
-          from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
-    }
-    if (threadIdx.x == 0) *counter = 0;
-  }
+  detail::merge_prefill_splits_in_last_cta(a, tile, head0, num_heads_here);
 }
 
 // grid: (num_tiles, num_heads), block: head_dim threads. Merges the splits of each (tile token, head),
@@ -320,11 +295,16 @@ __global__ void prefill_combine_kernel(prefill_attention_args<T, C> a) {
   const float* part_o = a.workspace;
   const float* part_ml = a.workspace + num_parts * D;
   for (int32_t i = 0; i < tile.num_tokens; ++i) {
-    const int64_t first = ((static_cast<int64_t>(blockIdx.x) * a.tile_tokens + i) * a.num_heads + head) * a.num_splits;
+    const int64_t first = prefill_part_index(blockIdx.x, a.tile_tokens, i, a.num_heads, head, a.num_splits);
     a.out[static_cast<int64_t>(tile.token_begin + i) * a.out_stride + static_cast<int64_t>(head) * D + d] =
         from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
   }
 }
+
+// The tensor-core kernel (gpu/prefill_attention_mma.cuh) takes bf16 activations with 64-row CTAs:
+// head_dim 32/64/128. fp32 executors and head_dim 256 (24-row CTAs) stay on the SIMT kernel.
+template <int D, class T>
+constexpr bool uses_tensor_cores = (std::is_same_v<T, bf16>)&&D <= 128 && tile_shape<D>::rows == 64;
 
 template <int D, class T, class C>
 void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
@@ -340,8 +320,18 @@ void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) 
     part.num_tiles = std::min(max_tiles, a.num_tiles - first);
     const dim3 grid(static_cast<unsigned>(nkv * group_chunks), static_cast<unsigned>(part.num_tiles),
                     static_cast<unsigned>(a.num_splits));
-    TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
-    (part, heads_per_cta, group_chunks);
+    if constexpr (uses_tensor_cores<D, T>) {
+      if (a.tensor_cores) {
+        TESSERA_LAUNCH(grid, detail::mma_tile_shape<D>::threads, 0, stream, detail::prefill_attention_mma_kernel<D, C>)
+        (part, heads_per_cta, group_chunks);
+      } else {
+        TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
+        (part, heads_per_cta, group_chunks);
+      }
+    } else {
+      TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
+      (part, heads_per_cta, group_chunks);
+    }
     CUDA_CHECK(cudaGetLastError());
     // Without counters a second kernel merges, before the next part: the workspace is indexed by tile
     // within one launch.

@@ -18,7 +18,8 @@
 // over several CTAs per tile and a second kernel merges their partial softmax states (split-KV).
 // Decode tokens (fewer than 4 new tokens per sequence) keep using paged_attention (gpu/attention.hpp).
 //
-// SIMT fp32 FMAs from shared memory (no Tensor Cores yet: see docs/gpu_executor.md).
+// Two kernels: a bf16 executor with head_dim 32/64/128 gets the tensor-core one (FlashAttention-2
+// structure on mma.sync, gpu/prefill_attention_mma.cuh); fp32 and head_dim 256 the SIMT fp32 one.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,6 +53,10 @@ struct prefill_attention_args : paged_attention_common<T, C> {
   // after it; the last CTA of each (tile, head group) merges the partials (gpu/attention.hpp's
   // split_counters). Null: a second kernel merges.
   int32_t* split_counters = nullptr;
+  // bf16 with head_dim 32/64/128: the tensor-core kernel (FlashAttention-2 on mma.sync, bf16 Q and P,
+  // fp32 accumulation) when true, the SIMT fp32 kernel when false (tests and gpu_attention_bench run
+  // both). Other shapes and fp32 always take the SIMT kernel.
+  bool tensor_cores = true;
 };
 
 // Query tokens per tile for this shape: the CTA's rows (64 for head_dim 32/64/128, 24 for 256) divided

@@ -13,8 +13,8 @@
 #      --load-format dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape;
 #      fixed-batch decode steps at 1, 64, 128, 256 sequences (bf16 and fp8 KV) and the fixed-length
 #      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV)
-#   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernel's
-#      TFLOP/s on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
+#   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernels'
+#      TFLOP/s (tensor-core and SIMT) on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
 #      (gpu_gemv_bench, a markdown table), and `bench latency` with cuBLAS only (TESSERA_GEMV=0; the
 #      default uses the kernel for 1-row steps)
@@ -116,8 +116,18 @@ run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_e
 run "every architecture's fixture (f32, bf16; engine greedy with/without graphs) and each feature vs CPU executor" 120 \
   "$tests/gpu_cuda_executor_test" --gtest_filter="$arch_tests"
 
-# 9: the new fp8 kernels under the sanitizers before the long runs, so the budget cannot skip them.
+# 9: the newest kernels (fp8 KV, quantised GEMMs, the tensor-core prefill attention) under the
+# sanitizers before the long runs, so the budget cannot skip them.
 if command -v compute-sanitizer >/dev/null; then
+  run "memcheck: prefill attention tests (tensor cores and SIMT)" 60 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$tests/gpu_prefill_attention_test"
+  # Shared-memory races: the CPU emulation only interleaves threads at barriers and warp collectives,
+  # so a missing __syncthreads between two of them (or a cp.async stage read before its wait) goes
+  # unseen there. Bf16 cases run both kernels: 2 (head_dim 128), 9 (with a split), 15 (head_dim 64,
+  # window, soft-cap), 19 (head_dim 32); f32: 0, 12 (a window through blocks), 14 (a window with a split).
+  run "racecheck: prefill attention tests" 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_prefill_attention_test" \
+    --gtest_filter='Shapes/*/0:Shapes/*/2:Shapes/*/7:Shapes/*/9:Shapes/*/12:Shapes/*/14:Shapes/*/15:Shapes/*/19'
   run "memcheck: fp8 KV tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$tests/gpu_fp8_kv_test"
   run "racecheck: fp8 KV tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$tests/gpu_fp8_kv_test" \
     --gtest_filter='GpuFp8Kv.*:Shapes/*/1:Shapes/*/3'
@@ -206,13 +216,6 @@ if command -v compute-sanitizer >/dev/null; then
     "$tests/gpu_mma_test"
   run "memcheck: small-batch GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_gemv_test" --gtest_filter='SmallBatchGemm*'
-  run "memcheck: prefill attention tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$tests/gpu_prefill_attention_test"
-  # Shared-memory races: the CPU emulation only interleaves threads at barriers and warp collectives,
-  # so a missing __syncthreads between two of them goes unseen there.
-  # (12: a sliding window through blocks; 14: a window with a split; 19: head_dim 32, window, soft-cap.)
-  run "racecheck: prefill attention tests" 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$tests/gpu_prefill_attention_test" --gtest_filter='Shapes/*/0:Shapes/*/2:Shapes/*/7:Shapes/*/9:Shapes/*/12:Shapes/*/14:Shapes/*/19'
   run "racecheck: decode attention tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.*'
   # The warp-per-head RoPE kernel (biases, q/k norms) stages each head in shared memory (__syncwarp).

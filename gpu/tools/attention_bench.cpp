@@ -2,7 +2,8 @@
 // cache of 32 layers, 16-token blocks in shuffled order). One JSON line per case.
 //   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
 //            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes);
-//   prefill: gpu::prefill_attention (tiled) against paged_attention on the same causal prompt chunk,
+//   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*) against
+//            paged_attention on the same causal prompt chunk,
 //            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
 //            QK^T and PV multiply-adds) and their ratio.
 #include <cuda_runtime.h>
@@ -181,7 +182,10 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
     owned.push_back(counters);
     p.split_counters = counters;
   }
+  // The tensor-core kernel (the executor's for bf16) and the SIMT one on the same work.
   const double tiled = time_calls([&] { prefill_attention(p, nullptr); });
+  p.tensor_cores = false;
+  const double simt = time_calls([&] { prefill_attention(p, nullptr); });
 
   paged_attention_args<bf16> a;
   a.out = out;
@@ -213,10 +217,11 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   const double flops = 4.0 * head_dim * num_heads * pairs;
   std::printf(
       "{\"bench\": \"prefill_attention\", \"cached\": %d, \"chunk\": %d, \"tile_tokens\": %d, "
-      "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"paged_splits\": %d, "
-      "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f}\n",
-      cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, plan.num_splits,
-      per_token * 1e6, flops / per_token / 1e12, per_token / tiled);
+      "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"simt_us\": %.1f, "
+      "\"simt_TFLOPs\": %.2f, \"paged_splits\": %d, \"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, "
+      "\"speedup\": %.2f, \"speedup_over_simt\": %.2f}\n",
+      cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, simt * 1e6,
+      flops / simt / 1e12, plan.num_splits, per_token * 1e6, flops / per_token / 1e12, per_token / tiled, simt / tiled);
   cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(tiled_ws);
   for (void* d : owned) cudaFree(d);
 }
