@@ -33,6 +33,103 @@ constexpr int heads_per_cta(int32_t group) { return group <= 1 ? 1 : group <= 2 
 template <class T, class C>
 __device__ void merge_if_last(const paged_attention_args<T, C>& a, int32_t token, int32_t head0, int32_t ng, int D);
 
+template <class C>
+struct decode_cta;
+// Dim d of query head head0 + g: o / l (the unnormalised output and its sum of weights) into out, or
+// with a split the partial state (o, max m, l) into the workspace for the merge.
+template <class T, class C>
+__device__ __forceinline__ void store_result(const paged_attention_args<T, C>& a, const decode_cta<C>& cta, int g,
+                                             int d, float o, float m, float l);
+
+// Each head's running max (-inf), sum (0) and unnormalised output (0) before the first position.
+template <int G, int E>
+__device__ __forceinline__ void start_online_softmax(float (&m)[G], float (&l)[G], float (&acc)[G][E]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+  }
+}
+
+// One CTA's work in both decode kernels: grid (num_tokens, num_kv_heads * group_chunks, num_splits).
+// Its query token, KV head, the `ng` query heads from head0 (at most G), and the positions
+// [start, end) it walks: causal, from the window's start on a sliding-window layer (blocks wholly
+// before it are never read, nor the table entries naming them; the splits cut the window, not the
+// context), its split's partition. A token tree's row (tree_attention_view) sits at position `pos`
+// below its slot, and of the slots from tree_base on sees its ancestors' only (and, with a window,
+// those whose position is inside it: ancestor r has depth <= r, so its slot base + r is at or after
+// its position, which the window admits). Elsewhere pos = ctx - 1 and nothing is masked.
+template <class C>
+struct decode_cta {
+  int32_t token = 0, kv_head = 0, head0 = 0, ng = 0, split = 0;
+  int32_t start = 0, end = 0;
+  int32_t pos = 0, tree_base = 0, root = -1;
+  const uint32_t* ancestors = nullptr;
+  const int32_t* table = nullptr;
+  int32_t block_size = 0, head_dim = 0;
+  int64_t block_elems = 0, k_off = 0, v_off = 0;
+
+  template <class T>
+  __device__ decode_cta(const paged_attention_args<T, C>& a, int32_t heads_per_cta, int32_t group_chunks) {
+    const int32_t G = heads_per_cta;
+    token = blockIdx.x;
+    kv_head = static_cast<int32_t>(blockIdx.y) / group_chunks;
+    const int32_t chunk = static_cast<int32_t>(blockIdx.y) % group_chunks;
+    split = blockIdx.z;
+    const int32_t nkv = a.layout.num_kv_heads, group = a.num_heads / nkv, D = a.layout.head_dim;
+    head0 = kv_head * group + chunk * G;
+    ng = min(G, group - chunk * G);
+    const int32_t ctx = a.context_lens[token];
+    table = a.block_tables + static_cast<int64_t>(a.token_seq[token]) * a.max_blocks_per_seq;
+    root = a.tree.root != nullptr ? a.tree.root[token] : -1;
+    pos = root >= 0 ? a.tree.positions[token] : ctx - 1;
+    tree_base = root >= 0 ? a.context_lens[root] - 1 : ctx;
+    ancestors = root >= 0 ? a.tree.mask + a.tree.mask_offset[token] : nullptr;
+    const int32_t first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    start = first + (a.num_splits == 1 ? 0 : split * a.partition_size);
+    end = a.num_splits == 1 ? ctx : min(ctx, start + a.partition_size);
+    block_size = a.layout.block_size;
+    head_dim = D;
+    block_elems = a.layout.block_elems();
+    k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kv_head) * block_size * D;
+    v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kv_head) * block_size * D;
+  }
+  // Position j's slot in the cache (K at + k_off, V at + v_off).
+  __device__ const C* row(const C* cache, int32_t j) const {
+    return cache + static_cast<int64_t>(table[j / block_size]) * block_elems +
+           static_cast<int64_t>(j % block_size) * head_dim;
+  }
+  // False for a tree slot this row may not see (not an ancestor, or outside the window).
+  template <class T>
+  __device__ bool visible(const paged_attention_args<T, C>& a, int32_t j) const {
+    const int32_t r = j - tree_base;  // >= 0: the slot of tree row r
+    if (r < 0) return true;
+    if (!((ancestors[r >> 5] >> (r & 31)) & 1u)) return false;
+    return a.window <= 0 || a.tree.positions[root + r] > pos - a.window;
+  }
+};
+
+template <class T, class C>
+__device__ __forceinline__ void store_result(const paged_attention_args<T, C>& a, const decode_cta<C>& cta, int g,
+                                             int d, float o, float m, float l) {
+  const int32_t D = a.layout.head_dim, head = cta.head0 + g;
+  if (a.num_splits == 1) {
+    a.out[static_cast<int64_t>(cta.token) * a.out_stride + static_cast<int64_t>(head) * D + d] =
+        from_float<T>(l > 0.0f ? o / l : 0.0f);
+    return;
+  }
+  const int64_t slot = (static_cast<int64_t>(cta.token) * a.num_heads + head) * a.num_splits + cta.split;
+  float* part_o = a.workspace;
+  float* part_ml = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * D;
+  part_o[slot * D + d] = o;
+  if (d == 0) {
+    part_ml[2 * slot] = m;
+    part_ml[2 * slot + 1] = l;
+  }
+}
+
 // grid: (num_tokens, num_kv_heads * group_chunks, num_splits), block: kThreads; G query heads per CTA.
 // The CTA walks its positions in tiles of kTile (flash-decoding):
 //   1. Q.K: thread t scores position tile0 + t against every query head of the group (the whole K row
@@ -55,14 +152,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   __shared__ float red_s[kThreads / 32][G];
   __shared__ float acc_s[parts][G][D];
 
-  const int32_t token = blockIdx.x;
-  const int32_t kvh = blockIdx.y / group_chunks;
-  const int32_t chunk = blockIdx.y % group_chunks;
-  const int32_t split = blockIdx.z;
-  const int32_t nkv = a.layout.num_kv_heads;
-  const int32_t group = a.num_heads / nkv;
-  const int32_t head0 = kvh * group + chunk * G;
-  const int32_t ng = min(G, group - chunk * G);
+  const decode_cta<C> cta(a, G, group_chunks);
+  const int32_t token = cta.token, head0 = cta.head0, ng = cta.ng, start = cta.start, end = cta.end;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int part = tid / row_lanes, d0 = (tid % row_lanes) * VEC;
 
@@ -73,39 +164,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   }
   __syncthreads();
 
-  const int32_t ctx = a.context_lens[token];
-  const int32_t* table = a.block_tables + static_cast<int64_t>(a.token_seq[token]) * a.max_blocks_per_seq;
-  // A token tree's row (tree_attention_view): its position is below its slot, and of the slots from
-  // tree_base on it sees its ancestors' only. Elsewhere position = ctx - 1 and nothing is masked.
-  const int32_t root = a.tree.root != nullptr ? a.tree.root[token] : -1;
-  const int32_t pos = root >= 0 ? a.tree.positions[token] : ctx - 1;
-  const int32_t tree_base = root >= 0 ? a.context_lens[root] - 1 : ctx;
-  const uint32_t* ancestors = root >= 0 ? a.tree.mask + a.tree.mask_offset[token] : nullptr;
-  // Sliding window: the query (at pos) sees (pos - window, pos]; the walk starts there, so blocks
-  // wholly before the window are never read (nor the table entries naming them), and the splits cut
-  // the window, not the context. (A tree row's visible ancestors lie there too: ancestor r has
-  // depth <= r, so its slot base + r is at or after its position, which the window admits.)
-  const int32_t first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
-  const int32_t start = first + (a.num_splits == 1 ? 0 : split * a.partition_size);
-  const int32_t end = a.num_splits == 1 ? ctx : min(ctx, start + a.partition_size);
   const bool capped = a.softcap > 0.0f;
   const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
-  const int32_t bs = a.layout.block_size;
-  const int64_t block_elems = a.layout.block_elems();
-  const int64_t k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * bs * D;
-  const int64_t v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kvh) * bs * D;
-  auto row = [&](int32_t j) {  // position j's slot in the cache (K at + k_off, V at + v_off)
-    return a.kv_cache + static_cast<int64_t>(table[j / bs]) * block_elems + static_cast<int64_t>(j % bs) * D;
-  };
+  auto row = [&](int32_t j) { return cta.row(a.kv_cache, j); };
 
   float m[G], l[G], acc[G][VEC];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[g][e] = 0.0f;
-  }
+  start_online_softmax(m, l, acc);
 
   for (int32_t tile0 = start; tile0 < end; tile0 += kTile) {
     const int32_t n = min(kTile, end - tile0);
@@ -114,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
     for (int g = 0; g < G; ++g) s[g] = 0.0f;
     if (tid < n) {
-      const C* k = row(tile0 + tid) + k_off;
+      const C* k = row(tile0 + tid) + cta.k_off;
 #pragma unroll 4
       for (int c = 0; c < D; c += 8) {
         float kf[8];
@@ -132,14 +196,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll
         for (int g = 0; g < G; ++g) s[g] = a.softcap * tanhf(s[g] * inv_cap);
       }
-      const int32_t r = tile0 + tid - tree_base;  // >= 0: the slot of tree row r
-      if (r >= 0) {
-        bool visible = (ancestors[r >> 5] >> (r & 31)) & 1u;
-        if (visible && a.window > 0) visible = a.tree.positions[root + r] > pos - a.window;
-        if (!visible) {
+      if (!cta.visible(a, tile0 + tid)) {
 #pragma unroll
-          for (int g = 0; g < G; ++g) s[g] = -INFINITY;
-        }
+        for (int g = 0; g < G; ++g) s[g] = -INFINITY;
       }
     }
     // 2. tile max, new running max, probabilities, tile sum
@@ -178,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
 #pragma unroll 8
     for (int32_t jj = part; jj < n; jj += parts) {
       float vf[VEC];
-      load_floats<C, VEC>(row(tile0 + jj) + v_off + d0, vf);
+      load_floats<C, VEC>(row(tile0 + jj) + cta.v_off + d0, vf);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float p = p_s[g][jj];
@@ -219,22 +278,204 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
         lg = l[k];
       }
     }
-    const int32_t head = head0 + g;
-    if (a.num_splits == 1) {
-      a.out[static_cast<int64_t>(token) * a.out_stride + static_cast<int64_t>(head) * D + d] =
-          from_float<T>(lg > 0.0f ? o / lg : 0.0f);
+    store_result(a, cta, g, d, o, mg, lg);
+  }
+  if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, token, head0, ng, D);
+}
+
+// ---- v2: warp tiles ------------------------------------------------------------------------------
+
+// 8 consecutive elements of a K or V row as loaded: one 8-byte (fp8), 16-byte (bf16) or two 16-byte
+// (f32) loads, kept as raw words until used so that a tile's loads are all in flight at once for
+// half (bf16) or a quarter (fp8) of the registers of floats.
+template <class C>
+struct kv_chunk {
+  static constexpr int words = 2 * static_cast<int>(sizeof(C));
+  uint32_t w[words];
+
+  __device__ __forceinline__ void load(const C* p) {
+    if constexpr (words == 2) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      w[0] = u.x;
+      w[1] = u.y;
     } else {
-      const int64_t slot = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_splits + split;
-      float* part_o = a.workspace;
-      float* part_ml = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * D;
-      part_o[slot * D + d] = o;
-      if (d == 0) {
-        part_ml[2 * slot] = mg;
-        part_ml[2 * slot + 1] = lg;
+#pragma unroll
+      for (int i = 0; i < words / 4; ++i) {
+        const uint4 u = reinterpret_cast<const uint4*>(p)[i];
+        w[4 * i] = u.x;
+        w[4 * i + 1] = u.y;
+        w[4 * i + 2] = u.z;
+        w[4 * i + 3] = u.w;
       }
     }
   }
-  if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, token, head0, ng, D);
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < words; ++i) w[i] = 0u;
+  }
+  __device__ __forceinline__ float operator[](int e) const {
+    if constexpr (sizeof(C) == 4) {
+      return __uint_as_float(w[e]);
+    } else if constexpr (sizeof(C) == 2) {  // bf16: the high half of an fp32
+      return __uint_as_float(((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu) << 16);
+    } else {
+      return fp8_e4m3_to_float(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))));
+    }
+  }
+};
+
+// grid, block and contract as paged_attention_kernel (v1); the default (paged_attention_args::
+// warp_tiles), after FlashInfer's and vLLM v2's decode kernels:
+//   * lanes split each K/V row: L = head_dim / 8 lanes read 8 elements each, so a warp reads 32 / L
+//     rows per instruction, coalesced (v1 gave each thread a whole row);
+//   * each warp walks its own tiles of positions (warp w: tiles w, w + 4, ...) with its own running
+//     max, sum and output, so the main loop has no block barrier (v1: four per tile); the four warps'
+//     states are merged through shared memory once, at the end;
+//   * a tile's K and V rows are all loaded before any is used (RPL rows per lane), so each warp keeps
+//     RPL 16-byte loads per lane in flight for K and as many for V;
+//   * a score is a lane's 8-term dot product reduced over its L lanes (xor shuffles); the softmax
+//     weights then stay in the lanes that own the row, which accumulate P.V for their 8 dims, and
+//     the row groups' partial outputs and sums are added once, at the end.
+template <int D, int G, class T, class C>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_warp_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
+  constexpr int VE = 8;       // elements of a row per lane
+  constexpr int L = D / VE;   // lanes per row
+  constexpr int RW = 32 / L;  // rows per warp-wide load
+  // Rows per lane per tile: 8, or 4 where the registers would not hold 8 (f32 rows, 8 heads).
+  constexpr int RPL = (sizeof(C) == 4 || G == kMaxGroup) ? 4 : 8;
+  constexpr int TW = RW * RPL;  // positions per warp tile
+  constexpr int W = kThreads / 32;
+  static_assert(L >= 1 && L <= 32 && 32 % L == 0, "head_dim must be 8..256 and a power of two");
+  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float acc_s[W][G][D];
+
+  const decode_cta<C> cta(a, G, group_chunks);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int rg = lane / L, d0 = (lane % L) * VE;  // this lane's row in each load, and its 8 dims
+
+  // This lane's 8 dims of each head's query; an fp8 cache holds K / k_scale, so k_scale goes in here.
+  float qr[G][VE];
+  const float* q = a.q + static_cast<int64_t>(cta.token) * a.q_stride + static_cast<int64_t>(cta.head0) * D + d0;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < VE; ++e) qr[g][e] = g < cta.ng ? q[g * D + e] * a.scale * a.k_scale : 0.0f;
+  }
+  const bool capped = a.softcap > 0.0f;
+  const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
+
+  float m[G], l[G], acc[G][VE];
+  start_online_softmax(m, l, acc);
+
+  for (int32_t tile0 = cta.start + warp * TW; tile0 < cta.end; tile0 += W * TW) {
+    // Row i of the lane: position tile0 + i * RW + rg.
+    kv_chunk<C> kc[RPL], vc[RPL];
+#pragma unroll
+    for (int i = 0; i < RPL; ++i) {
+      const int32_t j = tile0 + i * RW + rg;
+      if (j < cta.end) {
+        const C* slot = cta.row(a.kv_cache, j) + d0;
+        kc[i].load(slot + cta.k_off);
+        vc[i].load(slot + cta.v_off);
+      } else {
+        kc[i].clear();
+        vc[i].clear();
+      }
+    }
+    float s[G][RPL];
+#pragma unroll
+    for (int i = 0; i < RPL; ++i) {
+      float kf[VE];
+#pragma unroll
+      for (int e = 0; e < VE; ++e) kf[e] = kc[i][e];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VE; ++e) dot = fmaf(qr[g][e], kf[e], dot);
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        s[g][i] = dot;
+      }
+      const int32_t j = tile0 + i * RW + rg;
+      const bool seen = j < cta.end && cta.visible(a, j);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (capped) s[g][i] = a.softcap * tanhf(s[g][i] * inv_cap);  // the CPU executor's 1/cap multiply
+        if (!seen) s[g][i] = -INFINITY;
+      }
+    }
+    // Online softmax: the tile's max over the warp (the row groups' maxima by xor shuffles above L),
+    // then weights and this lane's partial sums; m is the same in every lane of the warp.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float tile_max = s[g][0];
+#pragma unroll
+      for (int i = 1; i < RPL; ++i) tile_max = fmaxf(tile_max, s[g][i]);
+#pragma unroll
+      for (int off = L; off < 32; off <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      const float m_new = fmaxf(m[g], tile_max);
+      // -inf while every position so far was masked (a tree slot), or beyond the end: rescale nothing.
+      const float corr = m_new == -INFINITY ? 1.0f : expf(m[g] - m_new);
+      m[g] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < RPL; ++i) {
+        s[g][i] = s[g][i] == -INFINITY ? 0.0f : expf(s[g][i] - m_new);
+        sum += s[g][i];
+      }
+      l[g] = l[g] * corr + sum;
+#pragma unroll
+      for (int e = 0; e < VE; ++e) acc[g][e] *= corr;
+    }
+#pragma unroll
+    for (int i = 0; i < RPL; ++i) {
+#pragma unroll
+      for (int e = 0; e < VE; ++e) {
+        const float v = vc[i][e];
+#pragma unroll
+        for (int g = 0; g < G; ++g) acc[g][e] = fmaf(s[g][i], v, acc[g][e]);
+      }
+    }
+  }
+
+  // The row groups' partial sums and outputs added (every lane of a row group has the same ones), so
+  // lanes 0..L-1 hold the warp's; then the warps' states merged as splits are.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int off = L; off < 32; off <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+#pragma unroll
+      for (int e = 0; e < VE; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+    }
+    if (lane < L) {
+#pragma unroll
+      for (int e = 0; e < VE; ++e) acc_s[warp][g][d0 + e] = acc[g][e];
+    }
+    if (lane == 0) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < cta.ng * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, m_s[w][g]);
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      if (m_s[w][g] == -INFINITY) continue;  // a warp that saw no position
+      const float f = expf(m_s[w][g] - mx);
+      o += acc_s[w][g][d] * f;
+      sum += l_s[w][g] * f;
+    }
+    store_result(a, cta, g, d, o * a.v_scale, mx, sum);  // an fp8 cache holds V / v_scale
+  }
+  if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, cta.token, cta.head0, cta.ng, D);
 }
 
 // The fused merge (paged_attention_args::split_counters): the CTA that finishes its (token, head group)
@@ -284,7 +525,11 @@ void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t group_chunks = (group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
+  if (a.warp_tiles) {
+    TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_warp_kernel<D, G, T, C>)(a, group_chunks);
+  } else {
+    TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
+  }
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1 && a.split_counters == nullptr) {
     TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T, C>)(a);

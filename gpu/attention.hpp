@@ -44,6 +44,10 @@ struct paged_attention_args : paged_attention_common<T, C> {
   // last CTA of each (token, head group) to finish merges the partials itself (flash-decoding's
   // second kernel folded into the first: one launch less per layer). Null: a second kernel merges.
   int32_t* split_counters = nullptr;
+  // The kernel: true (the default), v2, lanes split each K/V row and each warp walks its own tiles
+  // with no block barrier in the loop; false, v1, a thread per K row with block-wide reductions per
+  // tile (tests and gpu_attention_bench run both).
+  bool warp_tiles = true;
 };
 
 // Head sizes the kernel is compiled for (32, 64, 128, 256; the prefill kernel's too).

@@ -1,7 +1,8 @@
 // Attention kernels on Llama-3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, bf16
 // cache of 32 layers, 16-token blocks in shuffled order). One JSON line per case.
 //   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
-//            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes);
+//            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes), the v2
+//            kernel (warp tiles, the default) and v1 (v1_*);
 //   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*) against
 //            paged_attention on the same causal prompt chunk,
 //            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
@@ -25,7 +26,25 @@ using namespace tessera::gpu;
 
 namespace {
 
-// C: the cache element, bf16 or fp8_e4m3.
+// Mean seconds per call of f() over 20 calls after 3 warm-up calls.
+template <class F>
+double time_calls(F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t t0, t1;
+  CUDA_CHECK(cudaEventCreate(&t0));
+  CUDA_CHECK(cudaEventCreate(&t1));
+  const int iters = 20;
+  CUDA_CHECK(cudaEventRecord(t0));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(t1));
+  CUDA_CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  cudaEventDestroy(t0), cudaEventDestroy(t1);
+  return ms / 1e3 / iters;
+}
+
+// C: the cache element, bf16 or fp8_e4m3. Times the v2 kernel (the default) and v1 on the same work.
 template <class C>
 void bench(int32_t batch, int32_t context, int num_sms) {
   const kv_layout layout{32, 8, 16, 128};
@@ -78,46 +97,18 @@ void bench(int32_t batch, int32_t context, int num_sms) {
     CUDA_CHECK(cudaMemset(counters, 0, size_t(batch) * num_heads * sizeof(int32_t)));
     a.split_counters = counters;
   }
-  for (int i = 0; i < 3; ++i) paged_attention(a, nullptr);
-  cudaEvent_t t0, t1;
-  CUDA_CHECK(cudaEventCreate(&t0));
-  CUDA_CHECK(cudaEventCreate(&t1));
-  const int iters = 20;
-  CUDA_CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) paged_attention(a, nullptr);
-  CUDA_CHECK(cudaEventRecord(t1));
-  CUDA_CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  const double secs = ms / 1e3 / iters;
+  const double secs = time_calls([&] { paged_attention(a, nullptr); });
+  a.warp_tiles = false;
+  const double v1_secs = time_calls([&] { paged_attention(a, nullptr); });
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
   std::printf(
       "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, "
-      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f}\n",
+      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f}\n",
       sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9,
-      bytes / secs / 4.8e12 * 100);
+      bytes / secs / 4.8e12 * 100, v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100);
   cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(counters);
   cudaFree(const_cast<int32_t*>(a.context_lens)), cudaFree(const_cast<int32_t*>(a.token_seq));
   cudaFree(const_cast<int32_t*>(a.block_tables));
-  cudaEventDestroy(t0), cudaEventDestroy(t1);
-}
-
-// Mean seconds per call of f() over 20 calls after 3 warm-up calls.
-template <class F>
-double time_calls(F&& f) {
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t t0, t1;
-  CUDA_CHECK(cudaEventCreate(&t0));
-  CUDA_CHECK(cudaEventCreate(&t1));
-  const int iters = 20;
-  CUDA_CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) f();
-  CUDA_CHECK(cudaEventRecord(t1));
-  CUDA_CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  cudaEventDestroy(t0), cudaEventDestroy(t1);
-  return ms / 1e3 / iters;
 }
 
 // One sequence: `cached` positions already in the cache (a prefix hit; 0 for a fresh prompt), then a

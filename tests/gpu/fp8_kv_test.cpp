@@ -265,9 +265,13 @@ TEST_P(GpuFp8Attention, DecodeKernelEqualsTheReferenceOverTheDequantisedCache) {
   const size_t out_elems = size_t(T) * q_stride;
   uint16_t* out = alloc<uint16_t>(out_elems);
   a.out = reinterpret_cast<bf16*>(out);
-  paged_attention(a, nullptr);
-  const auto got = from_bf16(download(out, out_elems));
-  for (size_t i = 0; i < out_elems; ++i) ASSERT_NEAR(got[i], want[i], 1e-2 * (1 + std::fabs(want[i]))) << i;
+  for (const bool warp_tiles : {true, false}) {  // both decode kernels (v2, the default, and v1)
+    a.warp_tiles = warp_tiles;
+    paged_attention(a, nullptr);
+    const auto got = from_bf16(download(out, out_elems));
+    for (size_t i = 0; i < out_elems; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-2 * (1 + std::fabs(want[i]))) << i << (warp_tiles ? " (v2)" : " (v1)");
+  }
 }
 
 // The tiled prefill kernel (gpu/prefill_attention.hpp) reading an fp8 cache: a whole prompt and a

@@ -44,6 +44,8 @@ class GpuKernels : public device_fixture<> {
   // plan_split's paged_attention launches merge their splits in the attention kernel (the executor's
   // way) instead of a second kernel.
   bool fused_merge_ = false;
+  // run_paged_attention's kernel: v2 (warp tiles, the default) or v1 (paged_attention_args::warp_tiles).
+  bool warp_tiles_ = true;
 
   // paged_attention over `kv` as an f32 or a bf16 cache (`fill` sets every other argument), as floats.
   template <class Fill>
@@ -52,6 +54,7 @@ class GpuKernels : public device_fixture<> {
     if (bf16_cache) {
       paged_attention_args<bf16> a;
       fill(a);
+      a.warp_tiles = warp_tiles_;
       a.kv_cache = as_bf16(upload(to_bf16(kv)));
       uint16_t* out = alloc<uint16_t>(out_elems);
       a.out = as_bf16(out);
@@ -60,6 +63,7 @@ class GpuKernels : public device_fixture<> {
     }
     paged_attention_args<float> a;
     fill(a);
+    a.warp_tiles = warp_tiles_;
     a.kv_cache = upload(kv);
     float* out = alloc(out_elems);
     a.out = out;
@@ -458,23 +462,26 @@ TEST_P(GpuAttention, MatchesCpuReference) {
   // CTA per (token, head group), twice over the same counters (which it must leave at zero).
   const double tol = c.bf16 ? 1e-2 : 2e-5;
   int32_t* counters = nullptr;
-  for (const int pass : {0, 1, 2}) {
-    fused_merge_ = pass > 0;
-    bool split = false;
-    const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, [&](auto& a) {
-      fill(a);
-      split = a.num_splits > 1;
-      if (pass == 2) a.split_counters = counters;  // the first fused pass's, as it left them
-      counters = a.split_counters;
-    });
-    for (size_t i = 0; i < out_elems; ++i)
-      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i << " pass " << pass;
-    if (!split) break;  // no split: one pass says it all
-    if (pass == 1) {
-      const auto left = download(counters, size_t(T) * c.num_heads);
-      ASSERT_EQ(std::count(left.begin(), left.end(), 0), std::ptrdiff_t(left.size())) << "counters left at zero";
+  for (const bool warp_tiles : {true, false})
+    for (const int pass : {0, 1, 2}) {
+      warp_tiles_ = warp_tiles;
+      fused_merge_ = pass > 0;
+      bool split = false;
+      const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, [&](auto& a) {
+        fill(a);
+        split = a.num_splits > 1;
+        if (pass == 2) a.split_counters = counters;  // the first fused pass's, as it left them
+        counters = a.split_counters;
+      });
+      for (size_t i = 0; i < out_elems; ++i)
+        ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+            << "element " << i << " pass " << pass << (warp_tiles ? " (v2)" : " (v1)");
+      if (!split) break;  // no split: one pass says it all
+      if (pass == 1) {
+        const auto left = download(counters, size_t(T) * c.num_heads);
+        ASSERT_EQ(std::count(left.begin(), left.end(), 0), std::ptrdiff_t(left.size())) << "counters left at zero";
+      }
     }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -617,11 +624,15 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
     // As the executor: a tree row walks from its window's start to its slot.
     plan_split(a, num_kv_heads, head_dim, c.window > 0 ? std::min(widest, c.window + lag) : widest, c.num_splits);
   };
-  const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
   const double tol = c.bf16 ? 1e-2 : 2e-5;
-  for (size_t i = 0; i < out_elems; ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
-        << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")";
+  for (const bool warp_tiles : {true, false}) {
+    warp_tiles_ = warp_tiles;
+    const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
+    for (size_t i = 0; i < out_elems; ++i)
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+          << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")"
+          << (warp_tiles ? " (v2)" : " (v1)");
+  }
 }
 
 // Full attention, a window of 24 (it cuts into every context) and one of 8 (shorter than tree A's
