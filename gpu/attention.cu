@@ -144,6 +144,7 @@ __device__ __forceinline__ void store_result(const paged_attention_args<T, C>& a
 // bandwidth at 32k, and 43% of a batch-1 Llama-3-8B decode step).
 template <int D, int VEC, int G, class T, class C>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   constexpr int row_lanes = D / VEC;
   constexpr int parts = kThreads / row_lanes;
   static_assert(row_lanes <= kThreads && kThreads % row_lanes == 0, "head_dim must be 4..512 and divide the CTA");
@@ -339,6 +340,7 @@ struct kv_chunk {
 template <int D, int G, class T, class C>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_warp_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
+  pdl_prologue();             // first: see gpu/launch.cuh
   constexpr int VE = 8;       // elements of a row per lane
   constexpr int L = D / VE;   // lanes per row
   constexpr int RW = 32 / L;  // rows per warp-wide load
@@ -499,6 +501,7 @@ __device__ void merge_if_last(const paged_attention_args<T, C>& a, int32_t token
 // grid: (num_tokens, num_heads), block: head_dim threads. Merges the partitions of one (token, head).
 template <class T, class C>
 __global__ void combine_splits_kernel(paged_attention_args<T, C> a) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int32_t token = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const int32_t D = a.layout.head_dim;
   const int64_t first = (static_cast<int64_t>(token) * a.num_heads + head) * a.num_splits;
@@ -526,13 +529,13 @@ void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
   if (a.warp_tiles) {
-    TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_warp_kernel<D, G, T, C>)(a, group_chunks);
+    TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_warp_kernel<D, G, T, C>)(a, group_chunks);
   } else {
-    TESSERA_LAUNCH(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
+    TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
   }
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1 && a.split_counters == nullptr) {
-    TESSERA_LAUNCH(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T, C>)(a);
+    TESSERA_LAUNCH_PDL(dim3(a.num_tokens, a.num_heads), D, 0, stream, combine_splits_kernel<T, C>)(a);
     CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -83,6 +83,7 @@ template <class T, int R, int C>
 __global__ void __launch_bounds__(kThreads)
     small_batch_gemm_kernel(const T* w, int64_t n, int64_t k, const T* in, float* out, int64_t ldc, bool accumulate,
                             int32_t split) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   static_assert(C * R <= 32, "one lane per (column, row) result");
   constexpr int kSteps = kLoadsInFlight / C;  // chunk steps per loop iteration: C * kSteps loads in flight
   __shared__ float partial_s[kWarps][C * R];
@@ -161,7 +162,8 @@ void launch_shape(const T* w, int64_t n, int64_t k, const T* in, float* out, int
                   int32_t split, cudaStream_t stream) {
   const int64_t cols_per_cta = int64_t{C} * (kWarps / split);
   const auto grid = static_cast<unsigned>((n + cols_per_cta - 1) / cols_per_cta);
-  TESSERA_LAUNCH(grid, kThreads, 0, stream, small_batch_gemm_kernel<T, R, C>)(w, n, k, in, out, ldc, accumulate, split);
+  TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, small_batch_gemm_kernel<T, R, C>)
+  (w, n, k, in, out, ldc, accumulate, split);
   CUDA_CHECK(cudaGetLastError());
 }
 

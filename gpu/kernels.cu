@@ -22,6 +22,7 @@ constexpr int kThreads = 256;
 template <class T>
 __global__ void embedding_gather_kernel(float* out, const T* table, const int32_t* ids, int32_t hidden, int32_t vocab,
                                         float scale) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int32_t row = blockIdx.x;
   const int32_t id = ids[row];
   float* dst = out + static_cast<int64_t>(row) * hidden;
@@ -38,6 +39,7 @@ __global__ void embedding_gather_kernel(float* out, const T* table, const int32_
 template <class T>
 __global__ void rms_norm_kernel(T* out, float* residual, const float* x, const float* post_weight,
                                 const int32_t* row_index, const float* weight, int32_t hidden, float eps) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int64_t src_row = row_index ? row_index[blockIdx.x] : blockIdx.x;
   float* src = residual + src_row * hidden;
   const float* add = x ? x + src_row * hidden : nullptr;
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_vec4_kernel(T* __restrict__ out, float* __restrict__ residual, const float* __restrict__ x,
                          const float* __restrict__ post_weight, const int32_t* __restrict__ row_index,
                          const float* __restrict__ weight, int32_t hidden, float eps) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int64_t src_row = row_index ? row_index[blockIdx.x] : blockIdx.x;
   float4* src = reinterpret_cast<float4*>(residual + src_row * hidden);
   const float4* add = x ? reinterpret_cast<const float4*>(x + src_row * hidden) : nullptr;
@@ -171,6 +174,7 @@ __device__ __forceinline__ float activate(float g) {
 
 template <gated_act A, class T>
 __global__ void gated_and_mul_kernel(T* out, const float* gate_up, int32_t rows, int32_t inter) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   // Flat over rows * inter, so a single decode row (14336 elements for Llama-3-8B) still spreads over
   // many multiprocessors (one CTA per row took 40 us on an H200 at batch 1).
   const int64_t total = static_cast<int64_t>(rows) * inter;
@@ -184,6 +188,7 @@ __global__ void gated_and_mul_kernel(T* out, const float* gate_up, int32_t rows,
 
 // cap * tanh(x / cap), with the CPU executor's 1/cap multiply (cpu/cpu_executor.cpp soft_cap).
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const float inv = 1.0f / cap;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -200,6 +205,7 @@ __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
 // + nkv * (head_dim - rope_dims) + nkv * head_dim.
 template <class T>
 __global__ void rope_kv_write_kernel(rope_kv_args a, T* kv) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int32_t t = blockIdx.x;
   const int32_t hd = a.layout.head_dim;
   const int32_t nkv = a.layout.num_kv_heads;
@@ -257,6 +263,7 @@ constexpr int32_t kRopeMaxHeadDim = 256;
 
 template <class T>
 __global__ void __launch_bounds__(kRopeWarps * 32) rope_head_kv_write_kernel(rope_kv_args a, T* kv) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   __shared__ float head_s[kRopeWarps][kRopeMaxHeadDim];
   const int32_t t = blockIdx.x;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -316,6 +323,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_head_kv_write_kernel(rop
 }
 
 __global__ void block_copy_kernel(uint4* kv, const int32_t* pairs, int64_t words_per_block) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int64_t src = pairs[2 * blockIdx.y], dst = pairs[2 * blockIdx.y + 1];
   if (src == dst) return;
   const uint4* from = kv + src * words_per_block;
@@ -330,7 +338,7 @@ template <class T>
 void launch_embedding(float* out, const T* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
                       cudaStream_t stream, float scale) {
   if (rows == 0) return;
-  TESSERA_LAUNCH(rows, kThreads, 0, stream, embedding_gather_kernel)(out, table, ids, hidden, vocab, scale);
+  TESSERA_LAUNCH_PDL(rows, kThreads, 0, stream, embedding_gather_kernel<T>)(out, table, ids, hidden, vocab, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -341,10 +349,10 @@ void launch_rms_norm(T* out, float* residual, const float* x, const float* post_
                      const float* weight, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   if (norm_fits_vec4(out, residual, x, post_weight, weight, hidden)) {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)
+    TESSERA_LAUNCH_PDL(rows, kThreads, 0, stream, rms_norm_vec4_kernel<T>)
     (out, residual, x, post_weight, row_index, weight, hidden, eps);
   } else {
-    TESSERA_LAUNCH(rows, kThreads, 0, stream, rms_norm_kernel<T>)
+    TESSERA_LAUNCH_PDL(rows, kThreads, 0, stream, rms_norm_kernel<T>)
     (out, residual, x, post_weight, row_index, weight, hidden, eps);
   }
   CUDA_CHECK(cudaGetLastError());
@@ -355,7 +363,7 @@ void launch_gated_and_mul(T* out, const float* gate_up, int32_t rows, int32_t in
   if (rows == 0) return;
   const int64_t total = static_cast<int64_t>(rows) * inter;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 4096));
-  TESSERA_LAUNCH(blocks, kThreads, 0, stream, gated_and_mul_kernel<A, T>)(out, gate_up, rows, inter);
+  TESSERA_LAUNCH_PDL(blocks, kThreads, 0, stream, gated_and_mul_kernel<A, T>)(out, gate_up, rows, inter);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -374,14 +382,14 @@ void launch_rope_kv_write(const rope_kv_args& a, T* kv, cudaStream_t stream) {
     if (hd > kRopeMaxHeadDim) throw std::invalid_argument("rope_kv_write: bias / q/k norm need head_dim <= 256");
     const int32_t heads = a.num_heads + 2 * nkv;
     const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>((heads + kRopeWarps - 1) / kRopeWarps));
-    TESSERA_LAUNCH(grid, kRopeWarps * 32, 0, stream, rope_head_kv_write_kernel)(a, kv);
+    TESSERA_LAUNCH_PDL(grid, kRopeWarps * 32, 0, stream, rope_head_kv_write_kernel<T>)(a, kv);
     CUDA_CHECK(cudaGetLastError());
     return;
   }
   const int64_t items =
       int64_t{a.num_heads + nkv} * (a.rope_dims / 2) + int64_t{nkv} * (hd - a.rope_dims) + int64_t{nkv} * hd;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>((items + 127) / 128));
-  TESSERA_LAUNCH(grid, 128, 0, stream, rope_kv_write_kernel)(a, kv);
+  TESSERA_LAUNCH_PDL(grid, 128, 0, stream, rope_kv_write_kernel<T>)(a, kv);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -451,7 +459,7 @@ void soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {
   if (n == 0) return;
   if (!(cap > 0.0f)) throw std::invalid_argument("soft_cap: cap must be > 0");
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
-  TESSERA_LAUNCH(blocks, kThreads, 0, stream, soft_cap_kernel)(x, n, cap);
+  TESSERA_LAUNCH_PDL(blocks, kThreads, 0, stream, soft_cap_kernel)(x, n, cap);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -474,7 +482,7 @@ void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32
   for (int32_t first = 0; first < num_copies; first += max_grid_y) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((words + per_cta - 1) / per_cta, 1024)),
                     static_cast<unsigned>(std::min(max_grid_y, num_copies - first)));
-    TESSERA_LAUNCH(grid, 256, 0, stream, block_copy_kernel)
+    TESSERA_LAUNCH_PDL(grid, 256, 0, stream, block_copy_kernel)
     (static_cast<uint4*>(kv_cache), pairs + 2 * int64_t{first}, words);
     CUDA_CHECK(cudaGetLastError());
   }

@@ -88,6 +88,7 @@ __device__ __forceinline__ float lanes_sum(float v) {
 template <int D, class T, class C>
 __global__ void __launch_bounds__(tile_shape<D>::threads)
     prefill_attention_kernel(prefill_attention_args<T, C> a, int32_t heads_per_cta, int32_t group_chunks) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   using shape = tile_shape<D>;
   constexpr int R = shape::rows, K = shape::keys, NT = shape::threads, D4 = D / 4, KL = shape::key_lanes;
   constexpr int RPT = R / (NT / KL);  // rows per thread
@@ -288,6 +289,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 // with the same merge_splits as the decode kernel's combine_splits_kernel.
 template <class T, class C>
 __global__ void prefill_combine_kernel(prefill_attention_args<T, C> a) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const prefill_tile tile = a.tiles[blockIdx.x];
   const int32_t head = static_cast<int32_t>(blockIdx.y), d = static_cast<int32_t>(threadIdx.x);
   const int32_t D = a.layout.head_dim;
@@ -322,21 +324,22 @@ void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) 
                     static_cast<unsigned>(a.num_splits));
     if constexpr (uses_tensor_cores<D, T>) {
       if (a.tensor_cores) {
-        TESSERA_LAUNCH(grid, detail::mma_tile_shape<D>::threads, 0, stream, detail::prefill_attention_mma_kernel<D, C>)
+        TESSERA_LAUNCH_PDL(grid, detail::mma_tile_shape<D>::threads, 0, stream,
+                           detail::prefill_attention_mma_kernel<D, C>)
         (part, heads_per_cta, group_chunks);
       } else {
-        TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
+        TESSERA_LAUNCH_PDL(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
         (part, heads_per_cta, group_chunks);
       }
     } else {
-      TESSERA_LAUNCH(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
+      TESSERA_LAUNCH_PDL(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
       (part, heads_per_cta, group_chunks);
     }
     CUDA_CHECK(cudaGetLastError());
     // Without counters a second kernel merges, before the next part: the workspace is indexed by tile
     // within one launch.
     if (a.num_splits > 1 && a.split_counters == nullptr) {
-      TESSERA_LAUNCH(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T, C>)(part);
+      TESSERA_LAUNCH_PDL(dim3(part.num_tiles, a.num_heads), D, 0, stream, prefill_combine_kernel<T, C>)(part);
       CUDA_CHECK(cudaGetLastError());
     }
   }

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "gpu/device_math.cuh"
+#include "gpu/launch.cuh"
 #include "gpu/mma.cuh"
 #include "gpu/prefill_attention.hpp"
 
@@ -151,6 +152,7 @@ template <int D, class C>
 __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
     prefill_attention_mma_kernel(prefill_attention_args<__nv_bfloat16, C> a, int32_t heads_per_cta,
                                  int32_t group_chunks) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   using shape = mma_tile_shape<D>;
   constexpr int KT = shape::keys, P = shape::pitch, KSTEPS = D / 16, NS = KT / 8, NO = D / 8;
   constexpr float kLog2e = 1.4426950408889634f;

@@ -153,6 +153,7 @@ template <class L, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     quantized_gemv_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in, float* out,
                           int64_t ldc, bool accumulate) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (col >= n) return;  // a whole warp
@@ -190,6 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // One thread per chunk of the whole matrix (grid-stride).
 template <class L>
 __global__ void dequantize_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, bf16* out) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const int64_t per_row = k / L::kBlockElems * L::kChunks;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n * per_row;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -236,7 +238,7 @@ template <class L, int R>
 void launch_gemv(const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in, float* out, int64_t ldc,
                  bool accumulate, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  TESSERA_LAUNCH(grid, kWarps * 32, 0, stream, quantized_gemv_kernel<L, R>)
+  TESSERA_LAUNCH_PDL(grid, kWarps * 32, 0, stream, quantized_gemv_kernel<L, R>)
   (static_cast<const uint8_t*>(w), row_bytes, n, k, in, out, ldc, accumulate);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -277,7 +279,8 @@ void dequantize_rows_to_bf16(ggml_type type, const void* w, int64_t row_bytes, i
     check_shape<L>(w, row_bytes, n, k);
     const int64_t chunks = n * (k / L::kBlockElems * L::kChunks);
     const auto grid = static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 65535));
-    TESSERA_LAUNCH(grid, 256, 0, stream, dequantize_kernel<L>)(static_cast<const uint8_t*>(w), row_bytes, n, k, out);
+    TESSERA_LAUNCH_PDL(grid, 256, 0, stream, dequantize_kernel<L>)
+    (static_cast<const uint8_t*>(w), row_bytes, n, k, out);
     CUDA_CHECK(cudaGetLastError());
   });
 }

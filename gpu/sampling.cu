@@ -473,6 +473,7 @@ __device__ int32_t sample_processed(const sampling_row& r, float* work, int32_t 
 }
 
 __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_args a) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   const sampling_row r = a.rows[blockIdx.x];
   const int32_t vocab = a.vocab;
   const float* logits = a.logits + static_cast<int64_t>(r.logits_row) * vocab;
@@ -567,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
 
 void sample_rows(const sampling_kernel_args& a, cudaStream_t stream) {
   if (a.num_rows == 0) return;
-  TESSERA_LAUNCH(a.num_rows, kThreads, 0, stream, sample_kernel)(a);
+  TESSERA_LAUNCH_PDL(a.num_rows, kThreads, 0, stream, sample_kernel)(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
