@@ -15,9 +15,8 @@ namespace {
 using detail::load_floats;
 using detail::warp_sum;
 
-// IEEE half at p (2-byte aligned in every block: the blocks' sizes and fields are even), as float.
-__device__ __forceinline__ float half_at(const uint8_t* p) {
-  const uint32_t h = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
+// IEEE half (its 16 bits in the low half of h) as float.
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0) {
     const float v = static_cast<float>(m) * (1.0f / 16777216.0f);  // subnormal: m * 2^-24
@@ -25,6 +24,11 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
   }
   if (e == 31) return detail::bits_to_float(sign | 0x7F800000u | (m << 13));
   return detail::bits_to_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// IEEE half at p (2-byte aligned in every block: the blocks' sizes and fields are even), as float.
+__device__ __forceinline__ float half_at(const uint8_t* p) {
+  return half_bits_to_float(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8));
 }
 
 // Each type's block cut into chunks a lane dequantises at once: kRuns runs of 4 consecutive weights,
@@ -80,39 +84,53 @@ struct q4_1_blocks {
   }
 };
 
-// The eight 6-bit (scale, min) pairs of Q4_K, packed in 12 bytes (ggml's get_scale_min_k4).
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& mn) {
+// The eight 6-bit (scale, min) pairs of Q4_K, packed in 12 bytes (ggml's get_scale_min_k4); q(i) is
+// byte i of the 12.
+template <class Bytes>
+__device__ __forceinline__ void scale_min_k4(int j, const Bytes& q, int& sc, int& mn) {
   if (j < 4) {
-    sc = q[j] & 63;
-    mn = q[j + 4] & 63;
+    sc = q(j) & 63;
+    mn = q(j + 4) & 63;
   } else {
-    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (q(j + 4) & 0x0F) | ((q(j - 4) >> 6) << 4);
+    mn = (q(j + 4) >> 4) | ((q(j) >> 6) << 4);
   }
 }
 
 // Q4_K {d, dmin, scales[12], qs[128]}: eight groups of 32, y = d sc q - dmin m; the 32-byte run p of
-// qs holds group 2p in its low nibbles and 2p + 1 in its high ones. Chunk c: 4 bytes of run c / 8.
+// qs holds group 2p in its low nibbles and 2p + 1 in its high ones. Chunk c: the 16 bytes at 16 (c % 2)
+// of run c / 2, i.e. 16 weights of group 2p and 16 of 2p + 1 (runs 0-3 and 4-7). Two 16-byte loads per
+// chunk, the block's header (d, dmin, the 12 scale bytes) and the chunk's quants: blocks are 144 = 9 x 16
+// bytes and rows whole blocks of a 16-byte aligned matrix (kAlign). (llama.cpp's mmvq also reads 16
+// bytes of quants per thread; 4-byte chunks with the header re-read per chunk took 4x the loads.)
 struct q4_k_blocks {
-  static constexpr int kBlockElems = 256, kBlockBytes = 144, kChunks = 32, kRuns = 2, kAlign = 4;
+  static constexpr int kBlockElems = 256, kBlockBytes = 144, kChunks = 8, kRuns = 8, kAlign = 16;
   __device__ static void chunk(const uint8_t* b, int c, float (&w)[kRuns][4], int (&off)[kRuns]) {
-    const float d = half_at(b), dmin = half_at(b + 2);
-    const int p = c / 8, at = 4 * (c % 8);
+    const uint4 head = *reinterpret_cast<const uint4*>(b);
+    const int p = c / 2, at = 16 * (c % 2);
+    const uint4 qv = *reinterpret_cast<const uint4*>(b + 16 + 32 * p + at);
+    const float d = half_bits_to_float(head.x & 0xFFFFu), dmin = half_bits_to_float(head.x >> 16);
+    const auto scale_byte = [&](int i) {  // byte i of scales[12]: header bytes 4 + i
+      const uint32_t word = i < 4 ? head.y : i < 8 ? head.z : head.w;
+      return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
+    };
     int sc, mn;
-    scale_min_k4(2 * p, b + 4, sc, mn);
+    scale_min_k4(2 * p, scale_byte, sc, mn);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
-    scale_min_k4(2 * p + 1, b + 4, sc, mn);
+    scale_min_k4(2 * p + 1, scale_byte, sc, mn);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
-    // One 4-byte load: blocks are 144 bytes and rows whole blocks, so qs + 4i is 4-byte aligned.
-    const uint32_t q = *reinterpret_cast<const uint32_t*>(b + 16 + 32 * p + at);
+    const uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t byte = (q >> (8 * j)) & 0xFFu;  // little-endian: byte j of the four
-      w[0][j] = d1 * static_cast<float>(byte & 0x0F) - m1;
-      w[1][j] = d2 * static_cast<float>(byte >> 4) - m2;
+    for (int r = 0; r < 4; ++r) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t byte = (q[r] >> (8 * j)) & 0xFFu;  // little-endian: byte 4r + j of the 16
+        w[r][j] = d1 * static_cast<float>(byte & 0x0F) - m1;
+        w[4 + r][j] = d2 * static_cast<float>(byte >> 4) - m2;
+      }
+      off[r] = 64 * p + at + 4 * r;
+      off[4 + r] = 64 * p + 32 + at + 4 * r;
     }
-    off[0] = 64 * p + at;
-    off[1] = 64 * p + 32 + at;
   }
 };
 

@@ -34,7 +34,7 @@ inline constexpr int32_t kMaxQuantizedGemvRows = 8;
 bool quantized_gemm_supports(ggml_type type) noexcept;
 
 // Throws std::invalid_argument for an unsupported type, k not a multiple of the type's block, row_bytes
-// short of a row, w or row_bytes not 4-byte aligned for Q4_K (read in words), rows outside
+// short of a row, w or row_bytes not 16-byte aligned for Q4_K (read 16 bytes at a time), rows outside
 // [1, kMaxQuantizedGemvRows], ldc < n, or `in` not 16-byte aligned.
 void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
                                 int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream);
