@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -511,16 +510,6 @@ __global__ void combine_splits_kernel(paged_attention_args<T, C> a) {
       from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
 }
 
-// Bytes of V each thread loads per position in P.V: 16 (default) or 8, from TESSERA_ATTN_VEC_BYTES
-// (a tuning knob for A/B runs on a device; the kernel tests cover the default).
-int attention_vec_bytes() {
-  static const int bytes = [] {
-    const char* env = std::getenv("TESSERA_ATTN_VEC_BYTES");
-    return env != nullptr && std::string(env) == "8" ? 8 : 16;
-  }();
-  return bytes;
-}
-
 template <int D, int VEC, int G, class T, class C>
 void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
@@ -552,11 +541,12 @@ void launch_for_group(const paged_attention_args<T, C>& a, cudaStream_t stream) 
 
 template <int D, class T, class C>
 void launch_for_dim(const paged_attention_args<T, C>& a, cudaStream_t stream) {
-  // V elements per thread: 16 bytes of a 2- or 4-byte cache; 8 fp8 elements (8 bytes), not 16, whose
-  // per-thread accumulators and per-part shared sums (acc_s: 16 parts x 8 heads x D floats) would not fit.
+  // v1's V elements per thread: 16 bytes of a 2- or 4-byte cache; 8 fp8 elements (8 bytes), not 16,
+  // whose per-thread accumulators and per-part shared sums (acc_s: 16 parts x 8 heads x D floats) would
+  // not fit. (Its 8-byte variant, TESSERA_ATTN_VEC_BYTES=8, went with v2: a third of this file's
+  // kernel instantiations and of its nvcc time, for a kernel that is now the fallback.)
   constexpr int vec16 = 16 / static_cast<int>(sizeof(C) < 2 ? 2 : sizeof(C));
-  if (attention_vec_bytes() == 16) return launch_for_group<D, vec16>(a, stream);
-  return launch_for_group<D, vec16 / 2>(a, stream);
+  launch_for_group<D, vec16>(a, stream);
 }
 
 template <class T, class C>
