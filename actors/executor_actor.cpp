@@ -16,7 +16,11 @@ caf::behavior executor_behavior(caf::event_based_actor* self, std::shared_ptr<ex
   return {
       [self, exec](exec_atom, exec_job job) -> caf::result<done_atom> {
         try {
-          exec->execute(*job.batch, *job.out);
+          switch (job.what) {
+            case exec_job::phase::execute: exec->execute(*job.batch, *job.out); break;
+            case exec_job::phase::submit: exec->submit(*job.batch); break;
+            case exec_job::phase::wait: exec->wait(*job.out); break;
+          }
           return done_atom_v;
         } catch (const std::exception& e) {
           auto err = caf::make_error(caf::sec::runtime_error, std::string("executor failed: ") + e.what());
@@ -49,6 +53,7 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       name_(metadata.name()),
       kv_dtype_(metadata.kv_cache_dtype()),
       samples_on_device_(metadata.samples_on_device()),
+      overlaps_steps_(metadata.overlaps_steps()),
       reads_only_window_(metadata.reads_only_window()),
       verifies_token_trees_(metadata.verifies_token_trees()),
       pools_hidden_states_(metadata.pools_hidden_states()),
@@ -58,11 +63,19 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
 actor_executor::~actor_executor() = default;
 
 void actor_executor::execute(const step_batch& batch, step_output& out) {
+  run({&batch, &out, exec_job::phase::execute});
+}
+void actor_executor::submit(const step_batch& batch) { run({&batch, nullptr, exec_job::phase::submit}); }
+void actor_executor::wait(step_output& out) { run({nullptr, &out, exec_job::phase::wait}); }
+
+// One job on the executor actor's thread, waited for: a submit returns once the step is queued on the
+// device (overlapped steps), so the engine's thread plans the next step while the device runs it.
+void actor_executor::run(const exec_job& job) {
   if (failed()) throw std::runtime_error(failure_);
   if (!self_) self_ = std::make_unique<blocking_self>(sys_);
   // infinite: the executor is local and either answers or goes down, and a down actor answers every
   // pending request with request_receiver_down at once.
-  self_->self->request(actor_, caf::infinite, exec_atom_v, exec_job{&batch, &out})
+  self_->self->request(actor_, caf::infinite, exec_atom_v, job)
       .receive([](done_atom) {},
                [this](caf::error& err) {
                  failure_ = sys_.render(err);

@@ -201,6 +201,16 @@ executor_fault fault_injecting_executor::drawn_fault(int64_t call) const {
 }
 
 void fault_injecting_executor::execute(const step_batch& batch, step_output& out) {
+  inject(batch);
+  inner_->execute(batch, out);
+}
+
+void fault_injecting_executor::submit(const step_batch& batch) {
+  inject(batch);
+  inner_->submit(batch);
+}
+
+void fault_injecting_executor::inject(const step_batch& batch) {
   const int64_t call = num_calls_.fetch_add(1) + 1;
   const executor_fault f = schedule_ ? schedule_(call, batch) : drawn_fault(call);
   if (f == executor_fault::stall || f == executor_fault::stall_then_throw) {
@@ -218,7 +228,6 @@ void fault_injecting_executor::execute(const step_batch& batch, step_output& out
     throw std::runtime_error("fault injection: " + std::string(to_string(f)) + " at execute() call " +
                              std::to_string(call));
   }
-  inner_->execute(batch, out);
 }
 
 }  // namespace tessera::actors

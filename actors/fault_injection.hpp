@@ -81,12 +81,16 @@ class fault_injecting_executor : public executor {
   const char* name() const override { return inner_->name(); }
   const char* kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
+  bool overlaps_steps() const override { return inner_->overlaps_steps(); }
   bool reads_only_window() const override { return inner_->reads_only_window(); }
   bool verifies_token_trees() const override { return inner_->verifies_token_trees(); }
   bool pools_hidden_states() const override { return inner_->pools_hidden_states(); }
   bool scores_prompts() const override { return inner_->scores_prompts(); }
   kv_layer_groups kv_groups() const override { return inner_->kv_groups(); }
   void execute(const step_batch& batch, step_output& out) override;
+  // Overlapped steps: a submit() counts as a call (and faults as execute() does); wait() passes on.
+  void submit(const step_batch& batch) override;
+  void wait(step_output& out) override { inner_->wait(out); }
 
   // The fault execute() call number `call` gets under the plan's seeded draw.
   executor_fault drawn_fault(int64_t call) const;
@@ -97,6 +101,7 @@ class fault_injecting_executor : public executor {
   int64_t num_stalls() const { return num_stalls_.load(); }
 
  private:
+  void inject(const step_batch& batch);  // the fault of this call, if any (it may throw)
   std::unique_ptr<executor> inner_;
   fault_plan plan_;
   schedule_fn schedule_;

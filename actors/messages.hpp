@@ -91,6 +91,8 @@ struct stream_final {
 struct exec_job {
   const step_batch* batch = nullptr;
   step_output* out = nullptr;
+  // execute: batch and out; submit (overlapped steps): batch; wait: out.
+  enum class phase : uint8_t { execute, submit, wait } what = phase::execute;
 };
 
 // kv_manager <- engine actor, once per step: published occupancy. `blocks` is refreshed at a bounded

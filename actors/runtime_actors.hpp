@@ -105,6 +105,8 @@ class actor_executor : public executor {
   const kv_cache_spec& kv_spec() const override { return spec_; }
   int64_t kv_block_bytes() const override { return block_bytes_; }
   void execute(const step_batch& batch, step_output& out) override;
+  void submit(const step_batch& batch) override;
+  void wait(step_output& out) override;
   const char* name() const override { return name_.c_str(); }
   const char* kv_cache_dtype() const override { return kv_dtype_.c_str(); }
   // What the executor actor's executor can do, which the engine asks this one: it samples on the
@@ -113,6 +115,7 @@ class actor_executor : public executor {
   // on: a capability this adapter forgets is silently off in every served engine (tests/actors/actor_protocol_test.cpp
   // checks each).
   bool samples_on_device() const override { return samples_on_device_; }
+  bool overlaps_steps() const override { return overlaps_steps_; }
   bool reads_only_window() const override { return reads_only_window_; }
   bool verifies_token_trees() const override { return verifies_token_trees_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
@@ -124,6 +127,7 @@ class actor_executor : public executor {
 
  private:
   struct blocking_self;
+  void run(const exec_job& job);
   caf::actor_system& sys_;
   caf::actor actor_;
   model_config config_;
@@ -132,6 +136,7 @@ class actor_executor : public executor {
   std::string name_;
   std::string kv_dtype_;
   bool samples_on_device_ = false;
+  bool overlaps_steps_ = false;
   bool reads_only_window_ = false;
   bool verifies_token_trees_ = false;
   bool pools_hidden_states_ = false;

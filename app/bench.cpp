@@ -258,6 +258,8 @@ int bench_command::run_throughput() {
               {"spec_accepted_tokens", s.num_accepted_draft_tokens},
               {"spec_tree_branch_tokens", s.num_tree_branch_tokens},
               {"steps", s.num_steps},
+              // Steps planned and queued while the previous one ran (docs/engine.md#overlapped-steps).
+              {"overlapped_steps", s.num_overlapped_steps},
               // A device executor's steps from first to last queued work, against the wall clock: the
               // share left is host time between steps (planning, bookkeeping) with the device idle.
               {"device_step_s", b.exec->device_step_seconds()},

@@ -261,7 +261,13 @@ void engine_flags::add_to(CLI::App& cmd) {
       ->check(CLI::IsMember({"bfloat16", "float32"}));
   cmd.add_flag("--cuda-graphs,!--enforce-eager", cuda_graphs,
                "CUDA: replay decode steps from graphs captured per batch-size bucket (the default; "
-               "--enforce-eager launches every kernel, as vLLM's flag)");
+               "--enforce-eager launches every kernel, as vLLM's flag)")
+      ->default_str("true");
+  cmd.add_flag("--async-scheduling,!--no-async-scheduling", async_scheduling,
+               "Overlapped steps: plan and queue step n+1 while the GPU runs step n, the sampled tokens "
+               "staying on the GPU (the default with CUDA, as vLLM's --async-scheduling; no effect on the CPU "
+               "or with speculative decoding)")
+      ->default_str("true");
   cmd.add_flag("-q,--quiet", quiet, "No progress or statistics on stderr");
   cmd.add_option("--speculative", speculative,
                  "Speculative decoding: off | ngram (n-gram prompt lookup drafts) | draft (a small draft model, "
@@ -332,6 +338,7 @@ engine_options to_engine_options(const engine_flags& flags, std::shared_ptr<exec
   options.max_model_len = flags.max_model_len;
   options.preemption = parse_preemption(flags.preemption_mode);
   options.enable_prefix_caching = !flags.no_prefix_caching;
+  options.overlap_steps = flags.async_scheduling;
   const std::optional<speculative_mode> mode = parse_speculative_mode(flags.speculative);
   if (!mode) throw invalid_request("--speculative must be off, ngram or draft (got '" + flags.speculative + "')");
   options.speculative.mode = *mode;

@@ -41,6 +41,7 @@ struct engine_flags {
   double gpu_memory_utilization = 0.9;     // CUDA: share of GPU memory for weights + activations + KV pool
   std::string dtype = "bfloat16";          // CUDA compute type: bfloat16 | float32 (exact, for comparisons)
   bool cuda_graphs = true;                 // CUDA: replay decode steps from captured graphs (--enforce-eager: off)
+  bool async_scheduling = true;            // plan step n+1 while the device runs step n (CUDA; docs/engine.md)
   bool quiet = false;                      // no progress/stats on stderr
   // Speculative decoding (docs/speculative.md).
   std::string speculative = "off";        // off | ngram | draft

@@ -397,6 +397,15 @@ void block_manager::free(seq_id seq) {
   seqs_.erase(it);
 }
 
+void block_manager::forget_cached(seq_id seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (const group_table& t : it->second.groups)
+    for (block_id b : t.device)
+      if (b != no_block) uncache(b);
+  it->second.hashes.clear();
+}
+
 bool block_manager::swap_out(seq_id seq, std::vector<block_copy>& swap_out_list) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || it->second.swapped) throw std::logic_error("block_manager::swap_out: not resident");

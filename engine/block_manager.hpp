@@ -136,6 +136,10 @@ class block_manager {
 
   // Releases every device and host block of `seq` (no-op for an unknown sequence).
   void free(seq_id seq);
+  // Takes `seq`'s device blocks out of the prefix cache (they stay its own): their K/V may not be what
+  // their hashes say, e.g. after a step committed before its results (overlapped steps) failed.
+  // Other sequences holding one keep it; nobody finds it by its tokens any more.
+  void forget_cached(seq_id seq);
 
   // Moves `seq`'s device blocks to the host pool (device -> host pairs appended to `swap_out`); freed
   // window entries stay freed (nothing to copy). Fails, changing nothing, if the host pool has too

@@ -68,6 +68,11 @@ struct sequence_slice {
   // the slot of position num_computed + i, and attends to the context before num_computed and to its
   // ancestors in the tree (itself included), never to its siblings' branches.
   std::vector<int32_t> tree_parents;
+  // Overlapped steps (executor::overlaps_steps()): -1, or the index in the previous submitted step's
+  // `seqs` of this sequence, whose token the executor sampled there and kept on the device: the last of
+  // `tokens` is then a placeholder for that token, which the engine learns only after this step was
+  // submitted (docs/engine.md#overlapped-steps).
+  int32_t last_token_from = -1;
 };
 
 struct block_copy {
@@ -148,6 +153,16 @@ class executor {
   // against the wall clock, the share an overlapped (submit, then wait) step loop could win back.
   // 0 for an executor that computes on the calling thread.
   virtual double device_step_seconds() const { return 0.0; }
+  // Overlapped steps (vLLM's async scheduling; TensorRT-LLM's overlap scheduler): true when submit()
+  // returns once the step is queued on the device and honours sequence_slice::last_token_from, so the
+  // engine plans step n+1 while the device runs step n (docs/engine.md#overlapped-steps). Then
+  // execute(b, out) is submit(b) followed by wait(out).
+  virtual bool overlaps_steps() const { return false; }
+  // Queues one step (what execute() checks it checks here, before anything is queued). At most two
+  // steps are submitted and not yet waited for.
+  virtual void submit(const step_batch& batch);
+  // The oldest submitted step's results, once the device has finished it.
+  virtual void wait(step_output& out);
   // True when execute() honours sequence_slice::sampling (gpu/cuda_executor.cpp); the engine then
   // sends its sampler's state and records the tokens the executor returns.
   virtual bool samples_on_device() const { return false; }

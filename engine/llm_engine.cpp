@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "engine/base/error.hpp"
 #include "engine/speculative/verifier.hpp"
@@ -65,9 +67,18 @@ llm_engine::llm_engine(executor& exec, std::shared_ptr<const tokenizer> tok, con
   mask_words_ = token_mask_words(exec_.config().vocab_size);
   options_.speculative.validate();  // throws invalid_request
   proposer_ = options_.speculative.make_proposer(exec_.config().vocab_size);
+  overlap_ = options_.overlap_steps && exec_.overlaps_steps() && !proposer_;
 }
 
-llm_engine::~llm_engine() { wait_masks(); }
+llm_engine::~llm_engine() {
+  if (in_flight_) {
+    try {
+      exec_.wait(logits_);             // the executor may go away after the engine: nothing of it stays queued
+    } catch (const std::exception&) {  // its requests are gone with the engine
+    }
+  }
+  wait_masks();
+}
 
 request_id llm_engine::add_request(std::vector<token_id> prompt, const sampling_params& params, int32_t priority,
                                    std::shared_ptr<const compiled_constraint> grammar) {
@@ -223,13 +234,18 @@ void llm_engine::accept_token(request_state& r, choice_state& c, const sample_re
     finish_choice(r, c, finish_reason::error, out, lifecycle_stage::aborted, event_kind::failed);
     return;
   }
-  sched_.append_token(c.seq, s.token);
+  if (c.pending_token) {
+    sched_.set_last_token(c.seq, s.token);
+    c.pending_token = false;
+  } else {
+    sched_.append_token(c.seq, s.token);
+  }
   sequence* seq = sched_.find(c.seq);
   ++c.num_generated;
   ++stats_.num_generated_tokens;
   if (c.num_generated == 1) {
     const auto now = engine_clock::now();
-    if (seq) seq->record(lifecycle_stage::first_token, record_.step, now);
+    if (seq) seq->record(lifecycle_stage::first_token, sampling_step_, now);
     engine_event e{event_kind::first_token, r.id, c.seq};
     e.at = now;
     pending_events_.push_back(e);
@@ -301,17 +317,158 @@ std::vector<request_output> llm_engine::step() {
     llm_engine& e;
     ~masks_done() { e.wait_masks(); }
   } guard{*this};
+  if (overlap_) return overlapped_step();
   step_context ctx = begin_step();
   scheduler_output p = plan(ctx);
   execute(p, ctx);
   if (!ctx.failed) {
     pool_hidden(p);
     collect_prompt_logprobs(p);
-    apply(p);
+    apply(p, ctx);
     sample(p, ctx);
   }
   roll_back_drafts();
   return emit(p, ctx);
+}
+
+// ---- overlapped steps (docs/engine.md#overlapped-steps) --------------------------------------------
+//
+// Step n+1 is planned and queued while the device runs step n (vLLM's async scheduling, TensorRT-LLM's
+// overlap scheduler), so the host's planning and bookkeeping hide behind the device's work. One call:
+//   commit step n's plan ahead of its results; each sequence the device samples in it gets a
+//     placeholder token, the one the device is drawing;
+//   plan step n+1 and submit it: a placeholder's slice takes its token from step n's samples, which
+//     stay on the device (sequence_slice::last_token_from);
+//   take step n's results (wait), sample (the placeholders become the tokens) and emit.
+// A sequence that step n finishes had step n+1 compute one token more for nothing: its blocks are
+// freed when it finishes, and the device runs the steps in order, so no later step's use of them can
+// overtake that computation. A step runs ahead only when nothing of planning the next one needs its
+// results on the host (runs_ahead); otherwise its results are taken before the next step is planned.
+
+std::vector<request_output> llm_engine::overlapped_step() {
+  std::vector<request_output> outs;
+  std::optional<in_flight_step> previous = std::exchange(in_flight_, std::nullopt);
+  if (previous && !runs_ahead(*previous)) {
+    outs = finish(*previous);
+    previous.reset();
+  }
+  if (previous) {
+    commit_ahead(*previous);
+    ++stats_.num_overlapped_steps;
+  }
+  step_context ctx = begin_step();
+  // Aborts since the last call are reported now, not with this step's results one call later.
+  std::move(ctx.outs.begin(), ctx.outs.end(), std::back_inserter(outs));
+  ctx.outs.clear();
+  ctx.index.clear();
+  scheduler_output p = plan(ctx);
+  const bool queued = submit(p, ctx, previous ? &*previous : nullptr);
+  const auto t_submitted = engine_clock::now();
+  const auto take = [&outs](std::vector<request_output> more) {
+    std::move(more.begin(), more.end(), std::back_inserter(outs));
+  };
+  if (previous) take(finish(*previous));
+  if (queued) {
+    in_flight_ = in_flight_step{std::move(p), std::move(ctx), t_submitted, false};
+  } else {
+    take(emit(p, ctx));  // nothing to run, or refused: its record and statistics now
+  }
+  return outs;
+}
+
+// Queues the plan (false: nothing to run, or the executor refused it, which failed its requests).
+bool llm_engine::submit(scheduler_output& p, step_context& ctx, const in_flight_step* previous) {
+  if (p.empty()) return false;
+  step_batch batch = sched_.make_batch(p);
+  if (previous) {
+    // A sequence with a placeholder was sampled by the previous step: its slice names its row there.
+    std::unordered_map<seq_id, int32_t> row_of;
+    for (size_t i = 0; i < previous->plan.scheduled.size(); ++i)
+      row_of.emplace(previous->plan.scheduled[i].id, static_cast<int32_t>(i));
+    for (size_t i = 0; i < p.scheduled.size(); ++i) {
+      const choice_ref* owner = owner_of(p.scheduled[i].id);
+      if (!owner || !requests_.at(owner->request).choices[static_cast<size_t>(owner->index)]->pending_token) continue;
+      const sequence& seq = *p.scheduled[i].seq;
+      const auto row = row_of.find(p.scheduled[i].id);
+      if (seq.num_computed + p.scheduled[i].num_new_tokens < seq.num_tokens()) continue;  // not up to it
+      if (row == row_of.end()) throw std::logic_error("llm_engine: a placeholder token from no previous step");
+      batch.seqs[i].last_token_from = row->second;
+    }
+  }
+  start_execute(p, batch, ctx);
+  try {
+    exec_.submit(batch);
+  } catch (const std::exception& e) {
+    execute_failed(p, e, ctx);
+    return false;
+  }
+  return true;
+}
+
+// Step n's results: what step() does after the executor returned, for a step submitted one call ago.
+std::vector<request_output> llm_engine::finish(in_flight_step& f) {
+  scheduler_output& p = f.plan;
+  step_context& ctx = f.ctx;
+  try {
+    exec_.wait(logits_);
+  } catch (const std::exception& e) {
+    // A plan committed ahead put the blocks it filled into the prefix cache: out with them, before
+    // its requests are failed and their blocks freed.
+    if (f.committed)
+      for (seq_id s : p.touched) sched_.forget_cached(s);
+    execute_failed(p, e, ctx);
+  }
+  ctx.record.execute_seconds = seconds_since(f.submitted);
+  if (!ctx.failed) {
+    pool_hidden(p);
+    collect_prompt_logprobs(p);
+    if (f.committed) {
+      account(p, ctx);
+    } else {
+      apply(p, ctx);
+    }
+    sample(p, ctx);
+  }
+  return emit(p, ctx);
+}
+
+// Whether the next step may be planned before this one's results are on the host: every sequence that
+// samples in it samples on the device without a grammar (whose next mask needs the token), and no
+// embedding or prompt scoring reads the plan's positions before commit (pool_hidden,
+// collect_prompt_logprobs). Sequences finished meanwhile do not count.
+bool llm_engine::runs_ahead(const in_flight_step& f) const {
+  if (f.ctx.failed) return false;
+  for (size_t i = 0; i < f.plan.scheduled.size(); ++i) {
+    const scheduled_sequence& s = f.plan.scheduled[i];
+    const sequence* seq = sched_.find(s.id);
+    if (!seq || !owner_of(s.id)) continue;
+    if (s.num_draft_tokens > 0 || seq->pooling != pooling_type::none || seq->prefill_only || seq->scores_prompt())
+      return false;
+    if (s.samples && (!f.ctx.asked_device[i] || f.ctx.mask_row[i] >= 0)) return false;
+  }
+  return true;
+}
+
+void llm_engine::commit_ahead(in_flight_step& f) {
+  sched_.commit(f.plan);
+  f.committed = true;
+  for (size_t i = 0; i < f.plan.scheduled.size(); ++i) {
+    if (!f.plan.scheduled[i].samples || !f.ctx.asked_device[i]) continue;
+    const choice_ref* owner = owner_of(f.plan.scheduled[i].id);
+    if (!owner) continue;
+    request_state& r = requests_.at(owner->request);
+    choice_state& c = *r.choices[static_cast<size_t>(owner->index)];
+    if (c.finished || c.pending_token || !may_continue(r, c)) continue;
+    sched_.append_token(c.seq, token_id{0});  // the device's token replaces it in accept_token
+    c.pending_token = true;
+  }
+}
+
+// Whether the token the device is drawing for `c` can be followed by another: not when it is the last
+// that max_tokens or the sequence length allow (a stop or EOS is known only when it comes).
+bool llm_engine::may_continue(const request_state& r, const choice_state& c) const {
+  const sequence* seq = sched_.find(c.seq);
+  return seq && c.num_generated + 1 < r.params.max_tokens && seq->num_tokens() + 1 < sched_.max_seq_len();
 }
 
 // Outputs of aborts and the events of add_request / abort since the last step come first.
@@ -330,9 +487,9 @@ scheduler_output llm_engine::plan(step_context& ctx) {
   propose_drafts();
   scheduler_output p = sched_.schedule();
   release_preempted_drafts(p);
-  record_ = step_record{};
-  record_.step = p.step;
-  record_.schedule_seconds = seconds_since(ctx.start);
+  ctx.record = step_record{};
+  ctx.record.step = p.step;
+  ctx.record.schedule_seconds = seconds_since(ctx.start);
   ctx.asked_device.assign(p.scheduled.size(), false);
   ctx.mask_row.assign(p.scheduled.size(), -1);
   ctx.accepted.assign(p.scheduled.size(), 0);
@@ -340,8 +497,17 @@ scheduler_output llm_engine::plan(step_context& ctx) {
 }
 
 void llm_engine::execute(scheduler_output& p, step_context& ctx) {
-  if (p.scheduled.empty() && p.swap_in.empty() && p.swap_out.empty() && p.copies.empty()) return;
+  if (p.empty()) return;
   step_batch batch = sched_.make_batch(p);
+  start_execute(p, batch, ctx);
+  const auto t_exec = engine_clock::now();
+  try {
+    exec_.execute(batch, logits_);
+  } catch (const std::exception& e) { execute_failed(p, e, ctx); }
+  ctx.record.execute_seconds = seconds_since(t_exec);
+}
+
+void llm_engine::start_execute(const scheduler_output& p, step_batch& batch, step_context& ctx) {
   // The masks of this step depend only on the tokens accepted up to the last one: the grammar workers
   // compute them while the executor runs the forward pass.
   start_masks(p, ctx);
@@ -349,18 +515,16 @@ void llm_engine::execute(scheduler_output& p, step_context& ctx) {
     ask_device_sampling(p, batch, ctx);
     batch.masks_ready = masks_pending_;
   }
-  const auto t_exec = engine_clock::now();
-  try {
-    exec_.execute(batch, logits_);
-  } catch (const std::exception& e) {
-    // The plan is not committed: nothing it allocated enters the prefix cache. Every request whose
-    // KV the step touched is failed and its blocks freed; the others continue.
-    wait_masks();  // the workers are done with the constraints about to be dropped
-    ctx.failed = true;
-    ++stats_.num_failed_steps;
-    fail_touched_requests(p, std::string("executor failed: ") + e.what(), ctx);
-  }
-  record_.execute_seconds = seconds_since(t_exec);
+}
+
+// The plan is not committed (unless an overlapped step committed it ahead): nothing it allocated
+// enters the prefix cache. Every request whose KV the step touched is failed and its blocks freed; the
+// others continue.
+void llm_engine::execute_failed(const scheduler_output& p, const std::exception& e, step_context& ctx) {
+  wait_masks();  // the workers are done with the constraints about to be dropped
+  ctx.failed = true;
+  ++stats_.num_failed_steps;
+  fail_touched_requests(p, std::string("executor failed: ") + e.what(), ctx);
 }
 
 // Embedding sequences: each chunk's hidden rows join the request's pool (before commit, while
@@ -400,9 +564,14 @@ void llm_engine::collect_prompt_logprobs(const scheduler_output& p) {
   }
 }
 
-void llm_engine::apply(scheduler_output& p) {
+void llm_engine::apply(scheduler_output& p, const step_context& ctx) {
   sched_.commit(p);
-  if (p.num_prefill_tokens > p.num_decode_tokens) sched_.observe_prefill(p.num_prefill_tokens, record_.execute_seconds);
+  account(p, ctx);
+}
+
+void llm_engine::account(const scheduler_output& p, const step_context& ctx) {
+  if (p.num_prefill_tokens > p.num_decode_tokens)
+    sched_.observe_prefill(p.num_prefill_tokens, ctx.record.execute_seconds);
   stats_.num_prefill_tokens += static_cast<uint64_t>(p.num_prefill_tokens);
   stats_.num_blocks_swapped_in += p.swap_in.size();
   stats_.num_blocks_swapped_out += p.swap_out.size();
@@ -414,13 +583,17 @@ void llm_engine::apply(scheduler_output& p) {
     if (!owner || owner->index != 0) continue;
     auto it = requests_.find(owner->request);
     const sequence* s = sched_.find(e.seq);
-    if (it != requests_.end() && s && s->num_generated() == 0)
+    // (The choice's count: an overlapped step's placeholder is not a generated token yet.)
+    if (it != requests_.end() && s && !it->second.choices.empty() && it->second.choices[0]->num_generated == 0)
       it->second.num_cached_prompt_tokens = s->num_cached_prompt_tokens;
   }
 }
 
 void llm_engine::sample(scheduler_output& p, step_context& ctx) {
-  if (masks_pending_.valid()) {
+  sampling_step_ = p.step;
+  // (Only this step's masks: with overlapped steps, those pending may be the next step's.)
+  const bool constrained = std::any_of(ctx.mask_row.begin(), ctx.mask_row.end(), [](int32_t r) { return r >= 0; });
+  if (constrained && masks_pending_.valid()) {
     const auto t0 = engine_clock::now();
     wait_masks();
     stats_.mask_wait_seconds += seconds_since(t0);
@@ -444,6 +617,7 @@ void llm_engine::sample(scheduler_output& p, step_context& ctx) {
 }
 
 std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& ctx) {
+  record_ = std::move(ctx.record);
   sched_.fill_record(p, record_);
   annotate_running(record_);
   // Order: between-step events, the plan's scheduling decisions (stamped with the step's start), then
@@ -464,6 +638,12 @@ std::vector<request_output> llm_engine::emit(scheduler_output& p, step_context& 
   }
   ++stats_.num_steps;
   record_.step_seconds = seconds_since(ctx.start);
+  if (overlap_ && last_emit_ != engine_clock::time_point{}) {
+    // Overlapped steps: planned one call before their results came, so the time since the previous
+    // step's outputs is the cadence a decoding stream sees.
+    record_.step_seconds = std::min(record_.step_seconds, seconds_since(last_emit_));
+  }
+  last_emit_ = engine_clock::now();
   record_.predicted_seconds = p.predicted_seconds;
   record_.prefill_budget = p.prefill_budget;
   if (!ctx.failed && !p.scheduled.empty()) {
@@ -511,7 +691,8 @@ void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batc
     if (!owner) continue;
     const request_state& r = requests_.at(owner->request);
     if (!r.forked && r.params.n > 1) continue;
-    batch.seqs[i].sampling = r.choices[static_cast<size_t>(owner->index)]->samp.device_request();
+    const choice_state& c = *r.choices[static_cast<size_t>(owner->index)];
+    batch.seqs[i].sampling = c.samp.device_request(c.pending_token ? 1 : 0);
     ctx.asked_device[i] = batch.seqs[i].sampling.has_value();
     if (ctx.asked_device[i]) batch.seqs[i].sampling->allowed_tokens = mask_of(ctx, i);
   }

@@ -60,6 +60,10 @@ struct engine_options {
   std::shared_ptr<constraint_backend> constraints;
   // Speculative decoding (docs/speculative.md): off by default.
   speculative_options speculative;
+  // Overlapped steps (docs/engine.md#overlapped-steps; vLLM's async scheduling): with an executor that
+  // overlaps_steps(), plan and queue step n+1 while the device runs step n. No effect otherwise, nor
+  // with speculative decoding.
+  bool overlap_steps = true;
 };
 
 struct token_logprob {
@@ -105,6 +109,7 @@ struct engine_stats {
   uint64_t num_blocks_swapped_in = 0;   // host -> device block copies
   uint64_t num_blocks_swapped_out = 0;  // device -> host block copies
   uint64_t num_failed_steps = 0;
+  uint64_t num_overlapped_steps = 0;     // planned and queued while the previous step ran (overlapped steps)
   uint64_t num_window_freed_blocks = 0;  // KV blocks freed because no layer's window reached them
   double kv_waste = 0;                   // now: allocated-but-unused slots / allocated slots
   uint64_t num_token_masks = 0;          // grammar masks computed (one per constrained sequence and step)
@@ -161,7 +166,11 @@ class llm_engine {
   // Runs one step and returns the incremental outputs. If the executor throws, every request in
   // the step is failed (reason error) and the engine stays usable.
   std::vector<request_output> step();
-  bool has_unfinished() const { return !requests_.empty(); }
+  // True while a request is unfinished or a step is still on the device (overlapped steps: the step
+  // that follows takes its results).
+  bool has_unfinished() const { return !requests_.empty() || in_flight_.has_value(); }
+  // Whether steps overlap (engine_options::overlap_steps with an executor that can).
+  bool overlaps_steps() const { return overlap_; }
 
   const step_record& last_record() const { return record_; }
   engine_stats stats() const;
@@ -183,6 +192,8 @@ class llm_engine {
     int32_t num_generated = 0;
     int32_t num_draft_tokens = 0;
     int32_t num_accepted_draft_tokens = 0;
+    // Overlapped steps: the sequence's last token is a placeholder for the one the device is sampling.
+    bool pending_token = false;
     choice_state(int32_t i, seq_id s, const sampling_params& p, std::span<const token_id> prompt,
                  std::span<const token_id> eos, const std::shared_ptr<const tokenizer>& tok)
         : index(i), seq(s), samp(p, static_cast<uint64_t>(i), prompt, eos), stops(p, eos) {
@@ -220,15 +231,36 @@ class llm_engine {
     std::vector<int32_t> mask_row;     // per scheduled sequence: its row of masks_, -1: unconstrained
     std::vector<int32_t> accepted;     // per scheduled sequence: draft tokens the target accepted
     bool failed = false;               // the executor threw: nothing of the plan is committed
+    step_record record;                // the step's timings so far (emit() publishes it)
+  };
+
+  // Overlapped steps (docs/engine.md#overlapped-steps): a step submitted to the executor whose results
+  // have not been taken. `committed`: its plan was committed before its results came (so that the next
+  // step could be planned), and its device-sampled sequences hold placeholder tokens.
+  struct in_flight_step {
+    scheduler_output plan;
+    step_context ctx;
+    engine_clock::time_point submitted;
+    bool committed = false;
   };
 
   // The phases of step(), in order.
   step_context begin_step();
   scheduler_output plan(step_context& ctx);
   void execute(scheduler_output& plan, step_context& ctx);
+  // Overlapped steps: step() as the two halves that interleave with the neighbouring steps' halves.
+  std::vector<request_output> overlapped_step();
+  bool submit(scheduler_output& plan, step_context& ctx, const in_flight_step* previous);
+  std::vector<request_output> finish(in_flight_step& step);
+  bool runs_ahead(const in_flight_step& step) const;
+  void commit_ahead(in_flight_step& step);
+  bool may_continue(const request_state& r, const choice_state& c) const;
+  void start_execute(const scheduler_output& plan, step_batch& batch, step_context& ctx);
+  void execute_failed(const scheduler_output& plan, const std::exception& e, step_context& ctx);
   void pool_hidden(const scheduler_output& plan);
   void collect_prompt_logprobs(const scheduler_output& plan);
-  void apply(scheduler_output& plan);
+  void apply(scheduler_output& plan, const step_context& ctx);
+  void account(const scheduler_output& plan, const step_context& ctx);
   void sample(scheduler_output& plan, step_context& ctx);
   std::vector<request_output> emit(scheduler_output& plan, step_context& ctx);
 
@@ -278,6 +310,10 @@ class llm_engine {
   seq_id next_seq_{1};
   uint64_t arrival_ = 0;
   step_record record_;
+  bool overlap_ = false;                     // overlapped steps (engine_options::overlap_steps)
+  std::optional<in_flight_step> in_flight_;  // overlapped steps: the step on the device
+  engine_clock::time_point last_emit_{};     // overlapped steps: when the previous step's outputs went out
+  uint64_t sampling_step_ = 0;               // the step whose tokens sample() is accepting
   engine_stats stats_;
   step_output logits_;  // reused across steps
   // This step's grammar masks, one row per constrained sampling sequence, and the workers' progress:

@@ -493,7 +493,11 @@ sample_result sampler::take(std::span<const float> logits, std::span<const uint3
 
 void sampler::append_external_token(token_id token) { record(token); }
 
-std::optional<device_sampling> sampler::device_request() const {
+std::optional<device_sampling> sampler::device_request(int32_t ahead) const {
+  // The penalties count the tokens before this one: `ahead` of them are not known here yet.
+  const bool penalties =
+      params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  if (ahead > 0 && penalties) return std::nullopt;
   device_sampling d;
   d.logit_bias = params_.logit_bias;
   std::vector<token_id> bias_ids;
@@ -511,8 +515,8 @@ std::optional<device_sampling> sampler::device_request() const {
   d.frequency_penalty = params_.frequency_penalty;
   d.num_logprobs = params_.logprobs;
   d.stream_key = stream_key_;
-  d.position = static_cast<uint64_t>(num_generated_);
-  if (num_generated_ < params_.min_tokens) d.masked = min_tokens_mask_;
+  d.position = static_cast<uint64_t>(num_generated_ + ahead);
+  if (num_generated_ + ahead < params_.min_tokens) d.masked = min_tokens_mask_;
   if (params_.repetition_penalty != 1.0f) {
     d.penalized = prompt_unique_;
     for (const auto& entry : output_counts_) {

@@ -93,7 +93,9 @@ class sampler {
   // (executor::samples_on_device()); record the token it returns with append_external_token().
   // nullopt when the device sampler cannot reproduce sample(): logit_bias with a repeated id (the
   // host adds the biases one after the other, the device in parallel).
-  std::optional<device_sampling> device_request() const;
+  // ahead > 0 (overlapped steps): the sample after `ahead` more tokens the device is sampling now, which
+  // this sampler has not recorded yet; nullopt with a penalty, which would need them.
+  std::optional<device_sampling> device_request(int32_t ahead = 0) const;
 
   // The logit processors sample() runs before truncation, in order: logit_bias, the min_tokens mask,
   // repetition penalty, presence/frequency penalties, temperature (skipped when greedy). In place;

@@ -159,6 +159,7 @@ std::unique_ptr<sequence> scheduler::finish(seq_id id, lifecycle_stage stage) {
   if (it == seqs_.end()) return nullptr;
   std::unique_ptr<sequence> seq = std::move(it->second);
   seqs_.erase(it);
+  uncommitted_.erase(id);
   remove_from(waiting_, seq.get());
   remove_from(running_, seq.get());
   remove_from(swapped_, seq.get());
@@ -190,6 +191,12 @@ void scheduler::append_token(seq_id id, token_id token) {
   seq->tokens.push_back(token);
 }
 
+void scheduler::set_last_token(seq_id id, token_id token) {
+  sequence* seq = find(id);
+  if (!seq || seq->tokens.empty()) throw std::logic_error("scheduler::set_last_token: unknown or empty sequence");
+  seq->tokens.back() = token;
+}
+
 void scheduler::observe_prefill(int32_t num_tokens, double seconds) {
   if (num_tokens < 64 || seconds <= 0) return;  // too small a sample to say anything
   const double rate = num_tokens / seconds;
@@ -212,6 +219,7 @@ sequence* scheduler::pick_victim(const sequence* for_seq) const {
 
 void scheduler::preempt(sequence* victim, preemption_reason reason, scheduler_output& plan) {
   remove_from(running_, victim);
+  uncommitted_.erase(victim->id);
   victim->clear_draft();
   ++victim->num_preemptions;
   const int32_t num_blocks = blocks_.num_blocks(victim->id);
@@ -261,6 +269,7 @@ void scheduler::schedule_chunk(sequence* seq, int32_t num_new, scheduler_output&
   const int32_t num_real = num_new - num_draft;  // tokens of seq->tokens; the drafts follow them
   const bool samples = seq->num_computed + num_real == seq->num_tokens();
   plan.scheduled.push_back({seq, seq->id, seq->request, num_new, samples, num_draft});
+  uncommitted_[seq->id] = num_new;
   plan.touched.push_back(seq->id);
   scheduled_now_.insert(seq->id);
   budget -= num_new;
@@ -556,6 +565,7 @@ step_batch scheduler::make_batch(const scheduler_output& plan) const {
 
 void scheduler::commit(const scheduler_output& plan) {
   for (const scheduled_sequence& s : plan.scheduled) {
+    uncommitted_.erase(s.id);
     if (seqs_.count(s.id) == 0) continue;                          // finished meanwhile
     s.seq->num_computed += s.num_new_tokens - s.num_draft_tokens;  // drafts: accept_draft()
     blocks_.commit_computed(s.seq->id, s.seq->tokens, s.seq->num_computed);
@@ -620,8 +630,11 @@ std::string scheduler::check_invariants() const {
         return std::string("sequence in ") + name + " queue has status " + std::string(to_string(s->status));
       if (i > 0 && more_important(*s, *q[i - 1])) return std::string(name) + " queue out of order";
       // Table length (freed window entries included); which of them are freed is the block manager's check.
+      // (A plan not committed yet, an overlapped step's, holds the slots of its tokens too.)
       const int32_t nb = blocks_.num_logical_blocks(s->id);
-      if (status == sequence_status::running && nb != blocks_.blocks_for(s->num_computed))
+      const auto planned = uncommitted_.find(s->id);
+      const int32_t held = s->num_computed + (planned == uncommitted_.end() ? 0 : planned->second);
+      if (status == sequence_status::running && nb != blocks_.blocks_for(held))
         return "running sequence " + std::to_string(s->id.value()) + " has " + std::to_string(nb) + " blocks for " +
                std::to_string(s->num_computed) + " computed tokens";
       if (status == sequence_status::running &&

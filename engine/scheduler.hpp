@@ -123,11 +123,16 @@ class scheduler {
 
   // A running sequence gets a sampled token (to be computed in a later step).
   void append_token(seq_id seq, token_id token);
+  // Overlapped steps: the sampled token that replaces the placeholder appended (append_token) while
+  // the device was still sampling it.
+  void set_last_token(seq_id seq, token_id token);
   // New running sequence sharing every block of `parent` (which must be running), same tokens.
   sequence& fork(seq_id parent, seq_id child, int32_t choice_index);
   // Removes a sequence from every queue and frees its blocks; `stage` (finished or aborted) ends its
   // timeline. Returns it (nullptr if unknown).
   std::unique_ptr<sequence> finish(seq_id seq, lifecycle_stage stage);
+  // The sequence's blocks leave the prefix cache (block_manager::forget_cached).
+  void forget_cached(seq_id seq) { blocks_.forget_cached(seq); }
 
   // Feeds the cost model with a measured prefill rate (exponential moving average).
   void observe_prefill(int32_t num_tokens, double seconds);
@@ -187,6 +192,9 @@ class scheduler {
   std::vector<sequence*> running_;
   std::vector<sequence*> swapped_;
   std::unordered_set<seq_id> scheduled_now_;  // sequences with a chunk in the plan being built
+  // Tokens of each sequence's chunk in a plan not committed yet (check_invariants: their slots are
+  // allocated; an overlapped step's plan is in flight between two steps).
+  std::unordered_map<seq_id, int32_t> uncommitted_;
 };
 
 }  // namespace tessera

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -180,6 +181,18 @@ class pinned_buffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// One submitted step's results and what is needed to take them: two slots, used in turn, so the
+// device writes step n+1's tokens and logits elsewhere than where the host reads step n's.
+struct step_slot {
+  step_output out;  // shaped by plan_step, filled by collect()
+  gpu::sampling_batch sampling;
+  std::vector<int32_t> device_sampled_seqs;
+  pinned_buffer sample_out_host, logits_host;
+  size_t logit_floats = 0;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  bool collected = false;
 };
 
 // A weight matrix on the device, [rows, cols] row-major: in the compute dtype, or (bf16 compute)
@@ -366,8 +379,12 @@ class cuda_executor final : public executor {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&swap_done_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreate(&step_begin_));
-    CUDA_CHECK(cudaEventCreate(&step_end_));
+    for (step_slot& slot : step_slots_) {
+      CUDA_CHECK(cudaEventCreate(&slot.begin));
+      CUDA_CHECK(cudaEventCreate(&slot.end));
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&inputs_read_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&stream_ready_, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // A fixed workspace keeps cuBLAS from allocating during a step (and is what graph capture needs).
@@ -378,6 +395,8 @@ class cuda_executor final : public executor {
     plan_layers();
 
     reserve_tokens(std::max(1, options.max_num_batched_tokens));
+    // A step samples at most one row per token: growing it later would wait for the step in flight.
+    sampled_ids_dev_.reserve(static_cast<size_t>(std::max(1, options.max_num_batched_tokens)) * sizeof(int32_t));
     reserve_logit_rows(initial_logit_rows(options.max_num_batched_tokens));
 
     block_bytes_ = layout_.block_elems() * static_cast<int64_t>(sizeof(C));
@@ -416,8 +435,12 @@ class cuda_executor final : public executor {
     for (auto& g : graphs_) cudaGraphExecDestroy(g.exec);
     if (cublas_) cublasDestroy(cublas_);
     if (swap_done_) cudaEventDestroy(swap_done_);
-    if (step_begin_) cudaEventDestroy(step_begin_);
-    if (step_end_) cudaEventDestroy(step_end_);
+    for (step_slot& slot : step_slots_) {
+      if (slot.begin) cudaEventDestroy(slot.begin);
+      if (slot.end) cudaEventDestroy(slot.end);
+    }
+    if (inputs_read_) cudaEventDestroy(inputs_read_);
+    if (stream_ready_) cudaEventDestroy(stream_ready_);
     if (stream_) cudaStreamDestroy(stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
   }
@@ -440,10 +463,25 @@ class cuda_executor final : public executor {
   bool pools_hidden_states() const override { return true; }
   bool scores_prompts() const override { return true; }
 
+  // Overlapped steps (docs/gpu_executor.md#overlapped-steps): a step is queued on the stream by
+  // submit() and its results taken by wait(), so the engine plans the next step meanwhile. Not while
+  // the per-op profiler times a step: its events belong to one step at a time.
+  bool overlaps_steps() const override { return !profiler_.enabled(); }
+
   void execute(const step_batch& batch, step_output& out) override {
+    submit(batch);
+    wait(out);
+  }
+
+  void submit(const step_batch& batch) override {
+    if (submitted_.size() >= 2) throw std::logic_error("cuda executor: two steps are submitted and not waited for");
     CUDA_CHECK(cudaSetDevice(device_));
-    plan_step(batch, out);  // validates everything before the cache is touched
-    CUDA_CHECK(cudaEventRecord(step_begin_, stream_));
+    // The pinned input buffers are rewritten below: the previous step's uploads must have left them
+    // (they are that step's first operations, so this is not a wait for its forward pass).
+    CUDA_CHECK(cudaEventSynchronize(inputs_read_));
+    step_slot& slot = step_slots_[next_slot_];
+    plan_step(batch, slot.out);  // validates everything before the cache is touched
+    CUDA_CHECK(cudaEventRecord(slot.begin, stream_));
     upload_metadata();
     if (!sampling_.empty()) {
       // Without the grammar masks when they come later (below): the host is about to write them.
@@ -452,12 +490,20 @@ class cuda_executor final : public executor {
                                  masks_later ? sampling_.masks_offset() : sampling_.input_bytes(),
                                  cudaMemcpyHostToDevice, stream_));
     }
+    if (!pending_tokens_.empty()) {
+      // Tokens the previous step sampled, which the host has not seen yet, into this step's ids.
+      gpu::take_sampled_tokens(meta_dev_.as<int32_t>() + meta_ids_.offset, meta_ptr(meta_pending_),
+                               static_cast<int32_t>(pending_tokens_.size() / 2), sampled_ids_dev_.as<int32_t>(),
+                               stream_);
+    }
     const auto T_ = num_tokens_;
     const bool swaps = !batch.swap_in.empty() || !batch.swap_out.empty();
     if (swaps) {
       // Swaps on their own stream: they overlap with the embedding gather; the first kernel that
-      // touches the cache waits for them. The previous step ended with a synchronise, so nothing is
-      // still reading or writing the blocks involved.
+      // touches the cache waits for them. They wait for the previous step, which may still be running
+      // (overlapped steps), so nothing is still reading or writing the blocks involved.
+      CUDA_CHECK(cudaEventRecord(stream_ready_, stream_));
+      CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, stream_ready_, 0));
       char* dev = kv_.as<char>();
       char* host = host_pool_.as<char>();
       const auto bytes = static_cast<size_t>(block_bytes_);
@@ -480,13 +526,15 @@ class cuda_executor final : public executor {
       gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()),
                       stream_);
     }
+    const bool masks_later = !sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid();
+    if (!masks_later) CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     if (graph_step_) {
       CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));
     } else if (T_ > 0) {
       profiler_.begin(stream_, num_prefill_tokens_ == 0 && batch.seqs.size() == static_cast<size_t>(T_));
       forward();
     }
-    if (!sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid()) {
+    if (masks_later) {
       // The GPU runs the forward pass meanwhile: waiting here for the grammar workers costs the step
       // nothing unless the masks take longer than the forward pass. Then one more small upload, queued
       // behind the forward pass on the same stream.
@@ -495,35 +543,55 @@ class cuda_executor final : public executor {
       CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<char>() + sampling_.masks_offset(),
                                  sample_in_host_.as<char>() + sampling_.masks_offset(), sampling_.masks_bytes(),
                                  cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     }
     if (!sampling_.empty()) {  // after the LM head (a replayed graph included); only tokens come back
       gpu::sample_rows(sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
                                              config_.vocab_size, sample_work_.as<float>()),
                        stream_);
-      CUDA_CHECK(cudaMemcpyAsync(sample_out_host_.as<void>(), sample_out_dev_.as<void>(), sampling_.output_bytes(),
+      slot.sample_out_host.reserve(sampling_.output_bytes());
+      CUDA_CHECK(cudaMemcpyAsync(slot.sample_out_host.as<void>(), sample_out_dev_.as<void>(), sampling_.output_bytes(),
                                  cudaMemcpyDeviceToHost, stream_));
+      // The sampled ids stay on the device for the next step (sequence_slice::last_token_from): in a
+      // buffer of their own, which the next step's sampler does not overwrite before it read them.
+      // (Growing it synchronises, after this step's take_sampled_tokens read the old one.)
+      sampled_ids_dev_.reserve(static_cast<size_t>(sampling_.num_rows()) * sizeof(int32_t));
+      CUDA_CHECK(cudaMemcpyAsync(sampled_ids_dev_.as<void>(), sample_out_dev_.as<char>() + sampling_.tokens_offset(),
+                                 static_cast<size_t>(sampling_.num_rows()) * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                 stream_));
     }
-    const size_t logit_floats = out.logits.size();  // the host-sampled rows, which come first
-    if (logit_floats > 0) {
-      CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>(), logits_.as<float>(), logit_floats * sizeof(float),
+    slot.logit_floats = slot.out.logits.size();  // the host-sampled rows, which come first
+    if (slot.logit_floats > 0) {
+      slot.logits_host.reserve(slot.logit_floats * sizeof(float));
+      CUDA_CHECK(cudaMemcpyAsync(slot.logits_host.as<float>(), logits_.as<float>(), slot.logit_floats * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
     }
     if (!graph_step_ && T_ > 0) profiler_.mark(stream_, "sampling + copies");
-    CUDA_CHECK(cudaEventRecord(step_end_, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    float step_ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&step_ms, step_begin_, step_end_));
-    device_step_seconds_ += step_ms / 1e3;
-    profiler_.end_step();
-    if (logit_floats > 0) std::memcpy(out.logits.data(), logits_host_.as<float>(), logit_floats * sizeof(float));
-    if (!sampling_.empty()) {
-      std::vector<sampled_token> sampled = sampling_.unpack_outputs(sample_out_host_.as<void>());
-      for (size_t j = 0; j < sampled.size(); ++j) {
-        out.sampled[static_cast<size_t>(step_layout_.device_sampled_seqs[j])] = std::move(sampled[j]);
-      }
+    CUDA_CHECK(cudaEventRecord(slot.end, stream_));
+    // What wait() needs of this step once the next one is planned.
+    std::swap(slot.sampling, sampling_);
+    slot.device_sampled_seqs.assign(step_layout_.device_sampled_seqs.begin(), step_layout_.device_sampled_seqs.end());
+    sampled_row_of_seq_.assign(batch.seqs.size(), -1);
+    for (size_t j = 0; j < slot.device_sampled_seqs.size(); ++j)
+      sampled_row_of_seq_[static_cast<size_t>(slot.device_sampled_seqs[j])] = static_cast<int32_t>(j);
+    slot.collected = false;
+    submitted_.push_back(next_slot_);
+    next_slot_ ^= 1;
+    if (!step_layout_.pooled_seqs.empty() || !step_layout_.scored_tokens.empty()) {
+      // Embedding and scored prompt rows are read from this step's activations, which the next step
+      // overwrites: such a step is finished here.
+      collect(slot);
+      if (!step_layout_.pooled_seqs.empty()) pool_hidden_states(batch, slot.out);
+      if (!step_layout_.scored_tokens.empty()) score_prompt_rows(slot.out);
     }
-    if (!step_layout_.pooled_seqs.empty()) pool_hidden_states(batch, out);
-    if (!step_layout_.scored_tokens.empty()) score_prompt_rows(out);
+  }
+
+  void wait(step_output& out) override {
+    if (submitted_.empty()) throw std::logic_error("cuda executor: wait() without a submitted step");
+    step_slot& slot = step_slots_[submitted_.front()];
+    submitted_.pop_front();
+    if (!slot.collected) collect(slot);
+    std::swap(out, slot.out);
   }
 
  private:
@@ -715,8 +783,27 @@ class cuda_executor final : public executor {
     const logit_row_bytes b = logit_row_bytes_for(config_, static_cast<size_t>(n), sizeof(T));
     lx_.reserve(b.lx);
     logits_.reserve(b.logits);
-    logits_host_.reserve(b.logits);
+    for (step_slot& slot : step_slots_) slot.logits_host.reserve(b.logits);
     cap_rows_ = n;
+  }
+
+  // ---- overlapped steps ------------------------------------------------------------------------
+
+  // Waits for the slot's step and unpacks its tokens and logits rows into slot.out.
+  void collect(step_slot& slot) {
+    CUDA_CHECK(cudaEventSynchronize(slot.end));
+    float step_ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&step_ms, slot.begin, slot.end));
+    device_step_seconds_ += step_ms / 1e3;
+    profiler_.end_step();
+    if (slot.logit_floats > 0)
+      std::memcpy(slot.out.logits.data(), slot.logits_host.as<float>(), slot.logit_floats * sizeof(float));
+    if (!slot.sampling.empty()) {
+      std::vector<sampled_token> sampled = slot.sampling.unpack_outputs(slot.sample_out_host.as<void>());
+      for (size_t j = 0; j < sampled.size(); ++j)
+        slot.out.sampled[static_cast<size_t>(slot.device_sampled_seqs[j])] = std::move(sampled[j]);
+    }
+    slot.collected = true;
   }
 
   // ---- step planning ---------------------------------------------------------------------------
@@ -762,6 +849,7 @@ class cuda_executor final : public executor {
     plan_trees(batch);
     graph_step_ = use_graphs_ && graph_eligible(batch);
     if (graph_step_) pad_for_graph(batch.seqs.size());
+    plan_pending_tokens(batch);
     num_tokens_ = static_cast<int32_t>(ids_.size());
     num_logit_rows_ = static_cast<int32_t>(logit_rows_.size());
 
@@ -789,6 +877,7 @@ class cuda_executor final : public executor {
     meta_tree_root_ = place(tree_root_.size());
     meta_tree_offset_ = place(tree_mask_offset_.size());
     meta_tree_mask_ = place(tree_mask_.size());
+    meta_pending_ = place(pending_tokens_.size());  // last: a graph's captured offsets stay put
     meta_size_ = off;
     meta_host_.reserve(std::max<size_t>(off, 1) * sizeof(int32_t));
     int32_t* h = meta_host_.as<int32_t>();
@@ -802,6 +891,7 @@ class cuda_executor final : public executor {
     put(meta_tree_root_, tree_root_);
     put(meta_tree_offset_, tree_mask_offset_);
     put(meta_tree_mask_, tree_mask_);
+    put(meta_pending_, pending_tokens_);
     for (int32_t g = 0; g < groups_.num_groups(); ++g) {
       for (size_t s = 0; s < num_table_rows_; ++s) {
         int32_t* row = h + meta_tables_[static_cast<size_t>(g)].offset + s * static_cast<size_t>(max_blocks_);
@@ -873,6 +963,24 @@ class cuda_executor final : public executor {
       }
     }
     if (workspace > 0) attn_workspace_.reserve(static_cast<size_t>(workspace) * sizeof(float));
+  }
+
+  // Slices whose last token the previous submitted step sampled here (sequence_slice::last_token_from):
+  // pairs (device row of that token, its row in sampled_ids_dev_). Checked before anything is queued.
+  void plan_pending_tokens(const step_batch& batch) {
+    pending_tokens_.clear();
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const int32_t from = batch.seqs[s].last_token_from;
+      if (from < 0) continue;
+      if (static_cast<size_t>(from) >= sampled_row_of_seq_.size() ||
+          sampled_row_of_seq_[static_cast<size_t>(from)] < 0 || !batch.seqs[s].tree_parents.empty()) {
+        throw invalid_request("cuda executor: last_token_from " + std::to_string(from) +
+                              " names no token the previous step sampled on the device");
+      }
+      const step_layout::sequence_rows rows = step_layout_.seqs[s];
+      pending_tokens_.push_back(device_row(rows.token_begin + rows.num_tokens - 1));
+      pending_tokens_.push_back(sampled_row_of_seq_[static_cast<size_t>(from)]);
+    }
   }
 
   // paged_attention_args::split_counters: zero when allocated, and the kernels leave them zero.
@@ -1373,7 +1481,16 @@ class cuda_executor final : public executor {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t swap_done_ = nullptr;
-  cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;  // device_step_seconds()
+  // Overlapped steps: the two result slots (the next one to fill), the submitted ones oldest first;
+  // the last upload from the pinned inputs; the previous step's end, for the swap stream.
+  step_slot step_slots_[2];
+  int next_slot_ = 0;
+  std::deque<int> submitted_;
+  cudaEvent_t inputs_read_ = nullptr, stream_ready_ = nullptr;
+  // The last submitted step's sampled ids, on the device, and per sequence of it its row there (-1:
+  // not sampled on the device): what sequence_slice::last_token_from refers to.
+  device_buffer sampled_ids_dev_;
+  std::vector<int32_t> sampled_row_of_seq_;
   double device_step_seconds_ = 0.0;
   cublasHandle_t cublas_ = nullptr;
   device_buffer cublas_workspace_;
@@ -1396,7 +1513,6 @@ class cuda_executor final : public executor {
   int32_t cap_tokens_ = 0, cap_rows_ = 0;
   device_buffer x_, xn_, qkv_, attn_, gu_, mlp_, tmp_, lx_, logits_, attn_workspace_;
   device_buffer split_counters_;  // both attention kernels' fused split-KV merge (gpu/attention.hpp)
-  pinned_buffer logits_host_;
   // Sampling on the device: packed descriptors in, tokens and logprobs out, a scratch row per sequence.
   gpu::sampling_batch sampling_;
   pinned_buffer sample_in_host_, sample_out_host_;
@@ -1429,7 +1545,8 @@ class cuda_executor final : public executor {
   device_buffer aux_rows_dev_, pooled_dev_, score_x_, score_logits_;
   std::vector<meta_range> meta_slots_, meta_tables_;  // per KV layer group
   meta_range meta_ids_, meta_positions_, meta_context_, meta_token_seq_, meta_logit_rows_, meta_copies_, meta_tiles_,
-      meta_tree_root_, meta_tree_offset_, meta_tree_mask_;
+      meta_tree_root_, meta_tree_offset_, meta_tree_mask_, meta_pending_;
+  std::vector<int32_t> pending_tokens_;  // plan_pending_tokens
   size_t meta_size_ = 0;
   pinned_buffer meta_host_;
   device_buffer meta_dev_;

@@ -334,6 +334,14 @@ __global__ void block_copy_kernel(uint4* kv, const int32_t* pairs, int64_t words
   }
 }
 
+__global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* pairs, int32_t n, const int32_t* sampled) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  for (int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x); i < n;
+       i += static_cast<int32_t>(gridDim.x * blockDim.x)) {
+    ids[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
+  }
+}
+
 template <class T>
 void launch_embedding(float* out, const T* table, const int32_t* ids, int32_t rows, int32_t hidden, int32_t vocab,
                       cudaStream_t stream, float scale) {
@@ -471,6 +479,12 @@ void rope_kv_write(const rope_kv_args& a, bf16* kv_cache, cudaStream_t stream) {
 }
 void rope_kv_write(const rope_kv_args& a, fp8_e4m3* kv_cache, cudaStream_t stream) {
   launch_rope_kv_write(a, kv_cache, stream);
+}
+
+void take_sampled_tokens(int32_t* ids, const int32_t* pairs, int32_t n, const int32_t* sampled, cudaStream_t stream) {
+  if (n == 0) return;
+  TESSERA_LAUNCH_PDL(std::min((n + 255) / 256, 64), 256, 0, stream, take_sampled_tokens_kernel)(ids, pairs, n, sampled);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32_t num_copies, cudaStream_t stream) {

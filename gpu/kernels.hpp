@@ -177,4 +177,8 @@ void rope_kv_write(const rope_kv_args& a, fp8_e4m3* kv_cache, cudaStream_t strea
 // One launch for every copy of the step. block_bytes % 16 == 0 (checked: invalid_argument).
 void block_copy(void* kv_cache, int64_t block_bytes, const int32_t* pairs, int32_t num_copies, cudaStream_t stream);
 
+// Overlapped steps: ids[pairs[2i]] = sampled[pairs[2i + 1]] for i < n, the tokens the previous step
+// sampled on the device put into this step's token ids before the embedding gather reads them.
+void take_sampled_tokens(int32_t* ids, const int32_t* pairs, int32_t n, const int32_t* sampled, cudaStream_t stream);
+
 }  // namespace tessera::gpu

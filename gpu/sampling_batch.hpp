@@ -32,6 +32,8 @@ class sampling_batch {
   bool has_masks() const { return !masks_.empty(); }
   // The outputs: tokens, logprobs, top ids, top logprobs in one buffer of output_bytes().
   size_t output_bytes() const;
+  // Where in the outputs the sampled ids are ([num_rows()] int32, in the rows' order).
+  size_t tokens_offset() const { return output_layout().tokens; }
 
   // Kernel arguments for device copies of the packed inputs and the outputs buffer.
   sampling_kernel_args kernel_args(const void* device_inputs, void* device_outputs, const float* logits, int32_t vocab,

@@ -12,7 +12,8 @@
 #   4. `tessera bench latency` (CUDA graphs and PDL on, the defaults; --enforce-eager; TESSERA_PDL=0) and `throughput` with
 #      --load-format dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape;
 #      fixed-batch decode steps at 1, 64, 128, 256 sequences (bf16 and fp8 KV) and the fixed-length
-#      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV)
+#      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV),
+#      and 128/128 again without overlapped steps (--no-async-scheduling)
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernels'
 #      TFLOP/s (tensor-core and SIMT) on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
@@ -83,7 +84,7 @@ else
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
   cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench \
-    gpu_fp8_kv_test gpu_quantized_gemm_test gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test tessera >>"$log" 2>&1 ||
+    gpu_fp8_kv_test gpu_quantized_gemm_test gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test gpu_overlapped_steps_test tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -115,6 +116,8 @@ arch_tests='CudaExecutorFeatures.*:Fixtures/*:CudaTinyModels.*'
 run "executor vs CPU executor + real-model greedy parity" 120 "$tests/gpu_cuda_executor_test" --gtest_filter="-$arch_tests"
 run "every architecture's fixture (f32, bf16; engine greedy with/without graphs) and each feature vs CPU executor" 120 \
   "$tests/gpu_cuda_executor_test" --gtest_filter="$arch_tests"
+run "overlapped steps: two steps in flight, tokens kept on the GPU; the engine with and without them vs CPU" 60 \
+  "$tests/gpu_overlapped_steps_test"
 
 # 9: the newest kernels (fp8 KV, quantised GEMMs, the tensor-core prefill attention) under the
 # sanitizers before the long runs, so the budget cannot skip them.
@@ -178,6 +181,11 @@ grep '^{' "$out/.step" | tail -1 >"$out/throughput_128.json" || true
 run "bench latency with TESSERA_PDL=0 (no programmatic dependent launch)" 100 \
   env TESSERA_PDL=0 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_no_pdl.json" || true
+# Overlapped steps' A/B: the same 128/128 run with the host planning each step after the last one's
+# results (device_step_share says how much of the wall clock the GPU was busy in each).
+run "bench throughput 128/128 --no-async-scheduling (no overlapped steps)" 90 \
+  "$bin/tessera" "${fixed[@]}" --no-async-scheduling --input-len 128 --output-len 128 --num-prompts 1024
+grep '^{' "$out/.step" | tail -1 >"$out/throughput_128_sync.json" || true
 run "bench latency --enforce-eager (no CUDA graphs)" 100 \
   "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_eager.json" || true
@@ -263,7 +271,7 @@ fi
   echo '```'
   for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_no_pdl.json latency_cublas.json \
     latency_q4k.json profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
-    throughput_1000_fp8.json throughput_128.json; do
+    throughput_1000_fp8.json throughput_128.json throughput_128_sync.json; do
     echo "$f:"
     echo '```'
     cat "$out/$f" 2>/dev/null

@@ -27,7 +27,7 @@ model=${TESSERA_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 grep -q '^TESSERA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
   { echo "gpu-pack: $build is not a configured build (cmake -S . -B $build -DTESSERA_CUDA=on)" >&2; exit 1; }
 targets=(gpu_kernels_test gpu_prefill_attention_test gpu_sampling_test gpu_cuda_executor_test gpu_gemv_test gpu_mma_test
-         gpu_fp8_kv_test gpu_quantized_gemm_test gpu_attention_bench gpu_sampling_bench gpu_gemv_bench tessera)
+         gpu_fp8_kv_test gpu_quantized_gemm_test gpu_overlapped_steps_test gpu_attention_bench gpu_sampling_bench gpu_gemv_bench tessera)
 echo "gpu-pack: building ${targets[*]} in $build"
 cmake -S "$root" -B "$build" >/dev/null  # re-configure: a test file added since makes a new target
 cmake --build "$build" -j"${TESSERA_JOBS:-2}" --target "${targets[@]}"
@@ -36,7 +36,7 @@ rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/lib" "$pack/models"
 cp "$build/tests/gpu_kernels_test" "$build/tests/gpu_prefill_attention_test" "$build/tests/gpu_sampling_test" \
   "$build/tests/gpu_cuda_executor_test" "$build/tests/gpu_gemv_test" "$build/tests/gpu_mma_test" \
-  "$build/tests/gpu_fp8_kv_test" "$build/tests/gpu_quantized_gemm_test" \
+  "$build/tests/gpu_fp8_kv_test" "$build/tests/gpu_quantized_gemm_test" "$build/tests/gpu_overlapped_steps_test" \
   "$build/bin/gpu_attention_bench" "$build/bin/gpu_sampling_bench" "$build/bin/gpu_gemv_bench" "$build/bin/tessera" \
   "$pack/bin/"
 strip --strip-all "$pack"/bin/*

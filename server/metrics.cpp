@@ -211,6 +211,9 @@ std::string server_metrics::render(const actors::engine_facade& engine, const st
   counter(out, "tessera_generation_tokens_total", "Generated tokens", double(e.num_generated_tokens));
   counter(out, "tessera_engine_steps_total", "Engine steps", double(e.num_steps));
   counter(out, "tessera_failed_steps_total", "Engine steps whose execution failed", double(e.num_failed_steps));
+  counter(out, "tessera_overlapped_steps_total",
+          "Engine steps planned and queued while the previous one ran on the device (overlapped steps)",
+          double(e.num_overlapped_steps));
   counter(out, "tessera_tokenizer_restarts_total", "Tokenizer actors that died and were replaced",
           double(s.num_tokenizer_restarts));
   // Constrained decoding: the masks are computed while the forward pass runs, so the wait stays ~0

@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -125,12 +126,54 @@ TEST_F(actor_test, actor_executor_forwards_and_fails_for_good_after_a_failure) {
   EXPECT_THROW(adapter.execute(batch, out), std::runtime_error) << "a dead executor stays dead";
 }
 
+// Overlapped steps through the adapter: submit() and wait() reach the executor on its actor, in
+// order, two steps in flight. The executor queues each step's results at submit and hands them out at
+// wait, as the CUDA executor's slots do; the results are the plain executor's.
+struct queues_steps : sim_executor {
+  using sim_executor::sim_executor;
+  bool overlaps_steps() const override { return true; }
+  void submit(const step_batch& batch) override {
+    queued.emplace_back();
+    execute(batch, queued.back());
+  }
+  void wait(step_output& out) override {
+    if (queued.empty()) throw std::logic_error("nothing submitted");
+    out = std::move(queued.front());
+    queued.pop_front();
+  }
+  std::deque<step_output> queued;
+};
+
+TEST_F(actor_test, actor_executor_passes_submit_and_wait_through_in_order) {
+  auto exec = std::make_shared<queues_steps>(16, 8, 0, test_vocab);
+  caf::actor a = spawn_executor_actor(sys, exec);
+  actor_executor adapter(sys, a, *exec);
+  ASSERT_TRUE(adapter.overlaps_steps());
+  sim_executor reference(16, 8, 0, test_vocab);
+  const step_batch first = one_sequence_batch(seq_id{1}, {3, 4, 5});
+  const step_batch second = one_sequence_batch(seq_id{2}, {9, 8});
+  adapter.submit(first);
+  adapter.submit(second);
+  step_output got1, got2, want1, want2;
+  adapter.wait(got1);
+  adapter.wait(got2);
+  reference.execute(first, want1);
+  reference.execute(second, want2);
+  EXPECT_EQ(got1.logits, want1.logits);
+  EXPECT_EQ(got2.logits, want2.logits);
+  EXPECT_NE(got1.logits, got2.logits);
+  EXPECT_THROW(adapter.wait(got1), std::runtime_error) << "the executor's error, as the adapter's";
+  caf::scoped_actor self{sys};
+  self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
 // An executor that claims every optional capability (and names its KV dtype), to see each one through
 // the adapters in front of the real executor. Only its claims are looked at, never execute().
 struct claims_everything : sim_executor {
   using sim_executor::sim_executor;
   const char* kv_cache_dtype() const override { return "bf16"; }
   bool samples_on_device() const override { return true; }
+  bool overlaps_steps() const override { return true; }
   bool reads_only_window() const override { return true; }
   bool verifies_token_trees() const override { return true; }
   bool pools_hidden_states() const override { return true; }
@@ -143,6 +186,7 @@ void expect_same_capabilities(const executor& got, const executor& want) {
   EXPECT_STREQ(got.name(), want.name());
   EXPECT_STREQ(got.kv_cache_dtype(), want.kv_cache_dtype());
   EXPECT_EQ(got.samples_on_device(), want.samples_on_device());
+  EXPECT_EQ(got.overlaps_steps(), want.overlaps_steps());
   EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
   EXPECT_EQ(got.verifies_token_trees(), want.verifies_token_trees());
   EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());

@@ -807,10 +807,15 @@ TEST(CudaRealModel, GreedyOutputEqualsTheCpuExecutorTokenForToken) {
       worst = std::max(worst, std::fabs(exact[i] - approx[i]));
     }
     EXPECT_LT(worst, 0.05f * range) << "prompt: " << text;
+    std::printf("  bf16 vs exact: max |logit diff| %.3g of range %.3g\n", double(worst), double(range));
+#if defined(TESSERA_CUDA_EMULATION)
+    // A report, not a check: CI's emulated minutes go to the checks.
+    std::printf("  %-60.60s cpu: %s\n", text.c_str(), m.tok->decode(want).c_str());
+    continue;
+#endif
     const auto got16 = greedy(*gpu16, prompt, n);
     size_t agree = 0;
     while (agree < want.size() && got16[agree] == want[agree]) ++agree;
-    std::printf("  bf16 vs exact: max |logit diff| %.3g of range %.3g\n", double(worst), double(range));
     std::printf("  %-60.60s cpu: %s | bf16 agrees for %zu/%d tokens\n", text.c_str(), m.tok->decode(want).c_str(),
                 agree, n);
   }
@@ -1162,7 +1167,11 @@ TEST_P(CudaTinyModel, EmbeddingsAndPromptLogprobsThroughTheEngineEqualTheCpuExec
     llm_engine engine(exec, nullptr, chunked_engine_options());
     const sampling_params greedy = greedy_params(24);
     const request_id decoding = engine.add_request(tokens(5, 4, vocab), greedy);
-    engine.step();  // its prompt: it decodes while the others prefill
+    result r;
+    // Its prompt: it decodes while the others prefill. (Its first token comes with this call, or with
+    // the next one when the step overlaps with the next.)
+    for (const request_output& o : engine.step())
+      r.decoded.insert(r.decoded.end(), o.token_ids.begin(), o.token_ids.end());
     const request_id mean = engine.add_embedding_request(prompt, pooling_type::mean);
     const request_id last =
         engine.add_embedding_request(std::vector<token_id>(prompt.rbegin(), prompt.rend()), pooling_type::last);
@@ -1170,7 +1179,6 @@ TEST_P(CudaTinyModel, EmbeddingsAndPromptLogprobsThroughTheEngineEqualTheCpuExec
     scored.max_tokens = 2;
     scored.prompt_logprobs = 3;
     const request_id scoring = engine.add_request(prompt, scored);
-    result r;
     while (engine.has_unfinished()) {
       for (const request_output& o : engine.step()) {
         EXPECT_TRUE(o.error.empty()) << o.error;

@@ -668,6 +668,24 @@ TEST_F(GpuKernels, BlockCopyCopiesWholeBlocksAndNothingElse) {
   EXPECT_THROW(block_copy(d, 24, upload(pairs), 1, nullptr), std::invalid_argument);
 }
 
+TEST_F(GpuKernels, TakeSampledTokensWritesOnlyTheNamedIds) {
+  // 300 pairs: more than one CTA of the launcher's 256 threads.
+  std::vector<int32_t> ids(400), sampled(300), pairs;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(1000 + i);
+  for (size_t j = 0; j < sampled.size(); ++j) sampled[j] = static_cast<int32_t>(7 * j + 1);
+  auto want = ids;
+  for (int32_t i = 0; i < 300; ++i) {
+    const int32_t row = (i * 37) % 400, from = 299 - i;  // distinct rows, rows taken in reverse
+    pairs.push_back(row);
+    pairs.push_back(from);
+    want[static_cast<size_t>(row)] = sampled[static_cast<size_t>(from)];
+  }
+  int32_t* d = upload(ids);
+  take_sampled_tokens(d, upload(pairs), 300, upload(sampled), nullptr);
+  EXPECT_EQ(download(d, ids.size()), want);
+  take_sampled_tokens(d, nullptr, 0, nullptr, nullptr);  // nothing to take: no launch
+}
+
 // ---- the references themselves (no GPU needed) ---------------------------------------------------
 
 TEST(ReferenceSelfCheck, PagedAttentionEqualsDenseAttention) {
