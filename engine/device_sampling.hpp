@@ -30,6 +30,10 @@ struct device_sampling {
   std::vector<token_id> masked;                        // set to -inf (min_tokens not reached yet)
   std::vector<token_id> penalized;                     // distinct ids: repetition penalty
   std::vector<std::pair<token_id, int32_t>> output_counts;  // distinct ids: presence / frequency
+  // Overlapped steps: the penalties count one more generated token, which `penalized` and
+  // `output_counts` leave out: the slice's last token, a placeholder for the one the executor sampled
+  // in the previous step and kept (sequence_slice::last_token_from), which the host has not seen yet.
+  bool counts_last_token = false;
   // Constrained decoding: the grammar's packed bitmask of allowed tokens (engine/structured_output.hpp),
   // applied before everything else (disallowed logits become -inf, raw logprobs included). Empty: no
   // constraint. The engine's grammar workers fill it while the forward pass runs, so its words may be

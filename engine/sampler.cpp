@@ -494,11 +494,13 @@ sample_result sampler::take(std::span<const float> logits, std::span<const uint3
 void sampler::append_external_token(token_id token) { record(token); }
 
 std::optional<device_sampling> sampler::device_request(int32_t ahead) const {
-  // The penalties count the tokens before this one: `ahead` of them are not known here yet.
+  // The penalties count the tokens before this one: `ahead` of them are not known here yet. One the
+  // executor adds itself (device_sampling::counts_last_token); more, nobody.
   const bool penalties =
       params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
-  if (ahead > 0 && penalties) return std::nullopt;
+  if (ahead > 1 && penalties) return std::nullopt;
   device_sampling d;
+  d.counts_last_token = ahead == 1 && penalties;
   d.logit_bias = params_.logit_bias;
   std::vector<token_id> bias_ids;
   bias_ids.reserve(d.logit_bias.size());

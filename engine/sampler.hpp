@@ -94,7 +94,8 @@ class sampler {
   // nullopt when the device sampler cannot reproduce sample(): logit_bias with a repeated id (the
   // host adds the biases one after the other, the device in parallel).
   // ahead > 0 (overlapped steps): the sample after `ahead` more tokens the device is sampling now, which
-  // this sampler has not recorded yet; nullopt with a penalty, which would need them.
+  // this sampler has not recorded yet. With a penalty, which counts them: for one, the request says
+  // so (device_sampling::counts_last_token) and the executor counts it; for more, nullopt.
   std::optional<device_sampling> device_request(int32_t ahead = 0) const;
 
   // The logit processors sample() runs before truncation, in order: logit_bias, the min_tokens mask,

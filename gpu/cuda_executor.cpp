@@ -546,9 +546,10 @@ class cuda_executor final : public executor {
       CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     }
     if (!sampling_.empty()) {  // after the LM head (a replayed graph included); only tokens come back
-      gpu::sample_rows(sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
-                                             config_.vocab_size, sample_work_.as<float>()),
-                       stream_);
+      gpu::sample_rows(
+          sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
+                                config_.vocab_size, sample_work_.as<float>(), sampled_ids_dev_.as<int32_t>()),
+          stream_);
       slot.sample_out_host.reserve(sampling_.output_bytes());
       CUDA_CHECK(cudaMemcpyAsync(slot.sample_out_host.as<void>(), sample_out_dev_.as<void>(), sampling_.output_bytes(),
                                  cudaMemcpyDeviceToHost, stream_));
@@ -842,7 +843,8 @@ class cuda_executor final : public executor {
     sampling_.clear();
     for (size_t j = 0; j < step_layout_.device_sampled_seqs.size(); ++j) {
       const sequence_slice& sl = batch.seqs[static_cast<size_t>(step_layout_.device_sampled_seqs[j])];
-      sampling_.add(*sl.sampling, static_cast<int32_t>(logit_rows_.size()));
+      sampling_.add(*sl.sampling, static_cast<int32_t>(logit_rows_.size()),
+                    sl.sampling->counts_last_token ? previous_sample_row(sl.last_token_from) : -1);
       logit_rows_.push_back(step_layout_.device_sampled_tokens[j]);
     }
     plan_prefill(batch);
@@ -972,15 +974,21 @@ class cuda_executor final : public executor {
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       const int32_t from = batch.seqs[s].last_token_from;
       if (from < 0) continue;
-      if (static_cast<size_t>(from) >= sampled_row_of_seq_.size() ||
-          sampled_row_of_seq_[static_cast<size_t>(from)] < 0 || !batch.seqs[s].tree_parents.empty()) {
-        throw invalid_request("cuda executor: last_token_from " + std::to_string(from) +
-                              " names no token the previous step sampled on the device");
-      }
+      if (!batch.seqs[s].tree_parents.empty()) throw invalid_request("cuda executor: last_token_from in a token tree");
       const step_layout::sequence_rows rows = step_layout_.seqs[s];
       pending_tokens_.push_back(device_row(rows.token_begin + rows.num_tokens - 1));
-      pending_tokens_.push_back(sampled_row_of_seq_[static_cast<size_t>(from)]);
+      pending_tokens_.push_back(previous_sample_row(from));
     }
+  }
+
+  // The row of sampled_ids_dev_ holding the token the previous step sampled for its sequence `from`.
+  int32_t previous_sample_row(int32_t from) const {
+    if (from < 0 || static_cast<size_t>(from) >= sampled_row_of_seq_.size() ||
+        sampled_row_of_seq_[static_cast<size_t>(from)] < 0) {
+      throw invalid_request("cuda executor: last_token_from " + std::to_string(from) +
+                            " names no token the previous step sampled on the device");
+    }
+    return sampled_row_of_seq_[static_cast<size_t>(from)];
   }
 
   // paged_attention_args::split_counters: zero when allocated, and the kernels leave them zero.

@@ -502,19 +502,44 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     if (in_vocab(t)) work[t] = -INFINITY;
   }
   __syncthreads();
+  // Overlapped steps: one more generated token, in neither list (sampling_row::pending_row). It is
+  // penalised where the host, which has it in its lists, would: once by the repetition penalty, and
+  // with its count one higher (one, if not listed) by presence/frequency.
+  const int32_t pending = r.pending_row >= 0 ? a.pending_tokens[r.pending_row] : -1;
+  __shared__ int32_t pending_listed[2];  // in the repetition list, in the count list
+  if (threadIdx.x == 0) pending_listed[0] = pending_listed[1] = 0;
+  __syncthreads();
+  const auto repetition = [&](int32_t t) {
+    const float l = work[t];
+    work[t] = l > 0.0f ? fminf(l / r.repetition_penalty, FLT_MAX) : mul_rn(l, r.repetition_penalty);
+  };
   for (int32_t j = threadIdx.x; j < r.rep_count; j += kThreads) {
     const int32_t t = a.ids[r.rep_begin + j];
     if (!in_vocab(t)) continue;
-    const float l = work[t];
-    work[t] = l > 0.0f ? fminf(l / r.repetition_penalty, FLT_MAX) : mul_rn(l, r.repetition_penalty);
+    if (t == pending) pending_listed[0] = 1;
+    repetition(t);
   }
   __syncthreads();
+  if (threadIdx.x == 0 && in_vocab(pending) && r.repetition_penalty != 1.0f && !pending_listed[0]) repetition(pending);
+  __syncthreads();
+  const auto presence_frequency = [&](int32_t t, float count) {
+    const float penalty = add_rn(mul_rn(r.frequency_penalty, count), r.presence_penalty);
+    work[t] = sub_rn(work[t], penalty);
+  };
   for (int32_t j = threadIdx.x; j < r.count_count; j += kThreads) {
     const int32_t t = a.ids[r.count_begin + j];
     if (!in_vocab(t)) continue;
-    const float penalty = add_rn(mul_rn(r.frequency_penalty, a.values[r.count_begin + j]), r.presence_penalty);
-    work[t] = sub_rn(work[t], penalty);
+    float count = a.values[r.count_begin + j];
+    if (t == pending) {
+      pending_listed[1] = 1;
+      count += 1.0f;  // a whole number below 2^24: exact, the host's float of the count
+    }
+    presence_frequency(t, count);
   }
+  __syncthreads();
+  if (threadIdx.x == 0 && in_vocab(pending) && (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) &&
+      !pending_listed[1])
+    presence_frequency(pending, 1.0f);
   __syncthreads();
 
   int32_t token = -1;

@@ -44,6 +44,9 @@ struct sampling_row {
   int32_t rep_begin = 0, rep_count = 0;      // ids[i]: repetition penalty (distinct)
   int32_t count_begin = 0, count_count = 0;  // ids[i], values[i] (a count as float): presence/frequency
   int32_t mask_row = -1;                     // row of `allowed` (constrained decoding); -1: every token allowed
+  // Overlapped steps (device_sampling::counts_last_token): pending_tokens[pending_row] is one more
+  // generated token for the penalties, in neither list; -1: none.
+  int32_t pending_row = -1;
 };
 
 struct sampling_kernel_args {
@@ -58,11 +61,12 @@ struct sampling_kernel_args {
   // t / 32: token t allowed). Disallowed logits become -inf before anything else, raw logprobs included.
   const uint32_t* allowed = nullptr;
   int32_t mask_words = 0;
-  int32_t* out_tokens = nullptr;      // [num_rows]
-  float* out_logprobs = nullptr;      // [num_rows] (rows with num_logprobs >= 0)
-  int32_t max_top = 0;                // top logprob slots per row
-  int32_t* out_top_ids = nullptr;     // [num_rows, max_top]; -1 past the last one found
-  float* out_top_logprobs = nullptr;  // [num_rows, max_top]
+  const int32_t* pending_tokens = nullptr;  // the previous step's sampled ids (sampling_row::pending_row)
+  int32_t* out_tokens = nullptr;            // [num_rows]
+  float* out_logprobs = nullptr;            // [num_rows] (rows with num_logprobs >= 0)
+  int32_t max_top = 0;                      // top logprob slots per row
+  int32_t* out_top_ids = nullptr;           // [num_rows, max_top]; -1 past the last one found
+  float* out_top_logprobs = nullptr;        // [num_rows, max_top]
 };
 
 // Samples every row; asynchronous on `stream`. Throws (CUDA_CHECK) when the launch fails.

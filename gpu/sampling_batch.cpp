@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace tessera::gpu {
 namespace {
@@ -19,8 +20,11 @@ void sampling_batch::clear() {
   max_top_ = 0;
 }
 
-void sampling_batch::add(const device_sampling& d, int32_t logits_row) {
+void sampling_batch::add(const device_sampling& d, int32_t logits_row, int32_t pending_row) {
+  if (d.counts_last_token && pending_row < 0)
+    throw std::invalid_argument("sampling_batch: a request counting a pending token without its row");
   sampling_row r;
+  r.pending_row = d.counts_last_token ? pending_row : -1;
   r.stream_key = d.stream_key;
   r.position = d.position;
   r.logits_row = logits_row;
@@ -104,7 +108,7 @@ void sampling_batch::pack_masks(void* host) const {
 }
 
 sampling_kernel_args sampling_batch::kernel_args(const void* device_inputs, void* device_outputs, const float* logits,
-                                                 int32_t vocab, float* work) const {
+                                                 int32_t vocab, float* work, const int32_t* pending_tokens) const {
   const layout in = input_layout();
   const out_layout out = output_layout();
   const auto* src = static_cast<const char*>(device_inputs);
@@ -119,6 +123,7 @@ sampling_kernel_args sampling_batch::kernel_args(const void* device_inputs, void
   a.values = reinterpret_cast<const float*>(src + in.values);
   a.allowed = reinterpret_cast<const uint32_t*>(src + in.masks);
   a.mask_words = mask_words_;
+  a.pending_tokens = pending_tokens;
   a.out_tokens = reinterpret_cast<int32_t*>(dst + out.tokens);
   a.out_logprobs = reinterpret_cast<float*>(dst + out.logprobs);
   a.max_top = max_top_;

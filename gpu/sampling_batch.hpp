@@ -15,8 +15,9 @@ namespace tessera::gpu {
 class sampling_batch {
  public:
   void clear();
-  // Samples row `logits_row` of the logits with `d`.
-  void add(const device_sampling& d, int32_t logits_row);
+  // Samples row `logits_row` of the logits with `d`. d.counts_last_token: pending_row is where the
+  // kernel finds that token in kernel_args' pending_tokens (std::invalid_argument when negative).
+  void add(const device_sampling& d, int32_t logits_row, int32_t pending_row = -1);
   int32_t num_rows() const { return static_cast<int32_t>(rows_.size()); }
   bool empty() const { return rows_.empty(); }
 
@@ -37,7 +38,7 @@ class sampling_batch {
 
   // Kernel arguments for device copies of the packed inputs and the outputs buffer.
   sampling_kernel_args kernel_args(const void* device_inputs, void* device_outputs, const float* logits, int32_t vocab,
-                                   float* work) const;
+                                   float* work, const int32_t* pending_tokens = nullptr) const;
   // The results from a host copy of the outputs buffer, one per add(), in order.
   std::vector<sampled_token> unpack_outputs(const void* host) const;
 

@@ -118,7 +118,10 @@ class GpuSampling : public ::testing::Test {
 
   // Runs every case through the GPU sampler in one launch; returns its results in case order. The
   // logits rows are laid out in reverse so that logits_row differs from the batch index.
-  std::vector<sampled_token> run_gpu(const std::vector<sample_case>& cases, const std::vector<device_sampling>& reqs) {
+  // pending: the tokens of the requests that count one more (device_sampling::counts_last_token), by
+  // case, in the kernel's pending_tokens.
+  std::vector<sampled_token> run_gpu(const std::vector<sample_case>& cases, const std::vector<device_sampling>& reqs,
+                                     const std::vector<int32_t>& pending = {}) {
     const auto rows = static_cast<int32_t>(cases.size());
     const auto vocab = static_cast<int32_t>(cases.front().logits.size());
     std::vector<float> logits(static_cast<size_t>(rows) * static_cast<size_t>(vocab));
@@ -127,7 +130,12 @@ class GpuSampling : public ::testing::Test {
       const int32_t slot = rows - 1 - i;
       std::copy(cases[static_cast<size_t>(i)].logits.begin(), cases[static_cast<size_t>(i)].logits.end(),
                 logits.begin() + static_cast<ptrdiff_t>(slot) * vocab);
-      batch.add(reqs[static_cast<size_t>(i)], slot);
+      batch.add(reqs[static_cast<size_t>(i)], slot, reqs[static_cast<size_t>(i)].counts_last_token ? i : -1);
+    }
+    int32_t* d_pending = nullptr;
+    if (!pending.empty()) {
+      d_pending = static_cast<int32_t*>(alloc_bytes(pending.size() * sizeof(int32_t)));
+      CUDA_CHECK(cudaMemcpy(d_pending, pending.data(), pending.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     }
     auto* d_logits = static_cast<float*>(alloc_bytes(logits.size() * sizeof(float)));
     CUDA_CHECK(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -137,7 +145,7 @@ class GpuSampling : public ::testing::Test {
     void* d_in = alloc_bytes(in.size());
     CUDA_CHECK(cudaMemcpy(d_in, in.data(), in.size(), cudaMemcpyHostToDevice));
     void* d_out = alloc_bytes(batch.output_bytes());
-    sample_rows(batch.kernel_args(d_in, d_out, d_logits, vocab, d_work), nullptr);
+    sample_rows(batch.kernel_args(d_in, d_out, d_logits, vocab, d_work, d_pending), nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<char> out(batch.output_bytes());
     CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost));
@@ -148,20 +156,35 @@ class GpuSampling : public ::testing::Test {
     return batch.unpack_outputs(out.data());
   }
 
-  // Host sample() and GPU sample for every case; expects the same tokens and logprobs.
-  void check(const std::vector<sample_case>& cases, const std::string& what) {
+  // Host sample() and GPU sample for every case; expects the same tokens and logprobs. ahead
+  // (overlapped steps): the device request is made before the history's last token is recorded
+  // (sampler::device_request(1)), and the kernel gets that token apart, as the executor's step after a
+  // placeholder does.
+  void check(const std::vector<sample_case>& cases, const std::string& what, bool ahead = false) {
     std::vector<sampler> samplers;
     std::vector<device_sampling> reqs;
+    std::vector<int32_t> pending(ahead ? cases.size() : 0, -1);
     samplers.reserve(cases.size());
-    for (const sample_case& c : cases) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const sample_case& c = cases[i];
       samplers.emplace_back(c.params, c.fork, c.prompt, c.eos);
-      for (token_id t : c.history) samplers.back().append_external_token(t);
-      auto req = samplers.back().device_request();
+      const bool late = ahead && !c.history.empty();
+      for (size_t h = 0; h + (late ? 1 : 0) < c.history.size(); ++h)
+        samplers.back().append_external_token(c.history[h]);
+      auto req = samplers.back().device_request(late ? 1 : 0);
       ASSERT_TRUE(req.has_value()) << what;
+      if (late) {
+        const sampling_params& p = c.params;
+        EXPECT_EQ(req->counts_last_token,
+                  p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+            << what;
+        pending[i] = c.history.back();
+        samplers.back().append_external_token(c.history.back());
+      }
       req->allowed_tokens = c.allowed;
       reqs.push_back(*req);
     }
-    const std::vector<sampled_token> got = run_gpu(cases, reqs);
+    const std::vector<sampled_token> got = run_gpu(cases, reqs, pending);
     ASSERT_EQ(got.size(), cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
       const sample_result want = samplers[i].sample(cases[i].logits, cases[i].allowed);
@@ -183,7 +206,7 @@ class GpuSampling : public ::testing::Test {
 
   // Random rows for every parameter set at two vocabulary sizes, with histories that make every
   // penalty bite (prompt and output tokens overlap; some tokens repeat) and seeds that differ per row.
-  void run_sweep(int32_t vocab, int32_t rows_per_set) {
+  void run_sweep(int32_t vocab, int32_t rows_per_set, bool ahead = false) {
     uint32_t seed = 1;
     for (const param_set& set : sweep()) {
       std::vector<sample_case> cases;
@@ -204,7 +227,8 @@ class GpuSampling : public ::testing::Test {
         for (int i = 0; i < 500; i += 3) c.logits[static_cast<size_t>(i)] += 6.0f;
         cases.push_back(std::move(c));
       }
-      check(cases, std::string(set.name) + ", vocab " + std::to_string(vocab));
+      check(cases, std::string(set.name) + ", vocab " + std::to_string(vocab) + (ahead ? ", a token ahead" : ""),
+            ahead);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -215,6 +239,11 @@ class GpuSampling : public ::testing::Test {
 TEST_F(GpuSampling, EveryParameterMatchesTheHostSamplerVocab49152) { run_sweep(49152, 6); }
 
 TEST_F(GpuSampling, EveryParameterMatchesTheHostSamplerVocab128256) { run_sweep(128256, 3); }
+
+// Overlapped steps: the request was made a token ahead (its penalty lists lack the history's last
+// token, which the kernel gets from the previous step's samples) and must still draw what the host
+// draws with that token recorded, penalties included.
+TEST_F(GpuSampling, ARequestMadeATokenAheadMatchesTheHostSamplerWithTheToken) { run_sweep(49152, 4, true); }
 
 // Constrained decoding: a grammar's bitmask composes with every parameter on both samplers, which
 // choose the same token, always inside the mask (a mask that excludes the model's favourites, one
