@@ -52,6 +52,8 @@ void build_step_layout(const step_batch& batch, const kv_cache_spec& spec, const
     if (sl.num_computed < 0 || end > std::numeric_limits<int32_t>::max() / 2) refuse("bad num_computed");
     if (static_cast<int32_t>(sl.group_tables.size()) != num_groups - 1)
       refuse("a slice needs one block table per KV layer group");
+    // A token kept on the device from the previous step (overlapped steps) needs an executor that samples there.
+    if (sl.last_token_from >= 0 && (!samples_on_device || n == 0)) refuse("last_token_from names no token it kept");
     for (int32_t g = 0; g < num_groups; ++g) {
       const std::vector<block_id>& table = sl.table(g);
       if (static_cast<int64_t>(table.size()) * bs < end) refuse("block table does not cover the sequence");

@@ -68,6 +68,17 @@ TEST(step_layout, refuses_a_bad_num_computed) {
   EXPECT_EQ(refusal(one(slice({1}, -5, {0})), "cuda"), "cuda executor: bad num_computed");
 }
 
+// Overlapped steps: only an executor that samples on its device can have kept a token there.
+TEST(step_layout, refuses_a_kept_token_where_the_executor_keeps_none) {
+  sequence_slice kept = slice({0}, 3, {0});
+  kept.last_token_from = 0;
+  EXPECT_EQ(refusal(one(kept)), "cpu executor: last_token_from names no token it kept");
+  EXPECT_EQ(refusal(one(kept), "cuda", true), "");
+  sequence_slice empty = slice({}, 3, {0});
+  empty.last_token_from = 0;
+  EXPECT_EQ(refusal(one(empty), "cuda", true), "cuda executor: last_token_from names no token it kept");
+}
+
 TEST(step_layout, refuses_a_block_table_that_does_not_cover_the_sequence) {
   // Positions [0, 5) need two blocks of 4.
   EXPECT_EQ(refusal(one(slice({1, 2, 3, 4, 5}, 0, {0}))), "cpu executor: block table does not cover the sequence");
