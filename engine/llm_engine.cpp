@@ -321,14 +321,24 @@ std::vector<request_output> llm_engine::step() {
   step_context ctx = begin_step();
   scheduler_output p = plan(ctx);
   execute(p, ctx);
-  if (!ctx.failed) {
-    pool_hidden(p);
-    collect_prompt_logprobs(p);
-    apply(p, ctx);
-    sample(p, ctx);
-  }
+  take_results(p, ctx, /*committed=*/false);
   roll_back_drafts();
   return emit(p, ctx);
+}
+
+// What the executor's results feed, unless it failed: pooled rows and prompt scores (before commit,
+// while num_computed says where the chunk began), the commit (done already for a plan committed
+// ahead: only its accounting then), the sampled tokens.
+void llm_engine::take_results(scheduler_output& p, step_context& ctx, bool committed) {
+  if (ctx.failed) return;
+  pool_hidden(p);
+  collect_prompt_logprobs(p);
+  if (committed) {
+    account(p, ctx);
+  } else {
+    apply(p, ctx);
+  }
+  sample(p, ctx);
 }
 
 // ---- overlapped steps (docs/engine.md#overlapped-steps) --------------------------------------------
@@ -389,8 +399,8 @@ bool llm_engine::submit(scheduler_output& p, step_context& ctx, const in_flight_
       const choice_ref* owner = owner_of(p.scheduled[i].id);
       if (!owner || !requests_.at(owner->request).choices[static_cast<size_t>(owner->index)]->pending_token) continue;
       const sequence& seq = *p.scheduled[i].seq;
-      const auto row = row_of.find(p.scheduled[i].id);
       if (seq.num_computed + p.scheduled[i].num_new_tokens < seq.num_tokens()) continue;  // not up to it
+      const auto row = row_of.find(p.scheduled[i].id);
       if (row == row_of.end()) throw std::logic_error("llm_engine: a placeholder token from no previous step");
       batch.seqs[i].last_token_from = row->second;
     }
@@ -419,16 +429,7 @@ std::vector<request_output> llm_engine::finish(in_flight_step& f) {
     execute_failed(p, e, ctx);
   }
   ctx.record.execute_seconds = seconds_since(f.submitted);
-  if (!ctx.failed) {
-    pool_hidden(p);
-    collect_prompt_logprobs(p);
-    if (f.committed) {
-      account(p, ctx);
-    } else {
-      apply(p, ctx);
-    }
-    sample(p, ctx);
-  }
+  take_results(p, ctx, f.committed);
   return emit(p, ctx);
 }
 
@@ -442,8 +443,8 @@ bool llm_engine::runs_ahead(const in_flight_step& f) const {
     const scheduled_sequence& s = f.plan.scheduled[i];
     const sequence* seq = sched_.find(s.id);
     if (!seq || !owner_of(s.id)) continue;
-    if (s.num_draft_tokens > 0 || seq->pooling != pooling_type::none || seq->prefill_only || seq->scores_prompt())
-      return false;
+    // (No drafts: speculative decoding never overlaps.)
+    if (seq->pooling != pooling_type::none || seq->prefill_only || seq->scores_prompt()) return false;
     if (s.samples && (!f.ctx.asked_device[i] || f.ctx.mask_row[i] >= 0)) return false;
   }
   return true;

@@ -261,6 +261,7 @@ class llm_engine {
   void collect_prompt_logprobs(const scheduler_output& plan);
   void apply(scheduler_output& plan, const step_context& ctx);
   void account(const scheduler_output& plan, const step_context& ctx);
+  void take_results(scheduler_output& plan, step_context& ctx, bool committed);
   void sample(scheduler_output& plan, step_context& ctx);
   std::vector<request_output> emit(scheduler_output& plan, step_context& ctx);
 

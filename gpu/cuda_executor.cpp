@@ -483,9 +483,10 @@ class cuda_executor final : public executor {
     plan_step(batch, slot.out);  // validates everything before the cache is touched
     CUDA_CHECK(cudaEventRecord(slot.begin, stream_));
     upload_metadata();
+    // The grammar masks the engine's workers are still writing: uploaded after the forward pass is queued.
+    const bool masks_later = !sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid();
     if (!sampling_.empty()) {
       // Without the grammar masks when they come later (below): the host is about to write them.
-      const bool masks_later = sampling_.has_masks() && batch.masks_ready.valid();
       CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<void>(), sample_in_host_.as<void>(),
                                  masks_later ? sampling_.masks_offset() : sampling_.input_bytes(),
                                  cudaMemcpyHostToDevice, stream_));
@@ -526,7 +527,6 @@ class cuda_executor final : public executor {
       gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()),
                       stream_);
     }
-    const bool masks_later = !sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid();
     if (!masks_later) CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     if (graph_step_) {
       CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));

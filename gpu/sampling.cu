@@ -488,6 +488,14 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     return sm::sanitize_logit(logits[i]);
   };
 
+  // Overlapped steps: one more generated token, in neither list (sampling_row::pending_row). It is
+  // penalised where the host, which has it in its lists, would: once by the repetition penalty, and
+  // with its count one higher (one, if not listed) by presence/frequency. (pending is the same for
+  // the whole CTA, so the barriers only its rows need stay out of the other rows' way.)
+  const int32_t pending = r.pending_row >= 0 ? a.pending_tokens[r.pending_row] : -1;
+  __shared__ int32_t pending_listed[2];  // in the repetition list, in the count list
+  if (threadIdx.x == 0) pending_listed[0] = pending_listed[1] = 0;
+
   // The logit processors, in the host's order; a token may be in several lists, so each list is
   // finished (barrier) before the next starts. Within a list the ids are distinct.
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) work[i] = raw(i);
@@ -502,13 +510,6 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     if (in_vocab(t)) work[t] = -INFINITY;
   }
   __syncthreads();
-  // Overlapped steps: one more generated token, in neither list (sampling_row::pending_row). It is
-  // penalised where the host, which has it in its lists, would: once by the repetition penalty, and
-  // with its count one higher (one, if not listed) by presence/frequency.
-  const int32_t pending = r.pending_row >= 0 ? a.pending_tokens[r.pending_row] : -1;
-  __shared__ int32_t pending_listed[2];  // in the repetition list, in the count list
-  if (threadIdx.x == 0) pending_listed[0] = pending_listed[1] = 0;
-  __syncthreads();
   const auto repetition = [&](int32_t t) {
     const float l = work[t];
     work[t] = l > 0.0f ? fminf(l / r.repetition_penalty, FLT_MAX) : mul_rn(l, r.repetition_penalty);
@@ -520,8 +521,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     repetition(t);
   }
   __syncthreads();
-  if (threadIdx.x == 0 && in_vocab(pending) && r.repetition_penalty != 1.0f && !pending_listed[0]) repetition(pending);
-  __syncthreads();
+  if (in_vocab(pending)) {
+    if (threadIdx.x == 0 && r.repetition_penalty != 1.0f && !pending_listed[0]) repetition(pending);
+    __syncthreads();
+  }
   const auto presence_frequency = [&](int32_t t, float count) {
     const float penalty = add_rn(mul_rn(r.frequency_penalty, count), r.presence_penalty);
     work[t] = sub_rn(work[t], penalty);
@@ -537,10 +540,11 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(sampling_kernel_arg
     presence_frequency(t, count);
   }
   __syncthreads();
-  if (threadIdx.x == 0 && in_vocab(pending) && (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) &&
-      !pending_listed[1])
-    presence_frequency(pending, 1.0f);
-  __syncthreads();
+  if (in_vocab(pending)) {
+    if (threadIdx.x == 0 && (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) && !pending_listed[1])
+      presence_frequency(pending, 1.0f);
+    __syncthreads();
+  }
 
   int32_t token = -1;
   if (r.greedy) {

@@ -37,17 +37,27 @@ device_sampling greedy_on_device() {
   return d;
 }
 
+// The tiny synthetic model every test here runs, and its CUDA executor in fp32 (the CPU executor's
+// exact math) over `kv`.
+std::shared_ptr<const model_weights> tiny_weights() {
+  return test_support::f32_dummy_weights(test_support::tiny_executor_config(rope_style::half, 8192), 5);
+}
+
+std::unique_ptr<executor> f32_cuda(std::shared_ptr<const model_weights> weights, const kv_cache_spec& kv, bool graphs) {
+  cuda_executor_options o;
+  o.kv = kv;
+  o.dtype = cuda_dtype::f32;
+  o.cuda_graphs = graphs;
+  return make_cuda_executor(std::move(weights), o);
+}
+
 class OverlappedSteps : public ::testing::TestWithParam<bool> {  // param: CUDA graphs for decode steps
  protected:
   void SetUp() override {
     if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
-    weights_ = test_support::f32_dummy_weights(test_support::tiny_executor_config(rope_style::half, 8192), 5);
+    weights_ = tiny_weights();
     cpu_ = test_support::cpu_reference_executor(weights_, test_support::kv_pool(64, 16), 2);
-    cuda_executor_options o;
-    o.kv = test_support::kv_pool(64, 16);
-    o.dtype = cuda_dtype::f32;
-    o.cuda_graphs = GetParam();
-    gpu_ = make_cuda_executor(weights_, o);
+    gpu_ = f32_cuda(weights_, test_support::kv_pool(64, 16), GetParam());
   }
 
   std::shared_ptr<const model_weights> weights_;
@@ -127,7 +137,7 @@ struct engine_run {
 
 // Requests of every kind the engine treats differently when it overlaps: greedy and seeded draws, a
 // max_tokens of 1 (its token is its last: no placeholder), min_tokens and a stop id, logprobs, a
-// request with penalties (its next draw needs the token on the host: no step runs ahead of it), an
+// request with penalties (drawn a token ahead, counting the token still on the device), an
 // n = 2 fork, prompts long enough to be chunked, and one request aborted after its third token, with
 // a KV pool small enough that sequences are preempted (swap and recompute) on the way.
 engine_run run_workload(executor& exec, bool overlap) {
@@ -180,21 +190,14 @@ engine_run run_workload(executor& exec, bool overlap) {
 // its steps overlapped (eager and with decode graphs) and without.
 TEST(OverlappedStepsEngine, TheEngineGivesTheSameOutputsWithAndWithoutOverlap) {
   if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
-  const auto weights = test_support::f32_dummy_weights(test_support::tiny_executor_config(rope_style::half, 8192), 5);
+  const auto weights = tiny_weights();
   const auto cpu = test_support::cpu_reference_executor(weights, test_support::kv_pool(64, 16), 2);
-  const auto cuda = [&](bool graphs) {
-    cuda_executor_options o;
-    o.kv = test_support::kv_pool(64, 16);
-    o.dtype = cuda_dtype::f32;
-    o.cuda_graphs = graphs;
-    return make_cuda_executor(weights, o);
-  };
   const engine_run want = run_workload(*cpu, true);  // (the CPU executor does not overlap)
   EXPECT_EQ(want.stats.num_overlapped_steps, 0u);
   ASSERT_EQ(want.choices.size(), 10u);
   for (const auto& [overlap, graphs] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     const std::string what = std::string(overlap ? "overlapped" : "synchronous") + (graphs ? ", graphs" : "");
-    const engine_run got = run_workload(*cuda(graphs), overlap);
+    const engine_run got = run_workload(*f32_cuda(weights, test_support::kv_pool(64, 16), graphs), overlap);
     if (overlap) {
       EXPECT_GT(got.stats.num_overlapped_steps, got.stats.num_steps / 2) << what;
     } else {
@@ -251,12 +254,9 @@ class fails_at_wait : public executor {
 // next request with the same prompt, which is computed again and decodes as the CPU executor does.
 TEST(OverlappedStepsEngine, AStepThatFailsAfterItsPlanWasCommittedLeavesNothingInThePrefixCache) {
   if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
-  const auto weights = test_support::f32_dummy_weights(test_support::tiny_executor_config(rope_style::half, 8192), 5);
+  const auto weights = tiny_weights();
   const auto cpu = test_support::cpu_reference_executor(weights, test_support::kv_pool(64, 0), 2);
-  cuda_executor_options o;
-  o.kv = test_support::kv_pool(64, 0);
-  o.dtype = cuda_dtype::f32;
-  const auto cuda = make_cuda_executor(weights, o);
+  const auto cuda = f32_cuda(weights, test_support::kv_pool(64, 0), true);
   const std::vector<token_id> prompt = test_support::pseudo_tokens(40, 9, weights->config.vocab_size);
   sampling_params greedy;
   greedy.temperature = 0;
