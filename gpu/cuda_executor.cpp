@@ -355,7 +355,8 @@ class cuda_executor final : public executor {
         device_(options.device),
         use_graphs_(options.cuda_graphs),
         small_batch_gemm_rows_(options.small_batch_gemm_rows.value_or(gpu::small_batch_gemm_rows_from_env())),
-        quantized_weights_(options.quantized_weights) {
+        quantized_weights_(options.quantized_weights),
+        int8_quantized_gemv_(options.int8_quantized_gemv.value_or(gpu::int8_quantized_gemv_from_env())) {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
@@ -647,7 +648,8 @@ class cuda_executor final : public executor {
 
   // A layer matrix: its GGUF blocks copied as they are when keeps_quantized says so (the parts' rows
   // one after the other, as upload() does with elements), else upload()'s compute-dtype copy. The
-  // scratch that dequantize_rows_to_bf16 fills for steps of many rows grows to the largest such matrix.
+  // scratch that dequantize_rows_to_bf16 fills for steps of many rows grows to the largest such matrix,
+  // the int8 path's activations to the widest input of kMaxQuantizedGemvRows rows.
   gpu_matrix upload_matrix(std::initializer_list<const weight_tensor*> parts, int64_t cols) {
     if (!keeps_quantized(parts, cols, quantized_weights_ && is_bf16)) return {upload(parts, cols), std::nullopt, 0};
     const ggml_type type = (*parts.begin())->type;
@@ -655,6 +657,9 @@ class cuda_executor final : public executor {
     weight_key key = weight_key::of(parts, 0, cols);
     const int64_t rows = key.rows();
     dequant_scratch_.reserve(static_cast<size_t>(rows * cols) * sizeof(T));
+    if (int8_quantized_gemv_) {
+      int8_act_.reserve(static_cast<size_t>(gpu::int8_activation_bytes(type, gpu::kMaxQuantizedGemvRows, cols)));
+    }
     std::shared_ptr<const device_buffer> copy = weight_cache_ ? weight_cache_->find(key) : nullptr;
     if (!copy) {
       auto fresh = std::make_shared<device_buffer>();
@@ -1186,13 +1191,20 @@ class cuda_executor final : public executor {
   // out^T = W . in^T with W read transposed (its row-major [n, k] is a column-major [k, n]).
   // Steps of at most kMaxGemvRows rows can take gpu/gemv.hpp's weight-streaming kernel instead
   // (cuda_executor_options::small_batch_gemm_rows). A matrix kept in its GGUF blocks goes through
-  // gpu/quantized_gemm.hpp: its own kernel for up to 8 rows, else dequantised to bf16 into a scratch
-  // buffer for cuBLAS (prefill and large decode batches, where weight bytes no longer bound the step).
+  // gpu/quantized_gemm.hpp: its own kernel for up to 8 rows (the float or the int8 path), else dequantised
+  // to bf16 into a scratch buffer for cuBLAS (prefill and large decode batches, where weight bytes no
+  // longer bound the step).
   void gemm(const gpu_matrix& m, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc,
             bool accumulate) {
     const void* w = m.data;
     if constexpr (is_bf16) {
       if (m.quantized) {
+        if (rows <= gpu::kMaxQuantizedGemvRows && int8_quantized_gemv_) {
+          gpu::quantize_activations_int8(*m.quantized, in, rows, k, int8_act_.as<void>(), stream_);
+          gpu::quantized_small_batch_gemm_int8(*m.quantized, w, m.row_bytes, n, k, int8_act_.as<void>(), rows, out, ldc,
+                                               accumulate, stream_);
+          return;
+        }
         if (rows <= gpu::kMaxQuantizedGemvRows) {
           gpu::quantized_small_batch_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate, stream_);
           return;
@@ -1511,6 +1523,7 @@ class cuda_executor final : public executor {
   const void* embedding_ = nullptr;
   const void* output_ = nullptr;   // the LM head (the embedding's copy when tied), in the compute dtype
   device_buffer dequant_scratch_;  // bf16 of the largest quantized matrix, for steps of many rows
+  device_buffer int8_act_;         // a small step's rows quantised for the int8 path (its widest input)
   const float* output_norm_ = nullptr;
   bool post_norms_ = false;
   std::vector<int32_t> window_classes_;  // the layers' distinct sliding windows (0: full attention)
@@ -1528,7 +1541,8 @@ class cuda_executor final : public executor {
 
   bool use_graphs_ = false;
   int32_t small_batch_gemm_rows_ = 0;
-  bool quantized_weights_ = true;  // cuda_executor_options::quantized_weights
+  bool quantized_weights_ = true;     // cuda_executor_options::quantized_weights
+  bool int8_quantized_gemv_ = false;  // cuda_executor_options::int8_quantized_gemv
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 

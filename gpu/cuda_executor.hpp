@@ -77,6 +77,12 @@ struct cuda_executor_options {
   // --dequantize-weights): every matrix dequantised to bf16 at load. The embedding and LM head are
   // bf16 either way.
   bool quantized_weights = true;
+  // Steps of at most gpu::kMaxQuantizedGemvRows rows multiply those matrices through the int8 path of
+  // gpu/quantized_gemm.hpp (the rows quantised to int8 as the CPU executor quantises them, dp4a dot
+  // products: llama.cpp's mmvq) instead of dequantising each weight to float. Unset:
+  // gpu::int8_quantized_gemv_from_env() (TESSERA_QGEMV=int8), off otherwise until a GPU has measured
+  // both (docs/gpu_executor.md).
+  std::optional<bool> int8_quantized_gemv;
   // Null: this executor's weights are its own.
   std::shared_ptr<cuda_weight_cache> weight_cache;
 };

@@ -1,8 +1,10 @@
 #include "gpu/quantized_gemm.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
@@ -13,6 +15,7 @@ namespace tessera::gpu {
 namespace {
 
 using detail::load_floats;
+using detail::warp_max;
 using detail::warp_sum;
 
 // IEEE half (its 16 bits in the low half of h) as float.
@@ -31,10 +34,27 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
   return half_bits_to_float(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8));
 }
 
+// 4 bytes at p as a little-endian word; p 2-byte aligned (GGUF blocks have even sizes, their fields even
+// offsets, and the executor's matrices even row lengths).
+__device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+// 4 int8 activations at p (4-byte aligned in both activation blocks) as one word for dp4a.
+__device__ __forceinline__ int int8x4_at(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+
+// dp4a against this sums the 4 bytes of the other operand.
+constexpr int kOnes = 0x01010101;
+constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
+
 // Each type's block cut into chunks a lane dequantises at once: kRuns runs of 4 consecutive weights,
 // run r at element offset off[r] of the block (the matrix and its rows kAlign-byte aligned), with the CPU dequantiser's
 // arithmetic (same operations in the same order). Consecutive chunks are consecutive bytes of the block, so a warp's 32
 // lanes read a contiguous stretch of the row.
+// For the int8 path the same chunk is also read as integers (load_ints: the quants as bytes of words, its
+// scales) and dotted with the chunk's activations (dot: exact int32 sums through dp4a, then the scales),
+// `act` the activation block of the weights' block (gpu/quantized_gemm.hpp).
 
 // Q8_0 {d, int8 qs[32]}: y = q * d. Chunk c: elements 8c .. 8c + 7.
 struct q8_0_blocks {
@@ -50,10 +70,46 @@ struct q8_0_blocks {
     off[0] = 8 * c;
     off[1] = 8 * c + 4;
   }
+  using act = act_block;
+  struct ints {
+    int q[2];
+    float d;
+  };
+  __device__ static ints load_ints(const uint8_t* b, int c) {
+    return {{static_cast<int>(word_at(b + 2 + 8 * c)), static_cast<int>(word_at(b + 6 + 8 * c))}, half_at(b)};
+  }
+  __device__ static float dot(const ints& w, const act& a, int c) {
+    const int s = __dp4a(w.q[0], int8x4_at(a.q + 8 * c), __dp4a(w.q[1], int8x4_at(a.q + 8 * c + 4), 0));
+    return static_cast<float>(s) * (w.d * a.d);
+  }
+};
+
+// The int8 path of Q4_0 and Q4_1 (qs at byte kQuants of the block; kMin: y = q d + m, else (q - 8) d):
+// a chunk is 4 quant bytes, elements 4c .. 4c + 3 in their low nibbles and 16 + 4c .. in their high
+// ones, dotted with the activations of the same elements as stored (0..15); the offset or the min
+// applies to the activations' sum.
+template <int kQuants, bool kMin>
+struct nibble_int8_path {
+  using act = act_block;
+  struct ints {
+    uint32_t lo, hi;
+    float d, m;
+  };
+  __device__ static ints load_ints(const uint8_t* b, int c) {
+    const uint32_t q = word_at(b + kQuants + 4 * c);
+    return {q & kLowNibbles, (q >> 4) & kLowNibbles, half_at(b), kMin ? half_at(b + 2) : 0.0f};
+  }
+  __device__ static float dot(const ints& w, const act& a, int c) {
+    const int a0 = int8x4_at(a.q + 4 * c), a1 = int8x4_at(a.q + 16 + 4 * c);
+    const int sum_q = __dp4a(kOnes, a0, __dp4a(kOnes, a1, 0));
+    const int s = __dp4a(static_cast<int>(w.lo), a0, __dp4a(static_cast<int>(w.hi), a1, 0));
+    return kMin ? static_cast<float>(s) * (w.d * a.d) + w.m * (a.d * static_cast<float>(sum_q))
+                : static_cast<float>(s - 8 * sum_q) * (w.d * a.d);
+  }
 };
 
 // Q4_0 {d, qs[16]}: element j is the low nibble of qs[j], element 16 + j its high nibble; y = (q - 8) d.
-struct q4_0_blocks {
+struct q4_0_blocks : nibble_int8_path<2, false> {
   static constexpr int kBlockElems = 32, kBlockBytes = 18, kChunks = 4, kRuns = 2, kAlign = 1;
   __device__ static void chunk(const uint8_t* b, int c, float (&w)[kRuns][4], int (&off)[kRuns]) {
     const float d = half_at(b);
@@ -69,7 +125,7 @@ struct q4_0_blocks {
 };
 
 // Q4_1 {d, m, qs[16]}: nibbles as Q4_0; y = q d + m.
-struct q4_1_blocks {
+struct q4_1_blocks : nibble_int8_path<4, true> {
   static constexpr int kBlockElems = 32, kBlockBytes = 20, kChunks = 4, kRuns = 2, kAlign = 1;
   __device__ static void chunk(const uint8_t* b, int c, float (&w)[kRuns][4], int (&off)[kRuns]) {
     const float d = half_at(b), m = half_at(b + 2);
@@ -105,32 +161,59 @@ __device__ __forceinline__ void scale_min_k4(int j, const Bytes& q, int& sc, int
 // bytes of quants per thread; 4-byte chunks with the header re-read per chunk took 4x the loads.)
 struct q4_k_blocks {
   static constexpr int kBlockElems = 256, kBlockBytes = 144, kChunks = 8, kRuns = 8, kAlign = 16;
-  __device__ static void chunk(const uint8_t* b, int c, float (&w)[kRuns][4], int (&off)[kRuns]) {
+  // The chunk as read: its 16 quant bytes, the (scale, min) pairs of groups 2p and 2p + 1, d and dmin.
+  struct ints {
+    uint32_t q[4];
+    int sc1, mn1, sc2, mn2;
+    float d, dmin;
+  };
+  __device__ static ints load_ints(const uint8_t* b, int c) {
     const uint4 head = *reinterpret_cast<const uint4*>(b);
     const int p = c / 2, at = 16 * (c % 2);
     const uint4 qv = *reinterpret_cast<const uint4*>(b + 16 + 32 * p + at);
-    const float d = half_bits_to_float(head.x & 0xFFFFu), dmin = half_bits_to_float(head.x >> 16);
     const auto scale_byte = [&](int i) {  // byte i of scales[12]: header bytes 4 + i
       const uint32_t word = i < 4 ? head.y : i < 8 ? head.z : head.w;
       return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
     };
-    int sc, mn;
-    scale_min_k4(2 * p, scale_byte, sc, mn);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
-    scale_min_k4(2 * p + 1, scale_byte, sc, mn);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
-    const uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
+    ints w{{qv.x, qv.y, qv.z, qv.w},        0, 0, 0, 0, half_bits_to_float(head.x & 0xFFFFu),
+           half_bits_to_float(head.x >> 16)};
+    scale_min_k4(2 * p, scale_byte, w.sc1, w.mn1);
+    scale_min_k4(2 * p + 1, scale_byte, w.sc2, w.mn2);
+    return w;
+  }
+  __device__ static void chunk(const uint8_t* b, int c, float (&w)[kRuns][4], int (&off)[kRuns]) {
+    const ints q = load_ints(b, c);
+    const int p = c / 2, at = 16 * (c % 2);
+    const float d1 = q.d * static_cast<float>(q.sc1), m1 = q.dmin * static_cast<float>(q.mn1);
+    const float d2 = q.d * static_cast<float>(q.sc2), m2 = q.dmin * static_cast<float>(q.mn2);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t byte = (q[r] >> (8 * j)) & 0xFFu;  // little-endian: byte 4r + j of the 16
+        const uint32_t byte = (q.q[r] >> (8 * j)) & 0xFFu;  // little-endian: byte 4r + j of the 16
         w[r][j] = d1 * static_cast<float>(byte & 0x0F) - m1;
         w[4 + r][j] = d2 * static_cast<float>(byte >> 4) - m2;
       }
       off[r] = 64 * p + at + 4 * r;
       off[4 + r] = 64 * p + 32 + at + 4 * r;
     }
+  }
+  // int8: the low nibbles (group 2p) against activations 64p + at .. + 15, the high ones (2p + 1) against
+  // 64p + 32 + at ..; the groups' mins against the activations' sums of those 16 (bsums).
+  using act = act_block_k;
+  __device__ static float dot(const ints& w, const act& a, int c) {
+    const int p = c / 2, at = 16 * (c % 2), e = 64 * p + at;
+    const int4 a1 = *reinterpret_cast<const int4*>(a.q + e), a2 = *reinterpret_cast<const int4*>(a.q + e + 32);
+    const int x1[4] = {a1.x, a1.y, a1.z, a1.w}, x2[4] = {a2.x, a2.y, a2.z, a2.w};
+    int d1 = 0, d2 = 0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      d1 = __dp4a(static_cast<int>(w.q[r] & kLowNibbles), x1[r], d1);
+      d2 = __dp4a(static_cast<int>((w.q[r] >> 4) & kLowNibbles), x2[r], d2);
+    }
+    const int s1 = w.sc1 * d1 + w.sc2 * d2;
+    const int s2 = w.mn1 * a.bsums[e / 16] + w.mn2 * a.bsums[e / 16 + 2];
+    return a.d * (w.d * static_cast<float>(s1) - w.dmin * static_cast<float>(s2));
   }
 };
 
@@ -160,9 +243,52 @@ struct q6_k_blocks {
 #pragma unroll
     for (int r = 0; r < 4; ++r) off[r] = 128 * h + 32 * r + l0;
   }
+  // int8: quarter s of half h, elements 128h + 32s + l0 .. + 3, as bytes q + 32 (0..63: the 4 low bits
+  // from ql, the top 2 from qh moved to bits 4-5), its group's scale sc[8h + 2s + l0 / 16].
+  using act = act_block_k;
+  struct ints {
+    uint32_t u[4];
+    int sc[4];
+    float d;
+  };
+  __device__ static ints load_ints(const uint8_t* b, int c) {
+    const int h = c / 8, l0 = 4 * (c % 8);
+    const uint32_t lo = word_at(b + 64 * h + l0), hi = word_at(b + 64 * h + 32 + l0),
+                   top = word_at(b + 128 + 32 * h + l0);
+    constexpr uint32_t kBits45 = 0x30303030u;
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + l0 / 16;
+    return {{(lo & kLowNibbles) | ((top << 4) & kBits45), (hi & kLowNibbles) | ((top << 2) & kBits45),
+             ((lo >> 4) & kLowNibbles) | (top & kBits45), ((hi >> 4) & kLowNibbles) | ((top >> 2) & kBits45)},
+            {sc[0], sc[2], sc[4], sc[6]},
+            half_at(b + 208)};
+  }
+  __device__ static float dot(const ints& w, const act& a, int c) {
+    const int e = 128 * (c / 8) + 4 * (c % 8);
+    int s = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int x = int8x4_at(a.q + e + 32 * q);
+      s += w.sc[q] * (__dp4a(static_cast<int>(w.u[q]), x, 0) - 32 * __dp4a(kOnes, x, 0));
+    }
+    return a.d * (w.d * static_cast<float>(s));
+  }
 };
 
 constexpr int kWarps = 8;  // output columns per CTA of the small-batch kernel
+
+// A warp's per-row partial sums of one output column, reduced and written by lane 0.
+template <int R>
+__device__ __forceinline__ void store_column(float (&acc)[R], int lane, float* out, int64_t ldc, int64_t col,
+                                             bool accumulate) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) {
+      float* o = out + static_cast<int64_t>(r) * ldc + col;
+      *o = accumulate ? *o + v : v;
+    }
+  }
+}
 
 // grid: ceil(n / kWarps), block: kWarps * 32. Warp = one output column; lane i takes chunks i, i + 32, ...
 // of the column's row (so the warp reads the row front to back, 32 chunks at a time), each against
@@ -196,14 +322,85 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+  store_column(acc, lane, out, ldc, col, accumulate);
+}
+
+// The int8 form of quantized_gemv_kernel: the same walk over the column's chunks, each dotted with the
+// matching activations of every input row (act: R rows of k / kBlockElems blocks).
+template <class L, int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    quantized_gemv_int8_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const typename L::act* act,
+                               float* out, int64_t ldc, bool accumulate) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (col >= n) return;  // a whole warp
+  const uint8_t* row = w + col * row_bytes;
+  const int64_t blocks = k / L::kBlockElems, chunks = blocks * L::kChunks;
+  float acc[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0) {
-      float* o = out + static_cast<int64_t>(r) * ldc + col;
-      *o = accumulate ? *o + v : v;
-    }
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int64_t i = lane; i < chunks; i += 32) {
+    const int64_t block = i / L::kChunks;
+    const int c = static_cast<int>(i % L::kChunks);
+    const typename L::ints wq = L::load_ints(row + block * L::kBlockBytes, c);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += L::dot(wq, act[r * blocks + block], c);
   }
+  store_column(acc, lane, out, ldc, col, accumulate);
+}
+
+// The activations' quantisation (gpu/quantized_gemm.hpp; the CPU executor's quantize_act and
+// quantize_act_k rule: d = amax / 127, q = nearest-even(x * (127 / amax)), 0 for an all-zero block).
+// One warp per block, kWarps a CTA; `blocks` blocks of the row-major input, which rows of whole blocks
+// make one sequence. act_block: lane i quantises value i.
+__global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const bf16* in, int64_t blocks, act_block* out) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (b >= blocks) return;  // a whole warp
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const float x = __bfloat162float(in[b * 32 + lane]);
+  const float amax = warp_max(fabsf(x));
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const int q = __float2int_rn(x * id);
+  const int sum = __reduce_add_sync(0xffffffffu, q);
+  act_block& o = out[b];
+  o.q[lane] = static_cast<int8_t>(q);
+  if (lane == 0) {
+    const float d = amax / 127.0f;
+    o.d = d;
+    o.s = d * static_cast<float>(sum);
+    o.sum = sum;
+  }
+}
+
+// act_block_k: lane i quantises values 8i .. 8i + 7 (one 16-byte load), lanes 2j and 2j + 1 make
+// group j's sum. in 16-byte aligned.
+__global__ void __launch_bounds__(kWarps * 32) quantize_q8k_kernel(const bf16* in, int64_t blocks, act_block_k* out) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (b >= blocks) return;  // a whole warp
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  float x[8];
+  load_floats<bf16, 8>(in + b * 256 + 8 * lane, x);
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(x[j]));
+  const float amax = warp_max(m);
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int sum = 0;
+  uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int q = __float2int_rn(x[j] * id);
+    sum += q;
+    packed[j / 4] |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * (j % 4));
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  act_block_k& o = out[b];
+  *reinterpret_cast<uint2*>(o.q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  if (lane % 2 == 0) o.bsums[lane / 2] = static_cast<int16_t>(sum);
+  if (lane == 0) o.d = amax / 127.0f;
 }
 
 // One thread per chunk of the whole matrix (grid-stride).
@@ -240,10 +437,11 @@ void with_blocks(ggml_type type, F&& f) {
   }
 }
 
+// align: the path's alignment of the matrix and its rows (the int8 path reads 2-byte words at least).
 template <class L>
-void check_shape(const void* w, int64_t row_bytes, int64_t n, int64_t k) {
-  if (reinterpret_cast<uintptr_t>(w) % L::kAlign != 0 || row_bytes % L::kAlign != 0) {
-    throw std::invalid_argument("quantized GEMM: the matrix and its rows must be " + std::to_string(L::kAlign) +
+void check_shape(const void* w, int64_t row_bytes, int64_t n, int64_t k, int align = L::kAlign) {
+  if (reinterpret_cast<uintptr_t>(w) % align != 0 || row_bytes % align != 0) {
+    throw std::invalid_argument("quantized GEMM: the matrix and its rows must be " + std::to_string(align) +
                                 "-byte aligned");
   }
   if (n < 1 || k < 1 || k % L::kBlockElems != 0) {
@@ -252,14 +450,27 @@ void check_shape(const void* w, int64_t row_bytes, int64_t n, int64_t k) {
   if (row_bytes < k / L::kBlockElems * L::kBlockBytes) throw std::invalid_argument("quantized GEMM: row_bytes short");
 }
 
-template <class L, int R>
-void launch_gemv(const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in, float* out, int64_t ldc,
-                 bool accumulate, cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  TESSERA_LAUNCH_PDL(grid, kWarps * 32, 0, stream, quantized_gemv_kernel<L, R>)
-  (static_cast<const uint8_t*>(w), row_bytes, n, k, in, out, ldc, accumulate);
-  CUDA_CHECK(cudaGetLastError());
+// f(std::integral_constant<int, rows>{}) for rows in [1, kMaxQuantizedGemvRows], after the checks both
+// small-batch paths share.
+template <class F>
+void with_rows(int32_t rows, int64_t n, int64_t ldc, F&& f) {
+  if (rows < 1 || rows > kMaxQuantizedGemvRows) throw std::invalid_argument("quantized GEMM: rows must be 1..8");
+  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
 }
+
+unsigned warps_grid(int64_t units) { return static_cast<unsigned>((units + kWarps - 1) / kWarps); }
+
+constexpr uintptr_t kActAlign = alignof(act_block_k);  // 32: the int8 activations' buffer
 
 }  // namespace
 
@@ -270,24 +481,72 @@ bool quantized_gemm_supports(ggml_type type) noexcept {
 
 void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
                                 int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream) {
-  if (rows < 1 || rows > kMaxQuantizedGemvRows) throw std::invalid_argument("quantized GEMM: rows must be 1..8");
-  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
   if (reinterpret_cast<uintptr_t>(in) % 16 != 0)
     throw std::invalid_argument("quantized GEMM: input not 16-byte aligned");
   with_blocks(type, [&](auto blocks) {
     using L = decltype(blocks);
     check_shape<L>(w, row_bytes, n, k);
-    switch (rows) {
-      case 1: return launch_gemv<L, 1>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 2: return launch_gemv<L, 2>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 3: return launch_gemv<L, 3>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 4: return launch_gemv<L, 4>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 5: return launch_gemv<L, 5>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 6: return launch_gemv<L, 6>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      case 7: return launch_gemv<L, 7>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-      default: return launch_gemv<L, 8>(w, row_bytes, n, k, in, out, ldc, accumulate, stream);
-    }
+    with_rows(rows, n, ldc, [&](auto r) {
+      TESSERA_LAUNCH_PDL(warps_grid(n), kWarps * 32, 0, stream, quantized_gemv_kernel<L, decltype(r)::value>)
+      (static_cast<const uint8_t*>(w), row_bytes, n, k, in, out, ldc, accumulate);
+      CUDA_CHECK(cudaGetLastError());
+    });
   });
+}
+
+int64_t int8_activation_bytes(ggml_type type, int32_t rows, int64_t k) {
+  int64_t bytes = 0;
+  with_blocks(type, [&](auto blocks) {
+    using L = decltype(blocks);
+    if (k < 1 || k % L::kBlockElems != 0)
+      throw std::invalid_argument("quantized GEMM: k must be a positive multiple of " + std::to_string(L::kBlockElems));
+    bytes = static_cast<int64_t>(sizeof(typename L::act)) * rows * (k / L::kBlockElems);
+  });
+  return bytes;
+}
+
+void quantize_activations_int8(ggml_type type, const bf16* in, int32_t rows, int64_t k, void* act,
+                               cudaStream_t stream) {
+  if (rows < 1) throw std::invalid_argument("quantized GEMM: rows must be positive");
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(act) % kActAlign != 0)
+    throw std::invalid_argument("quantized GEMM: input not 16-byte or activations not 32-byte aligned");
+  int8_activation_bytes(type, rows, k);  // checks type and k
+  with_blocks(type, [&](auto blocks) {
+    using L = decltype(blocks);
+    const int64_t n_blocks = rows * (k / L::kBlockElems);
+    if constexpr (std::is_same_v<typename L::act, act_block_k>) {
+      TESSERA_LAUNCH_PDL(warps_grid(n_blocks), kWarps * 32, 0, stream, quantize_q8k_kernel)
+      (in, n_blocks, static_cast<act_block_k*>(act));
+    } else {
+      TESSERA_LAUNCH_PDL(warps_grid(n_blocks), kWarps * 32, 0, stream, quantize_q8_kernel)
+      (in, n_blocks, static_cast<act_block*>(act));
+    }
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void quantized_small_batch_gemm_int8(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k,
+                                     const void* act, int32_t rows, float* out, int64_t ldc, bool accumulate,
+                                     cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(act) % kActAlign != 0)
+    throw std::invalid_argument("quantized GEMM: activations not 32-byte aligned");
+  with_blocks(type, [&](auto blocks) {
+    using L = decltype(blocks);
+    check_shape<L>(w, row_bytes, n, k, std::max(L::kAlign, 2));
+    with_rows(rows, n, ldc, [&](auto r) {
+      TESSERA_LAUNCH_PDL(warps_grid(n), kWarps * 32, 0, stream, quantized_gemv_int8_kernel<L, decltype(r)::value>)
+      (static_cast<const uint8_t*>(w), row_bytes, n, k, static_cast<const typename L::act*>(act), out, ldc, accumulate);
+      CUDA_CHECK(cudaGetLastError());
+    });
+  });
+}
+
+bool int8_quantized_gemv_from_env() noexcept {
+  static const bool int8 = [] {
+    const char* env = std::getenv("TESSERA_QGEMV");
+    return env != nullptr && std::string(env) == "int8";
+  }();
+  return int8;
 }
 
 void dequantize_rows_to_bf16(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, bf16* out,

@@ -14,6 +14,13 @@
 //   * dequantize_rows_to_bf16: the matrix as bf16 into a scratch buffer, for cuBLAS's tensor-core
 //     GEMM when a step has more rows (prefill, large decode batches), where the weights' bytes are no
 //     longer what limits the step.
+// The small-batch kernel also has an int8 form, llama.cpp's mmvq: the input rows quantised to int8 first
+// (quantize_activations_int8), then each chunk's dot product summed exactly in int32 with dp4a (four
+// byte products a 32-bit instruction) and scaled once, instead of a float FMA per weight. Its
+// activations are the CPU executor's (engine/model/int8_activations.hpp): 32-value act_blocks with one
+// f32 scale for Q8_0/Q4_0/Q4_1, 256-value act_block_ks with one scale and the sums of every 16 for
+// Q4_K/Q6_K (ggml's block_q8_K), quantised by the same rule, so the int8 path computes what the CPU
+// executor does up to the order of the float sums.
 // Block layouts: ggml's (llama.cpp ggml-common.h), as documented at each CPU dequantiser.
 #pragma once
 #include <cuda_bf16.h>
@@ -22,6 +29,7 @@
 #include <cstdint>
 
 #include "engine/model/ggml_types.hpp"
+#include "engine/model/int8_activations.hpp"
 #include "gpu/kernels.hpp"
 
 namespace tessera::gpu {
@@ -38,6 +46,29 @@ bool quantized_gemm_supports(ggml_type type) noexcept;
 // [1, kMaxQuantizedGemvRows], ldc < n, or `in` not 16-byte aligned.
 void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
                                 int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream);
+
+// ---- the int8 path ---------------------------------------------------------------------------------
+
+// Bytes of `rows` rows of k activations quantised for weights of `type` (act_blocks for Q8_0, Q4_0 and
+// Q4_1, act_block_ks for Q4_K and Q6_K; rows k / 32 or k / 256 blocks apart).
+// Throws std::invalid_argument for an unsupported type or k not a multiple of its block.
+int64_t int8_activation_bytes(ggml_type type, int32_t rows, int64_t k);
+
+// act (int8_activation_bytes, 32-byte aligned) = in[rows, k] (row-major bf16) quantised for `type`.
+// Throws std::invalid_argument as int8_activation_bytes, or for rows < 1, act misaligned.
+void quantize_activations_int8(ggml_type type, const bf16* in, int32_t rows, int64_t k, void* act, cudaStream_t stream);
+
+// quantized_small_batch_gemm over activations quantize_activations_int8 wrote for the same type, rows and
+// k: out[r, j] = (accumulate ? out[r, j] : 0) + sum over blocks of the block's exact int32 dot products
+// times its scales (the CPU executor's arithmetic per block: cpu/kernels_scalar.cpp dot_row_scalar).
+// Throws std::invalid_argument as quantized_small_batch_gemm, or for act misaligned.
+void quantized_small_batch_gemm_int8(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k,
+                                     const void* act, int32_t rows, float* out, int64_t ldc, bool accumulate,
+                                     cudaStream_t stream);
+
+// Whether the executor's small batches of quantised matrices take the int8 path: TESSERA_QGEMV=int8 (the
+// float path, the default, otherwise; read once).
+bool int8_quantized_gemv_from_env() noexcept;
 
 // out[n, k] (row-major bf16, row stride k) = W's values rounded to bf16 (nearest even).
 // Throws std::invalid_argument as above.

@@ -26,7 +26,9 @@
 #   9. the FP8 KV cache (tests/gpu/fp8_kv_test.cpp: E4M3 conversions, the KV write, both attention
 #      kernels over an fp8 cache) and the GEMMs over GGUF-quantised weights (tests/gpu/
 #      quantized_gemm_test.cpp), with memcheck (and racecheck) right after the correctness tests;
-#      batch-1 decode of the Llama-3-8B shape with Q4_K weights (--dummy-weight-type q4_k) against bf16
+#      batch-1 decode of the Llama-3-8B shape with Q4_K weights (--dummy-weight-type q4_k) against bf16,
+#      and again through the int8 (dp4a) path (TESSERA_QGEMV=int8); the quantised GEMMs' float path
+#      against the int8 path per type and row count (gpu_quantized_gemv_bench, a markdown table)
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -84,7 +86,7 @@ else
       { say "gpu-check: configure failed (see $log)"; exit 1; }
   fi
   cmake --build "$build" -j"$(nproc)" --target gpu_kernels_test gpu_prefill_attention_test gpu_cuda_executor_test gpu_attention_bench \
-    gpu_fp8_kv_test gpu_quantized_gemm_test gpu_gemv_test gpu_gemv_bench gpu_sampling_test gpu_mma_test gpu_overlapped_steps_test tessera >>"$log" 2>&1 ||
+    gpu_fp8_kv_test gpu_quantized_gemm_test gpu_gemv_test gpu_gemv_bench gpu_quantized_gemv_bench gpu_sampling_test gpu_mma_test gpu_overlapped_steps_test tessera >>"$log" 2>&1 ||
     { say "gpu-check: build failed (see $log)"; exit 1; }
   bin=$build/bin
   tests=$build/tests
@@ -157,6 +159,11 @@ run "bench latency with Q4_K weights (Llama-3-8B shape, dummy)" 120 \
   "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 --gen-tokens 128 \
   --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k.json" || true
+# The same through the int8 (dp4a) path of the quantised small-batch GEMM (TESSERA_QGEMV=int8).
+run "bench latency with Q4_K weights, int8 small-batch path (TESSERA_QGEMV=int8)" 120 \
+  env TESSERA_QGEMV=int8 "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 \
+  --gen-tokens 128 --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k_int8.json" || true
 # TensorRT-LLM's published H200 lengths (input/output tokens), fixed: 1000/1000 in bf16 and fp8 KV
 # (issue #20's >= 1.3x), 128/128.
 fixed=(bench throughput "${common[@]}" --max-num-seqs 256 --max-num-batched-tokens 8192)
@@ -207,6 +214,11 @@ grep '^{' "$out/.step" | tail -1 >"$out/latency_qwen.json" || true
 if [ -x "$bin/gpu_gemv_bench" ]; then
   run "small-batch GEMM vs cuBLAS bench" 60 "$bin/gpu_gemv_bench"
   sed -n '/^### Small-batch GEMM/,/^| 8 |/p' "$log" >"$out/gemv.md" || true
+fi
+# The quantised GEMMs' float path against the int8 path (whether TESSERA_QGEMV=int8 should be the default).
+if [ -x "$bin/gpu_quantized_gemv_bench" ]; then
+  run "quantised small-batch GEMM: float vs int8 path bench" 60 "$bin/gpu_quantized_gemv_bench"
+  sed -n '/^### Quantised small-batch GEMM/,/^| Q8_0 | 8 |/p' "$log" >"$out/quantized_gemv.md" || true
 fi
 # GPU sampling vs copying the logits rows to the host (vocab 128256).
 if [ -x "$bin/gpu_sampling_bench" ]; then
@@ -270,7 +282,7 @@ fi
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
   for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_no_pdl.json latency_cublas.json \
-    latency_q4k.json profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
+    latency_q4k.json latency_q4k_int8.json profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
     throughput_1000_fp8.json throughput_128.json throughput_128_sync.json; do
     echo "$f:"
     echo '```'
@@ -279,6 +291,8 @@ fi
   done
   echo
   cat "$out/gemv.md" 2>/dev/null
+  echo
+  cat "$out/quantized_gemv.md" 2>/dev/null
 } >"$results"
 rm -f "$out/.table" "$out/.step"
 cat "$results"

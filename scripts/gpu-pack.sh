@@ -3,7 +3,7 @@
 # toolkit and driver but none of Tessera's other dependencies (Boost, CAF, simdjson, xxHash, toml++,
 # GoogleTest), small enough for a device call's 64 MiB carry limit:
 #   tools.tar.xz, unpacked by gpu-check.sh into
-#     bin/   the GPU test executables, gpu_attention_bench, gpu_sampling_bench, gpu_gemv_bench and
+#     bin/   the GPU test executables, gpu_attention_bench, gpu_sampling_bench, gpu_gemv_bench, gpu_quantized_gemv_bench and
 #            `tessera`, stripped
 #     lib/   the shared libraries they load that are not glibc, libstdc++/libgcc or CUDA (from ldd);
 #            gpu-check.sh puts this folder on LD_LIBRARY_PATH
@@ -27,7 +27,7 @@ model=${TESSERA_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 grep -q '^TESSERA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
   { echo "gpu-pack: $build is not a configured build (cmake -S . -B $build -DTESSERA_CUDA=on)" >&2; exit 1; }
 targets=(gpu_kernels_test gpu_prefill_attention_test gpu_sampling_test gpu_cuda_executor_test gpu_gemv_test gpu_mma_test
-         gpu_fp8_kv_test gpu_quantized_gemm_test gpu_overlapped_steps_test gpu_attention_bench gpu_sampling_bench gpu_gemv_bench tessera)
+         gpu_fp8_kv_test gpu_quantized_gemm_test gpu_overlapped_steps_test gpu_attention_bench gpu_sampling_bench gpu_gemv_bench gpu_quantized_gemv_bench tessera)
 echo "gpu-pack: building ${targets[*]} in $build"
 cmake -S "$root" -B "$build" >/dev/null  # re-configure: a test file added since makes a new target
 cmake --build "$build" -j"${TESSERA_JOBS:-2}" --target "${targets[@]}"
@@ -37,7 +37,7 @@ mkdir -p "$pack/bin" "$pack/lib" "$pack/models"
 cp "$build/tests/gpu_kernels_test" "$build/tests/gpu_prefill_attention_test" "$build/tests/gpu_sampling_test" \
   "$build/tests/gpu_cuda_executor_test" "$build/tests/gpu_gemv_test" "$build/tests/gpu_mma_test" \
   "$build/tests/gpu_fp8_kv_test" "$build/tests/gpu_quantized_gemm_test" "$build/tests/gpu_overlapped_steps_test" \
-  "$build/bin/gpu_attention_bench" "$build/bin/gpu_sampling_bench" "$build/bin/gpu_gemv_bench" "$build/bin/tessera" \
+  "$build/bin/gpu_attention_bench" "$build/bin/gpu_sampling_bench" "$build/bin/gpu_gemv_bench" "$build/bin/gpu_quantized_gemv_bench" "$build/bin/tessera" \
   "$pack/bin/"
 strip --strip-all "$pack"/bin/*
 

@@ -25,6 +25,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/gemv.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/tools/bench_timing.hpp"
 
 using namespace tessera::gpu;
 
@@ -55,21 +56,8 @@ struct timing {
 
 template <class F>
 timing time_calls(F&& call, int copies, double bytes) {
-  for (int i = 0; i < 3; ++i) call(i % copies);
-  cudaEvent_t t0, t1;
-  CUDA_CHECK(cudaEventCreate(&t0));
-  CUDA_CHECK(cudaEventCreate(&t1));
-  const int iters = std::max(20, 2 * copies);
-  CUDA_CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) call(i % copies);
-  CUDA_CHECK(cudaEventRecord(t1));
-  CUDA_CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CUDA_CHECK(cudaEventDestroy(t0));
-  CUDA_CHECK(cudaEventDestroy(t1));
   timing t;
-  t.us = ms * 1e3 / iters;
+  t.us = tools::time_us(call, copies);
   t.pct = 100.0 * bytes / (t.us * 1e-6) / kPeakBytesPerSecond;
   return t;
 }
@@ -84,19 +72,6 @@ void fill(bf16* dev, size_t elems, uint32_t seed, float sd) {
     const size_t n = std::min(pattern.size(), elems - at);
     CUDA_CHECK(cudaMemcpy(dev + at, pattern.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
   }
-}
-
-double max_rel_diff(const float* a_dev, const float* b_dev, size_t n) {
-  std::vector<float> a(n), b(n);
-  CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * sizeof(float), cudaMemcpyDeviceToHost));
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return diff / scale;
 }
 
 }  // namespace
@@ -183,7 +158,7 @@ int main() {
       cublas(0);
       small_batch_gemm(w[0], s.n, s.k, in, rows, out_gemv, s.n, false, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
-      const double diff = max_rel_diff(out_gemv, out_cublas, static_cast<size_t>(rows * s.n));
+      const double diff = tools::max_rel_diff(out_gemv, out_cublas, static_cast<size_t>(rows * s.n));
       if (!(diff < 1e-3)) ok = false;
       std::printf("| %s | %lld x %lld | %d | %.1f (%.0f%%) | %.1f (%.0f%%) [w%d c%d] |%s %.2f | %.1e |\n", s.name,
                   static_cast<long long>(s.n), static_cast<long long>(s.k), rows, tc.us, tc.pct, tg.us, tg.pct,

@@ -264,6 +264,21 @@ inline unsigned __brev(unsigned x) {
   return r;
 }
 inline unsigned __umulhi(unsigned a, unsigned b) { return static_cast<unsigned>((uint64_t{a} * b) >> 32); }
+// Four-way byte dot product with accumulate (PTX dp4a): the bytes of a and b as signed (int overload)
+// or unsigned (unsigned overload) 8-bit integers, c + sum_i a_i b_i with 32-bit wrap-around.
+inline int __dp4a(int a, int b, int c) {
+  uint32_t sum = static_cast<uint32_t>(c);
+  for (int i = 0; i < 4; ++i) {
+    const int x = static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * i));
+    const int y = static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i));
+    sum += static_cast<uint32_t>(x * y);
+  }
+  return static_cast<int>(sum);
+}
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+  for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xFFu) * ((b >> (8 * i)) & 0xFFu);
+  return c;
+}
 template <class T>
 inline T __ldg(const T* p) {
   return *p;

@@ -1282,7 +1282,8 @@ TEST(CudaTinyModels, GgufFilesEqualTheCpuExecutor) {
 // rows (the matrices dequantised to bf16 for cuBLAS) and then its last token alone (one row: the
 // small-batch quantised kernel) give logits within bf16's tolerance of the exact CPU executor's, and
 // of the same executor with every matrix dequantised to bf16 at load; the weights take fewer device
-// bytes.
+// bytes. The same with the small batch through the int8 path (int8_quantized_gemv: its rows quantised
+// to int8 as the CPU executor quantises them).
 TEST(CudaTinyModels, QuantizedGgufMatricesStayInTheirBlocksAndEqualTheCpuExecutor) {
   if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device (real or emulated)";
   size_t checked = 0;
@@ -1330,13 +1331,19 @@ TEST(CudaTinyModels, QuantizedGgufMatricesStayInTheirBlocksAndEqualTheCpuExecuto
     ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
     EXPECT_LT(free0 - free1, free1 - free2) << "the blocks take fewer bytes than their bf16 copies";
     const auto cpu = cpu_exact(m.weights, test_support::kv_pool(16, 0));
-    const std::vector<float> want = run(*cpu), got = run(*quantized), bf16 = run(*dequantized);
+    go.quantized_weights = true;
+    go.int8_quantized_gemv = true;
+    const auto int8 = make_cuda_executor(m.weights, go);
+    const std::vector<float> want = run(*cpu), got = run(*quantized), bf16 = run(*dequantized), got8 = run(*int8);
     EXPECT_LT(worst_of(want, got), kFixtureBf16Tolerance);
     EXPECT_LT(worst_of(bf16, got), kFixtureBf16Tolerance);
+    EXPECT_LT(worst_of(want, got8), kFixtureBf16Tolerance) << "the int8 path";
+    EXPECT_NE(got8, got) << "the int8 path's activations are quantised: it cannot give the float path's logits";
     std::printf(
-        "  %s: quantized on the GPU vs cpu exact %.3g, vs dequantized bf16 %.3g of the logit range; "
-        "device bytes %zu vs %zu\n",
-        file, double(worst_of(want, got)), double(worst_of(bf16, got)), free0 - free1, free1 - free2);
+        "  %s: quantized on the GPU vs cpu exact %.3g (int8 path %.3g), vs dequantized bf16 %.3g of the logit "
+        "range; device bytes %zu vs %zu\n",
+        file, double(worst_of(want, got)), double(worst_of(want, got8)), double(worst_of(bf16, got)), free0 - free1,
+        free1 - free2);
     ++checked;
   }
   EXPECT_EQ(checked, 4u);

@@ -2,19 +2,26 @@
 // (engine/model/ggml_types.hpp's dequantize_row, checked against llama.cpp's output by the model
 // tests) and a dot product in double: every type, random blocks (every bit pattern of the quants and
 // scales, finite half-precision factors), rows 1..8, accumulate on and off, a padded output stride, and
-// the bf16 dequantisation for large batches; the shapes they refuse. Runs on a GPU and under the CPU
-// emulation of CUDA (gpu_quantized_gemm_test_emu in CI).
+// the bf16 dequantisation for large batches; the shapes they refuse. The int8 path (dp4a) against the
+// CPU executor's own kernels: its activation quantisation field for field, its quantised matmul up to
+// the order of float sums. Runs on a GPU and under the CPU emulation of CUDA
+// (gpu_quantized_gemm_test_emu in CI).
 #include "gpu/quantized_gemm.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cpu/kernels.hpp"
 #include "engine/model/ggml_types.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/test_data.hpp"
@@ -69,44 +76,65 @@ struct shape {
   int32_t rows;
   bool accumulate;
   int64_t ldc_pad;
+  int64_t ldc() const { return n + ldc_pad; }
 };
+
+// Both small-batch paths' cases: every row count, several block counts, accumulate on and off, padded
+// output strides.
+constexpr shape kShapes[] = {{37, 512, 1, false, 0}, {19, 256, 2, true, 3}, {8, 768, 3, false, 1},
+                             {41, 256, 5, true, 0},  {9, 512, 8, false, 2}, {3, 256, 7, true, 0}};
+
+std::string case_name(ggml_type type, const shape& s) {
+  return std::string(type_info(type).name) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " rows " +
+         std::to_string(s.rows) + (s.accumulate ? " accumulate" : "");
+}
+
+// sum_i |W[j, i] in[r, i]|: what the float sums of row r, column j are rounded against.
+double magnitude(const std::vector<float>& w, const std::vector<float>& in, const shape& s, int32_t r, int64_t j) {
+  double mag = 0.0;
+  for (int64_t i = 0; i < s.k; ++i)
+    mag += std::fabs(double(w[static_cast<size_t>(j * s.k + i)]) * in[static_cast<size_t>(r * s.k + i)]);
+  return mag;
+}
+
+// got (rows x ldc) against want(r, j, at) = {value, tolerance} in the n columns of each row; the
+// columns past n as they were before the call (prefill).
+template <class Want>
+void expect_columns(const std::vector<float>& got, const std::vector<float>& prefill, const shape& s, Want&& want) {
+  for (int32_t r = 0; r < s.rows; ++r) {
+    for (int64_t j = 0; j < s.ldc(); ++j) {
+      const size_t at = static_cast<size_t>(r * s.ldc() + j);
+      if (j >= s.n) {
+        ASSERT_EQ(got[at], prefill[at]) << "the gap past n is left alone";
+        continue;
+      }
+      const auto [value, tolerance] = want(r, j, at);
+      ASSERT_NEAR(got[at], value, tolerance) << "row " << r << " column " << j;
+    }
+  }
+}
 
 class QuantizedGemm : public device_fixture<> {};
 
 TEST_F(QuantizedGemm, SmallBatchEqualsTheCpuDequantiserTimesTheInput) {
-  const shape shapes[] = {{37, 512, 1, false, 0}, {19, 256, 2, true, 3}, {8, 768, 3, false, 1},
-                          {41, 256, 5, true, 0},  {9, 512, 8, false, 2}, {3, 256, 7, true, 0}};
   uint32_t seed = 100;
   for (const ggml_type type : kTypes) {
-    for (const shape& s : shapes) {
-      SCOPED_TRACE(std::string(type_info(type).name) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
-                   " rows " + std::to_string(s.rows) + (s.accumulate ? " accumulate" : ""));
+    for (const shape& s : kShapes) {
+      SCOPED_TRACE(case_name(type, s));
       const auto m = random_matrix(type, s.n, s.k, ++seed);
       const std::vector<float> w = dequantized(type, m, s.n, s.k);
       const std::vector<float> in = round_bf16(random_floats(static_cast<size_t>(s.rows * s.k), ++seed));
-      const int64_t ldc = s.n + s.ldc_pad;
-      const std::vector<float> prefill = random_floats(static_cast<size_t>(s.rows * ldc), ++seed, 4.0f);
+      const std::vector<float> prefill = random_floats(static_cast<size_t>(s.rows * s.ldc()), ++seed, 4.0f);
       float* out = upload(prefill);
       quantized_small_batch_gemm(type, upload(m), row_bytes(type, s.k), s.n, s.k,
-                                 reinterpret_cast<const bf16*>(upload(to_bf16(in))), s.rows, out, ldc, s.accumulate,
+                                 reinterpret_cast<const bf16*>(upload(to_bf16(in))), s.rows, out, s.ldc(), s.accumulate,
                                  nullptr);
-      const std::vector<float> got = download(out, prefill.size());
-      for (int32_t r = 0; r < s.rows; ++r) {
-        for (int64_t j = 0; j < ldc; ++j) {
-          const size_t at = static_cast<size_t>(r * ldc + j);
-          if (j >= s.n) {
-            ASSERT_EQ(got[at], prefill[at]) << "the gap past n is left alone";
-            continue;
-          }
-          double want = s.accumulate ? prefill[at] : 0.0, mag = 0.0;
-          for (int64_t i = 0; i < s.k; ++i) {
-            const double p = double(w[static_cast<size_t>(j * s.k + i)]) * in[static_cast<size_t>(r * s.k + i)];
-            want += p;
-            mag += std::fabs(p);
-          }
-          ASSERT_NEAR(got[at], want, 1e-5 * (mag + 1.0)) << "row " << r << " column " << j;
-        }
-      }
+      expect_columns(download(out, prefill.size()), prefill, s, [&](int32_t r, int64_t j, size_t at) {
+        double want = s.accumulate ? prefill[at] : 0.0;
+        for (int64_t i = 0; i < s.k; ++i)
+          want += double(w[static_cast<size_t>(j * s.k + i)]) * in[static_cast<size_t>(r * s.k + i)];
+        return std::pair{want, 1e-5 * (magnitude(w, in, s, r, j) + 1.0)};
+      });
     }
   }
 }
@@ -135,6 +163,166 @@ TEST_F(QuantizedGemm, DequantisationToBf16EqualsTheCpuDequantiserRounded) {
     }
     EXPECT_GE(double(exact), 0.999 * double(got.size()));
   }
+}
+
+bool is_k_quant(ggml_type type) { return type == ggml_type::q4_k || type == ggml_type::q6_k; }
+
+// Activations quantised by one of the CPU executor's quantisers, as the bytes of its blocks.
+template <class Block>
+std::vector<uint8_t> quantized_bytes(const std::vector<float>& in, int64_t block_elems,
+                                     void (*quantize)(const float*, Block*, int64_t)) {
+  std::vector<Block> blocks(in.size() / static_cast<size_t>(block_elems));
+  quantize(in.data(), blocks.data(), static_cast<int64_t>(in.size()));
+  std::vector<uint8_t> bytes(blocks.size() * sizeof(Block));
+  std::memcpy(bytes.data(), blocks.data(), bytes.size());
+  return bytes;
+}
+
+// The CPU executor's quantisation of rows x k activations for `type` (the scalar table's quantize_act or
+// quantize_act_k): the int8 path's layout.
+std::vector<uint8_t> cpu_activations(ggml_type type, const std::vector<float>& in) {
+  const cpu::kernel_table& k = cpu::scalar_kernels();
+  return is_k_quant(type) ? quantized_bytes(in, act_block_k_elems, k.quantize_act_k)
+                          : quantized_bytes(in, act_block_elems, k.quantize_act);
+}
+
+template <class Block>
+Block block_at(const std::vector<uint8_t>& bytes, size_t i) {
+  Block b;
+  std::memcpy(&b, bytes.data() + i * sizeof(Block), sizeof(Block));
+  return b;
+}
+
+// Rows of bf16 values with the edge cases of the rule: an all-zero block (scale 0), a block of one
+// non-zero value (it quantises to +-127), values halfway between two steps (ties go to even).
+std::vector<float> activation_rows(int32_t rows, int64_t k, uint32_t seed) {
+  std::vector<float> in = round_bf16(random_floats(static_cast<size_t>(rows * k), seed, 2.0f));
+  // Row 0's values 32..63: max 127, so the step is 1 in their 32-block and their super-block, and 0.5,
+  // 1.5, 2.5, -2.5 are ties (0, 2, 2, -2).
+  in[32] = 127.0f;
+  const float ties[] = {0.5f, 1.5f, 2.5f, -2.5f, -0.5f, 3.5f};
+  for (size_t i = 0; i < std::size(ties); ++i) in[33 + i] = ties[i];
+  if (rows > 1) {
+    // Row 1's first super-block: one value, alone in its 32-block, the other 32-blocks zero.
+    std::fill(in.begin() + k, in.begin() + k + 256, 0.0f);
+    in[static_cast<size_t>(k + 20)] = -3.5f;
+  }
+  return in;
+}
+
+// The int8 path's activations are, field for field, the CPU executor's quantisation of the same bf16
+// values, for both block formats.
+TEST_F(QuantizedGemm, Int8ActivationsAreTheCpuExecutorsQuantisation) {
+  const int32_t rows = 3;
+  const int64_t k = 768;
+  const std::vector<float> in = activation_rows(rows, k, 11);
+  const auto* dev_in = reinterpret_cast<const bf16*>(upload(to_bf16(in)));
+  for (const ggml_type type : {ggml_type::q8_0, ggml_type::q6_k}) {
+    SCOPED_TRACE(type_info(type).name);
+    const int64_t bytes = int8_activation_bytes(type, rows, k);
+    auto* act = alloc<uint8_t>(static_cast<size_t>(bytes));
+    quantize_activations_int8(type, dev_in, rows, k, act, nullptr);
+    const std::vector<uint8_t> got = download(act, static_cast<size_t>(bytes));
+    const std::vector<uint8_t> want = cpu_activations(type, in);
+    ASSERT_EQ(got.size(), want.size());
+    if (is_k_quant(type)) {
+      for (size_t b = 0; b < got.size() / sizeof(act_block_k); ++b) {
+        const auto g = block_at<act_block_k>(got, b);
+        const auto w = block_at<act_block_k>(want, b);
+        ASSERT_EQ(g.d, w.d) << "block " << b;
+        for (int i = 0; i < 256; ++i) ASSERT_EQ(g.q[i], w.q[i]) << "block " << b << " value " << i;
+        for (int j = 0; j < 16; ++j) ASSERT_EQ(g.bsums[j], w.bsums[j]) << "block " << b << " group " << j;
+      }
+    } else {
+      for (size_t b = 0; b < got.size() / sizeof(act_block); ++b) {
+        const auto g = block_at<act_block>(got, b);
+        const auto w = block_at<act_block>(want, b);
+        ASSERT_EQ(g.d, w.d) << "block " << b;
+        ASSERT_EQ(g.s, w.s) << "block " << b;
+        ASSERT_EQ(g.sum, w.sum) << "block " << b;
+        for (int i = 0; i < 32; ++i) ASSERT_EQ(g.q[i], w.q[i]) << "block " << b << " value " << i;
+      }
+    }
+  }
+}
+
+// The int8 small-batch GEMM over the CPU executor's activation blocks (uploaded as they are: one
+// layout) equals the CPU executor's quantised matmul (the scalar table's matmul_q: exact int32 dot
+// products per block, then the scales) up to the order of the float sums; over activations quantised on
+// the device it gives the same output bit for bit.
+TEST_F(QuantizedGemm, Int8SmallBatchEqualsTheCpuExecutorsQuantisedMatmul) {
+  uint32_t seed = 300;
+  for (const ggml_type type : kTypes) {
+    for (const shape& s : kShapes) {
+      SCOPED_TRACE(case_name(type, s));
+      const auto m = random_matrix(type, s.n, s.k, ++seed);
+      const std::vector<float> w = dequantized(type, m, s.n, s.k);
+      const std::vector<float> in = activation_rows(s.rows, s.k, ++seed);
+      const std::vector<uint8_t> act = cpu_activations(type, in);
+      const std::vector<float> prefill = random_floats(static_cast<size_t>(s.rows * s.ldc()), ++seed, 4.0f);
+      const uint8_t* dev_w = upload(m);
+      float* out = upload(prefill);
+      quantized_small_batch_gemm_int8(type, dev_w, row_bytes(type, s.k), s.n, s.k, upload(act), s.rows, out, s.ldc(),
+                                      s.accumulate, nullptr);
+      const std::vector<float> got = download(out, prefill.size());
+
+      std::vector<float> want = prefill;
+      const bool k_quant = is_k_quant(type);
+      cpu::qmatmul_args args;
+      args.type = type;
+      args.weights = reinterpret_cast<const std::byte*>(m.data());
+      args.weight_stride = row_bytes(type, s.k);
+      args.num_blocks = s.k / type_info(type).block_elems;
+      args.act = k_quant ? nullptr : reinterpret_cast<const act_block*>(act.data());
+      args.act_k = k_quant ? reinterpret_cast<const act_block_k*>(act.data()) : nullptr;
+      args.act_stride = args.num_blocks;  // the weights' and the activations' blocks are the same size
+      args.num_tokens = s.rows;
+      args.row_begin = 0;
+      args.row_end = s.n;
+      args.out = want.data();
+      args.out_stride = s.ldc();
+      args.accumulate = s.accumulate;
+      cpu::scalar_kernels().matmul_q(args);
+      expect_columns(got, prefill, s, [&](int32_t r, int64_t j, size_t at) {
+        const double mag = magnitude(w, in, s, r, j) + (s.accumulate ? std::fabs(prefill[at]) : 0.0);
+        return std::pair{double(want[at]), 1e-5 * (mag + 1.0)};
+      });
+
+      auto* dev_act = alloc<uint8_t>(act.size());
+      quantize_activations_int8(type, reinterpret_cast<const bf16*>(upload(to_bf16(in))), s.rows, s.k, dev_act,
+                                nullptr);
+      float* out2 = upload(prefill);
+      quantized_small_batch_gemm_int8(type, dev_w, row_bytes(type, s.k), s.n, s.k, dev_act, s.rows, out2, s.ldc(),
+                                      s.accumulate, nullptr);
+      ASSERT_EQ(download(out2, prefill.size()), got);
+    }
+  }
+}
+
+TEST_F(QuantizedGemm, Int8PathRefusesWhatItCannotRead) {
+  const auto m = random_matrix(ggml_type::q8_0, 2, 256, 1);
+  const auto* w = upload(m);
+  const auto* in = reinterpret_cast<const bf16*>(alloc<uint16_t>(8 * 512));
+  auto* act = alloc<uint8_t>(static_cast<size_t>(int8_activation_bytes(ggml_type::q6_k, 8, 512)));
+  float* out = alloc(64);
+  EXPECT_EQ(int8_activation_bytes(ggml_type::q8_0, 2, 512), 2 * 16 * 44);
+  EXPECT_EQ(int8_activation_bytes(ggml_type::q4_k, 3, 512), 3 * 2 * 320);
+  EXPECT_THROW(int8_activation_bytes(ggml_type::q5_k, 1, 256), std::invalid_argument);
+  EXPECT_THROW(int8_activation_bytes(ggml_type::q4_k, 1, 224), std::invalid_argument);  // k not a multiple of 256
+  EXPECT_THROW(quantize_activations_int8(ggml_type::q8_0, in, 0, 256, act, nullptr), std::invalid_argument);
+  EXPECT_THROW(quantize_activations_int8(ggml_type::q8_0, in, 1, 256, act + 4, nullptr), std::invalid_argument);
+  EXPECT_THROW(quantize_activations_int8(ggml_type::q8_0, in + 1, 1, 256, act, nullptr), std::invalid_argument);
+  const int64_t rb = row_bytes(ggml_type::q8_0, 256);
+  EXPECT_THROW(quantized_small_batch_gemm_int8(ggml_type::q8_0, w, rb, 2, 256, act + 4, 1, out, 2, false, nullptr),
+               std::invalid_argument);  // activations misaligned
+  EXPECT_THROW(quantized_small_batch_gemm_int8(ggml_type::q8_0, w + 1, rb, 1, 256, act, 1, out, 2, false, nullptr),
+               std::invalid_argument);  // weights read in 2-byte words
+  EXPECT_THROW(quantized_small_batch_gemm_int8(ggml_type::q8_0, w, rb, 2, 256, act, 9, out, 2, false, nullptr),
+               std::invalid_argument);  // more rows than the kernel serves
+  EXPECT_THROW(quantized_small_batch_gemm_int8(ggml_type::q8_0, w, rb, 2, 256, act, 1, out, 1, false, nullptr),
+               std::invalid_argument);  // ldc < n
+  EXPECT_THROW(quantized_small_batch_gemm_int8(ggml_type::q8_0, w, rb - 2, 2, 256, act, 1, out, 2, false, nullptr),
+               std::invalid_argument);  // row_bytes short of a row
 }
 
 TEST_F(QuantizedGemm, RefusesWhatItCannotRead) {

@@ -648,6 +648,19 @@ std::vector<double> reference_gemm(bool ta, bool tb, int m, int n, int k, float 
   return out;
 }
 
+// dp4a: signed bytes for int operands, unsigned for unsigned ones, added to c with 32-bit wrap-around
+// (PTX ISA, "dp4a"): the quantised GEMV's integer dot products.
+TEST_F(Emulator, Dp4aMultipliesBytesAsSignedOrUnsignedAndAccumulates) {
+  // bytes (low first) a = {1, 127, -1, -128}, b = {2, 2, -3, -1}: 2 + 254 + 3 + 128 = 387
+  const int a = static_cast<int>(0x80FF7F01u), b = static_cast<int>(0xFFFD0202u);
+  EXPECT_EQ(__dp4a(a, b, 0), 387);
+  EXPECT_EQ(__dp4a(a, b, -400), -13);
+  // unsigned: {1, 127, 255, 128} . {2, 2, 253, 255} = 2 + 254 + 64515 + 32640
+  EXPECT_EQ(__dp4a(static_cast<unsigned>(a), static_cast<unsigned>(b), 5u), 97416u);
+  EXPECT_EQ(__dp4a(0x01010101u, 0xFFFFFFFFu, 0xFFFFFFFFu), 1019u);  // wraps
+  EXPECT_EQ(__dp4a(0x01010101, static_cast<int>(0x80808080u), 0), -512);
+}
+
 TEST_F(Emulator, CublasGemmExFollowsColumnMajorSemantics) {
   cublasHandle_t h = nullptr;
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);

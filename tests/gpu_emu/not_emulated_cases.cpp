@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(256)
   v += static_cast<float>(__float_as_int(v) + static_cast<int>(__float_as_uint(v)) + __float2int_rn(v) +
                           __float2int_rz(v) + __float2int_rd(v) + __float2int_ru(v) + __popc(ballot) + __popcll(1ull) +
                           __clz(r) + __clzll(1ll) + __ffs(r) + __ffsll(1ll) + static_cast<int>(__brev(ru)) +
-                          static_cast<int>(__umulhi(ru, ru)) + static_cast<int>(umin(ru, 3u) + umax(ru, 3u)));
+                          static_cast<int>(__umulhi(ru, ru)) + __dp4a(r, r, r) + static_cast<int>(__dp4a(ru, ru, ru)) +
+                          static_cast<int>(umin(ru, 3u) + umax(ru, 3u)));
   v += __int_as_float(1) + __uint_as_float(1u) + __int2float_rn(t) + static_cast<float>(llmin(1, 2) + llmax(1, 2)) +
        static_cast<float>(__longlong_as_double(__double_as_longlong(1.0)) + rsqrt(4.0));
   if (isnan(v) || isinf(v) || !isfinite(v)) __trap();
