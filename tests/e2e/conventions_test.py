@@ -30,14 +30,13 @@ import tempfile
 import threading
 import time
 
-from served import case, free_port, served, summary  # tests/e2e/served.py
+from served import case, free_port, missing_client, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError as e:  # scripts/test installs it (TEST_CLIENTS)
-    print(f"SKIP: {e} (pip install prometheus_client)")
-    sys.exit(0)
+    missing_client(e, "pip install prometheus_client")
 
 CHROMIUM = os.environ.get("TESSERA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 IN_CI = os.environ.get("CI") == "true"

@@ -20,15 +20,14 @@ import sys
 import tempfile
 import time
 
-from served import case, free_port, served, summary  # tests/e2e/served.py
+from served import case, free_port, missing_client, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     import openai
     import websockets
 except ImportError as e:  # the lead's scripts/setup installs them
-    print(f"SKIP: {e} (pip install openai websockets)")
-    sys.exit(0)
+    missing_client(e, "pip install openai websockets")
 
 ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
 

@@ -28,15 +28,14 @@ import re
 import subprocess
 import sys
 
-from served import case, served, summary  # tests/e2e/served.py
+from served import case, missing_client, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 MODEL_ID = os.path.basename(MODEL)
 try:
     import openai
 except ImportError as e:  # the lead's scripts/setup installs it
-    print(f"SKIP: {e} (pip install openai)")
-    sys.exit(0)
+    missing_client(e, "pip install openai")
 
 ENGINE = ["--threads", "2", "--num-kv-blocks", "128", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
 SPEC = ["--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-min", "1", "--ngram-max", "4",

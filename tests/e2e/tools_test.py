@@ -17,15 +17,14 @@ import json
 import os
 import sys
 
-from served import case, served, summary  # tests/e2e/served.py
+from served import case, missing_client, served, summary  # tests/e2e/served.py
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 try:
     import openai
     import websockets
 except ImportError as e:  # scripts/test installs them
-    print(f"SKIP: {e} (pip install openai websockets)")
-    sys.exit(0)
+    missing_client(e, "pip install openai websockets")
 
 ENGINE = ["--threads", "2", "--num-kv-blocks", "96", "--swap-space", "0.05", "--max-model-len", "1024", "--quiet"]
 MODEL_NAME = os.path.basename(MODEL)
