@@ -356,7 +356,9 @@ class cuda_executor final : public executor {
         use_graphs_(options.cuda_graphs),
         small_batch_gemm_rows_(options.small_batch_gemm_rows.value_or(gpu::small_batch_gemm_rows_from_env())),
         quantized_weights_(options.quantized_weights),
-        int8_quantized_gemv_(options.int8_quantized_gemv.value_or(gpu::int8_quantized_gemv_from_env())) {
+        int8_quantized_gemv_(options.int8_quantized_gemv.value_or(gpu::int8_quantized_gemv_from_env())),
+        quantized_tiled_gemm_rows_(
+            options.quantized_tiled_gemm_rows.value_or(gpu::quantized_tiled_gemm_rows_from_env())) {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
@@ -364,6 +366,7 @@ class cuda_executor final : public executor {
     if (spec_.block_size < 1 || spec_.num_device_blocks < 0 || spec_.num_host_blocks < 0) {
       throw invalid_request("cuda executor: bad kv_cache_spec");
     }
+    if (quantized_tiled_gemm_rows_ < 0) throw invalid_request("cuda executor: quantized_tiled_gemm_rows must be >= 0");
     if (small_batch_gemm_rows_ < 0 || small_batch_gemm_rows_ > gpu::kMaxGemvRows) {
       throw invalid_request("cuda executor: small_batch_gemm_rows must be in [0, " + std::to_string(gpu::kMaxGemvRows) +
                             "]");
@@ -1191,9 +1194,9 @@ class cuda_executor final : public executor {
   // out^T = W . in^T with W read transposed (its row-major [n, k] is a column-major [k, n]).
   // Steps of at most kMaxGemvRows rows can take gpu/gemv.hpp's weight-streaming kernel instead
   // (cuda_executor_options::small_batch_gemm_rows). A matrix kept in its GGUF blocks goes through
-  // gpu/quantized_gemm.hpp: its own kernel for up to 8 rows (the float or the int8 path), else dequantised
-  // to bf16 into a scratch buffer for cuBLAS (prefill and large decode batches, where weight bytes no
-  // longer bound the step).
+  // gpu/quantized_gemm.hpp: its own kernel for up to 8 rows (the float or the int8 path), the tiled
+  // tensor-core kernel up to quantized_tiled_gemm_rows_, else dequantised to bf16 into a scratch buffer
+  // for cuBLAS (prefill-sized steps, where weight bytes no longer bound the step).
   void gemm(const gpu_matrix& m, int64_t n, int64_t k, const T* in, int32_t rows, float* out, int64_t ldc,
             bool accumulate) {
     const void* w = m.data;
@@ -1207,6 +1210,10 @@ class cuda_executor final : public executor {
         }
         if (rows <= gpu::kMaxQuantizedGemvRows) {
           gpu::quantized_small_batch_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate, stream_);
+          return;
+        }
+        if (rows <= quantized_tiled_gemm_rows_ && gpu::quantized_tiled_gemm_supports(*m.quantized, k)) {
+          gpu::quantized_tiled_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate, stream_);
           return;
         }
         gpu::dequantize_rows_to_bf16(*m.quantized, w, m.row_bytes, n, k, dequant_scratch_.as<bf16>(), stream_);
@@ -1541,8 +1548,9 @@ class cuda_executor final : public executor {
 
   bool use_graphs_ = false;
   int32_t small_batch_gemm_rows_ = 0;
-  bool quantized_weights_ = true;     // cuda_executor_options::quantized_weights
-  bool int8_quantized_gemv_ = false;  // cuda_executor_options::int8_quantized_gemv
+  bool quantized_weights_ = true;          // cuda_executor_options::quantized_weights
+  bool int8_quantized_gemv_ = false;       // cuda_executor_options::int8_quantized_gemv
+  int32_t quantized_tiled_gemm_rows_ = 0;  // cuda_executor_options::quantized_tiled_gemm_rows
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 

@@ -83,6 +83,11 @@ struct cuda_executor_options {
   // gpu::int8_quantized_gemv_from_env() (TESSERA_QGEMV=int8), off otherwise until a GPU has measured
   // both (docs/gpu_executor.md).
   std::optional<bool> int8_quantized_gemv;
+  // Steps of more rows, up to this many, multiply those matrices with gpu::quantized_tiled_gemm (the
+  // blocks dequantised tile by tile in shared memory, tensor cores) instead of dequantising the whole
+  // matrix to bf16 for cuBLAS; 0: never. Unset: gpu::quantized_tiled_gemm_rows_from_env()
+  // (TESSERA_QGEMM_ROWS, default 256; not yet measured on a GPU).
+  std::optional<int32_t> quantized_tiled_gemm_rows;
   // Null: this executor's weights are its own.
   std::shared_ptr<cuda_weight_cache> weight_cache;
 };

@@ -9,6 +9,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
 #include "gpu/launch.cuh"
+#include "gpu/mma.cuh"
 
 namespace tessera::gpu {
 
@@ -403,6 +404,12 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_q8k_kernel(const bf16* i
   if (lane == 0) o.d = amax / 127.0f;
 }
 
+// Two floats as the bf16 pair of an mma fragment register (round to nearest even, low element first).
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  return uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(lo))} |
+         (uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(hi))} << 16);
+}
+
 // One thread per chunk of the whole matrix (grid-stride).
 template <class L>
 __global__ void dequantize_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, bf16* out) {
@@ -419,6 +426,122 @@ __global__ void dequantize_kernel(const uint8_t* w, int64_t row_bytes, int64_t n
     for (int run = 0; run < L::kRuns; ++run) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) dst[off[run] + e] = __float2bfloat16_rn(wv[run][e]);
+    }
+  }
+}
+
+// ---- the tiled tensor-core GEMM ----------------------------------------------------------------
+//
+// out[rows, n] over a grid of 64 x 64 output tiles (input rows x weight columns), 4 warps each a
+// 32 x 32 quarter. Per K tile of 128 values: the input's 64 x 128 bf16 come by cp.async (rows past
+// `rows` zero-filled), the weights' 64 x 128 are dequantised chunk by chunk (the float path's chunk(),
+// rounded to bf16 as dequantize_rows_to_bf16 rounds) into shared memory, and each warp runs 8 k-steps
+// of mma.m16n8k16 (2 x 4 fragments) from ldmatrix. Rows of both tiles are padded by 8 elements (272
+// bytes: the 8 rows an ldmatrix reads fall in 8 different 16-byte bank groups). One stage: the next
+// tile's loads wait for the current tile's k-steps (a cp.async double buffer is not built yet).
+constexpr int kTileM = 64, kTileN = 64, kTileK = 128, kTilePitch = kTileK + 8, kTileWarps = 4;
+
+// The chunks of one column's K tile `kt`: blocks of at most 128 values lie whole in a tile; a 256-value
+// block (Q4_K, Q6_K) has its first kChunks / 2 chunks in its first 128 values (both types' chunk order).
+template <class L>
+struct tile_chunks {
+  static constexpr int kBlocks = L::kBlockElems <= kTileK ? kTileK / L::kBlockElems : 1;
+  static constexpr int kPerBlock = L::kBlockElems <= kTileK ? L::kChunks : L::kChunks / 2;
+  static constexpr int kCount = kBlocks * kPerBlock;  // chunks per column and K tile
+  // Chunk i of tile kt: its block (of the row) and its index in the block.
+  __device__ static void locate(int64_t kt, int i, int64_t& block, int& chunk) {
+    if constexpr (L::kBlockElems <= kTileK) {
+      block = kt * kBlocks + i / kPerBlock;
+      chunk = i % kPerBlock;
+    } else {
+      block = kt * kTileK / L::kBlockElems;
+      chunk = static_cast<int>(kt % 2) * kPerBlock + i;
+    }
+  }
+};
+
+template <class L>
+__global__ void __launch_bounds__(kTileWarps * 32)
+    quantized_tiled_gemm_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in, int32_t rows,
+                                float* out, int64_t ldc, bool accumulate) {
+  __shared__ __align__(16) __nv_bfloat16 a_s[kTileM][kTilePitch];
+  __shared__ __align__(16) __nv_bfloat16 w_s[kTileN][kTilePitch];
+  pdl_prologue();  // first: see gpu/launch.cuh
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN, m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int wm = 32 * (warp / 2), wn = 32 * (warp % 2);  // this warp's quarter of the tile
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+  }
+  using chunks = tile_chunks<L>;
+  for (int64_t kt = 0; kt < k / kTileK; ++kt) {
+    __syncthreads();  // the previous tile's k-steps are done with both buffers
+    // Input: 64 rows x 16 pieces of 16 bytes.
+    for (int i = tid; i < kTileM * (kTileK / 8); i += kTileWarps * 32) {
+      const int r = i / (kTileK / 8), piece = i % (kTileK / 8);
+      const bool real = m0 + r < rows;
+      const bf16* src = real ? in + (m0 + r) * k + kt * kTileK + 8 * piece : in;
+      ptx::cp_async_cg_zfill(&a_s[r][8 * piece], src, real ? 16 : 0);
+    }
+    ptx::cp_async_commit_group();
+    // Weights: each chunk's runs of 4 values as 4 bf16 (8 bytes); columns past n as zeros.
+    for (int i = tid; i < kTileN * chunks::kCount; i += kTileWarps * 32) {
+      const int c = i / chunks::kCount;
+      int64_t block;
+      int chunk;
+      chunks::locate(kt, i % chunks::kCount, block, chunk);
+      float wv[L::kRuns][4];
+      int off[L::kRuns];
+      if (n0 + c < n) {
+        L::chunk(w + (n0 + c) * row_bytes + block * L::kBlockBytes, chunk, wv, off);
+      } else {
+        L::chunk(w, chunk, wv, off);  // the offsets only: the values are replaced by zeros
+#pragma unroll
+        for (int run = 0; run < L::kRuns; ++run) wv[run][0] = wv[run][1] = wv[run][2] = wv[run][3] = 0.0f;
+      }
+      const int base = static_cast<int>(block * L::kBlockElems - kt * kTileK);
+#pragma unroll
+      for (int run = 0; run < L::kRuns; ++run) {
+        *reinterpret_cast<uint2*>(&w_s[c][base + off[run]]) =
+            make_uint2(bf16x2_bits(wv[run][0], wv[run][1]), bf16x2_bits(wv[run][2], wv[run][3]));
+      }
+    }
+    ptx::cp_async_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < kTileK / 16; ++s) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) ptx::ldmatrix<4>(a[i], &a_s[wm + 16 * i + lane % 16][16 * s + 8 * (lane / 16)]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t b[4];
+        ptx::ldmatrix<4>(b, &w_s[wn + 16 * np + 8 * (lane >> 4) + (lane & 7)][16 * s + 8 * ((lane >> 3) & 1)]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          ptx::mma_m16n8k16_bf16(acc[i][2 * np], a[i], b0, acc[i][2 * np]);
+          ptx::mma_m16n8k16_bf16(acc[i][2 * np + 1], a[i], b1, acc[i][2 * np + 1]);
+        }
+      }
+    }
+  }
+  // Fragment element e of (i, j): row wm + 16 i + g + 8 (e / 2), column wn + 8 j + 2 t + e % 2.
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t r = m0 + wm + 16 * i + g + 8 * (e / 2), col = n0 + wn + 8 * j + 2 * t + e % 2;
+        if (r >= rows || col >= n) continue;
+        float* o = out + r * ldc + col;
+        *o = accumulate ? *o + acc[i][j][e] : acc[i][j][e];
+      }
     }
   }
 }
@@ -492,6 +615,39 @@ void quantized_small_batch_gemm(ggml_type type, const void* w, int64_t row_bytes
       CUDA_CHECK(cudaGetLastError());
     });
   });
+}
+
+bool quantized_tiled_gemm_supports(ggml_type type, int64_t k) noexcept {
+  return quantized_gemm_supports(type) && k > 0 && k % kTileK == 0;
+}
+
+void quantized_tiled_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
+                          int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream) {
+  if (rows < 1) throw std::invalid_argument("quantized GEMM: rows must be positive");
+  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
+  if (k % kTileK != 0) throw std::invalid_argument("quantized tiled GEMM: k must be a multiple of 128");
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0)
+    throw std::invalid_argument("quantized GEMM: input not 16-byte aligned");
+  with_blocks(type, [&](auto blocks) {
+    using L = decltype(blocks);
+    check_shape<L>(w, row_bytes, n, k);
+    const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN),
+                    static_cast<unsigned>((rows + kTileM - 1) / kTileM));
+    TESSERA_LAUNCH_PDL(grid, kTileWarps * 32, 0, stream, quantized_tiled_gemm_kernel<L>)
+    (static_cast<const uint8_t*>(w), row_bytes, n, k, in, rows, out, ldc, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+int32_t quantized_tiled_gemm_rows_from_env() noexcept {
+  static const int32_t rows = [] {
+    const char* env = std::getenv("TESSERA_QGEMM_ROWS");
+    if (env == nullptr || *env == '\0') return kDefaultQuantizedTiledGemmRows;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v >= 0 && v <= 1 << 20 ? static_cast<int32_t>(v) : kDefaultQuantizedTiledGemmRows;
+  }();
+  return rows;
 }
 
 int64_t int8_activation_bytes(ggml_type type, int32_t rows, int64_t k) {

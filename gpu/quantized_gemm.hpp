@@ -70,6 +70,28 @@ void quantized_small_batch_gemm_int8(ggml_type type, const void* w, int64_t row_
 // float path, the default, otherwise; read once).
 bool int8_quantized_gemv_from_env() noexcept;
 
+// ---- the tiled tensor-core path (more rows) -----------------------------------------------------
+
+// The most rows the executor sends through quantized_tiled_gemm by default; steps of more rows take
+// dequantize_rows_to_bf16 and cuBLAS (prefill-sized steps, where the tensor-core throughput of cuBLAS
+// counts more than the matrix's bytes). Not yet measured on a GPU (docs/gpu_executor.md).
+inline constexpr int32_t kDefaultQuantizedTiledGemmRows = 256;
+
+// Whether quantized_tiled_gemm takes a matrix of this type and k (a multiple of its 128-value K tile).
+bool quantized_tiled_gemm_supports(ggml_type type, int64_t k) noexcept;
+
+// The same product for any number of rows, as the "dequantise-to-bf16 tiles + tensor cores" GEMM
+// llama.cpp's mmq is to mmvq: 64 x 64 output tiles, the weights' blocks dequantised tile by tile into
+// shared memory as bf16 (the values dequantize_rows_to_bf16 writes) and multiplied with the bf16 input
+// on tensor cores (mma.sync, fp32 accumulation), so the matrix is read once per 64 rows instead of
+// three times (blocks, bf16 written, bf16 read) on the way to cuBLAS. Throws std::invalid_argument as
+// quantized_small_batch_gemm (any rows >= 1), or for k not a multiple of 128.
+void quantized_tiled_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
+                          int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream);
+
+// The executor's threshold: TESSERA_QGEMM_ROWS (0: never) if set, else kDefaultQuantizedTiledGemmRows.
+int32_t quantized_tiled_gemm_rows_from_env() noexcept;
+
 // out[n, k] (row-major bf16, row stride k) = W's values rounded to bf16 (nearest even).
 // Throws std::invalid_argument as above.
 void dequantize_rows_to_bf16(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, bf16* out,

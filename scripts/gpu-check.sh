@@ -28,7 +28,9 @@
 #      quantized_gemm_test.cpp), with memcheck (and racecheck) right after the correctness tests;
 #      batch-1 decode of the Llama-3-8B shape with Q4_K weights (--dummy-weight-type q4_k) against bf16,
 #      and again through the int8 (dp4a) path (TESSERA_QGEMV=int8); the quantised GEMMs' float path
-#      against the int8 path per type and row count (gpu_quantized_gemv_bench, a markdown table)
+#      against the int8 path per type and row count (gpu_quantized_gemv_bench, a markdown table); Q4_K
+#      decode steps at batch 64 and 256 through the tiled tensor-core GEMM and through cuBLAS on
+#      dequantised matrices (TESSERA_QGEMM_ROWS=0); racecheck on the tiled GEMM
 # Results: $OUT (the device tool's folder) or build-gpu-check/: gpu-check.log (everything) and
 # gpu-results.md (the summary to copy into docs/benchmarks.md). Every step has a time limit and the
 # whole run a budget ($GPU_CHECK_BUDGET_S, default 450 s); a step the budget cannot fit is SKIPPED.
@@ -138,6 +140,9 @@ if command -v compute-sanitizer >/dev/null; then
     --gtest_filter='GpuFp8Kv.*:Shapes/*/1:Shapes/*/3'
   run "memcheck: quantized GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_quantized_gemm_test"
+  # The tiled tensor-core GEMM's shared tiles (the emulation's round-robin warps hide a missing barrier).
+  run "racecheck: quantized tiled GEMM" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_quantized_gemm_test" --gtest_filter='QuantizedGemm.Tiled*'
 fi
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
@@ -159,11 +164,6 @@ run "bench latency with Q4_K weights (Llama-3-8B shape, dummy)" 120 \
   "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 --gen-tokens 128 \
   --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k.json" || true
-# The same through the int8 (dp4a) path of the quantised small-batch GEMM (TESSERA_QGEMV=int8).
-run "bench latency with Q4_K weights, int8 small-batch path (TESSERA_QGEMV=int8)" 120 \
-  env TESSERA_QGEMV=int8 "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 \
-  --gen-tokens 128 --repeats 3
-grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k_int8.json" || true
 # TensorRT-LLM's published H200 lengths (input/output tokens), fixed: 1000/1000 in bf16 and fp8 KV
 # (issue #20's >= 1.3x), 128/128.
 fixed=(bench throughput "${common[@]}" --max-num-seqs 256 --max-num-batched-tokens 8192)
@@ -199,6 +199,21 @@ grep '^{' "$out/.step" | tail -1 >"$out/latency_eager.json" || true
 run "bench latency with TESSERA_GEMV=0 (cuBLAS for every GEMM)" 100 \
   env TESSERA_GEMV=0 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_cublas.json" || true
+# The same through the int8 (dp4a) path of the quantised small-batch GEMM (TESSERA_QGEMV=int8).
+run "bench latency with Q4_K weights, int8 small-batch path (TESSERA_QGEMV=int8)" 120 \
+  env TESSERA_QGEMV=int8 "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --prompt-tokens 512 \
+  --gen-tokens 128 --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_q4k_int8.json" || true
+# Q4_K decode steps of 64 and 256 sequences: the tiled tensor-core GEMM (the default up to 256 rows)
+# against dequantising every matrix to bf16 for cuBLAS each step (TESSERA_QGEMM_ROWS=0).
+run "decode steps at batch 64, 256 with Q4_K weights (tiled quantised GEMM)" 90 \
+  "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --max-num-seqs 256 --prompt-tokens 128 \
+  --gen-tokens 32 --batch-size 64 256
+grep '^{' "$out/.step" >"$out/latency_batches_q4k.jsonl" || true
+run "decode steps at batch 64, 256 with Q4_K weights, dequantised for cuBLAS (TESSERA_QGEMM_ROWS=0)" 90 \
+  env TESSERA_QGEMM_ROWS=0 "$bin/tessera" bench latency "${common[@]}" --dummy-weight-type q4_k --max-num-seqs 256 \
+  --prompt-tokens 128 --gen-tokens 32 --batch-size 64 256
+grep '^{' "$out/.step" >"$out/latency_batches_q4k_cublas.jsonl" || true
 # Where a batch-1 decode step's GPU time goes, op by op (gpu/op_profiler.hpp; eager steps: a graph
 # replays the step as one launch), with the defaults (the small-batch kernel at 1 row).
 run "per-op profile of batch-1 decode (small-batch GEMM at 1 row, the default)" 60 \
@@ -282,7 +297,7 @@ fi
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
   for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_no_pdl.json latency_cublas.json \
-    latency_q4k.json latency_q4k_int8.json profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
+    latency_q4k.json latency_q4k_int8.json latency_batches_q4k.jsonl latency_batches_q4k_cublas.jsonl profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
     throughput_1000_fp8.json throughput_128.json throughput_128_sync.json; do
     echo "$f:"
     echo '```'

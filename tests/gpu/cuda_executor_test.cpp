@@ -1280,10 +1280,11 @@ TEST(CudaTinyModels, GgufFilesEqualTheCpuExecutor) {
 // GGUF Q4_K, Q6_K and Q8_0 layer matrices kept in their blocks on the GPU (quantized_weights, the
 // default with bf16; llama-q4_k_m.gguf mixes Q4_K and Q6_K tensors): the prompt as one step of many
 // rows (the matrices dequantised to bf16 for cuBLAS) and then its last token alone (one row: the
-// small-batch quantised kernel) give logits within bf16's tolerance of the exact CPU executor's, and
-// of the same executor with every matrix dequantised to bf16 at load; the weights take fewer device
-// bytes. The same with the small batch through the int8 path (int8_quantized_gemv: its rows quantised
-// to int8 as the CPU executor quantises them).
+// small-batch quantised kernel; the prompt through the tiled tensor-core kernel, and again dequantised
+// to bf16 for cuBLAS with quantized_tiled_gemm_rows 0) give logits within bf16's tolerance of the exact CPU executor's,
+// and of the same executor with every matrix dequantised to bf16 at load; the weights take fewer device bytes. The same
+// with the small batch through the int8 path (int8_quantized_gemv: its rows quantised to int8 as the CPU executor
+// quantises them).
 TEST(CudaTinyModels, QuantizedGgufMatricesStayInTheirBlocksAndEqualTheCpuExecutor) {
   if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device (real or emulated)";
   size_t checked = 0;
@@ -1334,16 +1335,21 @@ TEST(CudaTinyModels, QuantizedGgufMatricesStayInTheirBlocksAndEqualTheCpuExecuto
     go.quantized_weights = true;
     go.int8_quantized_gemv = true;
     const auto int8 = make_cuda_executor(m.weights, go);
-    const std::vector<float> want = run(*cpu), got = run(*quantized), bf16 = run(*dequantized), got8 = run(*int8);
+    go.int8_quantized_gemv = false;
+    go.quantized_tiled_gemm_rows = 0;
+    const auto untiled = make_cuda_executor(m.weights, go);
+    const std::vector<float> want = run(*cpu), got = run(*quantized), bf16 = run(*dequantized), got8 = run(*int8),
+                             got_untiled = run(*untiled);
     EXPECT_LT(worst_of(want, got), kFixtureBf16Tolerance);
     EXPECT_LT(worst_of(bf16, got), kFixtureBf16Tolerance);
     EXPECT_LT(worst_of(want, got8), kFixtureBf16Tolerance) << "the int8 path";
     EXPECT_NE(got8, got) << "the int8 path's activations are quantised: it cannot give the float path's logits";
+    EXPECT_LT(worst_of(want, got_untiled), kFixtureBf16Tolerance) << "the prompt's matrices dequantised for cuBLAS";
     std::printf(
-        "  %s: quantized on the GPU vs cpu exact %.3g (int8 path %.3g), vs dequantized bf16 %.3g of the logit "
-        "range; device bytes %zu vs %zu\n",
-        file, double(worst_of(want, got)), double(worst_of(want, got8)), double(worst_of(bf16, got)), free0 - free1,
-        free1 - free2);
+        "  %s: quantized on the GPU vs cpu exact %.3g (int8 path %.3g, prompt through cuBLAS %.3g; tiles vs cuBLAS "
+        "%.3g), vs dequantized bf16 %.3g of the logit range; device bytes %zu vs %zu\n",
+        file, double(worst_of(want, got)), double(worst_of(want, got8)), double(worst_of(want, got_untiled)),
+        double(worst_of(got_untiled, got)), double(worst_of(bf16, got)), free0 - free1, free1 - free2);
     ++checked;
   }
   EXPECT_EQ(checked, 4u);

@@ -114,27 +114,54 @@ void expect_columns(const std::vector<float>& got, const std::vector<float>& pre
   }
 }
 
-class QuantizedGemm : public device_fixture<> {};
+// The float kernels' contract, out = (accumulate ? out : 0) + in . W^T, for one case: gemm(type, w, in,
+// out) is the kernel on device buffers; W's values are the CPU dequantiser's, rounded to bf16 when the
+// kernel multiplies bf16 (bf16_weights); the reference is the product in double, within tolerance x
+// the magnitude of its terms.
+using float_gemm = void (*)(ggml_type, const void*, int64_t, int64_t, int64_t, const bf16*, int32_t, float*, int64_t,
+                            bool, cudaStream_t);
+
+class QuantizedGemm : public device_fixture<> {
+ protected:
+  void expect_product(float_gemm gemm, ggml_type type, const shape& s, uint32_t& seed, bool bf16_weights,
+                      double tolerance) {
+    SCOPED_TRACE(case_name(type, s));
+    const auto m = random_matrix(type, s.n, s.k, ++seed);
+    std::vector<float> w = dequantized(type, m, s.n, s.k);
+    if (bf16_weights) w = round_bf16(w);
+    const std::vector<float> in = round_bf16(random_floats(static_cast<size_t>(s.rows * s.k), ++seed));
+    const std::vector<float> prefill = random_floats(static_cast<size_t>(s.rows * s.ldc()), ++seed, 4.0f);
+    float* out = upload(prefill);
+    gemm(type, upload(m), row_bytes(type, s.k), s.n, s.k, reinterpret_cast<const bf16*>(upload(to_bf16(in))), s.rows,
+         out, s.ldc(), s.accumulate, nullptr);
+    expect_columns(download(out, prefill.size()), prefill, s, [&](int32_t r, int64_t j, size_t at) {
+      double want = s.accumulate ? prefill[at] : 0.0;
+      for (int64_t i = 0; i < s.k; ++i)
+        want += double(w[static_cast<size_t>(j * s.k + i)]) * in[static_cast<size_t>(r * s.k + i)];
+      return std::pair{want, tolerance * (magnitude(w, in, s, r, j) + 1.0)};
+    });
+  }
+};
 
 TEST_F(QuantizedGemm, SmallBatchEqualsTheCpuDequantiserTimesTheInput) {
   uint32_t seed = 100;
   for (const ggml_type type : kTypes) {
-    for (const shape& s : kShapes) {
-      SCOPED_TRACE(case_name(type, s));
-      const auto m = random_matrix(type, s.n, s.k, ++seed);
-      const std::vector<float> w = dequantized(type, m, s.n, s.k);
-      const std::vector<float> in = round_bf16(random_floats(static_cast<size_t>(s.rows * s.k), ++seed));
-      const std::vector<float> prefill = random_floats(static_cast<size_t>(s.rows * s.ldc()), ++seed, 4.0f);
-      float* out = upload(prefill);
-      quantized_small_batch_gemm(type, upload(m), row_bytes(type, s.k), s.n, s.k,
-                                 reinterpret_cast<const bf16*>(upload(to_bf16(in))), s.rows, out, s.ldc(), s.accumulate,
-                                 nullptr);
-      expect_columns(download(out, prefill.size()), prefill, s, [&](int32_t r, int64_t j, size_t at) {
-        double want = s.accumulate ? prefill[at] : 0.0;
-        for (int64_t i = 0; i < s.k; ++i)
-          want += double(w[static_cast<size_t>(j * s.k + i)]) * in[static_cast<size_t>(r * s.k + i)];
-        return std::pair{want, 1e-5 * (magnitude(w, in, s, r, j) + 1.0)};
-      });
+    for (const shape& s : kShapes) expect_product(quantized_small_batch_gemm, type, s, seed, false, 1e-5);
+  }
+}
+
+// The tiled tensor-core path: the CPU dequantiser's values rounded to bf16 (what it multiplies on tensor
+// cores) times the bf16 input, for every type; rows that end inside a 64-row tile or fill one or two,
+// columns that end inside a 64-column tile, one to six 128-value K tiles (a K-quant block spans two),
+// accumulate, padded strides.
+TEST_F(QuantizedGemm, TiledEqualsTheCpuDequantiserRoundedToBf16TimesTheInput) {
+  const shape shapes[] = {
+      {37, 256, 9, false, 0}, {64, 512, 64, true, 2}, {130, 256, 65, false, 1}, {19, 768, 100, true, 0}};
+  uint32_t seed = 400;
+  for (const ggml_type type : kTypes) {
+    for (const shape& s : shapes) {
+      ASSERT_TRUE(quantized_tiled_gemm_supports(type, s.k));
+      expect_product(quantized_tiled_gemm, type, s, seed, true, 3e-5);
     }
   }
 }
@@ -347,6 +374,14 @@ TEST_F(QuantizedGemm, RefusesWhatItCannotRead) {
                std::invalid_argument);  // ldc < n
   EXPECT_THROW(dequantize_rows_to_bf16(ggml_type::q2_k, w, 84, 2, 256, reinterpret_cast<bf16*>(out), nullptr),
                std::invalid_argument);
+  EXPECT_FALSE(quantized_tiled_gemm_supports(ggml_type::q8_0, 96));  // not whole 128-value K tiles
+  EXPECT_FALSE(quantized_tiled_gemm_supports(ggml_type::q5_k, 256));
+  EXPECT_THROW(quantized_tiled_gemm(ggml_type::q8_0, w, 34 * 3, 2, 96, in, 9, out, 2, false, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(quantized_tiled_gemm(ggml_type::q4_k, w, 144, 2, 256, in, 0, out, 2, false, nullptr),
+               std::invalid_argument);  // no rows
+  EXPECT_THROW(quantized_tiled_gemm(ggml_type::q4_k, w, 144, 2, 256, in, 9, out, 1, false, nullptr),
+               std::invalid_argument);  // ldc < n
 }
 
 }  // namespace
