@@ -464,9 +464,9 @@ template <class L>
 __global__ void __launch_bounds__(kTileWarps * 32)
     quantized_tiled_gemm_kernel(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in, int32_t rows,
                                 float* out, int64_t ldc, bool accumulate) {
+  pdl_prologue();  // first: see gpu/launch.cuh
   __shared__ __align__(16) __nv_bfloat16 a_s[kTileM][kTilePitch];
   __shared__ __align__(16) __nv_bfloat16 w_s[kTileN][kTilePitch];
-  pdl_prologue();  // first: see gpu/launch.cuh
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN, m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int wm = 32 * (warp / 2), wn = 32 * (warp % 2);  // this warp's quarter of the tile
