@@ -54,6 +54,7 @@ actor_executor::actor_executor(caf::actor_system& sys, caf::actor exec_actor, co
       kv_dtype_(metadata.kv_cache_dtype()),
       samples_on_device_(metadata.samples_on_device()),
       overlaps_steps_(metadata.overlaps_steps()),
+      takes_late_masks_(metadata.takes_late_masks()),
       reads_only_window_(metadata.reads_only_window()),
       verifies_token_trees_(metadata.verifies_token_trees()),
       pools_hidden_states_(metadata.pools_hidden_states()),

@@ -82,6 +82,7 @@ class fault_injecting_executor : public executor {
   const char* kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
   bool overlaps_steps() const override { return inner_->overlaps_steps(); }
+  bool takes_late_masks() const override { return inner_->takes_late_masks(); }
   bool reads_only_window() const override { return inner_->reads_only_window(); }
   bool verifies_token_trees() const override { return inner_->verifies_token_trees(); }
   bool pools_hidden_states() const override { return inner_->pools_hidden_states(); }

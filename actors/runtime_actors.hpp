@@ -116,6 +116,7 @@ class actor_executor : public executor {
   // checks each).
   bool samples_on_device() const override { return samples_on_device_; }
   bool overlaps_steps() const override { return overlaps_steps_; }
+  bool takes_late_masks() const override { return takes_late_masks_; }
   bool reads_only_window() const override { return reads_only_window_; }
   bool verifies_token_trees() const override { return verifies_token_trees_; }
   bool pools_hidden_states() const override { return pools_hidden_states_; }
@@ -137,6 +138,7 @@ class actor_executor : public executor {
   std::string kv_dtype_;
   bool samples_on_device_ = false;
   bool overlaps_steps_ = false;
+  bool takes_late_masks_ = false;
   bool reads_only_window_ = false;
   bool verifies_token_trees_ = false;
   bool pools_hidden_states_ = false;

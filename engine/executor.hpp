@@ -91,6 +91,11 @@ struct step_batch {
   // engine's grammar workers are still writing while the forward pass runs. An executor waits on it
   // after launching the forward pass and before it reads any mask (so the masks cost no step time).
   std::shared_future<void> masks_ready;
+  // Overlapped steps with grammars (executor::takes_late_masks): the masks are filled only after
+  // submit() returns, once the engine has the previous step's tokens (this step was planned before
+  // them). The executor queues the forward pass and leaves the mask upload and the sampling to its
+  // next submit() or wait(), which the engine calls only after masks_ready is ready.
+  bool late_masks = false;
 };
 
 // Logits rows for the sequences that asked for them, in batch order: for seqs[i], rows
@@ -158,6 +163,9 @@ class executor {
   // engine plans step n+1 while the device runs step n (docs/engine.md#overlapped-steps). Then
   // execute(b, out) is submit(b) followed by wait(out).
   virtual bool overlaps_steps() const { return false; }
+  // With overlaps_steps(): true when submit() honours step_batch::late_masks, so steps with
+  // grammar-constrained sequences overlap too (docs/engine.md#overlapped-steps).
+  virtual bool takes_late_masks() const { return false; }
   // Queues one step (what execute() checks it checks here, before anything is queued). At most two
   // steps are submitted and not yet waited for.
   virtual void submit(const step_batch& batch);

@@ -378,6 +378,9 @@ std::vector<request_output> llm_engine::overlapped_step() {
     std::move(more.begin(), more.end(), std::back_inserter(outs));
   };
   if (previous) take(finish(*previous));
+  // Step n+1's grammar masks, now that step n's tokens have reached the grammars; the executor reads
+  // them at its next submit() or wait().
+  if (queued && ctx.late_masks) fill_late_masks(p, ctx);
   if (queued) {
     in_flight_ = in_flight_step{std::move(p), std::move(ctx), t_submitted, false};
   } else {
@@ -405,7 +408,8 @@ bool llm_engine::submit(scheduler_output& p, step_context& ctx, const in_flight_
       batch.seqs[i].last_token_from = row->second;
     }
   }
-  start_execute(p, batch, ctx);
+  // Planned before the previous step's tokens reached the grammars: this step's masks come later.
+  start_execute(p, batch, ctx, previous != nullptr && exec_.takes_late_masks());
   try {
     exec_.submit(batch);
   } catch (const std::exception& e) {
@@ -434,7 +438,8 @@ std::vector<request_output> llm_engine::finish(in_flight_step& f) {
 }
 
 // Whether the next step may be planned before this one's results are on the host: every sequence that
-// samples in it samples on the device without a grammar (whose next mask needs the token), and no
+// samples in it samples on the device, with a grammar only when the executor takes the next step's
+// masks late (that mask needs this step's token: step_batch::late_masks), and no
 // embedding or prompt scoring reads the plan's positions before commit (pool_hidden,
 // collect_prompt_logprobs). Sequences finished meanwhile do not count.
 bool llm_engine::runs_ahead(const in_flight_step& f) const {
@@ -445,7 +450,7 @@ bool llm_engine::runs_ahead(const in_flight_step& f) const {
     if (!seq || !owner_of(s.id)) continue;
     // (No drafts: speculative decoding never overlaps.)
     if (seq->pooling != pooling_type::none || seq->prefill_only || seq->scores_prompt()) return false;
-    if (s.samples && (!f.ctx.asked_device[i] || f.ctx.mask_row[i] >= 0)) return false;
+    if (s.samples && (!f.ctx.asked_device[i] || (f.ctx.mask_row[i] >= 0 && !exec_.takes_late_masks()))) return false;
   }
   return true;
 }
@@ -500,7 +505,7 @@ scheduler_output llm_engine::plan(step_context& ctx) {
 void llm_engine::execute(scheduler_output& p, step_context& ctx) {
   if (p.empty()) return;
   step_batch batch = sched_.make_batch(p);
-  start_execute(p, batch, ctx);
+  start_execute(p, batch, ctx, false);
   const auto t_exec = engine_clock::now();
   try {
     exec_.execute(batch, logits_);
@@ -508,13 +513,19 @@ void llm_engine::execute(scheduler_output& p, step_context& ctx) {
   ctx.record.execute_seconds = seconds_since(t_exec);
 }
 
-void llm_engine::start_execute(const scheduler_output& p, step_batch& batch, step_context& ctx) {
+void llm_engine::start_execute(const scheduler_output& p, step_batch& batch, step_context& ctx, bool late_masks) {
   // The masks of this step depend only on the tokens accepted up to the last one: the grammar workers
-  // compute them while the executor runs the forward pass.
-  start_masks(p, ctx);
+  // compute them while the executor runs the forward pass (late: once the previous step's tokens are in).
+  start_masks(p, ctx, late_masks);
   if (exec_.samples_on_device()) {
     ask_device_sampling(p, batch, ctx);
-    batch.masks_ready = masks_pending_;
+    if (ctx.late_masks) {
+      late_masks_ = std::promise<void>();
+      batch.masks_ready = late_masks_.get_future().share();
+      batch.late_masks = true;
+    } else {
+      batch.masks_ready = masks_pending_;
+    }
   }
 }
 
@@ -701,7 +712,7 @@ void llm_engine::ask_device_sampling(const scheduler_output& p, step_batch& batc
 
 // One mask row per constrained sequence that samples this step (at an n > 1 request's fork, choice 0's:
 // the forks start in the same state), handed to the backend's workers.
-void llm_engine::start_masks(const scheduler_output& p, step_context& ctx) {
+void llm_engine::start_masks(const scheduler_output& p, step_context& ctx, bool late) {
   if (!options_.constraints) return;
   std::vector<std::pair<size_t, token_constraint*>> wanted;
   for (size_t i = 0; i < p.scheduled.size(); ++i) {
@@ -712,16 +723,50 @@ void llm_engine::start_masks(const scheduler_output& p, step_context& ctx) {
     if (c.constraint) wanted.emplace_back(i, c.constraint.get());
   }
   if (wanted.empty()) return;
+  // The other buffer than the previous step's, which an executor may not have read yet.
+  mask_buffer_ ^= 1;
+  ctx.mask_buffer = mask_buffer_;
   const auto words = static_cast<size_t>(mask_words_);
-  masks_.resize(wanted.size() * words);
+  std::vector<uint32_t>& masks = masks_[mask_buffer_];
+  masks.resize(wanted.size() * words);
+  for (size_t row = 0; row < wanted.size(); ++row) ctx.mask_row[wanted[row].first] = static_cast<int32_t>(row);
+  if (late) {
+    ctx.late_masks = true;
+    return;
+  }
   std::vector<mask_job> jobs;
   jobs.reserve(wanted.size());
-  for (size_t row = 0; row < wanted.size(); ++row) {
-    ctx.mask_row[wanted[row].first] = static_cast<int32_t>(row);
-    jobs.push_back({wanted[row].second, std::span<uint32_t>(masks_.data() + row * words, words)});
-  }
+  for (size_t row = 0; row < wanted.size(); ++row)
+    jobs.push_back({wanted[row].second, std::span<uint32_t>(masks.data() + row * words, words)});
   stats_.num_token_masks += jobs.size();
   masks_pending_ = options_.constraints->fill_masks(std::move(jobs));
+}
+
+// A step submitted with late masks (start_masks), once the step before it has been taken: its rows'
+// grammars have their last token now. A choice that step finished gets a row of any token (its token
+// is not used); the promise is kept only once the masks are written, so the executor never reads one
+// before.
+void llm_engine::fill_late_masks(const scheduler_output& p, const step_context& ctx) {
+  const auto words = static_cast<size_t>(mask_words_);
+  std::vector<uint32_t>& masks = masks_[ctx.mask_buffer];
+  std::vector<mask_job> jobs;
+  for (size_t i = 0; i < p.scheduled.size(); ++i) {
+    if (ctx.mask_row[i] < 0) continue;
+    const std::span<uint32_t> row(masks.data() + static_cast<size_t>(ctx.mask_row[i]) * words, words);
+    const choice_ref* owner = owner_of(p.scheduled[i].id);
+    choice_state* c = owner ? requests_.at(owner->request).choices[static_cast<size_t>(owner->index)].get() : nullptr;
+    if (c && !c->finished && c->constraint) {
+      jobs.push_back({c->constraint.get(), row});
+    } else {
+      std::fill(row.begin(), row.end(), ~0u);
+    }
+  }
+  stats_.num_token_masks += jobs.size();
+  if (!jobs.empty()) {
+    masks_pending_ = options_.constraints->fill_masks(std::move(jobs));
+    wait_masks();
+  }
+  late_masks_.set_value();
 }
 
 void llm_engine::wait_masks() {
@@ -733,7 +778,7 @@ void llm_engine::wait_masks() {
 std::span<const uint32_t> llm_engine::mask_of(const step_context& ctx, size_t i) const {
   if (i >= ctx.mask_row.size() || ctx.mask_row[i] < 0) return {};
   const auto words = static_cast<size_t>(mask_words_);
-  return {masks_.data() + static_cast<size_t>(ctx.mask_row[i]) * words, words};
+  return {masks_[ctx.mask_buffer].data() + static_cast<size_t>(ctx.mask_row[i]) * words, words};
 }
 
 void llm_engine::fail_touched_requests(const scheduler_output& p, const std::string& message, step_context& ctx) {

@@ -11,6 +11,7 @@
 // Single-threaded: call from one thread (the actor/server layers serialize access).
 #pragma once
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -229,9 +230,12 @@ class llm_engine {
     std::vector<engine_event> events;  // between-step events first
     std::vector<bool> asked_device;    // per scheduled sequence: sampling sent to the executor
     std::vector<int32_t> mask_row;     // per scheduled sequence: its row of masks_, -1: unconstrained
-    std::vector<int32_t> accepted;     // per scheduled sequence: draft tokens the target accepted
-    bool failed = false;               // the executor threw: nothing of the plan is committed
-    step_record record;                // the step's timings so far (emit() publishes it)
+    int32_t mask_buffer = 0;           // which of masks_ holds the rows
+    // The masks are filled after the previous step's results (late_masks_ is their promise).
+    bool late_masks = false;
+    std::vector<int32_t> accepted;  // per scheduled sequence: draft tokens the target accepted
+    bool failed = false;            // the executor threw: nothing of the plan is committed
+    step_record record;             // the step's timings so far (emit() publishes it)
   };
 
   // Overlapped steps (docs/engine.md#overlapped-steps): a step submitted to the executor whose results
@@ -255,7 +259,7 @@ class llm_engine {
   bool runs_ahead(const in_flight_step& step) const;
   void commit_ahead(in_flight_step& step);
   bool may_continue(const request_state& r, const choice_state& c) const;
-  void start_execute(const scheduler_output& plan, step_batch& batch, step_context& ctx);
+  void start_execute(const scheduler_output& plan, step_batch& batch, step_context& ctx, bool late_masks);
   void execute_failed(const scheduler_output& plan, const std::exception& e, step_context& ctx);
   void pool_hidden(const scheduler_output& plan);
   void collect_prompt_logprobs(const scheduler_output& plan);
@@ -267,7 +271,8 @@ class llm_engine {
 
   // Helpers of the phases.
   void ask_device_sampling(const scheduler_output& plan, step_batch& batch, step_context& ctx);
-  void start_masks(const scheduler_output& plan, step_context& ctx);
+  void start_masks(const scheduler_output& plan, step_context& ctx, bool late);
+  void fill_late_masks(const scheduler_output& plan, const step_context& ctx);
   void wait_masks();
   std::span<const uint32_t> mask_of(const step_context& ctx, size_t i) const;
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);
@@ -317,11 +322,15 @@ class llm_engine {
   uint64_t sampling_step_ = 0;               // the step whose tokens sample() is accepting
   engine_stats stats_;
   step_output logits_;  // reused across steps
-  // This step's grammar masks, one row per constrained sampling sequence, and the workers' progress:
-  // nothing that a worker reads (constraints, masks_) may change until masks_pending_ is ready.
-  std::vector<uint32_t> masks_;
+  // The grammar masks, one row per constrained sampling sequence, and the workers' progress: nothing
+  // that a worker reads (constraints, masks_) may change until masks_pending_ is ready. Two buffers,
+  // used by alternate steps: with overlapped steps the executor packs step n's masks while the engine
+  // lays out step n+1's.
+  std::vector<uint32_t> masks_[2];
+  int32_t mask_buffer_ = 0;
   int32_t mask_words_ = 0;
   std::shared_future<void> masks_pending_;
+  std::promise<void> late_masks_;  // the in-flight step's late masks (step_batch::late_masks)
 };
 
 }  // namespace tessera

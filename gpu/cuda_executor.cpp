@@ -193,6 +193,11 @@ struct step_slot {
   size_t logit_floats = 0;
   cudaEvent_t begin = nullptr, end = nullptr;
   bool collected = false;
+  // step_batch::late_masks: the forward pass is queued, the mask upload and the sampling are not yet
+  // (finish_late_sampling), the masks to come through masks_ready into masks_host.
+  bool late_sampling = false;
+  std::shared_future<void> masks_ready;
+  pinned_buffer masks_host;
 };
 
 // A weight matrix on the device, [rows, cols] row-major: in the compute dtype, or (bf16 compute)
@@ -471,6 +476,7 @@ class cuda_executor final : public executor {
   // submit() and its results taken by wait(), so the engine plans the next step meanwhile. Not while
   // the per-op profiler times a step: its events belong to one step at a time.
   bool overlaps_steps() const override { return !profiler_.enabled(); }
+  bool takes_late_masks() const override { return true; }
 
   void execute(const step_batch& batch, step_output& out) override {
     submit(batch);
@@ -480,6 +486,10 @@ class cuda_executor final : public executor {
   void submit(const step_batch& batch) override {
     if (submitted_.size() >= 2) throw std::logic_error("cuda executor: two steps are submitted and not waited for");
     CUDA_CHECK(cudaSetDevice(device_));
+    // The previous step's sampling, if its masks came late: before anything of this step is planned
+    // (planning may grow the sampling buffers that step's inputs are in) or queued (this step may
+    // take its tokens).
+    if (!submitted_.empty()) finish_late_sampling(step_slots_[submitted_.back()]);
     // The pinned input buffers are rewritten below: the previous step's uploads must have left them
     // (they are that step's first operations, so this is not a wait for its forward pass).
     CUDA_CHECK(cudaEventSynchronize(inputs_read_));
@@ -487,8 +497,10 @@ class cuda_executor final : public executor {
     plan_step(batch, slot.out);  // validates everything before the cache is touched
     CUDA_CHECK(cudaEventRecord(slot.begin, stream_));
     upload_metadata();
-    // The grammar masks the engine's workers are still writing: uploaded after the forward pass is queued.
+    // The grammar masks the engine's workers are still writing: uploaded after the forward pass is queued,
+    // or, late, at the next submit() or wait() (step_batch::late_masks).
     const bool masks_later = !sampling_.empty() && sampling_.has_masks() && batch.masks_ready.valid();
+    const bool masks_late = masks_later && batch.late_masks;
     if (!sampling_.empty()) {
       // Without the grammar masks when they come later (below): the host is about to write them.
       CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<void>(), sample_in_host_.as<void>(),
@@ -531,14 +543,14 @@ class cuda_executor final : public executor {
       gpu::block_copy(kv_.as<void>(), block_bytes_, meta_ptr(meta_copies_), static_cast<int32_t>(batch.copies.size()),
                       stream_);
     }
-    if (!masks_later) CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
+    if (!masks_later || masks_late) CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     if (graph_step_) {
       CUDA_CHECK(cudaGraphLaunch(graph_for_step(), stream_));
     } else if (T_ > 0) {
       profiler_.begin(stream_, num_prefill_tokens_ == 0 && batch.seqs.size() == static_cast<size_t>(T_));
       forward();
     }
-    if (masks_later) {
+    if (masks_later && !masks_late) {
       // The GPU runs the forward pass meanwhile: waiting here for the grammar workers costs the step
       // nothing unless the masks take longer than the forward pass. Then one more small upload, queued
       // behind the forward pass on the same stream.
@@ -549,30 +561,19 @@ class cuda_executor final : public executor {
                                  cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaEventRecord(inputs_read_, stream_));
     }
-    if (!sampling_.empty()) {  // after the LM head (a replayed graph included); only tokens come back
-      gpu::sample_rows(
-          sampling_.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
-                                config_.vocab_size, sample_work_.as<float>(), sampled_ids_dev_.as<int32_t>()),
-          stream_);
-      slot.sample_out_host.reserve(sampling_.output_bytes());
-      CUDA_CHECK(cudaMemcpyAsync(slot.sample_out_host.as<void>(), sample_out_dev_.as<void>(), sampling_.output_bytes(),
-                                 cudaMemcpyDeviceToHost, stream_));
-      // The sampled ids stay on the device for the next step (sequence_slice::last_token_from): in a
-      // buffer of their own, which the next step's sampler does not overwrite before it read them.
-      // (Growing it synchronises, after this step's take_sampled_tokens read the old one.)
-      sampled_ids_dev_.reserve(static_cast<size_t>(sampling_.num_rows()) * sizeof(int32_t));
-      CUDA_CHECK(cudaMemcpyAsync(sampled_ids_dev_.as<void>(), sample_out_dev_.as<char>() + sampling_.tokens_offset(),
-                                 static_cast<size_t>(sampling_.num_rows()) * sizeof(int32_t), cudaMemcpyDeviceToDevice,
-                                 stream_));
-    }
     slot.logit_floats = slot.out.logits.size();  // the host-sampled rows, which come first
     if (slot.logit_floats > 0) {
       slot.logits_host.reserve(slot.logit_floats * sizeof(float));
       CUDA_CHECK(cudaMemcpyAsync(slot.logits_host.as<float>(), logits_.as<float>(), slot.logit_floats * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
     }
-    if (!graph_step_ && T_ > 0) profiler_.mark(stream_, "sampling + copies");
-    CUDA_CHECK(cudaEventRecord(slot.end, stream_));
+    slot.late_sampling = masks_late;
+    slot.masks_ready = masks_late ? batch.masks_ready : std::shared_future<void>();
+    if (!masks_late) {
+      queue_sampling(slot, sampling_);
+      if (!graph_step_ && T_ > 0) profiler_.mark(stream_, "sampling + copies");
+      CUDA_CHECK(cudaEventRecord(slot.end, stream_));
+    }
     // What wait() needs of this step once the next one is planned.
     std::swap(slot.sampling, sampling_);
     slot.device_sampled_seqs.assign(step_layout_.device_sampled_seqs.begin(), step_layout_.device_sampled_seqs.end());
@@ -584,8 +585,13 @@ class cuda_executor final : public executor {
     next_slot_ ^= 1;
     if (!step_layout_.pooled_seqs.empty() || !step_layout_.scored_tokens.empty()) {
       // Embedding and scored prompt rows are read from this step's activations, which the next step
-      // overwrites: such a step is finished here.
-      collect(slot);
+      // overwrites: such a step is finished here (with late masks, its forward pass: the sampling and
+      // collect() come at wait()).
+      if (slot.late_sampling) {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+      } else {
+        collect(slot);
+      }
       if (!step_layout_.pooled_seqs.empty()) pool_hidden_states(batch, slot.out);
       if (!step_layout_.scored_tokens.empty()) score_prompt_rows(slot.out);
     }
@@ -595,6 +601,7 @@ class cuda_executor final : public executor {
     if (submitted_.empty()) throw std::logic_error("cuda executor: wait() without a submitted step");
     step_slot& slot = step_slots_[submitted_.front()];
     submitted_.pop_front();
+    finish_late_sampling(slot);
     if (!slot.collected) collect(slot);
     std::swap(out, slot.out);
   }
@@ -799,6 +806,43 @@ class cuda_executor final : public executor {
   // ---- overlapped steps ------------------------------------------------------------------------
 
   // Waits for the slot's step and unpacks its tokens and logits rows into slot.out.
+  // Sampling on the device after the LM head (a replayed graph included), then the copies: only tokens
+  // come back, and the sampled ids stay on the device for the next step.
+  void queue_sampling(step_slot& slot, const gpu::sampling_batch& sampling) {
+    if (sampling.empty()) return;
+    gpu::sample_rows(sampling.kernel_args(sample_in_dev_.as<void>(), sample_out_dev_.as<void>(), logits_.as<float>(),
+                                          config_.vocab_size, sample_work_.as<float>(), sampled_ids_dev_.as<int32_t>()),
+                     stream_);
+    slot.sample_out_host.reserve(sampling.output_bytes());
+    CUDA_CHECK(cudaMemcpyAsync(slot.sample_out_host.as<void>(), sample_out_dev_.as<void>(), sampling.output_bytes(),
+                               cudaMemcpyDeviceToHost, stream_));
+    // The sampled ids stay on the device for the next step (sequence_slice::last_token_from): in a
+    // buffer of their own, which the next step's sampler does not overwrite before it read them.
+    // (Growing it synchronises, after this step's take_sampled_tokens read the old one.)
+    sampled_ids_dev_.reserve(static_cast<size_t>(sampling.num_rows()) * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(sampled_ids_dev_.as<void>(), sample_out_dev_.as<char>() + sampling.tokens_offset(),
+                               static_cast<size_t>(sampling.num_rows()) * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                               stream_));
+  }
+
+  // A step submitted with late masks (step_batch::late_masks), at the next submit() or wait(): the
+  // engine has made its masks ready by then, so this does not block. They go up from a pinned buffer
+  // of the step's own (the shared one holds the next step's inputs), behind its forward pass on the
+  // stream and ahead of anything of the next step, whose ids may come from these samples.
+  void finish_late_sampling(step_slot& slot) {
+    if (!slot.late_sampling) return;
+    slot.late_sampling = false;
+    slot.masks_ready.wait();
+    slot.masks_ready = {};
+    slot.masks_host.reserve(slot.sampling.input_bytes());
+    slot.sampling.pack_masks(slot.masks_host.as<void>());
+    CUDA_CHECK(cudaMemcpyAsync(sample_in_dev_.as<char>() + slot.sampling.masks_offset(),
+                               slot.masks_host.as<char>() + slot.sampling.masks_offset(), slot.sampling.masks_bytes(),
+                               cudaMemcpyHostToDevice, stream_));
+    queue_sampling(slot, slot.sampling);
+    CUDA_CHECK(cudaEventRecord(slot.end, stream_));
+  }
+
   void collect(step_slot& slot) {
     CUDA_CHECK(cudaEventSynchronize(slot.end));
     float step_ms = 0.0f;

@@ -174,6 +174,7 @@ struct claims_everything : sim_executor {
   const char* kv_cache_dtype() const override { return "bf16"; }
   bool samples_on_device() const override { return true; }
   bool overlaps_steps() const override { return true; }
+  bool takes_late_masks() const override { return true; }
   bool reads_only_window() const override { return true; }
   bool verifies_token_trees() const override { return true; }
   bool pools_hidden_states() const override { return true; }
@@ -187,6 +188,7 @@ void expect_same_capabilities(const executor& got, const executor& want) {
   EXPECT_STREQ(got.kv_cache_dtype(), want.kv_cache_dtype());
   EXPECT_EQ(got.samples_on_device(), want.samples_on_device());
   EXPECT_EQ(got.overlaps_steps(), want.overlaps_steps());
+  EXPECT_EQ(got.takes_late_masks(), want.takes_late_masks());
   EXPECT_EQ(got.reads_only_window(), want.reads_only_window());
   EXPECT_EQ(got.verifies_token_trees(), want.verifies_token_trees());
   EXPECT_EQ(got.pools_hidden_states(), want.pools_hidden_states());

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,6 +21,7 @@
 #include "engine/base/error.hpp"
 #include "engine/llm_engine.hpp"
 #include "gpu/cuda_executor.hpp"
+#include "tests/support/scripted_constraints.hpp"
 #include "tests/support/step_slices.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -135,6 +138,32 @@ struct engine_run {
   engine_stats stats;
 };
 
+// Steps `engine` until every request is done, collecting each choice's tokens, logprobs and finish
+// reason; aborts `aborted` once its first choice has `abort_after` tokens. The scheduler's invariants
+// hold after every step, and no block is left at the end.
+engine_run drive(llm_engine& engine, request_id aborted, size_t abort_after) {
+  engine_run r;
+  bool abort_sent = false;
+  for (int32_t step = 0; step < 3000 && engine.has_unfinished(); ++step) {
+    for (const request_output& o : engine.step()) {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      choice_result& c = r.choices[{o.id, o.index}];
+      c.tokens.insert(c.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      for (const token_logprob& lp : o.logprobs) c.logprobs.push_back(lp.logprob);
+      if (o.finished) c.reason = o.reason;
+    }
+    EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
+    if (!abort_sent && r.choices[{aborted, 0}].tokens.size() >= abort_after) {
+      engine.abort(aborted);
+      abort_sent = true;
+    }
+  }
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_EQ(engine.get_scheduler().blocks().device_usage().num_used, 0) << "a finished request kept its blocks";
+  r.stats = engine.stats();
+  return r;
+}
+
 // Requests of every kind the engine treats differently when it overlaps: greedy and seeded draws, a
 // max_tokens of 1 (its token is its last: no placeholder), min_tokens and a stop id, logprobs, a
 // request with penalties (drawn a token ahead, counting the token still on the device), an
@@ -163,41 +192,22 @@ engine_run run_workload(executor& exec, bool overlap) {
     if (i == 7) p.top_p = 0.9f, p.logprobs = 0;
     ids.push_back(engine.add_request(test_support::pseudo_tokens(12 + 17 * i, 20 + i, vocab), p));
   }
-  const request_id aborted = ids[6];
-  engine_run r;
-  bool abort_sent = false;
-  for (int32_t step = 0; step < 3000 && engine.has_unfinished(); ++step) {
-    for (const request_output& o : engine.step()) {
-      EXPECT_TRUE(o.error.empty()) << o.error;
-      choice_result& c = r.choices[{o.id, o.index}];
-      c.tokens.insert(c.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      for (const token_logprob& lp : o.logprobs) c.logprobs.push_back(lp.logprob);
-      if (o.finished) c.reason = o.reason;
-    }
-    EXPECT_EQ(engine.get_scheduler().check_invariants(), "");
-    if (!abort_sent && r.choices[{aborted, 0}].tokens.size() >= 3) {
-      engine.abort(aborted);
-      abort_sent = true;
-    }
-  }
-  EXPECT_FALSE(engine.has_unfinished());
-  EXPECT_EQ(engine.get_scheduler().blocks().device_usage().num_used, 0) << "a finished request kept its blocks";
-  r.stats = engine.stats();
-  return r;
+  return drive(engine, ids[6], 3);
 }
 
-// The CPU executor's synchronous steps are the oracle; the CUDA executor gives the same outputs with
-// its steps overlapped (eager and with decode graphs) and without.
-TEST(OverlappedStepsEngine, TheEngineGivesTheSameOutputsWithAndWithoutOverlap) {
-  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+// The CPU executor's synchronous steps are the oracle: the CUDA executor gives the same tokens, finish
+// reasons and logprobs with its steps overlapped (eager and with decode graphs; most steps planned
+// ahead) and without, sequences preempted on the way.
+void expect_cuda_runs_equal_cpu(engine_run (*workload)(executor&, bool), size_t num_choices, const char* label) {
   const auto weights = tiny_weights();
   const auto cpu = test_support::cpu_reference_executor(weights, test_support::kv_pool(64, 16), 2);
-  const engine_run want = run_workload(*cpu, true);  // (the CPU executor does not overlap)
+  const engine_run want = workload(*cpu, true);  // (the CPU executor does not overlap)
   EXPECT_EQ(want.stats.num_overlapped_steps, 0u);
-  ASSERT_EQ(want.choices.size(), 10u);
+  ASSERT_EQ(want.choices.size(), num_choices);
   for (const auto& [overlap, graphs] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
-    const std::string what = std::string(overlap ? "overlapped" : "synchronous") + (graphs ? ", graphs" : "");
-    const engine_run got = run_workload(*f32_cuda(weights, test_support::kv_pool(64, 16), graphs), overlap);
+    const std::string what =
+        std::string(label) + (overlap ? ", overlapped" : ", synchronous") + (graphs ? ", graphs" : "");
+    const engine_run got = workload(*f32_cuda(weights, test_support::kv_pool(64, 16), graphs), overlap);
     if (overlap) {
       EXPECT_GT(got.stats.num_overlapped_steps, got.stats.num_steps / 2) << what;
     } else {
@@ -223,6 +233,67 @@ TEST(OverlappedStepsEngine, TheEngineGivesTheSameOutputsWithAndWithoutOverlap) {
   }
 }
 
+TEST(OverlappedStepsEngine, TheEngineGivesTheSameOutputsWithAndWithoutOverlap) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  expect_cuda_runs_equal_cpu(run_workload, 10, "plain");
+}
+
+// Grammar-constrained requests (step_batch::late_masks): each step's masks are filled only once the
+// previous step's tokens reached the grammars, after that step was submitted, and by workers that take
+// 3 ms (so the executor waits for them where it should). The script allows 16 tokens per position and
+// completes after 12 (then the choice finishes, and the step planned ahead for it computed a token for
+// nothing: its mask row allows any token). Constrained and plain requests side by side: seeded draws,
+// a greedy one, logprobs, an n = 2 fork, a max_tokens short of the script, penalties, chunked prompts,
+// one abort after its second token, and a pool small enough to preempt.
+engine_run run_constrained_workload(executor& exec, bool overlap) {
+  test_support::token_script script;
+  const int32_t vocab = exec.config().vocab_size;
+  for (int32_t k = 0; k < 12; ++k) {
+    std::vector<token_id> allowed;
+    for (int32_t j = 0; j < 16; ++j) allowed.push_back(static_cast<token_id>(1 + (k * 41 + j * 23) % (vocab - 1)));
+    script.push_back(allowed);
+  }
+  auto backend = std::make_shared<test_support::scripted_backend>(
+      [&](const structured_output_spec&) {
+        return compile_result{std::make_shared<test_support::scripted_compiled>(script, 0)};
+      },
+      std::chrono::milliseconds(3));
+  engine_options eo;
+  eo.block_size = 16;
+  eo.num_kv_blocks = 14;
+  eo.num_host_blocks = 16;
+  eo.max_num_batched_tokens = 48;
+  eo.watermark = 0;
+  eo.overlap_steps = overlap;
+  eo.constraints = backend;
+  llm_engine engine(exec, nullptr, eo);
+  std::vector<request_id> ids;
+  for (int32_t i = 0; i < 8; ++i) {
+    sampling_params p;
+    p.seed = 90 + i;
+    p.max_tokens = 20;
+    p.temperature = i % 4 == 0 ? 0.0f : 0.9f;
+    if (i % 2 == 0) p.structured = structured_output_spec{structured_output_spec::kind::grammar, "scripted"};
+    if (i == 2) p.logprobs = 1;
+    if (i == 4) p.n = 2, p.top_k = 8;
+    if (i == 6) p.max_tokens = 7, p.repetition_penalty = 1.3f;
+    ids.push_back(engine.add_request(test_support::pseudo_tokens(20 + 13 * i, 30 + i, vocab), p));
+  }
+  engine_run r = drive(engine, ids[5], 2);
+  for (size_t i = 0; i < ids.size(); i += 2) {  // the constrained ones: inside the script, complete unless cut
+    const choice_result& c = r.choices[{ids[i], 0}];
+    EXPECT_EQ(c.tokens.size(), i == 6 ? 7u : script.size()) << "request " << i;
+    for (size_t k = 0; k < c.tokens.size() && k < script.size(); ++k)
+      EXPECT_NE(std::find(script[k].begin(), script[k].end(), c.tokens[k]), script[k].end()) << i << " " << k;
+  }
+  return r;
+}
+
+TEST(OverlappedStepsEngine, GrammarConstrainedStepsOverlapWithTheSameOutputs) {
+  if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device (real or emulated)";
+  expect_cuda_runs_equal_cpu(run_constrained_workload, 9, "constrained");
+}
+
 // The CUDA executor with a device error found when a chosen step's results are taken: its wait()
 // takes them and throws, as a failed synchronisation would.
 class fails_at_wait : public executor {
@@ -234,6 +305,7 @@ class fails_at_wait : public executor {
   const char* name() const override { return inner_.name(); }
   bool samples_on_device() const override { return inner_.samples_on_device(); }
   bool overlaps_steps() const override { return inner_.overlaps_steps(); }
+  bool takes_late_masks() const override { return inner_.takes_late_masks(); }
   void execute(const step_batch& batch, step_output& out) override {
     submit(batch);
     wait(out);
