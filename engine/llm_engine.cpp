@@ -717,10 +717,7 @@ void llm_engine::start_masks(const scheduler_output& p, step_context& ctx, bool 
   std::vector<std::pair<size_t, token_constraint*>> wanted;
   for (size_t i = 0; i < p.scheduled.size(); ++i) {
     if (!p.scheduled[i].samples) continue;
-    const choice_ref* owner = owner_of(p.scheduled[i].id);
-    if (!owner) continue;
-    choice_state& c = *requests_.at(owner->request).choices[static_cast<size_t>(owner->index)];
-    if (c.constraint) wanted.emplace_back(i, c.constraint.get());
+    if (token_constraint* t = live_constraint(p.scheduled[i].id)) wanted.emplace_back(i, t);
   }
   if (wanted.empty()) return;
   // The other buffer than the previous step's, which an executor may not have read yet.
@@ -753,10 +750,8 @@ void llm_engine::fill_late_masks(const scheduler_output& p, const step_context& 
   for (size_t i = 0; i < p.scheduled.size(); ++i) {
     if (ctx.mask_row[i] < 0) continue;
     const std::span<uint32_t> row(masks.data() + static_cast<size_t>(ctx.mask_row[i]) * words, words);
-    const choice_ref* owner = owner_of(p.scheduled[i].id);
-    choice_state* c = owner ? requests_.at(owner->request).choices[static_cast<size_t>(owner->index)].get() : nullptr;
-    if (c && !c->finished && c->constraint) {
-      jobs.push_back({c->constraint.get(), row});
+    if (token_constraint* t = live_constraint(p.scheduled[i].id)) {
+      jobs.push_back({t, row});
     } else {
       std::fill(row.begin(), row.end(), ~0u);
     }
@@ -767,6 +762,14 @@ void llm_engine::fill_late_masks(const scheduler_output& p, const step_context& 
     wait_masks();
   }
   late_masks_.set_value();
+}
+
+// The grammar of the choice sequence s samples for; null when it has none, or is finished or gone.
+token_constraint* llm_engine::live_constraint(seq_id s) {
+  const choice_ref* owner = owner_of(s);
+  if (!owner) return nullptr;
+  choice_state& c = *requests_.at(owner->request).choices[static_cast<size_t>(owner->index)];
+  return c.finished ? nullptr : c.constraint.get();
 }
 
 void llm_engine::wait_masks() {

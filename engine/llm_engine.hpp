@@ -273,6 +273,7 @@ class llm_engine {
   void ask_device_sampling(const scheduler_output& plan, step_batch& batch, step_context& ctx);
   void start_masks(const scheduler_output& plan, step_context& ctx, bool late);
   void fill_late_masks(const scheduler_output& plan, const step_context& ctx);
+  token_constraint* live_constraint(seq_id s);
   void wait_masks();
   std::span<const uint32_t> mask_of(const step_context& ctx, size_t i) const;
   void fail_touched_requests(const scheduler_output& plan, const std::string& message, step_context& ctx);

@@ -805,7 +805,6 @@ class cuda_executor final : public executor {
 
   // ---- overlapped steps ------------------------------------------------------------------------
 
-  // Waits for the slot's step and unpacks its tokens and logits rows into slot.out.
   // Sampling on the device after the LM head (a replayed graph included), then the copies: only tokens
   // come back, and the sampled ids stay on the device for the next step.
   void queue_sampling(step_slot& slot, const gpu::sampling_batch& sampling) {
@@ -843,6 +842,7 @@ class cuda_executor final : public executor {
     CUDA_CHECK(cudaEventRecord(slot.end, stream_));
   }
 
+  // Waits for the slot's step and unpacks its tokens and logits rows into slot.out.
   void collect(step_slot& slot) {
     CUDA_CHECK(cudaEventSynchronize(slot.end));
     float step_ms = 0.0f;
@@ -1246,14 +1246,15 @@ class cuda_executor final : public executor {
     const void* w = m.data;
     if constexpr (is_bf16) {
       if (m.quantized) {
-        if (rows <= gpu::kMaxQuantizedGemvRows && int8_quantized_gemv_) {
-          gpu::quantize_activations_int8(*m.quantized, in, rows, k, int8_act_.as<void>(), stream_);
-          gpu::quantized_small_batch_gemm_int8(*m.quantized, w, m.row_bytes, n, k, int8_act_.as<void>(), rows, out, ldc,
-                                               accumulate, stream_);
-          return;
-        }
         if (rows <= gpu::kMaxQuantizedGemvRows) {
-          gpu::quantized_small_batch_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate, stream_);
+          if (int8_quantized_gemv_) {
+            gpu::quantize_activations_int8(*m.quantized, in, rows, k, int8_act_.as<void>(), stream_);
+            gpu::quantized_small_batch_gemm_int8(*m.quantized, w, m.row_bytes, n, k, int8_act_.as<void>(), rows, out,
+                                                 ldc, accumulate, stream_);
+          } else {
+            gpu::quantized_small_batch_gemm(*m.quantized, w, m.row_bytes, n, k, in, rows, out, ldc, accumulate,
+                                            stream_);
+          }
           return;
         }
         if (rows <= quantized_tiled_gemm_rows_ && gpu::quantized_tiled_gemm_supports(*m.quantized, k)) {
