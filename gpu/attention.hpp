@@ -22,18 +22,6 @@ namespace tessera::gpu {
 
 // The common part (gpu/kernels.hpp) for num_tokens decode queries; a split's workspace holds
 // attention_workspace_floats(...) floats.
-// Token trees (SpecInfer, sequence_slice::tree_parents). A tree's rows are consecutive query tokens,
-// its root first; row r sits at position base + depth(r) (its RoPE angle and window) but its K/V is in
-// the slot of position base + r, base being the root's position. So a tree token's context_lens is its
-// slot + 1, and it sees the context before the tree (within its window) and, of the tree's slots, its
-// ancestors and itself only: bit r of its mask, and (with a window) a key position inside the window.
-struct tree_attention_view {
-  const int32_t* root = nullptr;         // [num_tokens]: the query token of its tree's root; -1 outside a tree
-  const int32_t* positions = nullptr;    // [num_tokens]: each token's position (a tree row's: base + depth)
-  const int32_t* mask_offset = nullptr;  // [num_tokens]: where its ancestor bits start in `mask`
-  const uint32_t* mask = nullptr;        // bit r of word r / 32 from mask_offset: tree row r is visible
-};
-
 template <class T, class C = T>
 struct paged_attention_args : paged_attention_common<T, C> {
   int32_t num_tokens = 0;

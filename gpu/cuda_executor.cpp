@@ -353,6 +353,9 @@ class cuda_executor final : public executor {
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
   static constexpr bool fp8_cache = std::is_same_v<C, gpu::fp8_e4m3>;
   static_assert(std::is_same_v<C, T> || (is_bf16 && fp8_cache), "an fp8 cache is for bf16 compute");
+  // The prefill attention kernel its launches take (prefill_attention_args::tensor_cores left on).
+  static constexpr gpu::prefill_kernel prefill_kind =
+      is_bf16 ? gpu::prefill_kernel::tensor_cores : gpu::prefill_kernel::simt;
 
   cuda_executor(std::shared_ptr<const model_weights> weights, const cuda_executor_options& options)
       : weights_(std::move(weights)),
@@ -382,7 +385,8 @@ class cuda_executor final : public executor {
     groups_ = options.kv_layer_groups ? group_kv_layers(config_) : single_kv_group(config_);
     // A block holds one layer group's layers; a kernel's `layer` is the layer's slot in its group.
     layout_ = {groups_.layers_per_block, config_.num_kv_heads, spec_.block_size, config_.head_dim};
-    prefill_tile_tokens_ = gpu::prefill_tile_tokens(config_.head_dim, config_.num_heads, config_.num_kv_heads);
+    prefill_tile_tokens_ =
+        gpu::prefill_tile_tokens(prefill_kind, config_.head_dim, config_.num_heads, config_.num_kv_heads);
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -1000,14 +1004,16 @@ class cuda_executor final : public executor {
                                                                         config_.head_dim, split_[c].num_splits));
       }
       // The prefill kernel runs after paged_attention on the same stream: it reuses the workspace. A
-      // tile reads from its first row's window start (0 without a window) to its last row.
+      // tile reads from its lowest position's window start (0 without a window) to its last row's
+      // slot; in a token tree that position is at most tree_lag_ below the first row's slot.
       int32_t prefill_walk = 0;
       for (const gpu::prefill_tile& t : prefill_tiles_) {
-        const int32_t begin = window > 0 ? std::max(0, t.first_position - window + 1) : 0;
+        const int32_t begin = window > 0 ? std::max(0, t.first_position - tree_lag_ - window + 1) : 0;
         prefill_walk = std::max(prefill_walk, t.first_position + t.num_tokens - begin);
       }
-      prefill_split_[c] = gpu::plan_prefill_split(static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
-                                                  config_.num_heads, config_.num_kv_heads, prefill_walk, num_sms_);
+      prefill_split_[c] =
+          gpu::plan_prefill_split(prefill_kind, static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
+                                  config_.num_heads, config_.num_kv_heads, prefill_walk, num_sms_);
       if (prefill_split_[c].num_splits > 1) {
         reserve_split_counters(std::min<int64_t>(static_cast<int64_t>(prefill_tiles_.size()), 65535) *
                                config_.num_heads);
@@ -1057,15 +1063,14 @@ class cuda_executor final : public executor {
   // moved after the decode tokens, so paged_attention runs over the contiguous rows
   // [0, num_tokens_ - num_prefill_tokens_); logit_rows_ follows the move, so the logits keep the
   // batch's order. A step without prefill chunks (every graph step) is left as it is.
-  // Token trees stay with paged_attention (tree_attention_view), however many rows they have.
+  // A token tree of as many rows is a chunk too: its tiles read the context once for all their rows,
+  // where paged_attention would read it once per row, and mask the tree's slots (plan_trees).
   static constexpr size_t kMinPrefillTokens = 4;
 
   void plan_prefill(const step_batch& batch) {
     prefill_tiles_.clear();
     num_prefill_tokens_ = 0;
-    const auto is_prefill = [](const sequence_slice& sl) {
-      return sl.tokens.size() >= kMinPrefillTokens && sl.tree_parents.empty();
-    };
+    const auto is_prefill = [](const sequence_slice& sl) { return sl.tokens.size() >= kMinPrefillTokens; };
     if (std::none_of(batch.seqs.begin(), batch.seqs.end(), is_prefill)) return;
     // row_order_[new row] = row plan_step gave the token (sequence by sequence): decode rows, then prefill.
     row_order_.clear();
@@ -1115,7 +1120,7 @@ class cuda_executor final : public executor {
     for (size_t s = 0; s < batch.seqs.size(); ++s) {
       if (batch.seqs[s].tree_parents.empty()) continue;
       const step_layout::sequence_rows rows = step_layout_.seqs[s];
-      const int32_t root = device_row(rows.token_begin);  // a tree's rows stay consecutive (no prefill tile)
+      const int32_t root = device_row(rows.token_begin);  // a tree's rows stay consecutive (a chunk's do)
       const int32_t words = (rows.num_tokens + 31) / 32;
       for (int32_t q = 0; q < rows.num_tokens; ++q) {
         const auto t = static_cast<size_t>(root + q);
@@ -1352,6 +1357,7 @@ class cuda_executor final : public executor {
     pre.tiles = reinterpret_cast<const gpu::prefill_tile*>(meta_ptr(meta_tiles_));
     pre.num_tiles = static_cast<int32_t>(prefill_tiles_.size());
     pre.tile_tokens = prefill_tile_tokens_;
+    pre.tree = att.tree;
 
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       const gpu_layer& L = layers_[static_cast<size_t>(l)];

@@ -94,6 +94,18 @@ struct kv_layout {
   }
 };
 
+// Token trees (SpecInfer, sequence_slice::tree_parents). A tree's rows are consecutive query tokens,
+// its root first; row r sits at position base + depth(r) (its RoPE angle and window) but its K/V is in
+// the slot of position base + r, base being the root's position. So a tree token's context_lens is its
+// slot + 1, and it sees the context before the tree (within its window) and, of the tree's slots, its
+// ancestors and itself only: bit r of its mask, and (with a window) a key position inside the window.
+struct tree_attention_view {
+  const int32_t* root = nullptr;         // [num_tokens]: the query token of its tree's root; -1 outside a tree
+  const int32_t* positions = nullptr;    // [num_tokens]: each token's position (a tree row's: base + depth)
+  const int32_t* mask_offset = nullptr;  // [num_tokens]: where its ancestor bits start in `mask`
+  const uint32_t* mask = nullptr;        // bit r of word r / 32 from mask_offset: tree row r is visible
+};
+
 // What the decode (gpu/attention.hpp) and prefill (gpu/prefill_attention.hpp) attention kernels
 // share: the query and output matrices, one layer of the paged cache read through block tables, and
 // the split over positions (flash-decoding's split-KV: 1 = none; with more, split s covers positions

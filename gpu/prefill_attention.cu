@@ -25,7 +25,7 @@ using detail::prefill_part_index;
 // A CTA's work: `rows` query rows (tile tokens x the heads it serves) against K/V tiles of `keys`
 // positions, with `threads` threads. Sized so that the three shared arrays stay within the 48 KiB of
 // static shared memory in fp32 (Q rows, one K-or-V tile, the probabilities): 45.5 KiB for head_dim 128.
-// head_dim 256 gets 24 rows only (42 KiB); dynamic shared memory would allow more.
+// head_dim 256 gets 24 rows only (42 KiB); bf16 executors run it on the tensor-core kernel's 64 rows.
 // key_lanes: threads side by side over a tile's keys (scores) and over the output's float4 columns
 // (P.V), so a row's reductions are xor-shuffles within key_lanes lanes: 16 (a half-warp), and 8 for
 // head_dim 32, whose 8 float4 columns would leave half of 16 lanes without one (Qwen3-style small
@@ -49,14 +49,19 @@ struct tile_shape<256> {
   static constexpr int rows = 24, keys = 16, threads = 128, key_lanes = 16;
 };
 
-int32_t tile_rows(int32_t head_dim) {
+// The CTA's rows for a compiled head_dim, 0 for another: the SIMT kernel's tile_shape, or the
+// tensor-core kernel's 4 warps of 16 rows for every head_dim.
+int32_t tile_rows(prefill_kernel kernel, int32_t head_dim) {
+  int32_t simt_rows = 0;
   switch (head_dim) {
-    case 32: return tile_shape<32>::rows;
-    case 64: return tile_shape<64>::rows;
-    case 128: return tile_shape<128>::rows;
-    case 256: return tile_shape<256>::rows;
+    case 32: simt_rows = tile_shape<32>::rows; break;
+    case 64: simt_rows = tile_shape<64>::rows; break;
+    case 128: simt_rows = tile_shape<128>::rows; break;
+    case 256: simt_rows = tile_shape<256>::rows; break;
     default: return 0;
   }
+  static_assert(detail::mma_tile_shape<32>::rows == 64 && detail::mma_tile_shape<256>::rows == 64);
+  return kernel == prefill_kernel::simt ? simt_rows : detail::mma_tile_shape<256>::rows;
 }
 
 // Max / sum over aligned groups of L lanes (xor offsets below L stay inside the group).
@@ -82,10 +87,11 @@ __device__ __forceinline__ float lanes_sum(float v) {
 // So the KL threads of a lane group share the same rows: the row max and sum of a tile are shuffles
 // within the group, and each thread keeps its rows' running max m, sum l (replicated across the KL)
 // and its columns of the unnormalised output acc, all fp32.
-// Soft-capping (a.softcap) applies to the scaled scores before the masks; a sliding window (a.window)
-// masks keys before p - window + 1 for the row at p, and the walk starts at the tile's first row's
-// window, so K/V tiles (and blocks) wholly before every row's window are never loaded.
-template <int D, class T, class C>
+// Soft-capping (a.softcap) applies to the scaled scores before the masks (detail::sees: causal, a
+// sliding window's keys before p - window + 1 for the row at p, a token tree's non-ancestors), and
+// the walk starts at the window of the tile's lowest position, so K/V tiles (and blocks) wholly
+// before every row's window are never loaded.
+template <int D, class T, class C, bool Trees>
 __global__ void __launch_bounds__(tile_shape<D>::threads)
     prefill_attention_kernel(prefill_attention_args<T, C> a, int32_t heads_per_cta, int32_t group_chunks) {
   pdl_prologue();  // first: see gpu/launch.cuh
@@ -115,20 +121,18 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
     }
     q_s[r][c4] = v;
   }
-  // Each row's position; -1 for the CTA's unused rows (past the tile's tokens or the group's heads),
-  // which then see no position and are never written. row_first: the row's first visible position
-  // (its window's start; 0 without one).
-  int32_t row_pos[RPT], row_first[RPT];
+  // What each row sees (detail::prefill_row); the CTA's unused rows (past the tile's tokens or the
+  // group's heads) see no position and are never written.
+  detail::prefill_row<Trees> row[RPT];
 #pragma unroll
   for (int rr = 0; rr < RPT; ++rr) {
     const int r = tr * RPT + rr;
     const int i = r / heads_per_cta, g = r % heads_per_cta;
-    row_pos[rr] = (i < tile.num_tokens && g < num_heads_here) ? tile.first_position + i : -1;
-    row_first[rr] = a.window > 0 ? row_pos[rr] - a.window + 1 : 0;
+    row[rr] = detail::prefill_row_of<Trees>(a, tile, i, i < tile.num_tokens && g < num_heads_here);
   }
 
   // The positions this CTA reads (causal, from the window's start, its split's partition).
-  const detail::prefill_walk w = detail::prefill_walk_of(a, tile, kvh);
+  const detail::prefill_walk w = detail::prefill_walk_of<Trees>(a, tile, kvh);
   const int32_t split = static_cast<int32_t>(blockIdx.z), start = w.start, end = w.end, bs = w.block_size;
   const int32_t* table = w.table;
   const int64_t block_elems = w.block_elems, k_off = w.k_off, v_off = w.v_off;
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
       for (int kk = 0; kk < KPT; ++kk) {
         const int32_t j = k0 + tc + KL * kk;
         if (capped) s[rr][kk] = a.softcap * tanhf(s[rr][kk] * inv_cap);  // the CPU executor's 1/cap multiply
-        if (j > row_pos[rr] || j < row_first[rr] || j >= end) s[rr][kk] = -INFINITY;
+        if (!detail::sees(a, row[rr], j) || j >= end) s[rr][kk] = -INFINITY;
         mx = fmaxf(mx, s[rr][kk]);
       }
       mx = lanes_max<KL>(mx);
@@ -253,7 +257,7 @@ __global__ void __launch_bounds__(tile_shape<D>::threads)
 
 #pragma unroll
   for (int rr = 0; rr < RPT; ++rr) {
-    if (row_pos[rr] < 0) continue;
+    if (row[rr].slot < 0) continue;
     const int r = tr * RPT + rr;
     const int i = r / heads_per_cta, g = r % heads_per_cta;
     if (a.num_splits > 1) {
@@ -303,16 +307,27 @@ __global__ void prefill_combine_kernel(prefill_attention_args<T, C> a) {
   }
 }
 
-// The tensor-core kernel (gpu/prefill_attention_mma.cuh) takes bf16 activations with 64-row CTAs:
-// head_dim 32/64/128. fp32 executors and head_dim 256 (24-row CTAs) stay on the SIMT kernel.
-template <int D, class T>
-constexpr bool uses_tensor_cores = (std::is_same_v<T, bf16>)&&D <= 128 && tile_shape<D>::rows == 64;
+// The kernel prefill_kernel_of(a) names, in its variant with or without token trees.
+template <int D, bool Trees, class T, class C>
+void launch_kernel(const prefill_attention_args<T, C>& a, dim3 grid, int32_t heads_per_cta, int32_t group_chunks,
+                   cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (prefill_kernel_of(a) == prefill_kernel::tensor_cores) {
+      TESSERA_LAUNCH_PDL(grid, detail::mma_tile_shape<D>::threads, 0, stream,
+                         detail::prefill_attention_mma_kernel<D, C, Trees>)
+      (a, heads_per_cta, group_chunks);
+      return;
+    }
+  }
+  TESSERA_LAUNCH_PDL(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C, Trees>)
+  (a, heads_per_cta, group_chunks);
+}
 
 template <int D, class T, class C>
 void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
-  const int32_t heads_per_cta = std::min(group, tile_shape<D>::rows);
+  const int32_t heads_per_cta = std::min(group, tile_rows(prefill_kernel_of(a), D));
   const int32_t group_chunks = (group + heads_per_cta - 1) / heads_per_cta;
   // gridDim.y is at most 65535: more tiles take several launches.
   constexpr int32_t max_tiles = 65535;
@@ -322,18 +337,10 @@ void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) 
     part.num_tiles = std::min(max_tiles, a.num_tiles - first);
     const dim3 grid(static_cast<unsigned>(nkv * group_chunks), static_cast<unsigned>(part.num_tiles),
                     static_cast<unsigned>(a.num_splits));
-    if constexpr (uses_tensor_cores<D, T>) {
-      if (a.tensor_cores) {
-        TESSERA_LAUNCH_PDL(grid, detail::mma_tile_shape<D>::threads, 0, stream,
-                           detail::prefill_attention_mma_kernel<D, C>)
-        (part, heads_per_cta, group_chunks);
-      } else {
-        TESSERA_LAUNCH_PDL(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
-        (part, heads_per_cta, group_chunks);
-      }
+    if (a.tree.root != nullptr) {
+      launch_kernel<D, true>(part, grid, heads_per_cta, group_chunks, stream);
     } else {
-      TESSERA_LAUNCH_PDL(grid, tile_shape<D>::threads, 0, stream, prefill_attention_kernel<D, T, C>)
-      (part, heads_per_cta, group_chunks);
+      launch_kernel<D, false>(part, grid, heads_per_cta, group_chunks, stream);
     }
     CUDA_CHECK(cudaGetLastError());
     // Without counters a second kernel merges, before the next part: the workspace is indexed by tile
@@ -351,13 +358,16 @@ void launch(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.layout.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
     throw std::invalid_argument("prefill_attention: num_heads must be a positive multiple of num_kv_heads");
   }
-  if (tile_rows(a.layout.head_dim) == 0) {
+  const prefill_kernel kernel = prefill_kernel_of(a);
+  if (tile_rows(kernel, a.layout.head_dim) == 0) {
     throw std::invalid_argument("prefill_attention: head_dim " + std::to_string(a.layout.head_dim) +
                                 " is not compiled (32, 64, 128, 256)");
   }
-  // The kernel gives each tile token heads_per_cta rows: tiles cut for another shape would overflow.
-  if (a.tile_tokens != prefill_tile_tokens(a.layout.head_dim, a.num_heads, a.layout.num_kv_heads)) {
-    throw std::invalid_argument("prefill_attention: tiles were not cut with prefill_tile_tokens for this shape");
+  // The kernel gives each tile token heads_per_cta rows: tiles cut for another shape or kernel would
+  // overflow.
+  if (a.tile_tokens != prefill_tile_tokens(kernel, a.layout.head_dim, a.num_heads, a.layout.num_kv_heads)) {
+    throw std::invalid_argument(
+        "prefill_attention: tiles were not cut with prefill_tile_tokens for this shape and kernel");
   }
   if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
     throw std::invalid_argument("prefill_attention: bad split (num_splits, partition_size, workspace)");
@@ -375,21 +385,21 @@ void launch(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
 
 }  // namespace
 
-int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_heads) {
-  const int32_t rows = tile_rows(head_dim);
+int32_t prefill_tile_tokens(prefill_kernel kernel, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads) {
+  const int32_t rows = tile_rows(kernel, head_dim);
   if (rows == 0 || num_kv_heads < 1 || num_heads < 1 || num_heads % num_kv_heads != 0) return 0;
   return rows / std::min(num_heads / num_kv_heads, rows);
 }
 
-split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                              int32_t max_context, int32_t num_sms) {
+split_plan plan_prefill_split(prefill_kernel kernel, int32_t num_tiles, int32_t head_dim, int32_t num_heads,
+                              int32_t num_kv_heads, int32_t max_context, int32_t num_sms) {
   split_plan p;
-  if (prefill_tile_tokens(head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
+  if (prefill_tile_tokens(kernel, head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
   // As plan_attention_split: partitions of >= 512 positions, and only when the unsplit grid (at about
   // 2 resident CTAs per SM) would leave multiprocessors idle; then about 2 CTAs per SM in all.
   constexpr int32_t min_partition = 512;
   const int32_t group = num_heads / num_kv_heads;
-  const int32_t heads_per_cta = std::min(group, tile_rows(head_dim));
+  const int32_t heads_per_cta = std::min(group, tile_rows(kernel, head_dim));
   const int64_t ctas = static_cast<int64_t>(num_tiles) * num_kv_heads * ((group + heads_per_cta - 1) / heads_per_cta);
   if (max_context <= 2 * min_partition || ctas >= 2 * static_cast<int64_t>(num_sms)) return p;
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + ctas - 1) / ctas;

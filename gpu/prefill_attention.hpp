@@ -17,14 +17,19 @@
 // context is long (a short chunk after a long cached prefix), plan_prefill_split cuts the positions
 // over several CTAs per tile and a second kernel merges their partial softmax states (split-KV).
 // Decode tokens (fewer than 4 new tokens per sequence) keep using paged_attention (gpu/attention.hpp).
+// A token tree's rows (speculative decoding's drafts) may be a chunk too: each row then sees the
+// context before the tree and, of the tree's slots, its ancestors only (prefill_attention_args::tree,
+// the decode kernel's tree_attention_view), so a tree's K/V tile serves all its rows.
 //
-// Two kernels: a bf16 executor with head_dim 32/64/128 gets the tensor-core one (FlashAttention-2
-// structure on mma.sync, gpu/prefill_attention_mma.cuh); fp32 and head_dim 256 the SIMT fp32 one.
+// Two kernels (prefill_kernel): a bf16 executor gets the tensor-core one (FlashAttention-2 structure on
+// mma.sync, gpu/prefill_attention_mma.cuh), fp32 the SIMT fp32 one. Their CTAs hold the same rows but
+// for head_dim 256 (64 against the SIMT kernel's 24), so tiles are cut for the kernel that runs them.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "gpu/kernels.hpp"
@@ -53,15 +58,28 @@ struct prefill_attention_args : paged_attention_common<T, C> {
   // after it; the last CTA of each (tile, head group) merges the partials (gpu/attention.hpp's
   // split_counters). Null: a second kernel merges.
   int32_t* split_counters = nullptr;
-  // bf16 with head_dim 32/64/128: the tensor-core kernel (FlashAttention-2 on mma.sync, bf16 Q and P,
-  // fp32 accumulation) when true, the SIMT fp32 kernel when false (tests and gpu_attention_bench run
-  // both). Other shapes and fp32 always take the SIMT kernel.
+  // Token trees (gpu/kernels.hpp), indexed by batch row; all null: none. A tree is one chunk whose
+  // first_position is its root's slot, so a row's slot is its tile's first_position plus its index, as
+  // any chunk's: the causal walk reaches every ancestor, and the mask keeps only those.
+  tree_attention_view tree;
+  // bf16: the tensor-core kernel (FlashAttention-2 on mma.sync, bf16 Q and P, fp32 accumulation) when
+  // true, the SIMT fp32 kernel when false (tests and gpu_attention_bench run both). fp32 always takes
+  // the SIMT kernel.
   bool tensor_cores = true;
 };
 
-// Query tokens per tile for this shape: the CTA's rows (64 for head_dim 32/64/128, 24 for 256) divided
-// by the query heads it serves (the GQA group, at most the row count). 0 for an unsupported head_dim.
-int32_t prefill_tile_tokens(int32_t head_dim, int32_t num_heads, int32_t num_kv_heads);
+enum class prefill_kernel : uint8_t { simt, tensor_cores };
+
+// The kernel a launch with these arguments runs (its tiles must be cut for it).
+template <class T, class C>
+prefill_kernel prefill_kernel_of(const prefill_attention_args<T, C>& a) {
+  return std::is_same_v<T, bf16> && a.tensor_cores ? prefill_kernel::tensor_cores : prefill_kernel::simt;
+}
+
+// Query tokens per tile for this shape and kernel: the CTA's rows (64; the SIMT kernel's head_dim 256:
+// 24) divided by the query heads it serves (the GQA group, at most the row count). 0 for an
+// unsupported head_dim.
+int32_t prefill_tile_tokens(prefill_kernel kernel, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads);
 
 // Cuts each chunk into tiles of at most `tile_tokens` tokens, ordered by decreasing number of
 // positions to read (the causal work of a tile grows with its last position), so the longest CTAs are
@@ -73,15 +91,15 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
 // GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
 // the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
 // prefix: few tiles, long walks, so split).
-split_plan plan_prefill_split(int32_t num_tiles, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads,
-                              int32_t max_context, int32_t num_sms);
+split_plan plan_prefill_split(prefill_kernel kernel, int32_t num_tiles, int32_t head_dim, int32_t num_heads,
+                              int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
 
 // Floats of workspace a split launch needs.
 int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,
                                  int32_t num_splits);
 
 // Throws std::invalid_argument for an unsupported head_dim, a head count that is not a multiple of the
-// KV heads, tiles not cut with prefill_tile_tokens for this shape, or a bad split. Nothing to do for
+// KV heads, tiles not cut with prefill_tile_tokens for this shape and kernel, or a bad split. Nothing to do for
 // num_tiles 0.
 void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream);
 void prefill_attention(const prefill_attention_args<bf16>& a, cudaStream_t stream);

@@ -2,8 +2,8 @@
 // each warp owns 16 query rows for the whole walk, S = Q K^T and O += P V on mma.sync with bf16
 // operands and fp32 accumulators, P kept in registers between the two products, online softmax per
 // row). Same contract, CTA rows, tiles, splits and workspace layout as the SIMT kernel of
-// gpu/prefill_attention.cu, which includes this file and dispatches to it for a bf16 executor with
-// head_dim 32/64/128 (prefill_attention_args::tensor_cores).
+// gpu/prefill_attention.cu, which includes this file and dispatches to it for a bf16 executor
+// (prefill_attention_args::tensor_cores), every head_dim compiled (32, 64, 128, 256).
 //
 // Per CTA: 4 warps x 16 rows = the 64 rows of tile_rows(). Q is read once from global memory into
 // A fragments (scaled by scale * k_scale, rounded to bf16); K and V tiles of `keys` positions go
@@ -26,10 +26,18 @@ namespace tessera::gpu::detail {
 
 // keys: positions per K/V tile; pitch: bf16 elements per shared-memory row (head_dim + 8: 16 bytes of
 // padding put the 8 rows an ldmatrix reads in 8 different 16-byte bank groups). Two stages of K and V
-// stay within the 48 KiB of static shared memory: 34 KiB for head_dim 128, 36 KiB for 64.
+// stay within the 48 KiB of static shared memory: 34 KiB for head_dim 128, 36 KiB for 64, 33 KiB for
+// 256 (16 keys a tile). Registers bound head_dim 256 rather than shared memory: a lane holds Q's A
+// fragments (64 registers) and O's accumulators (128) for the whole walk, so 16 keys keep S's
+// fragments to 8; ptxas (sm_90) gives 255 registers without spills, 2 CTAs per SM (FlashAttention-2's
+// head_dim 256 kernels also run at the register limit).
 template <int D>
 struct mma_tile_shape {
-  static constexpr int rows = 64, warps = 4, threads = 32 * warps, keys = D <= 64 ? 64 : 32, pitch = D + 8;
+  static constexpr int rows = 64, warps = 4, threads = 32 * warps,
+                       keys = D <= 64    ? 64
+                              : D <= 128 ? 32
+                                         : 16,
+                       pitch = D + 8;
   static_assert(D % 16 == 0 && keys % 16 == 0, "k-steps of 16 dims and of 16 keys");
 };
 
@@ -97,12 +105,21 @@ struct prefill_walk {
   int64_t k_off = 0, v_off = 0;  // this layer's and KV head's K and V within a block
 };
 
-template <class T, class C>
+template <bool Trees, class T, class C>
 __device__ __forceinline__ prefill_walk prefill_walk_of(const prefill_attention_args<T, C>& a, const prefill_tile& tile,
                                                         int32_t kvh) {
   prefill_walk w;
   const int32_t kv_end = tile.first_position + tile.num_tokens;
-  const int32_t kv_begin = a.window > 0 ? max(0, tile.first_position - a.window + 1) : 0;
+  // The window of the tile's lowest position: its first row's, or, in a token tree, possibly a later
+  // row's (a row's position is its depth, at or below its slot).
+  int32_t lowest = tile.first_position;
+  if (Trees && a.window > 0) {
+    for (int32_t i = 0; i < tile.num_tokens; ++i) {
+      const int32_t row = tile.token_begin + i;
+      if (a.tree.root[row] >= 0) lowest = min(lowest, a.tree.positions[row]);
+    }
+  }
+  const int32_t kv_begin = a.window > 0 ? max(0, lowest - a.window + 1) : 0;
   w.start = kv_begin + (a.num_splits == 1 ? 0 : static_cast<int32_t>(blockIdx.z) * a.partition_size);
   w.end = a.num_splits == 1 ? kv_end : min(kv_end, w.start + a.partition_size);
   w.table = a.block_tables + static_cast<int64_t>(tile.table_row) * a.max_blocks_per_seq;
@@ -112,6 +129,57 @@ __device__ __forceinline__ prefill_walk prefill_walk_of(const prefill_attention_
   w.k_off = ((static_cast<int64_t>(a.layer) * 2 + 0) * nkv + kvh) * w.block_size * D;
   w.v_off = ((static_cast<int64_t>(a.layer) * 2 + 1) * nkv + kvh) * w.block_size * D;
   return w;
+}
+
+// One query row of a prefill CTA and the keys it sees. Its slot (tile.first_position plus its token
+// index) bounds it causally; outside a token tree that is its position too, and with a window it sees
+// keys from `first` (its window's start) on. Unused rows (past the tile's tokens or the CTA's heads)
+// have slot -1 and see nothing. A launch with token trees (prefill_attention_args::tree; the kernels'
+// Trees variant, so that other launches keep their registers) also knows, for a tree's row, its
+// tree's root row and root slot (tree_base) and its ancestor bits: such a row sits at its depth's
+// position, at or below its slot, and of the slots from tree_base on sees its ancestors' only, those
+// whose position (tree.positions) is at or after `first`.
+template <bool Trees>
+struct prefill_row {
+  int32_t slot = -1, first = 0;
+};
+template <>
+struct prefill_row<true> {
+  int32_t slot = -1, first = 0;
+  int32_t root = -1, tree_base = 0x7fffffff, mask_offset = 0;
+};
+
+template <bool Trees, class T, class C>
+__device__ __forceinline__ prefill_row<Trees> prefill_row_of(const prefill_attention_args<T, C>& a,
+                                                             const prefill_tile& tile, int32_t token, bool used) {
+  prefill_row<Trees> r;
+  if (!used) return r;
+  r.slot = tile.first_position + token;
+  int32_t pos = r.slot;
+  if constexpr (Trees) {
+    const int32_t row = tile.token_begin + token;
+    r.root = a.tree.root[row];
+    if (r.root >= 0) {
+      pos = a.tree.positions[row];
+      r.tree_base = a.tree.positions[r.root];  // the root's position is its slot
+      r.mask_offset = a.tree.mask_offset[row];
+    }
+  }
+  r.first = a.window > 0 ? pos - a.window + 1 : 0;
+  return r;
+}
+
+template <bool Trees, class T, class C>
+__device__ __forceinline__ bool sees(const prefill_attention_args<T, C>& a, const prefill_row<Trees>& r, int32_t j) {
+  if (j > r.slot) return false;
+  if constexpr (Trees) {
+    const int32_t t = j - r.tree_base;  // >= 0: the slot of tree row t
+    if (t >= 0) {
+      if (!((a.tree.mask[r.mask_offset + (t >> 5)] >> (t & 31)) & 1u)) return false;
+      return a.tree.positions[r.root + t] >= r.first;
+    }
+  }
+  return j >= r.first;
 }
 
 // Copies `keys` rows of K (or V) from positions k0.. through the block table into one stage's tile,
@@ -148,7 +216,7 @@ __device__ __forceinline__ void load_kv_tile_bf16(uint16_t (*dst)[mma_tile_shape
 // Row r of the CTA is token r / heads_per_cta of the tile and query head head0 + r % heads_per_cta,
 // as in the SIMT kernel. Lane (g, t) = (lane / 4, lane % 4) of warp w holds rows 16 w + g and
 // 16 w + g + 8 of every S and O fragment; a row's max and sum are shuffles over its 4 lanes.
-template <int D, class C>
+template <int D, class C, bool Trees>
 __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
     prefill_attention_mma_kernel(prefill_attention_args<__nv_bfloat16, C> a, int32_t heads_per_cta,
                                  int32_t group_chunks) {
@@ -165,16 +233,16 @@ __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane >> 2, t = lane & 3;
 
-  // This lane's two rows: token, head, position (-1: unused, never written), first visible position.
-  int32_t row_token[2], row_head[2], row_pos[2], row_first[2];
+  // This lane's two rows: token, head, and what each sees (slot -1: unused, never written).
+  int32_t row_token[2], row_head[2];
+  prefill_row<Trees> row[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * warp + g + 8 * h;
     row_token[h] = r / heads_per_cta;
     row_head[h] = head0 + r % heads_per_cta;
-    const bool used = row_token[h] < tile.num_tokens && r % heads_per_cta < num_heads_here;
-    row_pos[h] = used ? tile.first_position + row_token[h] : -1;
-    row_first[h] = a.window > 0 ? row_pos[h] - a.window + 1 : 0;
+    row[h] = prefill_row_of<Trees>(a, tile, row_token[h],
+                                   row_token[h] < tile.num_tokens && r % heads_per_cta < num_heads_here);
   }
 
   // Q's A fragments, k-step s = dims [16 s, 16 s + 16): a[0], a[2] from row 0 (columns 2t, 2t + 8),
@@ -183,9 +251,9 @@ __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
   const float q_scale = a.scale * a.k_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float* q = row_pos[h] < 0 ? nullptr
-                                    : a.q + static_cast<int64_t>(tile.token_begin + row_token[h]) * a.q_stride +
-                                          static_cast<int64_t>(row_head[h]) * D;
+    const float* q = row[h].slot < 0 ? nullptr
+                                     : a.q + static_cast<int64_t>(tile.token_begin + row_token[h]) * a.q_stride +
+                                           static_cast<int64_t>(row_head[h]) * D;
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
 #pragma unroll
@@ -197,7 +265,7 @@ __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
     }
   }
 
-  const prefill_walk w = prefill_walk_of(a, tile, kvh);
+  const prefill_walk w = prefill_walk_of<Trees>(a, tile, kvh);
   const int32_t split = static_cast<int32_t>(blockIdx.z), start = w.start, end = w.end;
   const bool capped = a.softcap > 0.0f;
   const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
@@ -254,7 +322,7 @@ __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
           const int32_t j = k0 + 8 * n + 2 * t + (e & 1);
           float s = sc[n][e];
           if (capped) s = a.softcap * tanhf(s * inv_cap);
-          if (j > row_pos[h] || j < row_first[h] || j >= end) s = -INFINITY;
+          if (!sees(a, row[h], j) || j >= end) s = -INFINITY;
           sc[n][e] = s;
           mx = fmaxf(mx, s);
         }
@@ -312,7 +380,7 @@ __global__ void __launch_bounds__(mma_tile_shape<D>::threads)
   // Rows of this lane: write the normalised output (times v_scale), or the split's partial state.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (row_pos[h] < 0) continue;
+    if (row[h].slot < 0) continue;
     if (a.num_splits > 1) {
       const int64_t part =
           prefill_part_index(blockIdx.y, a.tile_tokens, row_token[h], a.num_heads, row_head[h], a.num_splits) + split;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -487,21 +488,17 @@ __global__ void __launch_bounds__(kTileWarps * 32)
       ptx::cp_async_cg_zfill(&a_s[r][8 * piece], src, real ? 16 : 0);
     }
     ptx::cp_async_commit_group();
-    // Weights: each chunk's runs of 4 values as 4 bf16 (8 bytes); columns past n as zeros.
+    // Weights: each chunk's runs of 4 values as 4 bf16 (8 bytes). The rows of columns past n keep
+    // what they held: each output column reads only its own row, and those columns are never stored.
     for (int i = tid; i < kTileN * chunks::kCount; i += kTileWarps * 32) {
       const int c = i / chunks::kCount;
+      if (n0 + c >= n) break;  // i grows with c: this thread's later chunks are past n too
       int64_t block;
       int chunk;
       chunks::locate(kt, i % chunks::kCount, block, chunk);
       float wv[L::kRuns][4];
       int off[L::kRuns];
-      if (n0 + c < n) {
-        L::chunk(w + (n0 + c) * row_bytes + block * L::kBlockBytes, chunk, wv, off);
-      } else {
-        L::chunk(w, chunk, wv, off);  // the offsets only: the values are replaced by zeros
-#pragma unroll
-        for (int run = 0; run < L::kRuns; ++run) wv[run][0] = wv[run][1] = wv[run][2] = wv[run][3] = 0.0f;
-      }
+      L::chunk(w + (n0 + c) * row_bytes + block * L::kBlockBytes, chunk, wv, off);
       const int base = static_cast<int>(block * L::kBlockElems - kt * kTileK);
 #pragma unroll
       for (int run = 0; run < L::kRuns; ++run) {
@@ -560,6 +557,13 @@ void with_blocks(ggml_type type, F&& f) {
   }
 }
 
+template <class L>
+void check_k(int64_t k) {
+  if (k < 1 || k % L::kBlockElems != 0) {
+    throw std::invalid_argument("quantized GEMM: k must be a positive multiple of " + std::to_string(L::kBlockElems));
+  }
+}
+
 // align: the path's alignment of the matrix and its rows (the int8 path reads 2-byte words at least).
 template <class L>
 void check_shape(const void* w, int64_t row_bytes, int64_t n, int64_t k, int align = L::kAlign) {
@@ -567,18 +571,24 @@ void check_shape(const void* w, int64_t row_bytes, int64_t n, int64_t k, int ali
     throw std::invalid_argument("quantized GEMM: the matrix and its rows must be " + std::to_string(align) +
                                 "-byte aligned");
   }
-  if (n < 1 || k < 1 || k % L::kBlockElems != 0) {
-    throw std::invalid_argument("quantized GEMM: k must be a positive multiple of " + std::to_string(L::kBlockElems));
-  }
+  if (n < 1) throw std::invalid_argument("quantized GEMM: n must be positive");
+  check_k<L>(k);
   if (row_bytes < k / L::kBlockElems * L::kBlockBytes) throw std::invalid_argument("quantized GEMM: row_bytes short");
 }
 
-// f(std::integral_constant<int, rows>{}) for rows in [1, kMaxQuantizedGemvRows], after the checks both
-// small-batch paths share.
+// The output's checks every GEMM entry point shares: rows in [1, most], rows of at least n floats.
+void check_output(int32_t rows, int32_t most, int64_t n, int64_t ldc) {
+  if (rows < 1 || rows > most) {
+    throw std::invalid_argument("quantized GEMM: rows must be 1.." + std::to_string(most));
+  }
+  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
+}
+
+// f(std::integral_constant<int, rows>{}) for rows in [1, kMaxQuantizedGemvRows], after the output's
+// checks.
 template <class F>
 void with_rows(int32_t rows, int64_t n, int64_t ldc, F&& f) {
-  if (rows < 1 || rows > kMaxQuantizedGemvRows) throw std::invalid_argument("quantized GEMM: rows must be 1..8");
-  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
+  check_output(rows, kMaxQuantizedGemvRows, n, ldc);
   switch (rows) {
     case 1: return f(std::integral_constant<int, 1>{});
     case 2: return f(std::integral_constant<int, 2>{});
@@ -623,8 +633,7 @@ bool quantized_tiled_gemm_supports(ggml_type type, int64_t k) noexcept {
 
 void quantized_tiled_gemm(ggml_type type, const void* w, int64_t row_bytes, int64_t n, int64_t k, const bf16* in,
                           int32_t rows, float* out, int64_t ldc, bool accumulate, cudaStream_t stream) {
-  if (rows < 1) throw std::invalid_argument("quantized GEMM: rows must be positive");
-  if (ldc < n) throw std::invalid_argument("quantized GEMM: ldc < n");
+  check_output(rows, std::numeric_limits<int32_t>::max(), n, ldc);
   if (k % kTileK != 0) throw std::invalid_argument("quantized tiled GEMM: k must be a multiple of 128");
   if (reinterpret_cast<uintptr_t>(in) % 16 != 0)
     throw std::invalid_argument("quantized GEMM: input not 16-byte aligned");
@@ -654,8 +663,7 @@ int64_t int8_activation_bytes(ggml_type type, int32_t rows, int64_t k) {
   int64_t bytes = 0;
   with_blocks(type, [&](auto blocks) {
     using L = decltype(blocks);
-    if (k < 1 || k % L::kBlockElems != 0)
-      throw std::invalid_argument("quantized GEMM: k must be a positive multiple of " + std::to_string(L::kBlockElems));
+    check_k<L>(k);
     bytes = static_cast<int64_t>(sizeof(typename L::act)) * rows * (k / L::kBlockElems);
   });
   return bytes;
@@ -666,9 +674,9 @@ void quantize_activations_int8(ggml_type type, const bf16* in, int32_t rows, int
   if (rows < 1) throw std::invalid_argument("quantized GEMM: rows must be positive");
   if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(act) % kActAlign != 0)
     throw std::invalid_argument("quantized GEMM: input not 16-byte or activations not 32-byte aligned");
-  int8_activation_bytes(type, rows, k);  // checks type and k
   with_blocks(type, [&](auto blocks) {
     using L = decltype(blocks);
+    check_k<L>(k);
     const int64_t n_blocks = rows * (k / L::kBlockElems);
     if constexpr (std::is_same_v<typename L::act, act_block_k>) {
       TESSERA_LAUNCH_PDL(warps_grid(n_blocks), kWarps * 32, 0, stream, quantize_q8k_kernel)

@@ -15,7 +15,8 @@
 #      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV),
 #      and 128/128 again without overlapped steps (--no-async-scheduling)
 #   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernels'
-#      TFLOP/s (tensor-core and SIMT) on a 4k-token prompt against the per-token kernel (gpu_attention_bench)
+#      TFLOP/s (tensor-core and SIMT) on a 4k-token prompt against the per-token kernel, for head_dim
+#      128 and 256 (gpu_attention_bench)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
 #      (gpu_gemv_bench, a markdown table), and `bench latency` with cuBLAS only (TESSERA_GEMV=0; the
 #      default uses the kernel for 1-row steps)
@@ -147,7 +148,7 @@ fi
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
 if [ -x "$bin/gpu_attention_bench" ]; then
-  run "attention bandwidth" 40 "$bin/gpu_attention_bench"
+  run "attention bandwidth" 50 "$bin/gpu_attention_bench"
   grep '^{' "$log" | grep -E '"bench": "(paged|prefill)_attention"' >"$out/attention.jsonl" || true
 fi
 

@@ -1,8 +1,10 @@
 // Attention kernels on Llama-3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, bf16
-// cache of 32 layers, 16-token blocks in shuffled order). One JSON line per case.
+// cache of 32 layers, 16-token blocks in shuffled order), prefill on Gemma-2-9B's too (head_dim 256).
+// One JSON line per case.
 //   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
 //            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes), the v2
-//            kernel (warp tiles, the default) and v1 (v1_*);
+//            kernel (warp tiles, the default) and v1 (v1_*), and the tensor-core prefill kernel on
+//            1-token tiles (tc_*);
 //   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*) against
 //            paged_attention on the same causal prompt chunk,
 //            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
@@ -10,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -100,22 +103,67 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   const double secs = time_calls([&] { paged_attention(a, nullptr); });
   a.warp_tiles = false;
   const double v1_secs = time_calls([&] { paged_attention(a, nullptr); });
+
+  // The same decode work on the tensor-core prefill kernel, one 1-token tile per sequence (its CTA's
+  // 64 rows hold the token's 4 query heads): FlashInfer's choice for GQA decode, for the device to
+  // weigh against the decode kernels (tc_*).
+  std::vector<prefill_tile> one_token_tiles;
+  for (int32_t s = 0; s < batch; ++s) one_token_tiles.push_back({s, 1, context - 1, s});
+  prefill_attention_args<bf16, C> p;
+  static_cast<paged_attention_common<bf16, C>&>(p) = a;
+  p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), 128, num_heads, 8);
+  prefill_tile* tiles_dev = nullptr;
+  CUDA_CHECK(cudaMalloc(&tiles_dev, one_token_tiles.size() * sizeof(prefill_tile)));
+  CUDA_CHECK(cudaMemcpy(tiles_dev, one_token_tiles.data(), one_token_tiles.size() * sizeof(prefill_tile),
+                        cudaMemcpyHostToDevice));
+  p.tiles = tiles_dev;
+  p.num_tiles = batch;
+  const split_plan tc_plan = plan_prefill_split(prefill_kernel_of(p), batch, 128, num_heads, 8, context, num_sms);
+  p.num_splits = tc_plan.num_splits;
+  p.partition_size = tc_plan.partition_size;
+  float* tc_ws = nullptr;
+  int32_t* tc_counters = nullptr;
+  if (tc_plan.num_splits > 1) {
+    CUDA_CHECK(cudaMalloc(
+        &tc_ws,
+        size_t(prefill_workspace_floats(batch, p.tile_tokens, num_heads, 128, tc_plan.num_splits)) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&tc_counters, size_t(batch) * num_heads * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(tc_counters, 0, size_t(batch) * num_heads * sizeof(int32_t)));
+  }
+  p.workspace = tc_ws;
+  p.split_counters = tc_counters;
+  const double tc_secs = time_calls([&] { prefill_attention(p, nullptr); });
+
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
   std::printf(
       "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, "
-      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f}\n",
+      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f, "
+      "\"tc_splits\": %d, \"tc_us\": %.1f, \"tc_pct_of_4800GBps\": %.1f}\n",
       sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9,
-      bytes / secs / 4.8e12 * 100, v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100);
-  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(counters);
+      bytes / secs / 4.8e12 * 100, v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100, tc_plan.num_splits, tc_secs * 1e6,
+      bytes / tc_secs / 4.8e12 * 100);
+  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(counters), cudaFree(tc_ws), cudaFree(tc_counters);
+  cudaFree(tiles_dev);
   cudaFree(const_cast<int32_t*>(a.context_lens)), cudaFree(const_cast<int32_t*>(a.token_seq));
   cudaFree(const_cast<int32_t*>(a.block_tables));
 }
 
+// An attention shape: Llama-3-8B's (32 query heads over 8 KV heads, head_dim 128, 32 layers) or
+// Gemma-2-9B's (16 over 8, head_dim 256, 42 layers; its soft-cap and windows left out).
+struct attention_shape {
+  const char* name;
+  int32_t num_layers, num_heads, num_kv_heads, head_dim;
+};
+constexpr attention_shape llama3_8b{"llama3-8b", 32, 32, 8, 128};
+constexpr attention_shape gemma2_9b{"gemma2-9b", 42, 16, 8, 256};
+
 // One sequence: `cached` positions already in the cache (a prefix hit; 0 for a fresh prompt), then a
-// chunk of `chunk` new tokens attending causally. Both kernels compute the same output.
-void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
-  const kv_layout layout{32, 8, 16, 128};
-  const int32_t num_heads = 32, head_dim = 128, context = cached + chunk, num_blocks = (context + 15) / 16;
+// chunk of `chunk` new tokens attending causally. Both kernels compute the same output, each over the
+// tiles cut for it (head_dim 256: 64 rows a CTA on tensor cores, 24 in SIMT).
+void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, int num_sms) {
+  const kv_layout layout{shape.num_layers, shape.num_kv_heads, 16, shape.head_dim};
+  const int32_t num_heads = shape.num_heads, num_kv_heads = shape.num_kv_heads, head_dim = shape.head_dim;
+  const int32_t context = cached + chunk, num_blocks = (context + 15) / 16;
   const size_t cache_elems = static_cast<size_t>(num_blocks * layout.block_elems());
   bf16* kv = nullptr;
   CUDA_CHECK(cudaMalloc(&kv, cache_elems * sizeof(bf16)));
@@ -125,8 +173,6 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
   std::shuffle(table.begin(), table.end(), std::mt19937(1));
   std::vector<int32_t> ctx(static_cast<size_t>(chunk)), seq(static_cast<size_t>(chunk), 0);
   std::iota(ctx.begin(), ctx.end(), cached + 1);
-  const int32_t tile_tokens = prefill_tile_tokens(head_dim, num_heads, 8);
-  const std::vector<prefill_tile> tiles = plan_prefill_tiles({{0, chunk, cached, 0}}, tile_tokens);
   std::vector<void*> owned;
   auto upload = [&](const void* data, size_t bytes) {
     void* d = nullptr;
@@ -135,85 +181,83 @@ void bench_prefill(int32_t cached, int32_t chunk, int num_sms) {
     owned.push_back(d);
     return d;
   };
+  auto zeros = [&](size_t bytes) {
+    void* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, bytes));
+    CUDA_CHECK(cudaMemset(d, 0, bytes));
+    owned.push_back(d);
+    return d;
+  };
   const size_t q_elems = size_t(chunk) * num_heads * head_dim;
-  float* q = nullptr;
-  bf16* out = nullptr;
-  CUDA_CHECK(cudaMalloc(&q, q_elems * sizeof(float)));
-  CUDA_CHECK(cudaMemset(q, 0, q_elems * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&out, q_elems * sizeof(bf16)));
+  auto* q = static_cast<float*>(zeros(q_elems * sizeof(float)));
+  auto* out = static_cast<bf16*>(zeros(q_elems * sizeof(bf16)));
   const auto* tables_dev = static_cast<const int32_t*>(upload(table.data(), table.size() * sizeof(int32_t)));
+  paged_attention_common<bf16> common;  // what every kernel here reads and writes
+  common.out = out;
+  common.out_stride = num_heads * head_dim;
+  common.q = q;
+  common.q_stride = num_heads * head_dim;
+  common.kv_cache = kv;
+  common.layout = layout;
+  common.num_heads = num_heads;
+  common.block_tables = tables_dev;
+  common.max_blocks_per_seq = num_blocks;
+  common.scale = 1.0f / std::sqrt(float(head_dim));
 
-  prefill_attention_args<bf16> p;
-  p.out = out;
-  p.out_stride = num_heads * head_dim;
-  p.q = q;
-  p.q_stride = num_heads * head_dim;
-  p.kv_cache = kv;
-  p.layout = layout;
-  p.num_heads = num_heads;
-  p.tiles = static_cast<const prefill_tile*>(upload(tiles.data(), tiles.size() * sizeof(prefill_tile)));
-  p.num_tiles = static_cast<int32_t>(tiles.size());
-  p.tile_tokens = tile_tokens;
-  p.block_tables = tables_dev;
-  p.max_blocks_per_seq = num_blocks;
-  p.scale = 0.088f;
-  const split_plan tiled_plan = plan_prefill_split(p.num_tiles, head_dim, num_heads, 8, context, num_sms);
-  p.num_splits = tiled_plan.num_splits;
-  p.partition_size = tiled_plan.partition_size;
-  float* tiled_ws = nullptr;
-  if (tiled_plan.num_splits > 1) {
-    CUDA_CHECK(cudaMalloc(&tiled_ws, size_t(prefill_workspace_floats(p.num_tiles, tile_tokens, num_heads, head_dim,
-                                                                     tiled_plan.num_splits)) *
-                                         sizeof(float)));
-    p.workspace = tiled_ws;
-    // The executor's fused merge: counters zeroed once, left zero by the kernel.
-    int32_t* counters = nullptr;
-    CUDA_CHECK(cudaMalloc(&counters, size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
-    CUDA_CHECK(cudaMemset(counters, 0, size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
-    owned.push_back(counters);
-    p.split_counters = counters;
-  }
-  // The tensor-core kernel (the executor's for bf16) and the SIMT one on the same work.
-  const double tiled = time_calls([&] { prefill_attention(p, nullptr); });
-  p.tensor_cores = false;
-  const double simt = time_calls([&] { prefill_attention(p, nullptr); });
+  // The tensor-core kernel (the executor's for bf16) and the SIMT one on the same work, each with the
+  // executor's tiles and split plan (a split's counters zeroed once, left zero by the kernel).
+  struct tiled_run {
+    double us = 0;
+    int32_t tile_tokens = 0, splits = 1;
+  };
+  auto run_tiled = [&](bool tensor_cores) {
+    prefill_attention_args<bf16> p;
+    static_cast<paged_attention_common<bf16>&>(p) = common;
+    p.tensor_cores = tensor_cores;
+    p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), head_dim, num_heads, num_kv_heads);
+    const std::vector<prefill_tile> tiles = plan_prefill_tiles({{0, chunk, cached, 0}}, p.tile_tokens);
+    p.tiles = static_cast<const prefill_tile*>(upload(tiles.data(), tiles.size() * sizeof(prefill_tile)));
+    p.num_tiles = static_cast<int32_t>(tiles.size());
+    const split_plan plan =
+        plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, num_heads, num_kv_heads, context, num_sms);
+    p.num_splits = plan.num_splits;
+    p.partition_size = plan.partition_size;
+    if (plan.num_splits > 1) {
+      p.workspace = static_cast<float*>(
+          zeros(size_t(prefill_workspace_floats(p.num_tiles, p.tile_tokens, num_heads, head_dim, plan.num_splits)) *
+                sizeof(float)));
+      p.split_counters = static_cast<int32_t*>(zeros(size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
+    }
+    return tiled_run{time_calls([&] { prefill_attention(p, nullptr); }) * 1e6, p.tile_tokens, plan.num_splits};
+  };
+  const tiled_run tiled = run_tiled(true), simt = run_tiled(false);
 
   paged_attention_args<bf16> a;
-  a.out = out;
-  a.out_stride = num_heads * head_dim;
-  a.q = q;
-  a.q_stride = num_heads * head_dim;
-  a.kv_cache = kv;
-  a.layout = layout;
-  a.num_heads = num_heads;
+  static_cast<paged_attention_common<bf16>&>(a) = common;
   a.num_tokens = chunk;
   a.context_lens = static_cast<const int32_t*>(upload(ctx.data(), ctx.size() * sizeof(int32_t)));
   a.token_seq = static_cast<const int32_t*>(upload(seq.data(), seq.size() * sizeof(int32_t)));
-  a.block_tables = tables_dev;
-  a.max_blocks_per_seq = num_blocks;
-  a.scale = 0.088f;
-  const split_plan plan = plan_attention_split(chunk, 8, context, num_sms);  // as the executor would
+  const split_plan plan = plan_attention_split(chunk, num_kv_heads, context, num_sms);  // as the executor would
   a.num_splits = plan.num_splits;
   a.partition_size = plan.partition_size;
-  float* ws = nullptr;
   if (plan.num_splits > 1) {
-    CUDA_CHECK(cudaMalloc(
-        &ws, size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
-    a.workspace = ws;
+    a.workspace = static_cast<float*>(
+        zeros(size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
   }
-  const double per_token = time_calls([&] { paged_attention(a, nullptr); });
+  const double per_token_us = time_calls([&] { paged_attention(a, nullptr); }) * 1e6;
 
   // Visible (query, position) pairs: query i of the chunk sees cached + i + 1 positions.
   const double pairs = double(chunk) * cached + double(chunk) * (chunk + 1) / 2;
-  const double flops = 4.0 * head_dim * num_heads * pairs;
+  const double mflop = 4.0 * head_dim * num_heads * pairs / 1e6;  // MFLOP per µs = TFLOP/s
   std::printf(
-      "{\"bench\": \"prefill_attention\", \"cached\": %d, \"chunk\": %d, \"tile_tokens\": %d, "
-      "\"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, \"simt_us\": %.1f, "
-      "\"simt_TFLOPs\": %.2f, \"paged_splits\": %d, \"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, "
-      "\"speedup\": %.2f, \"speedup_over_simt\": %.2f}\n",
-      cached, chunk, tile_tokens, tiled_plan.num_splits, tiled * 1e6, flops / tiled / 1e12, simt * 1e6,
-      flops / simt / 1e12, plan.num_splits, per_token * 1e6, flops / per_token / 1e12, per_token / tiled, simt / tiled);
-  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(tiled_ws);
+      "{\"bench\": \"prefill_attention\", \"shape\": \"%s\", \"cached\": %d, \"chunk\": %d, "
+      "\"tile_tokens\": %d, \"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, "
+      "\"simt_tile_tokens\": %d, \"simt_us\": %.1f, \"simt_TFLOPs\": %.2f, \"paged_splits\": %d, "
+      "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f, \"speedup_over_simt\": %.2f}\n",
+      shape.name, cached, chunk, tiled.tile_tokens, tiled.splits, tiled.us, mflop / tiled.us, simt.tile_tokens, simt.us,
+      mflop / simt.us, plan.num_splits, per_token_us, mflop / per_token_us, per_token_us / tiled.us,
+      simt.us / tiled.us);
+  cudaFree(kv);
   for (void* d : owned) cudaFree(d);
 }
 
@@ -230,8 +274,10 @@ int main() {
     bench<bf16>(batch, context, num_sms);
     bench<fp8_e4m3>(batch, context, num_sms);
   }
-  bench_prefill(0, 4096, num_sms);    // a 4k-token prompt
-  bench_prefill(3584, 512, num_sms);  // a 512-token chunk after 3.5k cached positions (chunked prefill / prefix hit)
-  bench_prefill(16384, 64, num_sms);  // 64 new tokens after a 16k cached prefix (multi-turn chat): split
+  for (const attention_shape& shape : {llama3_8b, gemma2_9b}) {
+    bench_prefill(shape, 0, 4096, num_sms);    // a 4k-token prompt
+    bench_prefill(shape, 3584, 512, num_sms);  // a 512-token chunk after 3.5k cached (chunked prefill / prefix hit)
+    bench_prefill(shape, 16384, 64, num_sms);  // 64 new tokens after a 16k cached prefix (multi-turn chat): split
+  }
   return 0;
 }

@@ -303,7 +303,7 @@ TEST_P(GpuFp8Prefill, TiledKernelEqualsTheReferenceOverTheDequantisedCache) {
   set_common(a, q, kv, g, layer, c.num_heads, tables, max_blocks, c.window);
   const auto want = ref::paged_attention(q, q_stride, kv.values, g, layer, c.num_heads, context, token_seq, tables,
                                          max_blocks, a.scale, 0.0f, c.window);
-  const int32_t tile_tokens = prefill_tile_tokens(c.head_dim, c.num_heads, c.num_kv_heads);
+  const int32_t tile_tokens = prefill_tile_tokens(prefill_kernel_of(a), c.head_dim, c.num_heads, c.num_kv_heads);
   const auto tiles = plan_prefill_tiles(chunks, tile_tokens);
   a.tiles = upload(tiles);
   a.num_tiles = int32_t(tiles.size());

@@ -16,6 +16,7 @@
 #include "gpu/attention.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/prefill_attention.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
 #include "tests/gpu/test_data.hpp"
@@ -602,16 +603,14 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
       ref::attention_over(q, q_stride, kv, g, layer, num_heads, keys, token_seq, tables, max_blocks, scale, c.softcap);
 
   const size_t out_elems = size_t(T) * num_heads * head_dim;
-  auto fill = [&](auto& a) {
+  // What the decode and prefill kernels' launches share: the common part and the trees.
+  auto fill_common = [&](auto& a) {
     a.out_stride = q_stride;
     a.q = upload(q);
     a.q_stride = q_stride;
     a.layout = {g.num_layers, g.num_kv_heads, g.block_size, g.head_dim};
     a.layer = layer;
     a.num_heads = num_heads;
-    a.num_tokens = T;
-    a.context_lens = upload(context);
-    a.token_seq = upload(token_seq);
     a.block_tables = upload(tables);
     a.max_blocks_per_seq = max_blocks;
     a.scale = scale;
@@ -621,6 +620,12 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
     a.tree.positions = upload(positions);
     a.tree.mask_offset = upload(offsets);
     a.tree.mask = reinterpret_cast<const uint32_t*>(upload(mask_words));
+  };
+  auto fill = [&](auto& a) {
+    fill_common(a);
+    a.num_tokens = T;
+    a.context_lens = upload(context);
+    a.token_seq = upload(token_seq);
     // As the executor: a tree row walks from its window's start to its slot.
     plan_split(a, num_kv_heads, head_dim, c.window > 0 ? std::min(widest, c.window + lag) : widest, c.num_splits);
   };
@@ -632,6 +637,66 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
       ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
           << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")"
           << (warp_tiles ? " (v2)" : " (v1)");
+  }
+
+  // The same rows through prefill_attention, as the executor gives it trees of 4 rows or more: each
+  // tree one chunk (the decode token a chunk of its own), whose tiles (16 rows of tree A's 200 a
+  // tile) hold rows of different depths, the deep chain's tile starting its walk at its shallowest
+  // row's window; both kernels for bf16 (the tensor-core one rounds Q and P to bf16: within 1e-2 too).
+  std::vector<prefill_tile> chunks;
+  for (int32_t s = 0, row = 0; s < num_seqs; ++s) {
+    const auto n = static_cast<int32_t>(std::max<size_t>(1, slices[static_cast<size_t>(s)].parents.size()));
+    chunks.push_back({row, n, slices[static_cast<size_t>(s)].context, s});
+    row += n;
+  }
+  auto fill_prefill = [&](auto& p) {
+    fill_common(p);
+    p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), head_dim, num_heads, num_kv_heads);
+    const std::vector<prefill_tile> tiles = plan_prefill_tiles(chunks, p.tile_tokens);
+    p.tiles = upload(tiles);
+    p.num_tiles = static_cast<int32_t>(tiles.size());
+    // As the executor: a tile walks from its first slot's window start, the tree's lag below it.
+    int32_t walk = 0;
+    for (const prefill_tile& t : tiles) {
+      walk = std::max(walk, t.first_position + t.num_tokens -
+                                (c.window > 0 ? std::max(0, t.first_position - lag - c.window + 1) : 0));
+    }
+    split_plan plan =
+        plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, num_heads, num_kv_heads, walk, 132);
+    if (c.num_splits > 1) plan = {c.num_splits, (walk + c.num_splits - 1) / c.num_splits};
+    p.num_splits = plan.num_splits;
+    p.partition_size = plan.partition_size;
+    if (plan.num_splits > 1) {
+      p.workspace =
+          alloc(size_t(prefill_workspace_floats(p.num_tiles, p.tile_tokens, num_heads, head_dim, plan.num_splits)));
+      p.split_counters = alloc<int32_t>(size_t(p.num_tiles) * num_heads);
+    }
+  };
+  for (const bool tensor_cores : {true, false}) {
+    if (tensor_cores && !c.bf16) continue;
+    std::vector<float> got;
+    if (c.bf16) {
+      prefill_attention_args<bf16> p;
+      p.tensor_cores = tensor_cores;
+      fill_prefill(p);
+      p.kv_cache = as_bf16(upload(to_bf16(kv)));
+      uint16_t* out = alloc<uint16_t>(out_elems);
+      p.out = as_bf16(out);
+      prefill_attention(p, nullptr);
+      got = from_bf16(download(out, out_elems));
+    } else {
+      prefill_attention_args<float> p;
+      fill_prefill(p);
+      p.kv_cache = upload(kv);
+      float* out = alloc(out_elems);
+      p.out = out;
+      prefill_attention(p, nullptr);
+      got = download(out, out_elems);
+    }
+    for (size_t i = 0; i < out_elems; ++i)
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+          << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")"
+          << (tensor_cores ? " (prefill, tensor cores)" : " (prefill, SIMT)");
   }
 }
 

@@ -31,16 +31,34 @@ namespace {
 // ---- the tile plan (host only) -------------------------------------------------------------------
 
 TEST(PrefillTilePlan, TokensPerTileFollowTheGqaGroup) {
-  EXPECT_EQ(prefill_tile_tokens(128, 32, 8), 16);  // Llama-3-8B: group 4, 64 rows
-  EXPECT_EQ(prefill_tile_tokens(64, 9, 3), 21);    // SmolLM2: group 3 (63 of 64 rows used)
-  EXPECT_EQ(prefill_tile_tokens(128, 28, 4), 9);   // Qwen2.5-7B: group 7
-  EXPECT_EQ(prefill_tile_tokens(128, 8, 1), 8);    // MQA
-  EXPECT_EQ(prefill_tile_tokens(64, 4, 4), 64);    // MHA
-  EXPECT_EQ(prefill_tile_tokens(256, 4, 4), 24);   // head_dim 256: 24 rows
-  EXPECT_EQ(prefill_tile_tokens(256, 32, 1), 1);   // group 32 > 24 rows: one token, two CTAs per KV head
-  EXPECT_EQ(prefill_tile_tokens(32, 4, 1), 16);    // head_dim 32: 64 rows (Qwen3-style small heads)
-  EXPECT_EQ(prefill_tile_tokens(96, 8, 8), 0);     // head_dim not compiled
-  EXPECT_EQ(prefill_tile_tokens(128, 10, 4), 0);   // heads not a multiple of KV heads
+  for (const prefill_kernel k : {prefill_kernel::simt, prefill_kernel::tensor_cores}) {
+    EXPECT_EQ(prefill_tile_tokens(k, 128, 32, 8), 16);  // Llama-3-8B: group 4, 64 rows
+    EXPECT_EQ(prefill_tile_tokens(k, 64, 9, 3), 21);    // SmolLM2: group 3 (63 of 64 rows used)
+    EXPECT_EQ(prefill_tile_tokens(k, 128, 28, 4), 9);   // Qwen2.5-7B: group 7
+    EXPECT_EQ(prefill_tile_tokens(k, 128, 8, 1), 8);    // MQA
+    EXPECT_EQ(prefill_tile_tokens(k, 64, 4, 4), 64);    // MHA
+    EXPECT_EQ(prefill_tile_tokens(k, 32, 4, 1), 16);    // head_dim 32: 64 rows (Qwen3-style small heads)
+    EXPECT_EQ(prefill_tile_tokens(k, 96, 8, 8), 0);     // head_dim not compiled
+    EXPECT_EQ(prefill_tile_tokens(k, 128, 10, 4), 0);   // heads not a multiple of KV heads
+  }
+  // head_dim 256: the SIMT kernel's 24 rows, the tensor-core kernel's 64.
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::simt, 256, 4, 4), 24);
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::simt, 256, 32, 1), 1);  // group 32 > 24 rows: two CTAs a KV head
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::tensor_cores, 256, 4, 4), 64);
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::tensor_cores, 256, 8, 4), 32);  // Gemma-2-9B: group 2
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::tensor_cores, 256, 32, 1), 2);
+  EXPECT_EQ(prefill_tile_tokens(prefill_kernel::tensor_cores, 256, 128, 1), 1);  // group 128: two CTAs a KV head
+}
+
+TEST(PrefillTilePlan, TheKernelFollowsTheActivationsAndTheSwitch) {
+  prefill_attention_args<float> f;
+  EXPECT_EQ(prefill_kernel_of(f), prefill_kernel::simt);  // fp32: no tensor-core kernel
+  prefill_attention_args<bf16> b;
+  EXPECT_EQ(prefill_kernel_of(b), prefill_kernel::tensor_cores);
+  b.tensor_cores = false;
+  EXPECT_EQ(prefill_kernel_of(b), prefill_kernel::simt);
+  prefill_attention_args<bf16, fp8_e4m3> e;
+  EXPECT_EQ(prefill_kernel_of(e), prefill_kernel::tensor_cores);
 }
 
 TEST(PrefillTilePlan, CoversEveryTokenOnceLongestContextFirst) {
@@ -71,17 +89,22 @@ TEST(PrefillTilePlan, CoversEveryTokenOnceLongestContextFirst) {
 
 TEST(PrefillTilePlan, SplitsOnlyFewTilesOverLongContexts) {
   // A 4k prompt on Llama-3-8B: 256 tiles x 8 KV heads fill 132 SMs; no split.
-  EXPECT_EQ(plan_prefill_split(256, 128, 32, 8, 4096, 132).num_splits, 1);
+  const prefill_kernel mma = prefill_kernel::tensor_cores;
+  EXPECT_EQ(plan_prefill_split(mma, 256, 128, 32, 8, 4096, 132).num_splits, 1);
   // Few tiles but a short context: no split.
-  EXPECT_EQ(plan_prefill_split(2, 128, 32, 8, 900, 132).num_splits, 1);
+  EXPECT_EQ(plan_prefill_split(mma, 2, 128, 32, 8, 900, 132).num_splits, 1);
   // 64 new tokens after 16k cached (multi-turn chat with a prefix hit): 4 tiles x 8 CTAs; split.
-  const split_plan p = plan_prefill_split(4, 128, 32, 8, 16384 + 64, 132);
+  const split_plan p = plan_prefill_split(mma, 4, 128, 32, 8, 16384 + 64, 132);
   EXPECT_GT(p.num_splits, 1);
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 16384 + 64);
   EXPECT_GE(p.partition_size, 512);
   EXPECT_EQ(p.partition_size % 32, 0);
-  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);                      // about 2 CTAs per SM, not more
-  EXPECT_EQ(plan_prefill_split(4, 96, 32, 8, 16384, 132).num_splits, 1);  // unsupported shape
+  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);                           // about 2 CTAs per SM, not more
+  EXPECT_EQ(plan_prefill_split(mma, 4, 96, 32, 8, 16384, 132).num_splits, 1);  // unsupported shape
+  // The CTAs count per kernel: group 32 over head_dim 256 takes two SIMT CTAs a tile, one tensor-core
+  // CTA, so 40 tiles of one KV head fill 2 x 40 SMs only in SIMT.
+  EXPECT_GT(plan_prefill_split(mma, 40, 256, 32, 1, 16384, 40).num_splits, 1);
+  EXPECT_EQ(plan_prefill_split(prefill_kernel::simt, 40, 256, 32, 1, 16384, 40).num_splits, 1);
 }
 
 TEST(PrefillTilePlan, LaunchRejectsBadShapesBeforeTouchingTheDevice) {
@@ -103,6 +126,17 @@ TEST(PrefillTilePlan, LaunchRejectsBadShapesBeforeTouchingTheDevice) {
   a.num_splits = 2;  // split without a workspace
   a.partition_size = 512;
   EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);
+  // head_dim 256 tiles cut for the SIMT kernel (24 tokens) given to the tensor-core one (64), and back.
+  prefill_attention_args<bf16> b;
+  b.num_heads = 4;
+  b.layout = {1, 4, 16, 256};
+  b.tiles = &tile;
+  b.num_tiles = 1;
+  b.tile_tokens = prefill_tile_tokens(prefill_kernel::simt, 256, 4, 4);
+  EXPECT_THROW(prefill_attention(b, nullptr), std::invalid_argument);
+  b.tensor_cores = false;
+  b.tile_tokens = prefill_tile_tokens(prefill_kernel::tensor_cores, 256, 4, 4);
+  EXPECT_THROW(prefill_attention(b, nullptr), std::invalid_argument);
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------
@@ -195,12 +229,19 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
   const auto want_mma = ref::paged_attention(q_mma, q_stride, kv, g, layer, c.num_heads, context, token_seq, tables,
                                              max_blocks, scale, c.softcap, c.window);
 
-  const int32_t tile_tokens = prefill_tile_tokens(c.head_dim, c.num_heads, c.num_kv_heads);
-  ASSERT_GT(tile_tokens, 0);
-  const auto tiles = plan_prefill_tiles(chunks, tile_tokens);
   const size_t out_elems = size_t(T) * c.num_heads * c.head_dim;
   constexpr float sentinel = 7.0f;  // exactly representable in bf16
-  auto fill = [&](auto& a) {
+  ASSERT_GT(prefill_tile_tokens(prefill_kernel::simt, c.head_dim, c.num_heads, c.num_kv_heads), 0);
+  // The tiles of the kernel a launch runs (head_dim 256 cuts them differently for each), and the
+  // split's counters (pass 1 allocates them, pass 2 reuses them).
+  int32_t tile_tokens = 0;
+  std::vector<prefill_tile> tiles;
+  int32_t* counters = nullptr;
+  auto fill = [&](auto& a, int pass) {
+    tile_tokens = prefill_tile_tokens(prefill_kernel_of(a), c.head_dim, c.num_heads, c.num_kv_heads);
+    tiles = plan_prefill_tiles(chunks, tile_tokens);
+    if (pass == 1) counters = alloc<int32_t>(tiles.size() * size_t(c.num_heads));
+    a.split_counters = pass == 0 ? nullptr : counters;
     a.out_stride = int64_t{c.num_heads} * c.head_dim;
     a.q = upload(q);
     a.q_stride = q_stride;
@@ -231,20 +272,16 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
   };
   // A split is merged by a second kernel, then by the attention kernel's last CTA per (tile, head
   // group) (the executor's way), twice over the same counters, which it must leave at zero.
-  // bf16 runs both kernels where the tensor-core one exists (head_dim <= 128), the SIMT one second.
-  int32_t* counters = nullptr;
-  for (const bool tensor_cores : {true, false})
+  // bf16 runs both kernels, the tensor-core one first.
+  for (const bool tensor_cores : {true, false}) {
     for (const int pass : {0, 1, 2}) {
       if (!tensor_cores && !c.bf16) break;
       if (pass > 0 && c.partition == 0) break;
-      if (pass == 1 && counters == nullptr) counters = alloc<int32_t>(tiles.size() * size_t(c.num_heads));
-      int32_t* pass_counters = pass == 0 ? nullptr : counters;
       std::vector<float> got;
       if (c.bf16) {
         prefill_attention_args<bf16> a;
-        fill(a);
         a.tensor_cores = tensor_cores;
-        a.split_counters = pass_counters;
+        fill(a, pass);
         a.kv_cache = reinterpret_cast<const bf16*>(upload(to_bf16(kv)));
         uint16_t* out = upload(to_bf16(std::vector<float>(out_elems, sentinel)));
         a.out = reinterpret_cast<bf16*>(out);
@@ -252,8 +289,7 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
         got = from_bf16(download(out, out_elems));
       } else {
         prefill_attention_args<float> a;
-        fill(a);
-        a.split_counters = pass_counters;
+        fill(a, pass);
         a.kv_cache = upload(kv);
         float* out = upload(std::vector<float>(out_elems, sentinel));
         a.out = out;
@@ -269,7 +305,7 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
       // with bf16 operands (its Q rounding is in want_mma): each weight off by <= 2^-9 relative, with
       // random signs over the positions; measured 3.4e-3 at worst (8 positions, soft-capped) against
       // 2.6e-3 for the SIMT kernel, so 5e-3.
-      const bool mma = c.bf16 && tensor_cores && c.head_dim <= 128;
+      const bool mma = c.bf16 && tensor_cores;
       const double tol = c.bf16 ? (mma ? 5e-3 : 4e-3) : 2e-5;
       const std::vector<float>& expected = mma ? want_mma : want;
       double worst = 0.0;
@@ -284,23 +320,26 @@ TEST_P(GpuPrefillAttention, MatchesCpuReference) {
         }
       }
       if (pass == 0) RecordProperty(mma ? "worst_rel_error_mma" : "worst_rel_error", std::to_string(worst));
-      if (pass_counters != nullptr) {
+      if (pass > 0) {
         const auto left = download(counters, tiles.size() * size_t(c.num_heads));
         ASSERT_EQ(std::count(left.begin(), left.end(), 0), std::ptrdiff_t(left.size())) << "counters left at zero";
       }
     }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuPrefillAttention,
     ::testing::Values(prefill_case{64, 9, 3, 16, false},  // SmolLM2: group 3, 21-token tiles
                       prefill_case{64, 9, 3, 16, true}, prefill_case{128, 32, 8, 16, true},  // Llama-3-8B: group 4
-                      prefill_case{128, 32, 8, 8, false},   // 8-position blocks: each K tile spans two
-                      prefill_case{128, 28, 4, 16, true},   // Qwen2.5-7B: group 7, 9-token tiles
-                      prefill_case{128, 8, 1, 32, false},   // MQA group 8; blocks larger than a K tile
-                      prefill_case{64, 4, 4, 16, false},    // MHA: group 1, 64-token tiles
-                      prefill_case{256, 4, 4, 16, true},    // head_dim 256, group 1
-                      prefill_case{256, 32, 1, 16, false},  // group 32 > 24 rows: two CTAs per KV head
+                      prefill_case{128, 32, 8, 8, false},     // 8-position blocks: each K tile spans two
+                      prefill_case{128, 28, 4, 16, true},     // Qwen2.5-7B: group 7, 9-token tiles
+                      prefill_case{128, 8, 1, 32, false},     // MQA group 8; blocks larger than a K tile
+                      prefill_case{64, 4, 4, 16, false},      // MHA: group 1, 64-token tiles
+                      prefill_case{256, 4, 4, 16, true},      // head_dim 256, group 1: 64-token tiles (SIMT: 24)
+                      prefill_case{256, 32, 1, 16, false},    // group 32 > 24 rows: two CTAs per KV head
+                      prefill_case{256, 32, 1, 8, true},      // the same on tensor cores: 2-token tiles
+                      prefill_case{256, 8, 4, 16, true, 48},  // Gemma-2-9B's group 2, split (16-key tiles)
                       // Split over positions: partitions that are no multiple of the K tile, rows
                       // whose position precedes a partition, partitions past a tile's context.
                       prefill_case{128, 32, 8, 16, true, 40}, prefill_case{64, 9, 3, 8, false, 48},
@@ -312,6 +351,8 @@ INSTANTIATE_TEST_SUITE_P(
                       prefill_case{64, 9, 3, 16, false, 0, 24}, prefill_case{128, 32, 8, 8, true, 0, 20},
                       prefill_case{128, 32, 8, 16, false, 24, 40}, prefill_case{64, 4, 1, 16, true, 0, 8, 3.0f},
                       prefill_case{256, 4, 4, 16, false, 0, 0, 3.0f}, prefill_case{64, 4, 1, 16, false, 16, 30, 3.0f},
+                      // Gemma 3 270M's heads (4 over 1, head_dim 256): a window and a soft-cap on tensor cores
+                      prefill_case{256, 4, 1, 16, true, 0, 24, 3.0f},
                       // head_dim 32 (Qwen3-style small heads: 8-lane groups)
                       prefill_case{32, 4, 1, 16, false}, prefill_case{32, 16, 2, 8, true, 0, 24, 3.0f},
                       prefill_case{32, 8, 8, 16, false, 40}));
@@ -322,26 +363,31 @@ INSTANTIATE_TEST_SUITE_P(
 // paged_attention in the same step, moving the chunks' rows after the decode rows. Steps that
 // interleave them in the batch (chunk, decode, chunk, decode) must give the CPU executor's logits in
 // the batch's order. (tests/gpu/cuda_executor_test.cpp covers paging, swaps and the real model.)
-struct executor_dtype {
+struct executor_case {
   cuda_dtype dtype;
+  int32_t head_dim = 64;  // 256: Gemma's heads, whose tiles differ between the two kernels
 };
 // Deterministic ctest names (the default prints the parameter's bytes).
-void PrintTo(const executor_dtype& d, std::ostream* os) { *os << (d.dtype == cuda_dtype::f32 ? "f32" : "bf16"); }
+std::string executor_case_name(const executor_case& c) {
+  return std::string(c.dtype == cuda_dtype::f32 ? "f32" : "bf16") + (c.head_dim == 64 ? "" : "_d256");
+}
+void PrintTo(const executor_case& c, std::ostream* os) { *os << executor_case_name(c); }
 
-class PrefillInTheExecutor : public ::testing::TestWithParam<executor_dtype> {};
+class PrefillInTheExecutor : public ::testing::TestWithParam<executor_case> {};
 
 TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   if (!cuda_executor_available()) GTEST_SKIP() << "no CUDA device on this machine: CUDA executor tests skipped";
   model_config cfg;
   cfg.num_layers = 2;
-  cfg.hidden_size = 384;
+  const bool d64 = GetParam().head_dim == 64;
+  cfg.hidden_size = d64 ? 384 : 512;
   cfg.intermediate_size = 512;
-  cfg.num_heads = 6;  // group 3: 21-token tiles
-  cfg.num_kv_heads = 2;
-  cfg.head_dim = 64;
+  cfg.num_heads = d64 ? 6 : 2;  // group 3: 21-token tiles; group 2: 32 (SIMT: 12)
+  cfg.num_kv_heads = d64 ? 2 : 1;
+  cfg.head_dim = GetParam().head_dim;
   cfg.vocab_size = 256;
   cfg.context_length = 4096;
-  cfg.rope_dims = 64;
+  cfg.rope_dims = cfg.head_dim;
   const auto weights = test_support::f32_dummy_weights(cfg, 5);
   const kv_cache_spec kv = test_support::kv_pool(64);
   const auto cpu = test_support::cpu_reference_executor(weights, kv, 2);
@@ -394,10 +440,9 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillInTheExecutor,
-                         ::testing::Values(executor_dtype{cuda_dtype::f32}, executor_dtype{cuda_dtype::bf16}),
-                         [](const ::testing::TestParamInfo<executor_dtype>& i) {
-                           return std::string(i.param.dtype == cuda_dtype::f32 ? "f32" : "bf16");
-                         });
+                         ::testing::Values(executor_case{cuda_dtype::f32}, executor_case{cuda_dtype::bf16},
+                                           executor_case{cuda_dtype::f32, 256}, executor_case{cuda_dtype::bf16, 256}),
+                         [](const ::testing::TestParamInfo<executor_case>& i) { return executor_case_name(i.param); });
 
 }  // namespace
 }  // namespace tessera::gpu
