@@ -366,7 +366,8 @@ class cuda_executor final : public executor {
         quantized_weights_(options.quantized_weights),
         int8_quantized_gemv_(options.int8_quantized_gemv.value_or(gpu::int8_quantized_gemv_from_env())),
         quantized_tiled_gemm_rows_(
-            options.quantized_tiled_gemm_rows.value_or(gpu::quantized_tiled_gemm_rows_from_env())) {
+            options.quantized_tiled_gemm_rows.value_or(gpu::quantized_tiled_gemm_rows_from_env())),
+        prefill_min_tokens_(options.prefill_min_tokens.value_or(gpu::prefill_min_tokens_from_env())) {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
@@ -375,6 +376,7 @@ class cuda_executor final : public executor {
       throw invalid_request("cuda executor: bad kv_cache_spec");
     }
     if (quantized_tiled_gemm_rows_ < 0) throw invalid_request("cuda executor: quantized_tiled_gemm_rows must be >= 0");
+    if (prefill_min_tokens_ < 1) throw invalid_request("cuda executor: prefill_min_tokens must be >= 1");
     if (small_batch_gemm_rows_ < 0 || small_batch_gemm_rows_ > gpu::kMaxGemvRows) {
       throw invalid_request("cuda executor: small_batch_gemm_rows must be in [0, " + std::to_string(gpu::kMaxGemvRows) +
                             "]");
@@ -903,9 +905,9 @@ class cuda_executor final : public executor {
                     sl.sampling->counts_last_token ? previous_sample_row(sl.last_token_from) : -1);
       logit_rows_.push_back(step_layout_.device_sampled_tokens[j]);
     }
+    graph_step_ = use_graphs_ && graph_eligible(batch);
     plan_prefill(batch);
     plan_trees(batch);
-    graph_step_ = use_graphs_ && graph_eligible(batch);
     if (graph_step_) pad_for_graph(batch.seqs.size());
     plan_pending_tokens(batch);
     num_tokens_ = static_cast<int32_t>(ids_.size());
@@ -1057,20 +1059,20 @@ class cuda_executor final : public executor {
     CUDA_CHECK(cudaMemsetAsync(split_counters_.as<void>(), 0, bytes, stream_));
   }
 
-  // Sequences bringing at least kMinPrefillTokens new tokens (prompt chunks) take the tiled prefill
-  // kernel; the others (decode) paged_attention, whose one CTA per token and split-KV keep a long
-  // context busy when there are few queries. (A threshold to tune on the H200.) The prefill tokens are
-  // moved after the decode tokens, so paged_attention runs over the contiguous rows
+  // Sequences bringing at least prefill_min_tokens_ new tokens (prompt chunks; 4 unless set) take the
+  // tiled prefill kernel; the others (decode) paged_attention, whose one CTA per token and split-KV
+  // keep a long context busy when there are few queries. (A threshold to tune on the H200.) The
+  // prefill tokens are moved after the decode tokens, so paged_attention runs over the contiguous rows
   // [0, num_tokens_ - num_prefill_tokens_); logit_rows_ follows the move, so the logits keep the
-  // batch's order. A step without prefill chunks (every graph step) is left as it is.
+  // batch's order. A graph step is left as it is: its kernels and their tiles are fixed at capture.
   // A token tree of as many rows is a chunk too: its tiles read the context once for all their rows,
   // where paged_attention would read it once per row, and mask the tree's slots (plan_trees).
-  static constexpr size_t kMinPrefillTokens = 4;
-
   void plan_prefill(const step_batch& batch) {
     prefill_tiles_.clear();
     num_prefill_tokens_ = 0;
-    const auto is_prefill = [](const sequence_slice& sl) { return sl.tokens.size() >= kMinPrefillTokens; };
+    if (graph_step_) return;
+    const auto min_tokens = static_cast<size_t>(prefill_min_tokens_);
+    const auto is_prefill = [min_tokens](const sequence_slice& sl) { return sl.tokens.size() >= min_tokens; };
     if (std::none_of(batch.seqs.begin(), batch.seqs.end(), is_prefill)) return;
     // row_order_[new row] = row plan_step gave the token (sequence by sequence): decode rows, then prefill.
     row_order_.clear();
@@ -1602,6 +1604,7 @@ class cuda_executor final : public executor {
   bool quantized_weights_ = true;          // cuda_executor_options::quantized_weights
   bool int8_quantized_gemv_ = false;       // cuda_executor_options::int8_quantized_gemv
   int32_t quantized_tiled_gemm_rows_ = 0;  // cuda_executor_options::quantized_tiled_gemm_rows
+  int32_t prefill_min_tokens_ = 0;         // cuda_executor_options::prefill_min_tokens
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 

@@ -88,6 +88,10 @@ struct cuda_executor_options {
   // matrix to bf16 for cuBLAS; 0: never. Unset: gpu::quantized_tiled_gemm_rows_from_env()
   // (TESSERA_QGEMM_ROWS, default 256; not yet measured on a GPU).
   std::optional<int32_t> quantized_tiled_gemm_rows;
+  // Sequences bringing at least this many new tokens to an eager step take the tiled prefill
+  // attention kernel, the others the decode kernel (graph steps: always the decode kernel). Unset:
+  // gpu::prefill_min_tokens_from_env() (TESSERA_PREFILL_MIN_TOKENS, default 4; not yet tuned on a GPU).
+  std::optional<int32_t> prefill_min_tokens;
   // Null: this executor's weights are its own.
   std::shared_ptr<cuda_weight_cache> weight_cache;
 };

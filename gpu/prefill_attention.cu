@@ -9,6 +9,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
+#include "gpu/env_setting.hpp"
 #include "gpu/launch.cuh"
 #include "gpu/prefill_attention.hpp"
 #include "gpu/prefill_attention_mma.cuh"
@@ -417,6 +418,12 @@ int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t
   // Per launch of at most 65535 tiles (prefill_attention launches larger plans in parts).
   const int64_t tiles = std::min(num_tiles, 65535);
   return tiles * tile_tokens * num_heads * num_splits * (head_dim + 2);
+}
+
+int32_t prefill_min_tokens_from_env() noexcept {
+  static const int32_t tokens =
+      int_setting_from_env("TESSERA_PREFILL_MIN_TOKENS", kDefaultPrefillMinTokens, 1, 1 << 20);
+  return tokens;
 }
 
 std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& chunks, int32_t tile_tokens) {

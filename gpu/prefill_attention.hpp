@@ -81,6 +81,13 @@ prefill_kernel prefill_kernel_of(const prefill_attention_args<T, C>& a) {
 // unsupported head_dim.
 int32_t prefill_tile_tokens(prefill_kernel kernel, int32_t head_dim, int32_t num_heads, int32_t num_kv_heads);
 
+// An executor gives a sequence's new tokens to this kernel when there are at least this many (prompt
+// chunks, drafts, token trees), fewer to paged_attention (decode). TESSERA_PREFILL_MIN_TOKENS (1 or
+// more) sets another threshold (prefill_min_tokens_from_env; 1: every eager decode token too, as
+// FlashInfer runs GQA decode on its prefill kernel), for the device to tune.
+constexpr int32_t kDefaultPrefillMinTokens = 4;
+int32_t prefill_min_tokens_from_env() noexcept;
+
 // Cuts each chunk into tiles of at most `tile_tokens` tokens, ordered by decreasing number of
 // positions to read (the causal work of a tile grows with its last position), so the longest CTAs are
 // scheduled first and the short ones fill the tail. Chunks with no tokens are skipped.

@@ -9,6 +9,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
+#include "gpu/env_setting.hpp"
 #include "gpu/launch.cuh"
 #include "gpu/mma.cuh"
 
@@ -649,13 +650,7 @@ void quantized_tiled_gemm(ggml_type type, const void* w, int64_t row_bytes, int6
 }
 
 int32_t quantized_tiled_gemm_rows_from_env() noexcept {
-  static const int32_t rows = [] {
-    const char* env = std::getenv("TESSERA_QGEMM_ROWS");
-    if (env == nullptr || *env == '\0') return kDefaultQuantizedTiledGemmRows;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return *end == '\0' && v >= 0 && v <= 1 << 20 ? static_cast<int32_t>(v) : kDefaultQuantizedTiledGemmRows;
-  }();
+  static const int32_t rows = int_setting_from_env("TESSERA_QGEMM_ROWS", kDefaultQuantizedTiledGemmRows, 0, 1 << 20);
   return rows;
 }
 

@@ -9,7 +9,8 @@
 #      every architecture's tiny fixture (tests/data/models: llama, qwen2, qwen3, mistral, gemma2,
 #      gemma3, phi3) in f32 and bf16 through the same steps, greedy through the engine with and
 #      without CUDA graphs, each model feature alone, and the fixtures' GGUF files
-#   4. `tessera bench latency` (CUDA graphs and PDL on, the defaults; --enforce-eager; TESSERA_PDL=0) and `throughput` with
+#   4. `tessera bench latency` (CUDA graphs and PDL on, the defaults; --enforce-eager, also with every decode
+#      token on the prefill kernel, TESSERA_PREFILL_MIN_TOKENS=1; TESSERA_PDL=0) and `throughput` with
 #      --load-format dummy on the Llama-3-8B shape, bf16; `bench latency` on the Qwen2.5-7B shape;
 #      fixed-batch decode steps at 1, 64, 128, 256 sequences (bf16 and fp8 KV) and the fixed-length
 #      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV),
@@ -197,6 +198,12 @@ grep '^{' "$out/.step" | tail -1 >"$out/throughput_128_sync.json" || true
 run "bench latency --enforce-eager (no CUDA graphs)" 100 \
   "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_eager.json" || true
+# The same eager steps with every decode token on the tiled prefill kernel (1-token tiles, FlashInfer's
+# way for GQA decode) instead of paged_attention: whether the threshold should come down.
+run "bench latency --enforce-eager with TESSERA_PREFILL_MIN_TOKENS=1 (decode on the prefill kernel)" 100 \
+  env TESSERA_PREFILL_MIN_TOKENS=1 "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 \
+  --gen-tokens 128 --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_eager_prefill_kernel.json" || true
 run "bench latency with TESSERA_GEMV=0 (cuBLAS for every GEMM)" 100 \
   env TESSERA_GEMV=0 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_cublas.json" || true
@@ -297,7 +304,8 @@ fi
   echo '```'
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
-  for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_no_pdl.json latency_cublas.json \
+  for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_eager_prefill_kernel.json \
+    latency_no_pdl.json latency_cublas.json \
     latency_q4k.json latency_q4k_int8.json latency_batches_q4k.jsonl latency_batches_q4k_cublas.jsonl profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
     throughput_1000_fp8.json throughput_128.json throughput_128_sync.json; do
     echo "$f:"

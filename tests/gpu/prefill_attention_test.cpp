@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/cpu_executor.hpp"
+#include "engine/base/error.hpp"
 #include "engine/model/dummy_weights.hpp"
 #include "engine/model/ggml_types.hpp"
 #include "gpu/cuda_check.hpp"
@@ -359,17 +360,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- in the executor ------------------------------------------------------------------------------
 
-// The executor gives prompt chunks (>= 4 new tokens) to prefill_attention and the other sequences to
-// paged_attention in the same step, moving the chunks' rows after the decode rows. Steps that
-// interleave them in the batch (chunk, decode, chunk, decode) must give the CPU executor's logits in
-// the batch's order. (tests/gpu/cuda_executor_test.cpp covers paging, swaps and the real model.)
+// The executor gives prompt chunks (>= 4 new tokens, or cuda_executor_options::prefill_min_tokens) to
+// prefill_attention and the other sequences to paged_attention in the same step, moving the chunks'
+// rows after the decode rows. Steps that interleave them in the batch (chunk, decode, chunk, decode)
+// must give the CPU executor's logits in the batch's order, at the default threshold, at 1 (every
+// token to the prefill kernel, paged_attention given none) and at 2 (B's 3 tokens there too).
+// (tests/gpu/cuda_executor_test.cpp covers paging, swaps and the real model.)
 struct executor_case {
   cuda_dtype dtype;
-  int32_t head_dim = 64;  // 256: Gemma's heads, whose tiles differ between the two kernels
+  int32_t head_dim = 64;                               // 256: Gemma's heads, whose tiles differ between the two kernels
+  int32_t min_tokens = gpu::kDefaultPrefillMinTokens;  // 1: decode tokens take the prefill kernel too
 };
 // Deterministic ctest names (the default prints the parameter's bytes).
 std::string executor_case_name(const executor_case& c) {
-  return std::string(c.dtype == cuda_dtype::f32 ? "f32" : "bf16") + (c.head_dim == 64 ? "" : "_d256");
+  return std::string(c.dtype == cuda_dtype::f32 ? "f32" : "bf16") + (c.head_dim == 64 ? "" : "_d256") +
+         (c.min_tokens == gpu::kDefaultPrefillMinTokens ? "" : "_min" + std::to_string(c.min_tokens));
 }
 void PrintTo(const executor_case& c, std::ostream* os) { *os << executor_case_name(c); }
 
@@ -394,6 +399,9 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   cuda_executor_options go;
   go.kv = kv;
   go.dtype = GetParam().dtype;
+  go.prefill_min_tokens = 0;
+  EXPECT_THROW(make_cuda_executor(weights, go), invalid_request);
+  go.prefill_min_tokens = GetParam().min_tokens;
   const auto gpu = make_cuda_executor(weights, go);
 
   using mode = sequence_slice::logits_mode;
@@ -422,7 +430,7 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
       ASSERT_NEAR(oc.logits[i], og.logits[i], tol) << what << ": logit " << i << " (row " << i / 256 << ")";
     }
   };
-  // Step 1: A's 40-token prompt (every row's logits), B's 3 tokens (under the threshold: decode
+  // Step 1: A's 40-token prompt (every row's logits), B's 3 tokens (under the default threshold: decode
   // kernel), C's first chunk of 30.
   step_batch s1;
   s1.seqs.push_back(slice(1, 0, 40, 0, {5, 9, 1}, mode::all));
@@ -437,11 +445,28 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   s2.seqs.push_back(slice(4, 300, 9, 32, {5, 9, 40}, mode::last));
   s2.seqs.push_back(slice(2, 103, 1, 3, {12}, mode::last));
   both(s2, "step 2");
+  // Steps 3 and 4: every sequence decoding, then all but D: CUDA-graph steps of one bucket (captured,
+  // then replayed with a padding row), whose attention stays with paged_attention whatever the
+  // threshold (their kernels and grids are fixed at capture).
+  step_batch s3;
+  s3.seqs.push_back(slice(1, 41, 1, 41, {5, 9, 1}, mode::last));
+  s3.seqs.push_back(slice(2, 104, 1, 4, {12}, mode::last));
+  s3.seqs.push_back(slice(3, 243, 1, 43, {20, 3, 30}, mode::last));
+  s3.seqs.push_back(slice(4, 309, 1, 41, {5, 9, 40}, mode::last));
+  both(s3, "step 3");
+  step_batch s4;
+  s4.seqs.push_back(slice(1, 42, 1, 42, {5, 9, 1}, mode::last));
+  s4.seqs.push_back(slice(2, 105, 1, 5, {12}, mode::last));
+  s4.seqs.push_back(slice(3, 244, 1, 44, {20, 3, 30}, mode::last));
+  both(s4, "step 4");
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillInTheExecutor,
                          ::testing::Values(executor_case{cuda_dtype::f32}, executor_case{cuda_dtype::bf16},
-                                           executor_case{cuda_dtype::f32, 256}, executor_case{cuda_dtype::bf16, 256}),
+                                           executor_case{cuda_dtype::f32, 256}, executor_case{cuda_dtype::bf16, 256},
+                                           executor_case{cuda_dtype::f32, 64, 1},
+                                           executor_case{cuda_dtype::bf16, 64, 1},
+                                           executor_case{cuda_dtype::bf16, 256, 2}),
                          [](const ::testing::TestParamInfo<executor_case>& i) { return executor_case_name(i.param); });
 
 }  // namespace
