@@ -16,7 +16,8 @@
 // the executor into its per-step metadata buffer. When there are too few tiles to fill the GPU and the
 // context is long (a short chunk after a long cached prefix), plan_prefill_split cuts the positions
 // over several CTAs per tile and a second kernel merges their partial softmax states (split-KV).
-// Decode tokens (fewer than 4 new tokens per sequence) keep using paged_attention (gpu/attention.hpp).
+// Decode tokens (fewer new tokens per sequence than kDefaultPrefillMinTokens, or the executor's
+// setting) keep using paged_attention (gpu/attention.hpp).
 // A token tree's rows (speculative decoding's drafts) may be a chunk too: each row then sees the
 // context before the tree and, of the tree's slots, its ancestors only (prefill_attention_args::tree,
 // the decode kernel's tree_attention_view), so a tree's K/V tile serves all its rows.

@@ -31,13 +31,14 @@ namespace tessera::gpu::detail {
 // fragments (64 registers) and O's accumulators (128) for the whole walk, so 16 keys keep S's
 // fragments to 8; ptxas (sm_90) gives 255 registers without spills, 2 CTAs per SM (FlashAttention-2's
 // head_dim 256 kernels also run at the register limit).
+constexpr int mma_tile_keys(int head_dim) {
+  if (head_dim <= 64) return 64;
+  return head_dim <= 128 ? 32 : 16;
+}
+
 template <int D>
 struct mma_tile_shape {
-  static constexpr int rows = 64, warps = 4, threads = 32 * warps,
-                       keys = D <= 64    ? 64
-                              : D <= 128 ? 32
-                                         : 16,
-                       pitch = D + 8;
+  static constexpr int rows = 64, warps = 4, threads = 32 * warps, keys = mma_tile_keys(D), pitch = D + 8;
   static_assert(D % 16 == 0 && keys % 16 == 0, "k-steps of 16 dims and of 16 keys");
 };
 
