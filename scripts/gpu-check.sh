@@ -262,8 +262,9 @@ if command -v compute-sanitizer >/dev/null; then
     "$tests/gpu_mma_test"
   run "memcheck: small-batch GEMM tests" 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$tests/gpu_gemv_test" --gtest_filter='SmallBatchGemm*'
-  run "racecheck: decode attention tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.*'
+  # With the token-tree tests: both prefill kernels' Trees variants run there too.
+  run "racecheck: decode attention and token-tree tests" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.*:Trees/GpuTreeAttention.*'
   # The warp-per-head RoPE kernel (biases, q/k norms) stages each head in shared memory (__syncwarp).
   run "racecheck: RoPE + KV write tests" 30 compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$tests/gpu_kernels_test" --gtest_filter='Layouts/GpuRopeKv.*'
