@@ -47,58 +47,89 @@ double time_calls(F&& f) {
   return ms / 1e3 / iters;
 }
 
+// The device buffers of one bench case, freed together when it ends.
+class device_buffers {
+ public:
+  device_buffers() = default;
+  device_buffers(const device_buffers&) = delete;
+  device_buffers& operator=(const device_buffers&) = delete;
+  ~device_buffers() {
+    for (void* d : owned_) cudaFree(d);
+  }
+  template <class T>
+  T* zeros(size_t n) {
+    T* d = alloc<T>(n);
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(T)));
+    return d;
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* d = alloc<T>(v.size());
+    CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+
+ private:
+  template <class T>
+  T* alloc(size_t n) {
+    void* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)));
+    owned_.push_back(d);
+    return static_cast<T*>(d);
+  }
+  std::vector<void*> owned_;
+};
+
+// p's split as the executor plans it for its tiles reading at most `context` positions, with the
+// workspace and the counters of the fused merge (zeroed once, left zero by the kernel).
+template <class C>
+split_plan plan_split(prefill_attention_args<bf16, C>& p, int32_t context, int num_sms, device_buffers& mem) {
+  const int32_t head_dim = p.layout.head_dim;
+  const split_plan plan = plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, p.num_heads,
+                                             p.layout.num_kv_heads, context, num_sms);
+  p.num_splits = plan.num_splits;
+  p.partition_size = plan.partition_size;
+  if (plan.num_splits > 1) {
+    p.workspace = mem.zeros<float>(
+        size_t(prefill_workspace_floats(p.num_tiles, p.tile_tokens, p.num_heads, head_dim, plan.num_splits)));
+    p.split_counters = mem.zeros<int32_t>(size_t(p.num_tiles) * p.num_heads);
+  }
+  return plan;
+}
+
 // C: the cache element, bf16 or fp8_e4m3. Times the v2 kernel (the default) and v1 on the same work.
 template <class C>
 void bench(int32_t batch, int32_t context, int num_sms) {
   const kv_layout layout{32, 8, 16, 128};
   const int32_t num_heads = 32, blocks_per_seq = (context + 15) / 16;
   const int64_t num_blocks = int64_t{batch} * blocks_per_seq;
-  C* kv = nullptr;
-  CUDA_CHECK(cudaMalloc(&kv, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(C)));
-  CUDA_CHECK(cudaMemset(kv, 0, static_cast<size_t>(num_blocks * layout.block_elems()) * sizeof(C)));
+  device_buffers mem;
   std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
   std::iota(tables.begin(), tables.end(), 0);
   std::shuffle(tables.begin(), tables.end(), std::mt19937(1));
   std::vector<int32_t> ctx(static_cast<size_t>(batch), context), seq(static_cast<size_t>(batch));
   std::iota(seq.begin(), seq.end(), 0);
-  auto upload = [](const std::vector<int32_t>& v) {
-    int32_t* d = nullptr;
-    CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(int32_t)));
-    CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    return d;
-  };
-  float* q = nullptr;
-  bf16* out = nullptr;
-  CUDA_CHECK(cudaMalloc(&q, size_t(batch) * num_heads * 128 * sizeof(float)));
-  CUDA_CHECK(cudaMemset(q, 0, size_t(batch) * num_heads * 128 * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&out, size_t(batch) * num_heads * 128 * sizeof(bf16)));
   paged_attention_args<bf16, C> a;
-  a.out = out;
+  a.out = mem.zeros<bf16>(size_t(batch) * num_heads * 128);
   a.out_stride = num_heads * 128;
-  a.q = q;
+  a.q = mem.zeros<float>(size_t(batch) * num_heads * 128);
   a.q_stride = num_heads * 128;
-  a.kv_cache = kv;
+  a.kv_cache = mem.zeros<C>(static_cast<size_t>(num_blocks * layout.block_elems()));
   a.layout = layout;
   a.num_heads = num_heads;
   a.num_tokens = batch;
-  a.context_lens = upload(ctx);
-  a.token_seq = upload(seq);
-  a.block_tables = upload(tables);
+  a.context_lens = mem.upload(ctx);
+  a.token_seq = mem.upload(seq);
+  a.block_tables = mem.upload(tables);
   a.max_blocks_per_seq = blocks_per_seq;
   a.scale = 0.088f;
   const split_plan plan = plan_attention_split(batch, 8, context, num_sms);
   a.num_splits = plan.num_splits;
   a.partition_size = plan.partition_size;
-  float* ws = nullptr;
-  int32_t* counters = nullptr;
   if (plan.num_splits > 1) {
-    CUDA_CHECK(
-        cudaMalloc(&ws, size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)) * sizeof(float)));
-    a.workspace = ws;
+    a.workspace = mem.zeros<float>(size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)));
     // The executor's fused merge (one launch): counters zeroed once, left zero by the kernel.
-    CUDA_CHECK(cudaMalloc(&counters, size_t(batch) * num_heads * sizeof(int32_t)));
-    CUDA_CHECK(cudaMemset(counters, 0, size_t(batch) * num_heads * sizeof(int32_t)));
-    a.split_counters = counters;
+    a.split_counters = mem.zeros<int32_t>(size_t(batch) * num_heads);
   }
   const double secs = time_calls([&] { paged_attention(a, nullptr); });
   a.warp_tiles = false;
@@ -112,26 +143,9 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   prefill_attention_args<bf16, C> p;
   static_cast<paged_attention_common<bf16, C>&>(p) = a;
   p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), 128, num_heads, 8);
-  prefill_tile* tiles_dev = nullptr;
-  CUDA_CHECK(cudaMalloc(&tiles_dev, one_token_tiles.size() * sizeof(prefill_tile)));
-  CUDA_CHECK(cudaMemcpy(tiles_dev, one_token_tiles.data(), one_token_tiles.size() * sizeof(prefill_tile),
-                        cudaMemcpyHostToDevice));
-  p.tiles = tiles_dev;
+  p.tiles = mem.upload(one_token_tiles);
   p.num_tiles = batch;
-  const split_plan tc_plan = plan_prefill_split(prefill_kernel_of(p), batch, 128, num_heads, 8, context, num_sms);
-  p.num_splits = tc_plan.num_splits;
-  p.partition_size = tc_plan.partition_size;
-  float* tc_ws = nullptr;
-  int32_t* tc_counters = nullptr;
-  if (tc_plan.num_splits > 1) {
-    CUDA_CHECK(cudaMalloc(
-        &tc_ws,
-        size_t(prefill_workspace_floats(batch, p.tile_tokens, num_heads, 128, tc_plan.num_splits)) * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&tc_counters, size_t(batch) * num_heads * sizeof(int32_t)));
-    CUDA_CHECK(cudaMemset(tc_counters, 0, size_t(batch) * num_heads * sizeof(int32_t)));
-  }
-  p.workspace = tc_ws;
-  p.split_counters = tc_counters;
+  const split_plan tc_plan = plan_split(p, context, num_sms, mem);
   const double tc_secs = time_calls([&] { prefill_attention(p, nullptr); });
 
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
@@ -142,10 +156,6 @@ void bench(int32_t batch, int32_t context, int num_sms) {
       sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9,
       bytes / secs / 4.8e12 * 100, v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100, tc_plan.num_splits, tc_secs * 1e6,
       bytes / tc_secs / 4.8e12 * 100);
-  cudaFree(kv), cudaFree(q), cudaFree(out), cudaFree(ws), cudaFree(counters), cudaFree(tc_ws), cudaFree(tc_counters);
-  cudaFree(tiles_dev);
-  cudaFree(const_cast<int32_t*>(a.context_lens)), cudaFree(const_cast<int32_t*>(a.token_seq));
-  cudaFree(const_cast<int32_t*>(a.block_tables));
 }
 
 // An attention shape: Llama-3-8B's (32 query heads over 8 KV heads, head_dim 128, 32 layers) or
@@ -164,43 +174,22 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
   const kv_layout layout{shape.num_layers, shape.num_kv_heads, 16, shape.head_dim};
   const int32_t num_heads = shape.num_heads, num_kv_heads = shape.num_kv_heads, head_dim = shape.head_dim;
   const int32_t context = cached + chunk, num_blocks = (context + 15) / 16;
-  const size_t cache_elems = static_cast<size_t>(num_blocks * layout.block_elems());
-  bf16* kv = nullptr;
-  CUDA_CHECK(cudaMalloc(&kv, cache_elems * sizeof(bf16)));
-  CUDA_CHECK(cudaMemset(kv, 0, cache_elems * sizeof(bf16)));
+  device_buffers mem;
   std::vector<int32_t> table(static_cast<size_t>(num_blocks));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(1));
   std::vector<int32_t> ctx(static_cast<size_t>(chunk)), seq(static_cast<size_t>(chunk), 0);
   std::iota(ctx.begin(), ctx.end(), cached + 1);
-  std::vector<void*> owned;
-  auto upload = [&](const void* data, size_t bytes) {
-    void* d = nullptr;
-    CUDA_CHECK(cudaMalloc(&d, bytes));
-    CUDA_CHECK(cudaMemcpy(d, data, bytes, cudaMemcpyHostToDevice));
-    owned.push_back(d);
-    return d;
-  };
-  auto zeros = [&](size_t bytes) {
-    void* d = nullptr;
-    CUDA_CHECK(cudaMalloc(&d, bytes));
-    CUDA_CHECK(cudaMemset(d, 0, bytes));
-    owned.push_back(d);
-    return d;
-  };
   const size_t q_elems = size_t(chunk) * num_heads * head_dim;
-  auto* q = static_cast<float*>(zeros(q_elems * sizeof(float)));
-  auto* out = static_cast<bf16*>(zeros(q_elems * sizeof(bf16)));
-  const auto* tables_dev = static_cast<const int32_t*>(upload(table.data(), table.size() * sizeof(int32_t)));
   paged_attention_common<bf16> common;  // what every kernel here reads and writes
-  common.out = out;
+  common.out = mem.zeros<bf16>(q_elems);
   common.out_stride = num_heads * head_dim;
-  common.q = q;
+  common.q = mem.zeros<float>(q_elems);
   common.q_stride = num_heads * head_dim;
-  common.kv_cache = kv;
+  common.kv_cache = mem.zeros<bf16>(static_cast<size_t>(num_blocks * layout.block_elems()));
   common.layout = layout;
   common.num_heads = num_heads;
-  common.block_tables = tables_dev;
+  common.block_tables = mem.upload(table);
   common.max_blocks_per_seq = num_blocks;
   common.scale = 1.0f / std::sqrt(float(head_dim));
 
@@ -216,18 +205,9 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
     p.tensor_cores = tensor_cores;
     p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), head_dim, num_heads, num_kv_heads);
     const std::vector<prefill_tile> tiles = plan_prefill_tiles({{0, chunk, cached, 0}}, p.tile_tokens);
-    p.tiles = static_cast<const prefill_tile*>(upload(tiles.data(), tiles.size() * sizeof(prefill_tile)));
+    p.tiles = mem.upload(tiles);
     p.num_tiles = static_cast<int32_t>(tiles.size());
-    const split_plan plan =
-        plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, num_heads, num_kv_heads, context, num_sms);
-    p.num_splits = plan.num_splits;
-    p.partition_size = plan.partition_size;
-    if (plan.num_splits > 1) {
-      p.workspace = static_cast<float*>(
-          zeros(size_t(prefill_workspace_floats(p.num_tiles, p.tile_tokens, num_heads, head_dim, plan.num_splits)) *
-                sizeof(float)));
-      p.split_counters = static_cast<int32_t*>(zeros(size_t(p.num_tiles) * num_heads * sizeof(int32_t)));
-    }
+    const split_plan plan = plan_split(p, context, num_sms, mem);
     return tiled_run{time_calls([&] { prefill_attention(p, nullptr); }) * 1e6, p.tile_tokens, plan.num_splits};
   };
   const tiled_run tiled = run_tiled(true), simt = run_tiled(false);
@@ -235,14 +215,13 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
   paged_attention_args<bf16> a;
   static_cast<paged_attention_common<bf16>&>(a) = common;
   a.num_tokens = chunk;
-  a.context_lens = static_cast<const int32_t*>(upload(ctx.data(), ctx.size() * sizeof(int32_t)));
-  a.token_seq = static_cast<const int32_t*>(upload(seq.data(), seq.size() * sizeof(int32_t)));
+  a.context_lens = mem.upload(ctx);
+  a.token_seq = mem.upload(seq);
   const split_plan plan = plan_attention_split(chunk, num_kv_heads, context, num_sms);  // as the executor would
   a.num_splits = plan.num_splits;
   a.partition_size = plan.partition_size;
   if (plan.num_splits > 1) {
-    a.workspace = static_cast<float*>(
-        zeros(size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)) * sizeof(float)));
+    a.workspace = mem.zeros<float>(size_t(attention_workspace_floats(chunk, num_heads, head_dim, plan.num_splits)));
   }
   const double per_token_us = time_calls([&] { paged_attention(a, nullptr); }) * 1e6;
 
@@ -257,8 +236,6 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
       shape.name, cached, chunk, tiled.tile_tokens, tiled.splits, tiled.us, mflop / tiled.us, simt.tile_tokens, simt.us,
       mflop / simt.us, plan.num_splits, per_token_us, mflop / per_token_us, per_token_us / tiled.us,
       simt.us / tiled.us);
-  cudaFree(kv);
-  for (void* d : owned) cudaFree(d);
 }
 
 }  // namespace

@@ -164,20 +164,26 @@ engine_run drive(llm_engine& engine, request_id aborted, size_t abort_after) {
   return r;
 }
 
+// The engine of both workloads: 16-token blocks, a device pool of `kv_blocks` small enough to preempt
+// (by swap into 16 host blocks, or recompute), and a token budget that chunks the prompts.
+engine_options workload_options(int32_t kv_blocks, int32_t max_batched_tokens, bool overlap) {
+  engine_options eo;
+  eo.block_size = 16;
+  eo.num_kv_blocks = kv_blocks;
+  eo.num_host_blocks = 16;
+  eo.max_num_batched_tokens = max_batched_tokens;
+  eo.watermark = 0;
+  eo.overlap_steps = overlap;
+  return eo;
+}
+
 // Requests of every kind the engine treats differently when it overlaps: greedy and seeded draws, a
 // max_tokens of 1 (its token is its last: no placeholder), min_tokens and a stop id, logprobs, a
 // request with penalties (drawn a token ahead, counting the token still on the device), an
 // n = 2 fork, prompts long enough to be chunked, and one request aborted after its third token, with
 // a KV pool small enough that sequences are preempted (swap and recompute) on the way.
 engine_run run_workload(executor& exec, bool overlap) {
-  engine_options eo;
-  eo.block_size = 16;
-  eo.num_kv_blocks = 20;
-  eo.num_host_blocks = 16;
-  eo.max_num_batched_tokens = 64;
-  eo.watermark = 0;
-  eo.overlap_steps = overlap;
-  llm_engine engine(exec, nullptr, eo);
+  llm_engine engine(exec, nullptr, workload_options(20, 64, overlap));
   const int32_t vocab = exec.config().vocab_size;
   std::vector<request_id> ids;
   for (int32_t i = 0; i < 9; ++i) {
@@ -258,13 +264,7 @@ engine_run run_constrained_workload(executor& exec, bool overlap) {
         return compile_result{std::make_shared<test_support::scripted_compiled>(script, 0)};
       },
       std::chrono::milliseconds(3));
-  engine_options eo;
-  eo.block_size = 16;
-  eo.num_kv_blocks = 14;
-  eo.num_host_blocks = 16;
-  eo.max_num_batched_tokens = 48;
-  eo.watermark = 0;
-  eo.overlap_steps = overlap;
+  engine_options eo = workload_options(14, 48, overlap);
   eo.constraints = backend;
   llm_engine engine(exec, nullptr, eo);
   std::vector<request_id> ids;
