@@ -529,49 +529,81 @@ void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   }
 }
 
-template <int D, int VEC, class T, class C>
-void launch_for_group(const paged_attention_args<T, C>& a, cudaStream_t stream) {
+// What to do with the kernel a launch of `a` runs: launch it, or count the CTAs of it a multiprocessor
+// holds (for the split plan). Both go through with_kernel, so the kernel counted is the one launched.
+struct launch_action {
+  cudaStream_t stream;
+  template <int D, int VEC, int G, class T, class C>
+  void run(const paged_attention_args<T, C>& a) const {
+    launch_kernels<D, VEC, G>(a, stream);
+  }
+};
+struct occupancy_action {
+  int32_t* ctas_per_sm;
+  template <int D, int VEC, int G, class T, class C>
+  void run(const paged_attention_args<T, C>& a) const {
+    *ctas_per_sm = a.warp_tiles ? resident_ctas_per_sm(paged_attention_warp_kernel<D, G, T, C>, kThreads)
+                                : resident_ctas_per_sm(paged_attention_kernel<D, VEC, G, T, C>, kThreads);
+  }
+};
+
+template <int D, int VEC, class T, class C, class Action>
+void for_group(const paged_attention_args<T, C>& a, const Action& action) {
   switch (heads_per_cta(a.num_heads / a.layout.num_kv_heads)) {
-    case 1: return launch_kernels<D, VEC, 1>(a, stream);
-    case 2: return launch_kernels<D, VEC, 2>(a, stream);
-    case 4: return launch_kernels<D, VEC, 4>(a, stream);
-    default: return launch_kernels<D, VEC, kMaxGroup>(a, stream);
+    case 1: return action.template run<D, VEC, 1>(a);
+    case 2: return action.template run<D, VEC, 2>(a);
+    case 4: return action.template run<D, VEC, 4>(a);
+    default: return action.template run<D, VEC, kMaxGroup>(a);
   }
 }
 
-template <int D, class T, class C>
-void launch_for_dim(const paged_attention_args<T, C>& a, cudaStream_t stream) {
+template <int D, class T, class C, class Action>
+void for_dim(const paged_attention_args<T, C>& a, const Action& action) {
   // v1's V elements per thread: 16 bytes of a 2- or 4-byte cache; 8 fp8 elements (8 bytes), not 16,
   // whose per-thread accumulators and per-part shared sums (acc_s: 16 parts x 8 heads x D floats) would
   // not fit. (Its 8-byte variant, TESSERA_ATTN_VEC_BYTES=8, went with v2: a third of this file's
   // kernel instantiations and of its nvcc time, for a kernel that is now the fallback.)
   constexpr int vec16 = 16 / static_cast<int>(sizeof(C) < 2 ? 2 : sizeof(C));
-  launch_for_group<D, vec16>(a, stream);
+  for_group<D, vec16>(a, action);
+}
+
+// The kernel for a's head_dim, GQA group, types and warp_tiles, given to `action`.
+template <class T, class C, class Action>
+void with_kernel(const paged_attention_args<T, C>& a, const Action& action) {
+  if (a.layout.num_kv_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
+    throw std::invalid_argument("paged_attention: num_heads must be a multiple of num_kv_heads");
+  }
+  switch (a.layout.head_dim) {
+    case 32: return for_dim<32>(a, action);
+    case 64: return for_dim<64>(a, action);
+    case 128: return for_dim<128>(a, action);
+    case 256: return for_dim<256>(a, action);
+    default:
+      throw std::invalid_argument("paged_attention: head_dim " + std::to_string(a.layout.head_dim) +
+                                  " is not compiled (32, 64, 128, 256)");
+  }
 }
 
 template <class T, class C>
 void launch(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return;
-  if (a.layout.num_kv_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
-    throw std::invalid_argument("paged_attention: num_heads must be a multiple of num_kv_heads");
-  }
   if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
     throw std::invalid_argument("paged_attention: bad split (num_splits, partition_size, workspace)");
   }
-  if (a.layout.num_kv_heads * ((a.num_heads / a.layout.num_kv_heads + kMaxGroup - 1) / kMaxGroup) > 65535) {
+  if (a.layout.num_kv_heads * ((a.num_heads / std::max(a.layout.num_kv_heads, 1) + kMaxGroup - 1) / kMaxGroup) >
+      65535) {
     throw std::invalid_argument("paged_attention: too many heads for one launch");
   }
   if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("paged_attention: negative window or soft-cap");
   if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("paged_attention: scales must be > 0");
-  switch (a.layout.head_dim) {
-    case 32: return launch_for_dim<32>(a, stream);
-    case 64: return launch_for_dim<64>(a, stream);
-    case 128: return launch_for_dim<128>(a, stream);
-    case 256: return launch_for_dim<256>(a, stream);
-    default:
-      throw std::invalid_argument("paged_attention: head_dim " + std::to_string(a.layout.head_dim) +
-                                  " is not compiled (32, 64, 128, 256)");
-  }
+  with_kernel(a, launch_action{stream});
+}
+
+template <class T, class C>
+int32_t ctas_per_sm(const paged_attention_args<T, C>& a) {
+  int32_t n = 0;
+  with_kernel(a, occupancy_action{&n});
+  return n;
 }
 
 }  // namespace
@@ -584,21 +616,22 @@ int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_
   return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
 }
 
-split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_t max_context, int32_t num_sms) {
+split_plan plan_attention_split(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t max_context,
+                                cta_slots slots) {
   split_plan p;
-  // Split only when the unsplit grid would leave multiprocessors idle (decode of a small batch), into
-  // partitions of at least two tiles, for about 4 CTAs per SM in all. Partitions are whole tiles.
+  if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) return p;
+  // Split only when the unsplit grid leaves part of a wave idle (decode of a small batch) and the walk
+  // is over two tiles, into as many partitions as fill the wave without starting a second, at most one
+  // per two tiles of the walk, each of whole tiles.
   constexpr int32_t min_partition = 2 * kTile;
-  const int64_t ctas = static_cast<int64_t>(num_tokens) * num_kv_heads;
-  if (ctas == 0 || max_context <= min_partition || ctas >= 2 * static_cast<int64_t>(num_sms)) return p;
-  const int64_t want = (4 * static_cast<int64_t>(num_sms) + ctas - 1) / ctas;
-  const int64_t most = (max_context + min_partition - 1) / min_partition;
-  const int64_t splits = std::clamp<int64_t>(std::min(want, most), 1, 256);
-  if (splits == 1) return p;
-  p.num_splits = static_cast<int32_t>(splits);
-  p.partition_size = static_cast<int32_t>(((max_context + splits - 1) / splits + kTile - 1) / kTile * kTile);
-  return p;
+  const int32_t group = num_heads / num_kv_heads;
+  const int64_t ctas = static_cast<int64_t>(num_tokens) * num_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
+  return plan_wave_split(ctas, max_context, min_partition, kTile, slots);
 }
+
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<float>& a) { return ctas_per_sm(a); }
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<bf16>& a) { return ctas_per_sm(a); }
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<bf16, fp8_e4m3>& a) { return ctas_per_sm(a); }
 
 void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream) { launch(a, stream); }
 void paged_attention(const paged_attention_args<bf16>& a, cudaStream_t stream) { launch(a, stream); }

@@ -7,9 +7,10 @@
 //
 // GQA: one CTA serves all query heads of a KV head (up to 8 at a time), so each K/V row is read once
 // per group, not once per query head. Online softmax (flash-attention's running max / sum), fp32.
-// Split-KV (flash-decoding): when there are too few (token, KV head) pairs to fill the GPU and the
-// context is long, each pair's context is cut into partitions processed by separate CTAs, whose
-// partial results (max, sum, unnormalised output) a second kernel combines.
+// Split-KV (flash-decoding): when there are too few (token, KV head) pairs to fill a wave of the GPU
+// (the kernel's resident CTAs per SM, from the occupancy query, times the SMs) and the context is
+// long, each pair's context is cut into partitions processed by separate CTAs, whose partial results
+// (max, sum, unnormalised output) the last of them (or a second kernel) combines.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -44,11 +45,19 @@ bool attention_supports_head_dim(int32_t head_dim);
 // Floats of workspace a split launch needs.
 int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t num_splits);
 
+// CTAs of the kernel a launch of `a` runs (by its head_dim, GQA group, types and warp_tiles) one
+// multiprocessor holds: cta_slots::per_sm for plan_attention_split. Throws as paged_attention for an
+// unsupported head_dim or head counts.
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<float>& a);
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<bf16>& a);
+int32_t paged_attention_ctas_per_sm(const paged_attention_args<bf16, fp8_e4m3>& a);
+
 // How to split: (num_splits, partition_size) for `num_tokens` queries that each walk at most
-// `max_context` positions (the context, or the window on a sliding-window layer) on a GPU of `num_sms`
-// multiprocessors. num_splits == 1 when the (token, KV head) CTAs already fill the GPU or the walk is
-// short.
-split_plan plan_attention_split(int32_t num_tokens, int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
+// `max_context` positions (the context, or the window on a sliding-window layer), with the kernel's
+// `slots` (plan_wave_split): num_splits == 1 when the (token, head group) CTAs already fill a wave or
+// the walk is short (at most two 128-position tiles; partitions of whole tiles).
+split_plan plan_attention_split(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t max_context,
+                                cta_slots slots);
 
 // Throws std::invalid_argument for an unsupported head_dim or a bad split.
 void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream);

@@ -391,6 +391,7 @@ class cuda_executor final : public executor {
         gpu::prefill_tile_tokens(prefill_kind, config_.head_dim, config_.num_heads, config_.num_kv_heads);
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+    count_attention_slots();
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&swap_done_, cudaEventDisableTiming));
@@ -999,7 +1000,8 @@ class cuda_executor final : public executor {
       const int32_t window = window_classes_[c];
       // A tree row walks from its position's window to its slot, tree_lag_ further.
       const int32_t walk = window > 0 ? std::min(widest_context, window + tree_lag_) : widest_context;
-      split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_kv_heads, walk, num_sms_);
+      split_[c] = gpu::plan_attention_split(num_tokens_ - num_prefill_tokens_, config_.num_heads, config_.num_kv_heads,
+                                            walk, decode_slots_);
       if (split_[c].num_splits > 1) {
         reserve_split_counters(static_cast<int64_t>(num_tokens_) * config_.num_heads);
         workspace = std::max(workspace, gpu::attention_workspace_floats(num_tokens_, config_.num_heads,
@@ -1013,9 +1015,9 @@ class cuda_executor final : public executor {
         const int32_t begin = window > 0 ? std::max(0, t.first_position - tree_lag_ - window + 1) : 0;
         prefill_walk = std::max(prefill_walk, t.first_position + t.num_tokens - begin);
       }
-      prefill_split_[c] =
-          gpu::plan_prefill_split(prefill_kind, static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim,
-                                  config_.num_heads, config_.num_kv_heads, prefill_walk, num_sms_);
+      prefill_split_[c] = gpu::plan_prefill_split(
+          prefill_kind, static_cast<int32_t>(prefill_tiles_.size()), config_.head_dim, config_.num_heads,
+          config_.num_kv_heads, prefill_walk, tree_root_.empty() ? prefill_slots_ : tree_prefill_slots_);
       if (prefill_split_[c].num_splits > 1) {
         reserve_split_counters(std::min<int64_t>(static_cast<int64_t>(prefill_tiles_.size()), 65535) *
                                config_.num_heads);
@@ -1049,6 +1051,20 @@ class cuda_executor final : public executor {
                             " names no token the previous step sampled on the device");
     }
     return sampled_row_of_seq_[static_cast<size_t>(from)];
+  }
+
+  // A wave of each attention kernel this executor launches (its split plans fill one): the kernels
+  // are chosen by the layout, the head counts and the types, so this is known before any step.
+  void count_attention_slots() {
+    gpu::paged_attention_args<T, C> decode;
+    decode.layout = layout_;
+    decode.num_heads = config_.num_heads;
+    decode_slots_ = {num_sms_, gpu::paged_attention_ctas_per_sm(decode)};
+    gpu::prefill_attention_args<T, C> prefill;
+    prefill.layout = layout_;
+    prefill.num_heads = config_.num_heads;
+    prefill_slots_ = {num_sms_, gpu::prefill_attention_ctas_per_sm(prefill, /*with_trees=*/false)};
+    tree_prefill_slots_ = {num_sms_, gpu::prefill_attention_ctas_per_sm(prefill, /*with_trees=*/true)};
   }
 
   // paged_attention_args::split_counters: zero when allocated, and the kernels leave them zero.
@@ -1554,6 +1570,8 @@ class cuda_executor final : public executor {
   kv_cache_spec spec_;
   int device_ = 0;
   int num_sms_ = 0;
+  // One wave of each attention kernel (count_attention_slots): decode, prefill, prefill with trees.
+  gpu::cta_slots decode_slots_, prefill_slots_, tree_prefill_slots_;
   gpu::kv_layout layout_;
   kv_layer_groups groups_;  // how the layers share blocks (one group of all, unless options.kv_layer_groups)
   int64_t block_bytes_ = 0;

@@ -450,6 +450,19 @@ void rms_norm_rows(bf16* out, const float* x, const int32_t* row_index, const fl
   launch_rms_norm(out, const_cast<float*>(x), y, post_weight, row_index, weight, rows, hidden, eps, stream);
 }
 
+split_plan plan_wave_split(int64_t ctas, int32_t max_context, int32_t min_partition, int32_t granule, cta_slots slots) {
+  const int64_t wave = std::max<int64_t>(slots.total(), 1);
+  if (ctas < 1 || min_partition < 1 || granule < 1 || ctas >= wave || max_context <= min_partition) return {};
+  const int64_t most = (static_cast<int64_t>(max_context) + min_partition - 1) / min_partition;
+  const int64_t splits = std::min<int64_t>({wave / ctas, most, 256});
+  if (splits <= 1) return {};
+  const int64_t partition = ((max_context + splits - 1) / splits + granule - 1) / granule * granule;
+  split_plan p;
+  p.num_splits = static_cast<int32_t>((max_context + partition - 1) / partition);  // none left empty
+  p.partition_size = static_cast<int32_t>(partition);
+  return p.num_splits > 1 ? p : split_plan{};
+}
+
 void silu_and_mul(float* out, const float* gate_up, int32_t rows, int32_t inter, cudaStream_t stream) {
   launch_gated_and_mul<gated_act::silu>(out, gate_up, rows, inter, stream);
 }

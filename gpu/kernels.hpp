@@ -148,6 +148,23 @@ struct split_plan {
   int32_t partition_size = 0;
 };
 
+// The CTAs of one kernel a GPU runs at once (a "wave"): its multiprocessors times the CTAs of that
+// kernel one of them holds (per_sm: cudaOccupancyMaxActiveBlocksPerMultiprocessor, which counts the
+// kernel's registers, shared memory and threads). The split plans fill one wave, as FlashInfer's
+// decode planner does (max_grid_size = blocks per SM x SMs): fewer CTAs leave multiprocessors idle,
+// more add a second, partly empty wave and more partials to merge.
+struct cta_slots {
+  int32_t num_sms = 0;
+  int32_t per_sm = 0;
+  int64_t total() const { return static_cast<int64_t>(num_sms) * per_sm; }
+};
+
+// The split of `ctas` unsplit CTAs walking at most `max_context` positions: none when they fill a wave
+// of `slots` already or the walk is at most `min_partition`; else as many partitions as fill the wave
+// without starting a second, at most ceil(max_context / min_partition) and 256, each a multiple of
+// `granule` positions (none left empty).
+split_plan plan_wave_split(int64_t ctas, int32_t max_context, int32_t min_partition, int32_t granule, cta_slots slots);
+
 // RoPE fused with the KV write, for one layer. qkv [tokens, qkv_stride] f32 holds each token's
 // Q (num_heads * head_dim) | K | V (num_kv_heads * head_dim each). In this order, in place:
 //   1. + bias (Q|K|V biases side by side, as qkv's columns: Qwen2), when bias is given;

@@ -27,6 +27,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/cuda_check.hpp"
+
 #if defined(TESSERA_CUDA_EMULATION)
 // The emulation's include/ folder is on the include path only in its own build (a test tool).
 #include <cuda_emu/launch.hpp>
@@ -44,6 +49,15 @@
 
 namespace tessera::gpu {
 
+// CTAs of `kernel` one multiprocessor holds at `threads` per CTA and `dynamic_shared` bytes (at least
+// 1: a kernel that fits none would fail at launch, and a plan that counts on it would divide by 0).
+template <class Kernel>
+int32_t resident_ctas_per_sm(Kernel* kernel, int threads, size_t dynamic_shared = 0) {
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared));
+  return blocks > 1 ? blocks : 1;
+}
+
 // The first statement of every kernel launched with TESSERA_LAUNCH_PDL (see the top of this file).
 __device__ __forceinline__ void pdl_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -58,8 +72,6 @@ __device__ __forceinline__ void pdl_prologue() {
 #include <cstdlib>
 #include <cstring>
 #include <utility>
-
-#include "gpu/cuda_check.hpp"
 
 namespace tessera::gpu {
 

@@ -324,6 +324,41 @@ void launch_kernel(const prefill_attention_args<T, C>& a, dim3 grid, int32_t hea
   (a, heads_per_cta, group_chunks);
 }
 
+// CTAs per SM of the kernel launch_kernel<D, Trees> launches for a.
+template <int D, bool Trees, class T, class C>
+int32_t kernel_ctas_per_sm(const prefill_attention_args<T, C>& a) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (prefill_kernel_of(a) == prefill_kernel::tensor_cores) {
+      return resident_ctas_per_sm(detail::prefill_attention_mma_kernel<D, C, Trees>,
+                                  detail::mma_tile_shape<D>::threads);
+    }
+  }
+  return resident_ctas_per_sm(prefill_attention_kernel<D, T, C, Trees>, tile_shape<D>::threads);
+}
+
+// f(std::integral_constant<int, D>) for a compiled head_dim D (tile_rows says which).
+template <class F>
+decltype(auto) with_head_dim(int32_t head_dim, F&& f) {
+  switch (head_dim) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return f(std::integral_constant<int, 256>{});
+  }
+}
+
+// The shape checks every use of a kernel needs: head counts, and a compiled head_dim.
+template <class T, class C>
+void check_shape(const prefill_attention_args<T, C>& a) {
+  if (a.layout.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
+    throw std::invalid_argument("prefill_attention: num_heads must be a positive multiple of num_kv_heads");
+  }
+  if (tile_rows(prefill_kernel_of(a), a.layout.head_dim) == 0) {
+    throw std::invalid_argument("prefill_attention: head_dim " + std::to_string(a.layout.head_dim) +
+                                " is not compiled (32, 64, 128, 256)");
+  }
+}
+
 template <int D, class T, class C>
 void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
@@ -356,14 +391,8 @@ void launch_for_dim(const prefill_attention_args<T, C>& a, cudaStream_t stream) 
 template <class T, class C>
 void launch(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.num_tiles <= 0) return;
-  if (a.layout.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
-    throw std::invalid_argument("prefill_attention: num_heads must be a positive multiple of num_kv_heads");
-  }
+  check_shape(a);
   const prefill_kernel kernel = prefill_kernel_of(a);
-  if (tile_rows(kernel, a.layout.head_dim) == 0) {
-    throw std::invalid_argument("prefill_attention: head_dim " + std::to_string(a.layout.head_dim) +
-                                " is not compiled (32, 64, 128, 256)");
-  }
   // The kernel gives each tile token heads_per_cta rows: tiles cut for another shape or kernel would
   // overflow.
   if (a.tile_tokens != prefill_tile_tokens(kernel, a.layout.head_dim, a.num_heads, a.layout.num_kv_heads)) {
@@ -376,12 +405,16 @@ void launch(const prefill_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.window < 0 || !(a.softcap >= 0.0f))
     throw std::invalid_argument("prefill_attention: negative window or soft-cap");
   if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("prefill_attention: scales must be > 0");
-  switch (a.layout.head_dim) {
-    case 32: return launch_for_dim<32>(a, stream);
-    case 64: return launch_for_dim<64>(a, stream);
-    case 128: return launch_for_dim<128>(a, stream);
-    default: return launch_for_dim<256>(a, stream);
-  }
+  with_head_dim(a.layout.head_dim, [&](auto d) { launch_for_dim<decltype(d)::value>(a, stream); });
+}
+
+template <class T, class C>
+int32_t ctas_per_sm(const prefill_attention_args<T, C>& a, bool with_trees) {
+  check_shape(a);
+  return with_head_dim(a.layout.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return with_trees ? kernel_ctas_per_sm<D, true>(a) : kernel_ctas_per_sm<D, false>(a);
+  });
 }
 
 }  // namespace
@@ -393,24 +426,15 @@ int32_t prefill_tile_tokens(prefill_kernel kernel, int32_t head_dim, int32_t num
 }
 
 split_plan plan_prefill_split(prefill_kernel kernel, int32_t num_tiles, int32_t head_dim, int32_t num_heads,
-                              int32_t num_kv_heads, int32_t max_context, int32_t num_sms) {
-  split_plan p;
-  if (prefill_tile_tokens(kernel, head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return p;
-  // As plan_attention_split: partitions of >= 512 positions, and only when the unsplit grid (at about
-  // 2 resident CTAs per SM) would leave multiprocessors idle; then about 2 CTAs per SM in all.
-  constexpr int32_t min_partition = 512;
+                              int32_t num_kv_heads, int32_t max_context, cta_slots slots) {
+  if (prefill_tile_tokens(kernel, head_dim, num_heads, num_kv_heads) == 0 || num_tiles < 1) return {};
+  // As plan_attention_split, for walks over 1024 positions, in partitions of over 512 (n / ceil(n /
+  // 1024) > 512 for n > 1024), each a multiple of every K-tile size (16, 32), so that no K tile is cut
+  // in two.
   const int32_t group = num_heads / num_kv_heads;
   const int32_t heads_per_cta = std::min(group, tile_rows(kernel, head_dim));
   const int64_t ctas = static_cast<int64_t>(num_tiles) * num_kv_heads * ((group + heads_per_cta - 1) / heads_per_cta);
-  if (max_context <= 2 * min_partition || ctas >= 2 * static_cast<int64_t>(num_sms)) return p;
-  const int64_t want = (2 * static_cast<int64_t>(num_sms) + ctas - 1) / ctas;
-  const int64_t most = (max_context + min_partition - 1) / min_partition;
-  const int64_t splits = std::clamp<int64_t>(std::min(want, most), 1, 256);
-  if (splits == 1) return p;
-  p.num_splits = static_cast<int32_t>(splits);
-  // A multiple of every K-tile size (16, 32), so the partitions cut no K tile in two.
-  p.partition_size = static_cast<int32_t>((max_context + splits - 1) / splits + 31) / 32 * 32;
-  return p;
+  return plan_wave_split(ctas, max_context, 1024, 32, slots);
 }
 
 int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,
@@ -439,6 +463,16 @@ std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& ch
     return x.first_position + x.num_tokens > y.first_position + y.num_tokens;
   });
   return tiles;
+}
+
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<float>& a, bool with_trees) {
+  return ctas_per_sm(a, with_trees);
+}
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<bf16>& a, bool with_trees) {
+  return ctas_per_sm(a, with_trees);
+}
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<bf16, fp8_e4m3>& a, bool with_trees) {
+  return ctas_per_sm(a, with_trees);
 }
 
 void prefill_attention(const prefill_attention_args<float>& a, cudaStream_t stream) { launch(a, stream); }

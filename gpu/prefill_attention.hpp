@@ -94,13 +94,20 @@ int32_t prefill_min_tokens_from_env() noexcept;
 // scheduled first and the short ones fill the tail. Chunks with no tokens are skipped.
 std::vector<prefill_tile> plan_prefill_tiles(const std::vector<prefill_tile>& chunks, int32_t tile_tokens);
 
+// CTAs of the kernel a launch of `a` runs one multiprocessor holds, in its variant for token trees
+// (a launch with tree.root set) or without: cta_slots::per_sm for plan_prefill_split. Throws as
+// prefill_attention for an unsupported head_dim or head counts.
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<float>& a, bool with_trees);
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<bf16>& a, bool with_trees);
+int32_t prefill_attention_ctas_per_sm(const prefill_attention_args<bf16, fp8_e4m3>& a, bool with_trees);
+
 // How to split: (num_splits, partition_size) for `num_tiles` tiles reading at most `max_context`
-// positions each (on a sliding-window layer: from the first row's window start to the last row) on a
-// GPU of `num_sms` multiprocessors. num_splits == 1 when the tiles' CTAs already fill
-// the GPU or the context is short (a whole prompt: many tiles; a short chunk after a long cached
-// prefix: few tiles, long walks, so split).
+// positions each (on a sliding-window layer: from the first row's window start to the last row), with
+// the kernel's `slots` (plan_wave_split, walks over 1024 positions, partitions of over 512). num_splits == 1 when
+// the tiles' CTAs already fill a wave or the context is short (a whole prompt: many tiles; a short
+// chunk after a long cached prefix: few tiles, long walks, so split).
 split_plan plan_prefill_split(prefill_kernel kernel, int32_t num_tiles, int32_t head_dim, int32_t num_heads,
-                              int32_t num_kv_heads, int32_t max_context, int32_t num_sms);
+                              int32_t num_kv_heads, int32_t max_context, cta_slots slots);
 
 // Floats of workspace a split launch needs.
 int64_t prefill_workspace_floats(int32_t num_tiles, int32_t tile_tokens, int32_t num_heads, int32_t head_dim,

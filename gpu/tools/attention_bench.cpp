@@ -4,8 +4,11 @@
 //   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
 //            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes), the v2
 //            kernel (warp tiles, the default) and v1 (v1_*), and the tensor-core prefill kernel on
-//            1-token tiles (tc_*);
-//   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*) against
+//            1-token tiles (tc_*); each kernel's resident CTAs per SM (the occupancy its split plan
+//            fills a wave of), and v2 once more with the split planned for 4 CTAs per SM (wave4_*:
+//            the fixed figure the plan used before it asked the occupancy);
+//   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*, with their
+//            resident CTAs per SM) against
 //            paged_attention on the same causal prompt chunk,
 //            as achieved TFLOP/s (4 * head_dim * heads FLOPs per visible (query, position) pair: the
 //            QK^T and PV multiply-adds) and their ratio.
@@ -80,13 +83,15 @@ class device_buffers {
   std::vector<void*> owned_;
 };
 
-// p's split as the executor plans it for its tiles reading at most `context` positions, with the
-// workspace and the counters of the fused merge (zeroed once, left zero by the kernel).
+// p's split as the executor plans it for its tiles reading at most `context` positions (a wave of
+// its kernel), with the workspace and the counters of the fused merge (zeroed once, left zero by the
+// kernel).
 template <class C>
-split_plan plan_split(prefill_attention_args<bf16, C>& p, int32_t context, int num_sms, device_buffers& mem) {
+split_plan plan_split(prefill_attention_args<bf16, C>& p, int32_t context, const cta_slots& slots,
+                      device_buffers& mem) {
   const int32_t head_dim = p.layout.head_dim;
   const split_plan plan = plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, p.num_heads,
-                                             p.layout.num_kv_heads, context, num_sms);
+                                             p.layout.num_kv_heads, context, slots);
   p.num_splits = plan.num_splits;
   p.partition_size = plan.partition_size;
   if (plan.num_splits > 1) {
@@ -123,16 +128,26 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   a.block_tables = mem.upload(tables);
   a.max_blocks_per_seq = blocks_per_seq;
   a.scale = 0.088f;
-  const split_plan plan = plan_attention_split(batch, 8, context, num_sms);
-  a.num_splits = plan.num_splits;
-  a.partition_size = plan.partition_size;
-  if (plan.num_splits > 1) {
-    a.workspace = mem.zeros<float>(size_t(attention_workspace_floats(batch, num_heads, 128, plan.num_splits)));
-    // The executor's fused merge (one launch): counters zeroed once, left zero by the kernel.
+  const int32_t ctas_per_sm = paged_attention_ctas_per_sm(a);
+  const split_plan plan = plan_attention_split(batch, num_heads, 8, context, {num_sms, ctas_per_sm});
+  const split_plan wave4_plan = plan_attention_split(batch, num_heads, 8, context, {num_sms, 4});
+  // The executor's fused merge (one launch): counters zeroed once, left zero by the kernel; the
+  // workspace sized for the larger of the two plans.
+  const int32_t most_splits = std::max(plan.num_splits, wave4_plan.num_splits);
+  if (most_splits > 1) {
     a.split_counters = mem.zeros<int32_t>(size_t(batch) * num_heads);
+    a.workspace = mem.zeros<float>(size_t(attention_workspace_floats(batch, num_heads, 128, most_splits)));
   }
+  auto use_plan = [&](const split_plan& chosen) {
+    a.num_splits = chosen.num_splits;
+    a.partition_size = chosen.partition_size;
+  };
+  use_plan(wave4_plan);
+  const double wave4_secs = time_calls([&] { paged_attention(a, nullptr); });
+  use_plan(plan);
   const double secs = time_calls([&] { paged_attention(a, nullptr); });
   a.warp_tiles = false;
+  const int32_t v1_ctas_per_sm = paged_attention_ctas_per_sm(a);
   const double v1_secs = time_calls([&] { paged_attention(a, nullptr); });
 
   // The same decode work on the tensor-core prefill kernel, one 1-token tile per sequence (its CTA's
@@ -145,16 +160,19 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   p.tile_tokens = prefill_tile_tokens(prefill_kernel_of(p), 128, num_heads, 8);
   p.tiles = mem.upload(one_token_tiles);
   p.num_tiles = batch;
-  const split_plan tc_plan = plan_split(p, context, num_sms, mem);
+  const int32_t tc_ctas_per_sm = prefill_attention_ctas_per_sm(p, /*with_trees=*/false);
+  const split_plan tc_plan = plan_split(p, context, {num_sms, tc_ctas_per_sm}, mem);
   const double tc_secs = time_calls([&] { prefill_attention(p, nullptr); });
 
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
   std::printf(
-      "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"splits\": %d, "
-      "\"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f, "
-      "\"tc_splits\": %d, \"tc_us\": %.1f, \"tc_pct_of_4800GBps\": %.1f}\n",
-      sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, plan.num_splits, secs * 1e6, bytes / secs / 1e9,
-      bytes / secs / 4.8e12 * 100, v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100, tc_plan.num_splits, tc_secs * 1e6,
+      "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"ctas_per_sm\": %d, "
+      "\"splits\": %d, \"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"wave4_splits\": %d, "
+      "\"wave4_us\": %.1f, \"v1_ctas_per_sm\": %d, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f, "
+      "\"tc_ctas_per_sm\": %d, \"tc_splits\": %d, \"tc_us\": %.1f, \"tc_pct_of_4800GBps\": %.1f}\n",
+      sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, ctas_per_sm, plan.num_splits, secs * 1e6,
+      bytes / secs / 1e9, bytes / secs / 4.8e12 * 100, wave4_plan.num_splits, wave4_secs * 1e6, v1_ctas_per_sm,
+      v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100, tc_ctas_per_sm, tc_plan.num_splits, tc_secs * 1e6,
       bytes / tc_secs / 4.8e12 * 100);
 }
 
@@ -197,7 +215,7 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
   // executor's tiles and split plan (a split's counters zeroed once, left zero by the kernel).
   struct tiled_run {
     double us = 0;
-    int32_t tile_tokens = 0, splits = 1;
+    int32_t tile_tokens = 0, splits = 1, ctas_per_sm = 0;
   };
   auto run_tiled = [&](bool tensor_cores) {
     prefill_attention_args<bf16> p;
@@ -207,8 +225,10 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
     const std::vector<prefill_tile> tiles = plan_prefill_tiles({{0, chunk, cached, 0}}, p.tile_tokens);
     p.tiles = mem.upload(tiles);
     p.num_tiles = static_cast<int32_t>(tiles.size());
-    const split_plan plan = plan_split(p, context, num_sms, mem);
-    return tiled_run{time_calls([&] { prefill_attention(p, nullptr); }) * 1e6, p.tile_tokens, plan.num_splits};
+    const int32_t ctas_per_sm = prefill_attention_ctas_per_sm(p, /*with_trees=*/false);
+    const split_plan plan = plan_split(p, context, {num_sms, ctas_per_sm}, mem);
+    return tiled_run{time_calls([&] { prefill_attention(p, nullptr); }) * 1e6, p.tile_tokens, plan.num_splits,
+                     ctas_per_sm};
   };
   const tiled_run tiled = run_tiled(true), simt = run_tiled(false);
 
@@ -217,7 +237,8 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
   a.num_tokens = chunk;
   a.context_lens = mem.upload(ctx);
   a.token_seq = mem.upload(seq);
-  const split_plan plan = plan_attention_split(chunk, num_kv_heads, context, num_sms);  // as the executor would
+  const split_plan plan =  // as the executor would
+      plan_attention_split(chunk, num_heads, num_kv_heads, context, {num_sms, paged_attention_ctas_per_sm(a)});
   a.num_splits = plan.num_splits;
   a.partition_size = plan.partition_size;
   if (plan.num_splits > 1) {
@@ -230,12 +251,13 @@ void bench_prefill(const attention_shape& shape, int32_t cached, int32_t chunk, 
   const double mflop = 4.0 * head_dim * num_heads * pairs / 1e6;  // MFLOP per µs = TFLOP/s
   std::printf(
       "{\"bench\": \"prefill_attention\", \"shape\": \"%s\", \"cached\": %d, \"chunk\": %d, "
-      "\"tile_tokens\": %d, \"tiled_splits\": %d, \"tiled_us\": %.1f, \"tiled_TFLOPs\": %.2f, "
-      "\"simt_tile_tokens\": %d, \"simt_us\": %.1f, \"simt_TFLOPs\": %.2f, \"paged_splits\": %d, "
-      "\"paged_us\": %.1f, \"paged_TFLOPs\": %.2f, \"speedup\": %.2f, \"speedup_over_simt\": %.2f}\n",
-      shape.name, cached, chunk, tiled.tile_tokens, tiled.splits, tiled.us, mflop / tiled.us, simt.tile_tokens, simt.us,
-      mflop / simt.us, plan.num_splits, per_token_us, mflop / per_token_us, per_token_us / tiled.us,
-      simt.us / tiled.us);
+      "\"tile_tokens\": %d, \"tiled_ctas_per_sm\": %d, \"tiled_splits\": %d, \"tiled_us\": %.1f, "
+      "\"tiled_TFLOPs\": %.2f, \"simt_tile_tokens\": %d, \"simt_ctas_per_sm\": %d, \"simt_splits\": %d, "
+      "\"simt_us\": %.1f, \"simt_TFLOPs\": %.2f, \"paged_splits\": %d, \"paged_us\": %.1f, "
+      "\"paged_TFLOPs\": %.2f, \"speedup\": %.2f, \"speedup_over_simt\": %.2f}\n",
+      shape.name, cached, chunk, tiled.tile_tokens, tiled.ctas_per_sm, tiled.splits, tiled.us, mflop / tiled.us,
+      simt.tile_tokens, simt.ctas_per_sm, simt.splits, simt.us, mflop / simt.us, plan.num_splits, per_token_us,
+      mflop / per_token_us, per_token_us / tiled.us, simt.us / tiled.us);
 }
 
 }  // namespace

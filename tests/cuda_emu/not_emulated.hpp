@@ -76,7 +76,6 @@ TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaGraphUpload)
 // ---- device properties and limits beyond cudaDeviceGetAttribute / cudaGetDeviceProperties --------
 TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaFuncGetAttributes)
 TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaFuncSetCacheConfig)
-TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaOccupancyMaxActiveBlocksPerMultiprocessor)
 TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaOccupancyMaxPotentialBlockSize)
 TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaDeviceSetLimit)
 TESSERA_EMU_NOT_EMULATED(cudaError_t, cudaDeviceGetLimit)

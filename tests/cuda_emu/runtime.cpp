@@ -567,6 +567,34 @@ cudaError_t set_function_attribute(const void* func, cudaFuncAttribute attr, int
   return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute not emulated");
 }
 
+// The emulation has no register file and cannot see a kernel's static shared memory, so occupancy is
+// the limits it can see: 2048 threads and 32 CTAs per SM, and 228 KiB of shared memory per SM for the
+// launch's dynamic shared memory plus the 1 KiB sm_90 reserves per CTA. A real GPU's answer is at most
+// this (its registers usually decide: gpu_attention_bench prints them on the device).
+cudaError_t max_active_blocks_per_sm(int* blocks, const void* func, int block_size, size_t dynamic_shared) {
+  if (!blocks || !func) return fail(cudaErrorInvalidValue, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(nullptr)");
+  if (block_size < 1 || block_size > 1024) {
+    return fail(cudaErrorInvalidValue,
+                "cudaOccupancyMaxActiveBlocksPerMultiprocessor: block size " + std::to_string(block_size));
+  }
+  constexpr int kThreadsPerSm = 2048, kCtasPerSm = 32, kSharedPerSm = 233472, kReservedPerCta = 1024;
+  size_t allowed = kStaticSharedLimit;
+  {
+    std::lock_guard lock(g().mu);
+    if (const auto it = g().max_dynamic_shared.find(func); it != g().max_dynamic_shared.end()) {
+      allowed = static_cast<size_t>(it->second);
+    }
+  }
+  if (dynamic_shared > allowed) {  // the launch would fail: no CTA fits
+    *blocks = 0;
+    return cudaSuccess;
+  }
+  const int warps = (block_size + 31) / 32;
+  const auto by_shared = static_cast<int>(kSharedPerSm / (dynamic_shared + kReservedPerCta));
+  *blocks = std::min({kThreadsPerSm / (32 * warps), kCtasPerSm, by_shared});
+  return cudaSuccess;
+}
+
 memory_stats memory() {
   std::lock_guard lock(g().mu);
   memory_stats m;

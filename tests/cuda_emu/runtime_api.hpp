@@ -211,3 +211,13 @@ template <class F>
 inline cudaError_t cudaFuncSetAttribute(F* func, cudaFuncAttribute attr, int value) {
   return ::tessera::gpu::emu::set_function_attribute(reinterpret_cast<const void*>(func), attr, value);
 }
+namespace tessera::gpu::emu {
+cudaError_t max_active_blocks_per_sm(int* blocks, const void* func, int block_size, size_t dynamic_shared);
+}
+// Without registers or static shared memory in its model: see docs/cuda_emulation.md.
+template <class F>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F* func, int block_size,
+                                                                 size_t dynamic_shared) {
+  return ::tessera::gpu::emu::max_active_blocks_per_sm(blocks, reinterpret_cast<const void*>(func), block_size,
+                                                       dynamic_shared);
+}

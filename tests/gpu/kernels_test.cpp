@@ -28,10 +28,12 @@ class GpuKernels : public device_fixture<> {
  protected:
   static bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
 
-  // The executor's split-KV plan for queries walking `walk` positions, or `forced_splits` (> 1) splits.
+  // The executor's split-KV plan for queries walking `walk` positions (a wave of the kernel on the
+  // emulation's 132 SMs), or `forced_splits` (> 1) splits.
   template <class Args>
   void plan_split(Args& a, int32_t num_kv_heads, int32_t head_dim, int32_t walk, int32_t forced_splits) {
-    split_plan plan = plan_attention_split(a.num_tokens, num_kv_heads, walk, 132);
+    split_plan plan =
+        plan_attention_split(a.num_tokens, a.num_heads, num_kv_heads, walk, {132, paged_attention_ctas_per_sm(a)});
     if (forced_splits > 1) plan = {forced_splits, (walk + forced_splits - 1) / forced_splits};
     a.num_splits = plan.num_splits;
     a.partition_size = plan.partition_size;
@@ -661,8 +663,8 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
       walk = std::max(walk, t.first_position + t.num_tokens -
                                 (c.window > 0 ? std::max(0, t.first_position - lag - c.window + 1) : 0));
     }
-    split_plan plan =
-        plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, num_heads, num_kv_heads, walk, 132);
+    split_plan plan = plan_prefill_split(prefill_kernel_of(p), p.num_tiles, head_dim, num_heads, num_kv_heads, walk,
+                                         {132, prefill_attention_ctas_per_sm(p, /*with_trees=*/true)});
     if (c.num_splits > 1) plan = {c.num_splits, (walk + c.num_splits - 1) / c.num_splits};
     p.num_splits = plan.num_splits;
     p.partition_size = plan.partition_size;
@@ -715,7 +717,13 @@ TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
   a.num_heads = 2;
   a.layout = {1, 1, 16, 96};
   EXPECT_THROW(paged_attention(a, nullptr), std::invalid_argument);
+  EXPECT_THROW(paged_attention_ctas_per_sm(a), std::invalid_argument);
   EXPECT_FALSE(attention_supports_head_dim(96));
+  a.layout.head_dim = 128;
+  EXPECT_GE(paged_attention_ctas_per_sm(a), 1);
+  a.num_heads = 3;  // not a multiple of the KV heads
+  a.layout.num_kv_heads = 2;
+  EXPECT_THROW(paged_attention_ctas_per_sm(a), std::invalid_argument);
 }
 
 TEST_F(GpuKernels, BlockCopyCopiesWholeBlocksAndNothingElse) {
@@ -830,16 +838,53 @@ TEST(ReferenceSelfCheck, RopeStylesAreTheSameRotationUpToAPermutation) {
 }
 
 TEST(ReferenceSelfCheck, SplitPlanOnlySplitsWhenTheGpuWouldIdle) {
-  EXPECT_EQ(plan_attention_split(1, 8, 256, 132).num_splits, 1);      // short context: one tile pair
-  EXPECT_EQ(plan_attention_split(256, 8, 32768, 132).num_splits, 1);  // big batch fills the GPU
-  const split_plan p = plan_attention_split(1, 8, 32768, 132);        // batch-1 decode at 32k
-  EXPECT_GT(p.num_splits, 1);
-  EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 32768);
-  EXPECT_GE(p.partition_size, 256);
-  EXPECT_EQ(p.partition_size % 128, 0);                              // whole tiles of positions
-  const split_plan shortish = plan_attention_split(1, 8, 600, 132);  // batch-1 decode at 600
-  EXPECT_EQ(shortish.num_splits, 3);
-  EXPECT_GE(int64_t{shortish.num_splits} * shortish.partition_size, 600);
+  const cta_slots h200{132, 2};                                              // 264 CTAs a wave
+  EXPECT_EQ(plan_attention_split(1, 32, 8, 256, h200).num_splits, 1);        // short context: one tile pair
+  EXPECT_EQ(plan_attention_split(64, 32, 8, 32768, h200).num_splits, 1);     // 512 CTAs: a wave and more
+  EXPECT_EQ(plan_attention_split(32, 32, 8, 32768, h200).num_splits, 1);     // 256: a second split would not fit
+  EXPECT_EQ(plan_attention_split(32, 32, 8, 4096, {132, 4}).num_splits, 2);  // ... at 4 CTAs per SM it does
+  const split_plan p = plan_attention_split(1, 32, 8, 32768, h200);          // batch-1 decode at 32k
+  EXPECT_EQ(p.num_splits, 32);  // 264 / 8 = 33 wanted; 1024-position partitions leave 32
+  EXPECT_EQ(p.partition_size, 1024);
+  const split_plan four = plan_attention_split(1, 32, 8, 32768, {132, 4});
+  EXPECT_EQ(four.num_splits, 64);
+  EXPECT_EQ(four.partition_size, 512);
+  // A group of 16 takes two CTAs per KV head (8 query heads a CTA): half the splits.
+  EXPECT_EQ(plan_attention_split(1, 128, 8, 32768, h200).num_splits, 16);
+  const split_plan shortish = plan_attention_split(1, 32, 8, 600, h200);  // batch-1 decode at 600
+  EXPECT_EQ(shortish.num_splits, 3);                                      // at most one per two tiles
+  EXPECT_EQ(shortish.partition_size, 256);
+  EXPECT_EQ(plan_attention_split(1, 30, 8, 32768, h200).num_splits, 1);  // heads not a multiple: no plan
+}
+
+TEST(ReferenceSelfCheck, WaveSplitFillsOneWaveInWholeGranulesWithNoEmptyPartition) {
+  for (const int32_t per_sm : {1, 2, 3, 4, 16}) {
+    for (const int64_t ctas : {1, 7, 8, 50, 131, 132, 200}) {
+      for (const int32_t context : {100, 257, 1000, 4096, 32768, 131072}) {
+        const cta_slots slots{132, per_sm};
+        const split_plan p = plan_wave_split(ctas, context, 256, 128, slots);
+        SCOPED_TRACE(testing::Message() << per_sm << " per SM, " << ctas << " CTAs, context " << context);
+        if (p.num_splits == 1) {
+          EXPECT_EQ(p.partition_size, 0);
+          // Unsplit only when already a wave, a short walk, or no room for two splits.
+          EXPECT_TRUE(ctas * 2 > slots.total() || context <= 256);
+          continue;
+        }
+        EXPECT_LE(ctas * p.num_splits, slots.total());  // one wave
+        EXPECT_LE(p.num_splits, 256);
+        EXPECT_EQ(p.partition_size % 128, 0);
+        EXPECT_GE(int64_t{p.num_splits} * p.partition_size, context);      // every position
+        EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, context);  // the last partition not empty
+        EXPECT_LE(p.num_splits, (context + 255) / 256);                    // one per min_partition at most
+      }
+    }
+  }
+  // Rounding to granules leaves fewer partitions than wanted: 300 positions, 5 wanted, 128 a granule.
+  const split_plan r = plan_wave_split(1, 300, 64, 128, {5, 1});
+  EXPECT_EQ(r.num_splits, 3);
+  EXPECT_EQ(r.partition_size, 128);
+  EXPECT_EQ(plan_wave_split(0, 4096, 256, 128, {132, 2}).num_splits, 1);  // nothing to run
+  EXPECT_EQ(plan_wave_split(8, 4096, 256, 128, {0, 0}).num_splits, 1);    // no slots known
 }
 
 }  // namespace

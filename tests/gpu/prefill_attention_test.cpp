@@ -89,23 +89,24 @@ TEST(PrefillTilePlan, CoversEveryTokenOnceLongestContextFirst) {
 }
 
 TEST(PrefillTilePlan, SplitsOnlyFewTilesOverLongContexts) {
-  // A 4k prompt on Llama-3-8B: 256 tiles x 8 KV heads fill 132 SMs; no split.
+  const cta_slots h200{132, 3};  // 396 CTAs a wave
+  // A 4k prompt on Llama-3-8B: 256 tiles x 8 KV heads fill the wave; no split.
   const prefill_kernel mma = prefill_kernel::tensor_cores;
-  EXPECT_EQ(plan_prefill_split(mma, 256, 128, 32, 8, 4096, 132).num_splits, 1);
+  EXPECT_EQ(plan_prefill_split(mma, 256, 128, 32, 8, 4096, h200).num_splits, 1);
   // Few tiles but a short context: no split.
-  EXPECT_EQ(plan_prefill_split(mma, 2, 128, 32, 8, 900, 132).num_splits, 1);
+  EXPECT_EQ(plan_prefill_split(mma, 2, 128, 32, 8, 1024, h200).num_splits, 1);
   // 64 new tokens after 16k cached (multi-turn chat with a prefix hit): 4 tiles x 8 CTAs; split.
-  const split_plan p = plan_prefill_split(mma, 4, 128, 32, 8, 16384 + 64, 132);
-  EXPECT_GT(p.num_splits, 1);
+  const split_plan p = plan_prefill_split(mma, 4, 128, 32, 8, 16384 + 64, h200);
+  EXPECT_EQ(p.num_splits, 12);  // 396 / 32 CTAs
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 16384 + 64);
-  EXPECT_GE(p.partition_size, 512);
+  EXPECT_GT(p.partition_size, 512);
   EXPECT_EQ(p.partition_size % 32, 0);
-  EXPECT_LE(int64_t{p.num_splits} * 4 * 8, 4 * 132);                           // about 2 CTAs per SM, not more
-  EXPECT_EQ(plan_prefill_split(mma, 4, 96, 32, 8, 16384, 132).num_splits, 1);  // unsupported shape
+  EXPECT_EQ(plan_prefill_split(mma, 4, 128, 32, 8, 16384 + 64, {132, 1}).num_splits, 4);  // 132 / 32
+  EXPECT_EQ(plan_prefill_split(mma, 4, 96, 32, 8, 16384, h200).num_splits, 1);            // unsupported shape
   // The CTAs count per kernel: group 32 over head_dim 256 takes two SIMT CTAs a tile, one tensor-core
-  // CTA, so 40 tiles of one KV head fill 2 x 40 SMs only in SIMT.
-  EXPECT_GT(plan_prefill_split(mma, 40, 256, 32, 1, 16384, 40).num_splits, 1);
-  EXPECT_EQ(plan_prefill_split(prefill_kernel::simt, 40, 256, 32, 1, 16384, 40).num_splits, 1);
+  // CTA, so 40 tiles of one KV head fill a wave of 2 x 40 only in SIMT.
+  EXPECT_GT(plan_prefill_split(mma, 40, 256, 32, 1, 16384, {40, 2}).num_splits, 1);
+  EXPECT_EQ(plan_prefill_split(prefill_kernel::simt, 40, 256, 32, 1, 16384, {40, 2}).num_splits, 1);
 }
 
 TEST(PrefillTilePlan, LaunchRejectsBadShapesBeforeTouchingTheDevice) {
@@ -116,12 +117,14 @@ TEST(PrefillTilePlan, LaunchRejectsBadShapesBeforeTouchingTheDevice) {
   a.tiles = &tile;
   a.num_tiles = 1;
   EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);  // head_dim 96
+  EXPECT_THROW(prefill_attention_ctas_per_sm(a, false), std::invalid_argument);
   a.layout.head_dim = 128;
   a.tile_tokens = 64;  // cut for another shape: 8/2 heads give 16 tokens a tile
   EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);
   a.num_heads = 7;
   a.tile_tokens = 0;
   EXPECT_THROW(prefill_attention(a, nullptr), std::invalid_argument);  // 7 heads over 2 KV heads
+  EXPECT_THROW(prefill_attention_ctas_per_sm(a, true), std::invalid_argument);
   a.num_heads = 8;
   a.tile_tokens = 16;
   a.num_splits = 2;  // split without a workspace

@@ -438,6 +438,32 @@ TEST_F(Emulator, DynamicSharedMemoryIsPerBlockAndLimited) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
 }
 
+__global__ void occupancy_kernel(float* out) { out[threadIdx.x] = 0.0f; }
+
+// Occupancy is what the emulation can see of a launch: 2048 threads and 32 CTAs per SM, and 228 KiB
+// of shared memory per SM for the dynamic shared memory plus 1 KiB per CTA (no registers).
+TEST_F(Emulator, OccupancyCountsThreadsCtasAndDynamicSharedMemory) {
+  int n = -1;
+  auto blocks = [&](int threads, size_t shared) {
+    n = -1;
+    EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, occupancy_kernel, threads, shared), cudaSuccess);
+    return n;
+  };
+  EXPECT_EQ(blocks(128, 0), 16);
+  EXPECT_EQ(blocks(1024, 0), 2);
+  EXPECT_EQ(blocks(32, 0), 32);  // the CTA limit
+  EXPECT_EQ(blocks(65, 0), 21);  // 3 warps
+  EXPECT_EQ(blocks(128, 40 * 1024), 5);
+  EXPECT_EQ(blocks(128, 64 * 1024), 0);  // over 48 KiB without the attribute: no CTA could launch
+  ASSERT_EQ(cudaFuncSetAttribute(occupancy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024),
+            cudaSuccess);
+  EXPECT_EQ(blocks(128, 64 * 1024), 3);
+  EXPECT_EQ(blocks(128, 100 * 1024), 2);
+  EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, occupancy_kernel, 0, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, occupancy_kernel, 1025, 0), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
 __global__ void read_at_kernel(float* out, const float* in, int offset) {
   out[threadIdx.x] = in[static_cast<int>(threadIdx.x) + offset];
 }

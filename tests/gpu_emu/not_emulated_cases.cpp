@@ -184,6 +184,7 @@ int supported_host_calls() {
   r = cudaGraphExecDestroy(exec), r = cudaGraphDestroy(graph), r = cudaStreamDestroy(s);
   r = cudaFuncSetAttribute(supported_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
   r = cudaFuncSetAttribute(supported_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 50);
+  r = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, supported_kernel, 256, 0);
   TESSERA_LAUNCH(dim3(1, 1, 1), dim3(64), 256, s, supported_kernel)
   (static_cast<float*>(p), static_cast<const float*>(p), static_cast<int*>(p), static_cast<unsigned*>(p),
    static_cast<const __nv_bfloat16*>(p));
@@ -219,8 +220,8 @@ int supported_host_calls() {
   r = cudaLaunchHostFunc(s, nullptr, nullptr);
 #elif defined(TESSERA_EMU_CASE_cudaGraphExecUpdate)
   r = cudaGraphExecUpdate(exec, graph, nullptr);
-#elif defined(TESSERA_EMU_CASE_cudaOccupancy)
-  r = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, supported_kernel, 256, 0);
+#elif defined(TESSERA_EMU_CASE_cudaOccupancyMaxPotentialBlockSize)
+  r = cudaOccupancyMaxPotentialBlockSize(&n, &n, supported_kernel, 0, 0);
 #elif defined(TESSERA_EMU_CASE_cudaPointerGetAttributes)
   r = cudaPointerGetAttributes(nullptr, p);
 #elif defined(TESSERA_EMU_CASE_cublasSgemmStridedBatched)
