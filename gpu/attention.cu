@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -7,6 +9,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/device_math.cuh"
 #include "gpu/launch.cuh"
+#include "gpu/mma.cuh"
 
 namespace tessera::gpu {
 
@@ -283,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(paged_attenti
   if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, token, head0, ng, D);
 }
 
-// ---- v2: warp tiles ------------------------------------------------------------------------------
+// ---- v2 and v3: warp tiles ------------------------------------------------------------------------
 
 // 8 consecutive elements of a K or V row as loaded: one 8-byte (fp8), 16-byte (bf16) or two 16-byte
 // (f32) loads, kept as raw words until used so that a tile's loads are all in flight at once for
@@ -293,15 +296,16 @@ struct kv_chunk {
   static constexpr int words = 2 * static_cast<int>(sizeof(C));
   uint32_t w[words];
 
-  __device__ __forceinline__ void load(const C* p) {
+  // From global memory (v2) or from this lane's slot of the shared stage (v3): the same words.
+  __device__ __forceinline__ void load(const void* p) {
     if constexpr (words == 2) {
-      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      const uint2 u = *static_cast<const uint2*>(p);
       w[0] = u.x;
       w[1] = u.y;
     } else {
 #pragma unroll
       for (int i = 0; i < words / 4; ++i) {
-        const uint4 u = reinterpret_cast<const uint4*>(p)[i];
+        const uint4 u = static_cast<const uint4*>(p)[i];
         w[4 * i] = u.x;
         w[4 * i + 1] = u.y;
         w[4 * i + 2] = u.z;
@@ -324,72 +328,60 @@ struct kv_chunk {
   }
 };
 
-// grid, block and contract as paged_attention_kernel (v1); the default (paged_attention_args::
-// warp_tiles), after FlashInfer's and vLLM v2's decode kernels:
-//   * lanes split each K/V row: L = head_dim / 8 lanes read 8 elements each, so a warp reads 32 / L
-//     rows per instruction, coalesced (v1 gave each thread a whole row);
-//   * each warp walks its own tiles of positions (warp w: tiles w, w + 4, ...) with its own running
-//     max, sum and output, so the main loop has no block barrier (v1: four per tile); the four warps'
-//     states are merged through shared memory once, at the end;
-//   * a tile's K and V rows are all loaded before any is used (RPL rows per lane), so each warp keeps
-//     RPL 16-byte loads per lane in flight for K and as many for V;
-//   * a score is a lane's 8-term dot product reduced over its L lanes (xor shuffles); the softmax
-//     weights then stay in the lanes that own the row, which accumulate P.V for their 8 dims, and
-//     the row groups' partial outputs and sums are added once, at the end.
-template <int D, int G, class T, class C>
-__global__ void __launch_bounds__(kThreads)
-    paged_attention_warp_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
-  pdl_prologue();             // first: see gpu/launch.cuh
-  constexpr int VE = 8;       // elements of a row per lane
-  constexpr int L = D / VE;   // lanes per row
-  constexpr int RW = 32 / L;  // rows per warp-wide load
-  // Rows per lane per tile: 8, or 4 where the registers would not hold 8 (f32 rows, 8 heads).
-  constexpr int RPL = (sizeof(C) == 4 || G == kMaxGroup) ? 4 : 8;
-  constexpr int TW = RW * RPL;  // positions per warp tile
-  constexpr int W = kThreads / 32;
+// The shape of a warp tile, shared by v2 and v3: L = head_dim / 8 lanes read 8 elements each of a
+// row, so a warp reads RW = 32 / L rows per instruction; a lane takes RPL rows a tile (8, or 4 where
+// the registers would not hold 8: f32 rows, 8 heads), so a warp tile is TW = RW * RPL positions.
+template <int D, int G, class C>
+struct warp_tile_shape {
+  static constexpr int VE = 8, L = D / VE, RW = 32 / L;
+  static constexpr int RPL = (sizeof(C) == 4 || G == kMaxGroup) ? 4 : 8;
+  static constexpr int TW = RW * RPL;
+  static constexpr int W = kThreads / 32;
   static_assert(L >= 1 && L <= 32 && 32 % L == 0, "head_dim must be 8..256 and a power of two");
-  __shared__ float m_s[W][G], l_s[W][G];
-  __shared__ float acc_s[W][G][D];
+};
 
-  const decode_cta<C> cta(a, G, group_chunks);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int rg = lane / L, d0 = (lane % L) * VE;  // this lane's row in each load, and its 8 dims
-
-  // This lane's 8 dims of each head's query; an fp8 cache holds K / k_scale, so k_scale goes in here.
+// One lane's part of a warp's walk (v2 and v3): its 8 dims of each head's query and, per head, the
+// running max, sum and partial output. A lane's row in each warp-wide load is rg; its dims d0..d0+7.
+template <int D, int G, class C>
+struct warp_walk {
+  using shape = warp_tile_shape<D, G, C>;
+  static constexpr int VE = shape::VE, L = shape::L, RW = shape::RW, RPL = shape::RPL;
+  int rg, d0;
   float qr[G][VE];
-  const float* q = a.q + static_cast<int64_t>(cta.token) * a.q_stride + static_cast<int64_t>(cta.head0) * D + d0;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int e = 0; e < VE; ++e) qr[g][e] = g < cta.ng ? q[g * D + e] * a.scale * a.k_scale : 0.0f;
-  }
-  const bool capped = a.softcap > 0.0f;
-  const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
-
   float m[G], l[G], acc[G][VE];
-  start_online_softmax(m, l, acc);
 
-  for (int32_t tile0 = cta.start + warp * TW; tile0 < cta.end; tile0 += W * TW) {
-    // Row i of the lane: position tile0 + i * RW + rg.
-    kv_chunk<C> kc[RPL], vc[RPL];
+  // An fp8 cache holds K / k_scale, so k_scale goes into the query here.
+  template <class T>
+  __device__ __forceinline__ warp_walk(const paged_attention_args<T, C>& a, const decode_cta<C>& cta, int lane)
+      : rg(lane / L), d0((lane % L) * VE) {
+    const float* q = a.q + static_cast<int64_t>(cta.token) * a.q_stride + static_cast<int64_t>(cta.head0) * D + d0;
 #pragma unroll
-    for (int i = 0; i < RPL; ++i) {
-      const int32_t j = tile0 + i * RW + rg;
-      if (j < cta.end) {
-        const C* slot = cta.row(a.kv_cache, j) + d0;
-        kc[i].load(slot + cta.k_off);
-        vc[i].load(slot + cta.v_off);
-      } else {
-        kc[i].clear();
-        vc[i].clear();
-      }
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < VE; ++e) qr[g][e] = g < cta.ng ? q[g * D + e] * a.scale * a.k_scale : 0.0f;
     }
+    start_online_softmax(m, l, acc);
+  }
+
+  // The tile of positions from tile0, whose row i (position tile0 + i * RW + rg) has its K chunk
+  // k_of(i) and its V chunk v_of(i), zeros past cta.end (v2: from registers loaded before; v3: read
+  // from shared memory where used, so only the row in use takes registers).
+  //   * a score is the lane's 8-term dot product reduced over its L lanes (xor shuffles);
+  //   * online softmax: the tile's max over the warp (the row groups' maxima by xor shuffles above
+  //     L), then weights and this lane's partial sums; m is the same in every lane of the warp;
+  //   * the weights stay in the lanes that own the row, which accumulate P.V for their 8 dims.
+  template <class T, class KOf, class VOf>
+  __device__ __forceinline__ void tile(const paged_attention_args<T, C>& a, const decode_cta<C>& cta, int32_t tile0,
+                                       const KOf& k_of, const VOf& v_of) {
+    const bool capped = a.softcap > 0.0f;
+    const float inv_cap = capped ? 1.0f / a.softcap : 0.0f;
     float s[G][RPL];
 #pragma unroll
     for (int i = 0; i < RPL; ++i) {
+      const kv_chunk<C> kc = k_of(i);
       float kf[VE];
 #pragma unroll
-      for (int e = 0; e < VE; ++e) kf[e] = kc[i][e];
+      for (int e = 0; e < VE; ++e) kf[e] = kc[e];
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
@@ -407,8 +399,6 @@ __global__ void __launch_bounds__(kThreads)
         if (!seen) s[g][i] = -INFINITY;
       }
     }
-    // Online softmax: the tile's max over the warp (the row groups' maxima by xor shuffles above L),
-    // then weights and this lane's partial sums; m is the same in every lane of the warp.
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float tile_max = s[g][0];
@@ -432,32 +422,46 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int i = 0; i < RPL; ++i) {
+      const kv_chunk<C> vc = v_of(i);
 #pragma unroll
       for (int e = 0; e < VE; ++e) {
-        const float v = vc[i][e];
+        const float v = vc[e];
 #pragma unroll
         for (int g = 0; g < G; ++g) acc[g][e] = fmaf(s[g][i], v, acc[g][e]);
       }
     }
   }
+};
 
-  // The row groups' partial sums and outputs added (every lane of a row group has the same ones), so
-  // lanes 0..L-1 hold the warp's; then the warps' states merged as splits are.
+// The warps' states in shared memory for the merge at the end of both warp kernels.
+template <int D, int G>
+struct warp_states {
+  float m[kThreads / 32][G], l[kThreads / 32][G];
+  float acc[kThreads / 32][G][D];
+};
+
+// The end of both warp kernels: the row groups' partial sums and outputs added (every lane of a row
+// group has the same ones), so lanes 0..L-1 hold the warp's; then the warps' states merged as splits
+// are, and the result (or a split's partials) stored.
+template <int D, int G, class T, class C>
+__device__ __forceinline__ void finish_warp_walks(const paged_attention_args<T, C>& a, const decode_cta<C>& cta,
+                                                  warp_walk<D, G, C>& walk, warp_states<D, G>& st, int warp, int lane) {
+  constexpr int L = warp_walk<D, G, C>::L, VE = warp_walk<D, G, C>::VE, W = kThreads / 32;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int off = L; off < 32; off <<= 1) {
-      l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+      walk.l[g] += __shfl_xor_sync(0xffffffffu, walk.l[g], off);
 #pragma unroll
-      for (int e = 0; e < VE; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+      for (int e = 0; e < VE; ++e) walk.acc[g][e] += __shfl_xor_sync(0xffffffffu, walk.acc[g][e], off);
     }
     if (lane < L) {
 #pragma unroll
-      for (int e = 0; e < VE; ++e) acc_s[warp][g][d0 + e] = acc[g][e];
+      for (int e = 0; e < VE; ++e) st.acc[warp][g][walk.d0 + e] = walk.acc[g][e];
     }
     if (lane == 0) {
-      m_s[warp][g] = m[g];
-      l_s[warp][g] = l[g];
+      st.m[warp][g] = walk.m[g];
+      st.l[warp][g] = walk.l[g];
     }
   }
   __syncthreads();
@@ -465,18 +469,141 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / D, d = i % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < W; ++w) mx = fmaxf(mx, m_s[w][g]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, st.m[w][g]);
     float o = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      if (m_s[w][g] == -INFINITY) continue;  // a warp that saw no position
-      const float f = expf(m_s[w][g] - mx);
-      o += acc_s[w][g][d] * f;
-      sum += l_s[w][g] * f;
+      if (st.m[w][g] == -INFINITY) continue;  // a warp that saw no position
+      const float f = expf(st.m[w][g] - mx);
+      o += st.acc[w][g][d] * f;
+      sum += st.l[w][g] * f;
     }
     store_result(a, cta, g, d, o * a.v_scale, mx, sum);  // an fp8 cache holds V / v_scale
   }
   if (a.num_splits > 1 && a.split_counters != nullptr) merge_if_last(a, cta.token, cta.head0, cta.ng, D);
+}
+
+// grid, block and contract as paged_attention_kernel (v1); the default (decode_kernel::warp_tiles),
+// after FlashInfer's and vLLM v2's decode kernels:
+//   * lanes split each K/V row: L = head_dim / 8 lanes read 8 elements each, so a warp reads 32 / L
+//     rows per instruction, coalesced (v1 gave each thread a whole row);
+//   * each warp walks its own tiles of positions (warp w: tiles w, w + 4, ...) with its own running
+//     max, sum and output, so the main loop has no block barrier (v1: four per tile); the four warps'
+//     states are merged through shared memory once, at the end;
+//   * a tile's K and V rows are all loaded before any is used (RPL rows per lane), so each warp keeps
+//     RPL 16-byte loads per lane in flight for K and as many for V (warp_walk::tile computes).
+template <int D, int G, class T, class C>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_warp_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  using shape = warp_tile_shape<D, G, C>;
+  constexpr int RPL = shape::RPL, RW = shape::RW, TW = shape::TW, W = shape::W;
+  __shared__ warp_states<D, G> states;
+
+  const decode_cta<C> cta(a, G, group_chunks);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  warp_walk<D, G, C> walk(a, cta, lane);
+
+  for (int32_t tile0 = cta.start + warp * TW; tile0 < cta.end; tile0 += W * TW) {
+    kv_chunk<C> kc[RPL], vc[RPL];
+#pragma unroll
+    for (int i = 0; i < RPL; ++i) {
+      const int32_t j = tile0 + i * RW + walk.rg;
+      if (j < cta.end) {
+        const C* slot = cta.row(a.kv_cache, j) + walk.d0;
+        kc[i].load(slot + cta.k_off);
+        vc[i].load(slot + cta.v_off);
+      } else {
+        kc[i].clear();
+        vc[i].clear();
+      }
+    }
+    walk.tile(
+        a, cta, tile0, [&](int i) { return kc[i]; }, [&](int i) { return vc[i]; });
+  }
+  finish_warp_walks(a, cta, walk, states, warp, lane);
+}
+
+// v3 (decode_kernel::staged_warp_tiles), for bf16 and fp8 caches: v2 with a two-stage cp.async
+// pipeline per warp. While a warp computes tile t from shared memory, the copies of its tile t + 1
+// are in flight (cp.async: global to shared with no registers), so each warp always has a tile of
+// loads outstanding instead of v2's load-then-compute bursts, and the rows take registers only when
+// read. Every lane reads back only the bytes it copied itself, so the pipeline needs no barrier: a
+// cp.async.wait_group before reading a stage, and a __syncwarp before refilling the stage the warp
+// has just read (its shared loads ordered before the copies). Rows past the end are zero-filled.
+// Dynamic shared memory: kThreads / 32 warps x 2 stages x RPL rows x (K, V) x 32 lanes x 8 elements.
+template <int D, int G, class C>
+struct staged_tile_shape : warp_tile_shape<D, G, C> {
+  static constexpr int stages = 2;
+  static constexpr int chunk_bytes = 8 * static_cast<int>(sizeof(C));
+  static constexpr size_t shared_bytes =
+      size_t{warp_tile_shape<D, G, C>::W} * stages * warp_tile_shape<D, G, C>::RPL * 2 * 32 * chunk_bytes;
+  // Byte offset of (warp, stage, row i, K or V, lane)'s chunk: a lane's chunks are 8 or 16 bytes apart
+  // from its neighbours', so a warp's read of one (row, K/V) is conflict-free.
+  __device__ static size_t offset(int warp, int stage, int i, int kv, int lane) {
+    return ((((static_cast<size_t>(warp) * stages + stage) * warp_tile_shape<D, G, C>::RPL + i) * 2 + kv) * 32 + lane) *
+           chunk_bytes;
+  }
+};
+
+template <int D, int G, class T, class C>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_staged_kernel(paged_attention_args<T, C> a, int32_t group_chunks) {
+  pdl_prologue();  // first: see gpu/launch.cuh
+  using shape = staged_tile_shape<D, G, C>;
+  constexpr int RPL = shape::RPL, RW = shape::RW, TW = shape::TW, W = shape::W, S = shape::stages;
+  static_assert(sizeof(C) <= 2, "v3 stages bf16 or fp8 rows (an f32 row chunk is two copies)");
+  __shared__ warp_states<D, G> states;
+  TESSERA_DYNAMIC_SHARED(uint8_t, ring);
+
+  const decode_cta<C> cta(a, G, group_chunks);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  warp_walk<D, G, C> walk(a, cta, lane);
+
+  // Copies the tile at tile0 into `stage` (rows past the end zero-filled, a tile wholly past it not at
+  // all) and commits them as one group, empty or not, so that a group per tile keeps the wait counts.
+  auto stage_tile = [&](int32_t tile0, int stage) {
+    if (tile0 < cta.end) {
+#pragma unroll
+      for (int i = 0; i < RPL; ++i) {
+        const int32_t j = tile0 + i * RW + walk.rg;
+        const bool in = j < cta.end;
+        const C* slot = cta.row(a.kv_cache, in ? j : cta.start) + walk.d0;
+        const int bytes = in ? shape::chunk_bytes : 0;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          void* dst = ring + shape::offset(warp, stage, i, kv, lane);
+          const C* src = slot + (kv == 0 ? cta.k_off : cta.v_off);
+          if constexpr (shape::chunk_bytes == 16) {
+            ptx::cp_async_cg_zfill(dst, src, bytes);
+          } else {
+            ptx::cp_async_ca_zfill<shape::chunk_bytes>(dst, src, bytes);
+          }
+        }
+      }
+    }
+    ptx::cp_async_commit_group();
+  };
+
+  const int32_t first = cta.start + warp * TW;
+#pragma unroll
+  for (int p = 0; p < S - 1; ++p) stage_tile(first + p * W * TW, p);
+  int stage = 0;
+  for (int32_t tile0 = first; tile0 < cta.end; tile0 += W * TW) {
+    __syncwarp();  // the stage refilled next was read in the previous iteration
+    stage_tile(tile0 + (S - 1) * W * TW, (stage + S - 1) % S);
+    ptx::cp_async_wait_group<S - 1>();  // this tile's group has landed
+    auto staged_row = [&](int i, int kv) {
+      kv_chunk<C> c;
+      c.load(ring + shape::offset(warp, stage, i, kv, lane));
+      return c;
+    };
+    walk.tile(
+        a, cta, tile0, [&](int i) { return staged_row(i, 0); }, [&](int i) { return staged_row(i, 1); });
+    stage = (stage + 1) % S;
+  }
+  ptx::cp_async_wait_all();  // nothing of this CTA's copies outlives it
+  finish_warp_walks(a, cta, walk, states, warp, lane);
 }
 
 // The fused merge (paged_attention_args::split_counters): the CTA that finishes its (token, head group)
@@ -510,6 +637,19 @@ __global__ void combine_splits_kernel(paged_attention_args<T, C> a) {
       from_float<T>(merge_splits(part_o, part_ml, first, a.num_splits, D, d));
 }
 
+// v3's ring may be over the 48 KiB a kernel gets without asking: asked once per kernel, before its
+// first launch or occupancy query (the executor's query comes before it captures any graph).
+template <int D, int G, class T, class C>
+void allow_staged_ring() {
+  static const bool allowed = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(paged_attention_staged_kernel<D, G, T, C>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(staged_tile_shape<D, G, C>::shared_bytes)));
+    return true;
+  }();
+  (void)allowed;
+}
+
 template <int D, int VEC, int G, class T, class C>
 void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
@@ -517,10 +657,21 @@ void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t group_chunks = (group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
-  if (a.warp_tiles) {
-    TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_warp_kernel<D, G, T, C>)(a, group_chunks);
-  } else {
-    TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
+  switch (a.kernel) {
+    case decode_kernel::thread_rows:
+      TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_kernel<D, VEC, G, T, C>)(a, group_chunks);
+      break;
+    case decode_kernel::warp_tiles:
+      TESSERA_LAUNCH_PDL(grid, kThreads, 0, stream, paged_attention_warp_kernel<D, G, T, C>)(a, group_chunks);
+      break;
+    case decode_kernel::staged_warp_tiles:
+      if constexpr (sizeof(C) <= 2) {  // launch() refuses it for an f32 cache
+        allow_staged_ring<D, G, T, C>();
+        constexpr size_t ring_bytes = staged_tile_shape<D, G, C>::shared_bytes;
+        TESSERA_LAUNCH_PDL(grid, kThreads, ring_bytes, stream, paged_attention_staged_kernel<D, G, T, C>)
+        (a, group_chunks);
+      }
+      break;
   }
   CUDA_CHECK(cudaGetLastError());
   if (a.num_splits > 1 && a.split_counters == nullptr) {
@@ -542,8 +693,21 @@ struct occupancy_action {
   int32_t* ctas_per_sm;
   template <int D, int VEC, int G, class T, class C>
   void run(const paged_attention_args<T, C>& a) const {
-    *ctas_per_sm = a.warp_tiles ? resident_ctas_per_sm(paged_attention_warp_kernel<D, G, T, C>, kThreads)
-                                : resident_ctas_per_sm(paged_attention_kernel<D, VEC, G, T, C>, kThreads);
+    switch (a.kernel) {
+      case decode_kernel::thread_rows:
+        *ctas_per_sm = resident_ctas_per_sm(paged_attention_kernel<D, VEC, G, T, C>, kThreads);
+        break;
+      case decode_kernel::warp_tiles:
+        *ctas_per_sm = resident_ctas_per_sm(paged_attention_warp_kernel<D, G, T, C>, kThreads);
+        break;
+      case decode_kernel::staged_warp_tiles:
+        if constexpr (sizeof(C) <= 2) {  // with_kernel refuses it for an f32 cache
+          allow_staged_ring<D, G, T, C>();
+          *ctas_per_sm = resident_ctas_per_sm(paged_attention_staged_kernel<D, G, T, C>, kThreads,
+                                              staged_tile_shape<D, G, C>::shared_bytes);
+        }
+        break;
+    }
   }
 };
 
@@ -567,11 +731,14 @@ void for_dim(const paged_attention_args<T, C>& a, const Action& action) {
   for_group<D, vec16>(a, action);
 }
 
-// The kernel for a's head_dim, GQA group, types and warp_tiles, given to `action`.
+// The kernel for a's head_dim, GQA group, types and decode_kernel, given to `action`.
 template <class T, class C, class Action>
 void with_kernel(const paged_attention_args<T, C>& a, const Action& action) {
   if (a.layout.num_kv_heads < 1 || a.num_heads % a.layout.num_kv_heads != 0) {
     throw std::invalid_argument("paged_attention: num_heads must be a multiple of num_kv_heads");
+  }
+  if (a.kernel == decode_kernel::staged_warp_tiles && sizeof(C) > 2) {
+    throw std::invalid_argument("paged_attention: the staged kernel (v3) takes a bf16 or fp8 cache");
   }
   switch (a.layout.head_dim) {
     case 32: return for_dim<32>(a, action);
@@ -607,6 +774,16 @@ int32_t ctas_per_sm(const paged_attention_args<T, C>& a) {
 }
 
 }  // namespace
+
+decode_kernel decode_kernel_from_env() noexcept {
+  static const decode_kernel kernel = [] {
+    const char* v = std::getenv("TESSERA_DECODE_ATTENTION");
+    if (v != nullptr && std::strcmp(v, "v1") == 0) return decode_kernel::thread_rows;
+    if (v != nullptr && std::strcmp(v, "v3") == 0) return decode_kernel::staged_warp_tiles;
+    return decode_kernel::warp_tiles;
+  }();
+  return kernel;
+}
 
 bool attention_supports_head_dim(int32_t head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;

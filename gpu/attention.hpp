@@ -21,6 +21,19 @@
 
 namespace tessera::gpu {
 
+// The decode attention kernels (tests and gpu_attention_bench run each; the executor takes
+// warp_tiles unless told otherwise, decode_kernel_from_env):
+//   thread_rows (v1): a thread per K row, block-wide reductions per tile;
+//   warp_tiles (v2, the default): lanes split each K/V row and each warp walks its own tiles with
+//     no block barrier in the loop, a tile's K/V rows loaded into registers before any is used;
+//   staged_warp_tiles (v3): v2 with each warp's next tile copied into shared memory by cp.async while
+//     it computes the current one (FlashInfer's decode pipeline), so its loads stay in flight across
+//     the computation and the rows take no registers until used; bf16 and fp8 caches only.
+enum class decode_kernel : uint8_t { thread_rows, warp_tiles, staged_warp_tiles };
+
+// TESSERA_DECODE_ATTENTION=v1|v2|v3 (read once; anything else: v2), for A/B runs on a device.
+decode_kernel decode_kernel_from_env() noexcept;
+
 // The common part (gpu/kernels.hpp) for num_tokens decode queries; a split's workspace holds
 // attention_workspace_floats(...) floats.
 template <class T, class C = T>
@@ -33,10 +46,7 @@ struct paged_attention_args : paged_attention_common<T, C> {
   // last CTA of each (token, head group) to finish merges the partials itself (flash-decoding's
   // second kernel folded into the first: one launch less per layer). Null: a second kernel merges.
   int32_t* split_counters = nullptr;
-  // The kernel: true (the default), v2, lanes split each K/V row and each warp walks its own tiles
-  // with no block barrier in the loop; false, v1, a thread per K row with block-wide reductions per
-  // tile (tests and gpu_attention_bench run both).
-  bool warp_tiles = true;
+  decode_kernel kernel = decode_kernel::warp_tiles;
 };
 
 // Head sizes the kernel is compiled for (32, 64, 128, 256; the prefill kernel's too).
@@ -45,7 +55,7 @@ bool attention_supports_head_dim(int32_t head_dim);
 // Floats of workspace a split launch needs.
 int64_t attention_workspace_floats(int32_t num_tokens, int32_t num_heads, int32_t head_dim, int32_t num_splits);
 
-// CTAs of the kernel a launch of `a` runs (by its head_dim, GQA group, types and warp_tiles) one
+// CTAs of the kernel a launch of `a` runs (by its head_dim, GQA group, types and kernel) one
 // multiprocessor holds: cta_slots::per_sm for plan_attention_split. Throws as paged_attention for an
 // unsupported head_dim or head counts.
 int32_t paged_attention_ctas_per_sm(const paged_attention_args<float>& a);
@@ -59,7 +69,8 @@ int32_t paged_attention_ctas_per_sm(const paged_attention_args<bf16, fp8_e4m3>& 
 split_plan plan_attention_split(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t max_context,
                                 cta_slots slots);
 
-// Throws std::invalid_argument for an unsupported head_dim or a bad split.
+// Throws std::invalid_argument for an unsupported head_dim, a bad split, or staged_warp_tiles over an
+// f32 cache.
 void paged_attention(const paged_attention_args<float>& a, cudaStream_t stream);
 void paged_attention(const paged_attention_args<bf16>& a, cudaStream_t stream);
 void paged_attention(const paged_attention_args<bf16, fp8_e4m3>& a, cudaStream_t stream);  // fp8 cache

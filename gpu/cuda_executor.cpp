@@ -367,7 +367,10 @@ class cuda_executor final : public executor {
         int8_quantized_gemv_(options.int8_quantized_gemv.value_or(gpu::int8_quantized_gemv_from_env())),
         quantized_tiled_gemm_rows_(
             options.quantized_tiled_gemm_rows.value_or(gpu::quantized_tiled_gemm_rows_from_env())),
-        prefill_min_tokens_(options.prefill_min_tokens.value_or(gpu::prefill_min_tokens_from_env())) {
+        prefill_min_tokens_(options.prefill_min_tokens.value_or(gpu::prefill_min_tokens_from_env())),
+        decode_kernel_(!options.staged_decode_attention.has_value() ? gpu::decode_kernel_from_env()
+                       : *options.staged_decode_attention           ? gpu::decode_kernel::staged_warp_tiles
+                                                                    : gpu::decode_kernel::warp_tiles) {
     config_ = weights_->config;
     config_.validate();
     refuse_unsupported_features(config_);
@@ -380,6 +383,9 @@ class cuda_executor final : public executor {
     if (small_batch_gemm_rows_ < 0 || small_batch_gemm_rows_ > gpu::kMaxGemvRows) {
       throw invalid_request("cuda executor: small_batch_gemm_rows must be in [0, " + std::to_string(gpu::kMaxGemvRows) +
                             "]");
+    }
+    if (decode_kernel_ == gpu::decode_kernel::staged_warp_tiles && !is_bf16) {
+      throw invalid_request("cuda executor: the staged decode attention kernel (v3) needs bf16 compute");
     }
     if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
       throw invalid_request("cuda executor: --gpu-memory-utilization must be in (0, 1]");
@@ -1059,6 +1065,7 @@ class cuda_executor final : public executor {
     gpu::paged_attention_args<T, C> decode;
     decode.layout = layout_;
     decode.num_heads = config_.num_heads;
+    decode.kernel = decode_kernel_;
     decode_slots_ = {num_sms_, gpu::paged_attention_ctas_per_sm(decode)};
     gpu::prefill_attention_args<T, C> prefill;
     prefill.layout = layout_;
@@ -1361,6 +1368,7 @@ class cuda_executor final : public executor {
     };
 
     gpu::paged_attention_args<T, C> att;
+    att.kernel = decode_kernel_;
     att.num_tokens = T_ - num_prefill_tokens_;  // the decode rows; prefill rows follow them
     att.context_lens = meta_ptr(meta_context_);
     att.token_seq = meta_ptr(meta_token_seq_);
@@ -1623,6 +1631,7 @@ class cuda_executor final : public executor {
   bool int8_quantized_gemv_ = false;       // cuda_executor_options::int8_quantized_gemv
   int32_t quantized_tiled_gemm_rows_ = 0;  // cuda_executor_options::quantized_tiled_gemm_rows
   int32_t prefill_min_tokens_ = 0;         // cuda_executor_options::prefill_min_tokens
+  gpu::decode_kernel decode_kernel_;       // cuda_executor_options::staged_decode_attention
   int32_t pad_block_ = 0;
   std::vector<captured_graph> graphs_;
 

@@ -92,6 +92,11 @@ struct cuda_executor_options {
   // attention kernel, the others the decode kernel (graph steps: always the decode kernel). Unset:
   // gpu::prefill_min_tokens_from_env() (TESSERA_PREFILL_MIN_TOKENS, default 4; not yet tuned on a GPU).
   std::optional<int32_t> prefill_min_tokens;
+  // Decode attention with gpu/attention.hpp's staged kernel (v3: each warp's next tile copied by
+  // cp.async while it computes the current one) instead of v2; bf16 compute only. Unset:
+  // gpu::decode_kernel_from_env() (TESSERA_DECODE_ATTENTION=v1|v2|v3, default v2 until a GPU has
+  // timed v3).
+  std::optional<bool> staged_decode_attention;
   // Null: this executor's weights are its own.
   std::shared_ptr<cuda_weight_cache> weight_cache;
 };

@@ -15,9 +15,10 @@
 #      fixed-batch decode steps at 1, 64, 128, 256 sequences (bf16 and fp8 KV) and the fixed-length
 #      offline runs of TensorRT-LLM's published H200 table (128/128, 1000/1000 in bf16 and fp8 KV),
 #      and 128/128 again without overlapped steps (--no-async-scheduling)
-#   5. the paged decode attention kernel's bandwidth at 32k context, and the tiled prefill kernels'
+#   5. the paged decode attention kernels' bandwidth (v2, v1, the staged v3, each with its resident
+#      CTAs per SM and split plan) at 32k context and others, and the tiled prefill kernels'
 #      TFLOP/s (tensor-core and SIMT) on a 4k-token prompt against the per-token kernel, for head_dim
-#      128 and 256 (gpu_attention_bench)
+#      128 and 256 (gpu_attention_bench); `bench latency` with v3 (TESSERA_DECODE_ATTENTION=v3)
 #   6. the small-batch GEMM kernel (gpu/gemv.hpp) against cuBLAS on Llama-3-8B's decode GEMMs
 #      (gpu_gemv_bench, a markdown table), and `bench latency` with cuBLAS only (TESSERA_GEMV=0; the
 #      default uses the kernel for 1-row steps)
@@ -145,6 +146,9 @@ if command -v compute-sanitizer >/dev/null; then
   # The tiled tensor-core GEMM's shared tiles (the emulation's round-robin warps hide a missing barrier).
   run "racecheck: quantized tiled GEMM" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$tests/gpu_quantized_gemm_test" --gtest_filter='QuantizedGemm.Tiled*'
+  # The staged decode kernel (v3)'s per-warp cp.async ring: bf16 cases 2 (head_dim 128) and 4 (a split).
+  run "racecheck: decode attention (v3 cp.async stages)" 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$tests/gpu_kernels_test" --gtest_filter='Shapes/GpuAttention.MatchesCpuReference/2:Shapes/GpuAttention.MatchesCpuReference/4'
 fi
 
 # 5: decode attention bandwidth (HBM roofline: bytes of K/V read / time).
@@ -195,6 +199,11 @@ grep '^{' "$out/.step" | tail -1 >"$out/latency_no_pdl.json" || true
 run "bench throughput 128/128 --no-async-scheduling (no overlapped steps)" 90 \
   "$bin/tessera" "${fixed[@]}" --no-async-scheduling --input-len 128 --output-len 128 --num-prompts 1024
 grep '^{' "$out/.step" | tail -1 >"$out/throughput_128_sync.json" || true
+# The staged decode attention kernel (v3) in the executor: whether it should be the default.
+run "bench latency with the staged decode attention kernel (TESSERA_DECODE_ATTENTION=v3)" 100 \
+  env TESSERA_DECODE_ATTENTION=v3 "$bin/tessera" bench latency "${common[@]}" --prompt-tokens 512 --gen-tokens 128 \
+  --repeats 3
+grep '^{' "$out/.step" | tail -1 >"$out/latency_decode_v3.json" || true
 run "bench latency --enforce-eager (no CUDA graphs)" 100 \
   "$bin/tessera" bench latency "${common[@]}" --enforce-eager --prompt-tokens 512 --gen-tokens 128 --repeats 3
 grep '^{' "$out/.step" | tail -1 >"$out/latency_eager.json" || true
@@ -306,7 +315,7 @@ fi
   grep -E "^  .*max \|cpu - (cuda|gemv)\|" "$log" | sort | uniq -c | sort -rn | head -40 || true
   echo '```'
   for f in attention.jsonl sampling.txt latency.json latency_qwen.json latency_eager.json latency_eager_prefill_kernel.json \
-    latency_no_pdl.json latency_cublas.json \
+    latency_no_pdl.json latency_cublas.json latency_decode_v3.json \
     latency_q4k.json latency_q4k_int8.json latency_batches_q4k.jsonl latency_batches_q4k_cublas.jsonl profile.txt latency_batches.jsonl latency_batches_fp8.jsonl throughput.json throughput_1000.json \
     throughput_1000_fp8.json throughput_128.json throughput_128_sync.json; do
     echo "$f:"

@@ -4,9 +4,9 @@
 //   decode:  gpu::paged_attention, K/V bytes read per second against the H200's 4.8 TB/s HBM3e peak,
 //            over a bf16 cache and over an fp8 one (--kv-cache-dtype fp8: half the bytes), the v2
 //            kernel (warp tiles, the default) and v1 (v1_*), and the tensor-core prefill kernel on
-//            1-token tiles (tc_*); each kernel's resident CTAs per SM (the occupancy its split plan
-//            fills a wave of), and v2 once more with the split planned for 4 CTAs per SM (wave4_*:
-//            the fixed figure the plan used before it asked the occupancy);
+//            1-token tiles (tc_*) and the staged v3 (v3_*: cp.async pipeline); each kernel's resident
+//            CTAs per SM (the occupancy its split plan fills a wave of), and v2 once more with the
+//            split planned for 4 CTAs per SM (wave4_*: the fixed figure the plan used before);
 //   prefill: gpu::prefill_attention (tiled: the tensor-core kernel, and its SIMT one as simt_*, with their
 //            resident CTAs per SM) against
 //            paged_attention on the same causal prompt chunk,
@@ -128,27 +128,37 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   a.block_tables = mem.upload(tables);
   a.max_blocks_per_seq = blocks_per_seq;
   a.scale = 0.088f;
-  const int32_t ctas_per_sm = paged_attention_ctas_per_sm(a);
-  const split_plan plan = plan_attention_split(batch, num_heads, 8, context, {num_sms, ctas_per_sm});
-  const split_plan wave4_plan = plan_attention_split(batch, num_heads, 8, context, {num_sms, 4});
+  // Each decode kernel with its split planned for a wave of it (as the executor plans it), and v2 once
+  // more with the plan for 4 CTAs per SM (the fixed figure the plan used before it asked).
+  auto ctas_of = [&](decode_kernel k) {
+    a.kernel = k;
+    return paged_attention_ctas_per_sm(a);
+  };
+  const int32_t v1_ctas = ctas_of(decode_kernel::thread_rows), v2_ctas = ctas_of(decode_kernel::warp_tiles),
+                v3_ctas = ctas_of(decode_kernel::staged_warp_tiles);
+  auto plan_for = [&](int32_t per_sm) { return plan_attention_split(batch, num_heads, 8, context, {num_sms, per_sm}); };
   // The executor's fused merge (one launch): counters zeroed once, left zero by the kernel; the
-  // workspace sized for the larger of the two plans.
-  const int32_t most_splits = std::max(plan.num_splits, wave4_plan.num_splits);
+  // workspace sized for the most splits of the plans timed.
+  int32_t most_splits = 1;
+  for (const int32_t per_sm : {v1_ctas, v2_ctas, v3_ctas, 4})
+    most_splits = std::max(most_splits, plan_for(per_sm).num_splits);
   if (most_splits > 1) {
     a.split_counters = mem.zeros<int32_t>(size_t(batch) * num_heads);
     a.workspace = mem.zeros<float>(size_t(attention_workspace_floats(batch, num_heads, 128, most_splits)));
   }
-  auto use_plan = [&](const split_plan& chosen) {
-    a.num_splits = chosen.num_splits;
-    a.partition_size = chosen.partition_size;
+  struct decode_run {
+    int32_t splits = 1;
+    double us = 0;
   };
-  use_plan(wave4_plan);
-  const double wave4_secs = time_calls([&] { paged_attention(a, nullptr); });
-  use_plan(plan);
-  const double secs = time_calls([&] { paged_attention(a, nullptr); });
-  a.warp_tiles = false;
-  const int32_t v1_ctas_per_sm = paged_attention_ctas_per_sm(a);
-  const double v1_secs = time_calls([&] { paged_attention(a, nullptr); });
+  auto run = [&](decode_kernel k, int32_t per_sm) {
+    const split_plan plan = plan_for(per_sm);
+    a.kernel = k;
+    a.num_splits = plan.num_splits;
+    a.partition_size = plan.partition_size;
+    return decode_run{plan.num_splits, time_calls([&] { paged_attention(a, nullptr); }) * 1e6};
+  };
+  const decode_run wave4 = run(decode_kernel::warp_tiles, 4), v1 = run(decode_kernel::thread_rows, v1_ctas),
+                   v3 = run(decode_kernel::staged_warp_tiles, v3_ctas), v2 = run(decode_kernel::warp_tiles, v2_ctas);
 
   // The same decode work on the tensor-core prefill kernel, one 1-token tile per sequence (its CTA's
   // 64 rows hold the token's 4 query heads): FlashInfer's choice for GQA decode, for the device to
@@ -165,15 +175,17 @@ void bench(int32_t batch, int32_t context, int num_sms) {
   const double tc_secs = time_calls([&] { prefill_attention(p, nullptr); });
 
   const double bytes = double(batch) * context * 8 * 128 * 2 /*K,V*/ * sizeof(C);
+  auto pct = [&](double us) { return bytes / (us * 1e-6) / 4.8e12 * 100; };
+  const double tc_us = tc_secs * 1e6;
   std::printf(
       "{\"bench\": \"paged_attention\", \"cache\": \"%s\", \"batch\": %d, \"context\": %d, \"ctas_per_sm\": %d, "
       "\"splits\": %d, \"us\": %.1f, \"GBps\": %.0f, \"pct_of_4800GBps\": %.1f, \"wave4_splits\": %d, "
-      "\"wave4_us\": %.1f, \"v1_ctas_per_sm\": %d, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f, "
+      "\"wave4_us\": %.1f, \"v1_ctas_per_sm\": %d, \"v1_splits\": %d, \"v1_us\": %.1f, \"v1_pct_of_4800GBps\": %.1f, "
+      "\"v3_ctas_per_sm\": %d, \"v3_splits\": %d, \"v3_us\": %.1f, \"v3_pct_of_4800GBps\": %.1f, "
       "\"tc_ctas_per_sm\": %d, \"tc_splits\": %d, \"tc_us\": %.1f, \"tc_pct_of_4800GBps\": %.1f}\n",
-      sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, ctas_per_sm, plan.num_splits, secs * 1e6,
-      bytes / secs / 1e9, bytes / secs / 4.8e12 * 100, wave4_plan.num_splits, wave4_secs * 1e6, v1_ctas_per_sm,
-      v1_secs * 1e6, bytes / v1_secs / 4.8e12 * 100, tc_ctas_per_sm, tc_plan.num_splits, tc_secs * 1e6,
-      bytes / tc_secs / 4.8e12 * 100);
+      sizeof(C) == 1 ? "fp8_e4m3" : "bf16", batch, context, v2_ctas, v2.splits, v2.us, bytes / v2.us / 1e3, pct(v2.us),
+      wave4.splits, wave4.us, v1_ctas, v1.splits, v1.us, pct(v1.us), v3_ctas, v3.splits, v3.us, pct(v3.us),
+      tc_ctas_per_sm, tc_plan.num_splits, tc_us, pct(tc_us));
 }
 
 // An attention shape: Llama-3-8B's (32 query heads over 8 KV heads, head_dim 128, 32 layers) or

@@ -16,6 +16,7 @@
 #include "gpu/fp8.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/prefill_attention.hpp"
+#include "tests/gpu/decode_kernels.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
 #include "tests/gpu/test_data.hpp"
@@ -265,12 +266,12 @@ TEST_P(GpuFp8Attention, DecodeKernelEqualsTheReferenceOverTheDequantisedCache) {
   const size_t out_elems = size_t(T) * q_stride;
   uint16_t* out = alloc<uint16_t>(out_elems);
   a.out = reinterpret_cast<bf16*>(out);
-  for (const bool warp_tiles : {true, false}) {  // both decode kernels (v2, the default, and v1)
-    a.warp_tiles = warp_tiles;
+  for (const decode_kernel kernel : decode_kernels(true)) {  // v2 (the default), v1 and v3
+    a.kernel = kernel;
     paged_attention(a, nullptr);
     const auto got = from_bf16(download(out, out_elems));
     for (size_t i = 0; i < out_elems; ++i)
-      ASSERT_NEAR(got[i], want[i], 1e-2 * (1 + std::fabs(want[i]))) << i << (warp_tiles ? " (v2)" : " (v1)");
+      ASSERT_NEAR(got[i], want[i], 1e-2 * (1 + std::fabs(want[i]))) << i << " (" << name(kernel) << ")";
   }
 }
 

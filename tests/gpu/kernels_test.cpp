@@ -17,6 +17,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/prefill_attention.hpp"
+#include "tests/gpu/decode_kernels.hpp"
 #include "tests/gpu/device_fixture.hpp"
 #include "tests/gpu/reference.hpp"
 #include "tests/gpu/test_data.hpp"
@@ -47,8 +48,8 @@ class GpuKernels : public device_fixture<> {
   // plan_split's paged_attention launches merge their splits in the attention kernel (the executor's
   // way) instead of a second kernel.
   bool fused_merge_ = false;
-  // run_paged_attention's kernel: v2 (warp tiles, the default) or v1 (paged_attention_args::warp_tiles).
-  bool warp_tiles_ = true;
+  // run_paged_attention's kernel (paged_attention_args::kernel).
+  decode_kernel kernel_ = decode_kernel::warp_tiles;
 
   // paged_attention over `kv` as an f32 or a bf16 cache (`fill` sets every other argument), as floats.
   template <class Fill>
@@ -57,7 +58,7 @@ class GpuKernels : public device_fixture<> {
     if (bf16_cache) {
       paged_attention_args<bf16> a;
       fill(a);
-      a.warp_tiles = warp_tiles_;
+      a.kernel = kernel_;
       a.kv_cache = as_bf16(upload(to_bf16(kv)));
       uint16_t* out = alloc<uint16_t>(out_elems);
       a.out = as_bf16(out);
@@ -66,7 +67,7 @@ class GpuKernels : public device_fixture<> {
     }
     paged_attention_args<float> a;
     fill(a);
-    a.warp_tiles = warp_tiles_;
+    a.kernel = kernel_;
     a.kv_cache = upload(kv);
     float* out = alloc(out_elems);
     a.out = out;
@@ -465,9 +466,9 @@ TEST_P(GpuAttention, MatchesCpuReference) {
   // CTA per (token, head group), twice over the same counters (which it must leave at zero).
   const double tol = c.bf16 ? 1e-2 : 2e-5;
   int32_t* counters = nullptr;
-  for (const bool warp_tiles : {true, false})
+  for (const decode_kernel kernel : decode_kernels(c.bf16))
     for (const int pass : {0, 1, 2}) {
-      warp_tiles_ = warp_tiles;
+      kernel_ = kernel;
       fused_merge_ = pass > 0;
       bool split = false;
       const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, [&](auto& a) {
@@ -478,7 +479,7 @@ TEST_P(GpuAttention, MatchesCpuReference) {
       });
       for (size_t i = 0; i < out_elems; ++i)
         ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
-            << "element " << i << " pass " << pass << (warp_tiles ? " (v2)" : " (v1)");
+            << "element " << i << " pass " << pass << " (" << name(kernel) << ")";
       if (!split) break;  // no split: one pass says it all
       if (pass == 1) {
         const auto left = download(counters, size_t(T) * c.num_heads);
@@ -632,13 +633,13 @@ TEST_P(GpuTreeAttention, EachRowSeesItsContextAndAncestorsOnly) {
     plan_split(a, num_kv_heads, head_dim, c.window > 0 ? std::min(widest, c.window + lag) : widest, c.num_splits);
   };
   const double tol = c.bf16 ? 1e-2 : 2e-5;
-  for (const bool warp_tiles : {true, false}) {
-    warp_tiles_ = warp_tiles;
+  for (const decode_kernel kernel : decode_kernels(c.bf16)) {
+    kernel_ = kernel;
     const std::vector<float> got = run_paged_attention(c.bf16, kv, out_elems, fill);
     for (size_t i = 0; i < out_elems; ++i)
       ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
           << "token " << i / (num_heads * head_dim) << " (position " << positions[i / (num_heads * head_dim)] << ")"
-          << (warp_tiles ? " (v2)" : " (v1)");
+          << " (" << name(kernel) << ")";
   }
 
   // The same rows through prefill_attention, as the executor gives it trees of 4 rows or more: each
@@ -721,6 +722,14 @@ TEST_F(GpuKernels, AttentionRejectsUnsupportedHeadDim) {
   EXPECT_FALSE(attention_supports_head_dim(96));
   a.layout.head_dim = 128;
   EXPECT_GE(paged_attention_ctas_per_sm(a), 1);
+  a.kernel = decode_kernel::staged_warp_tiles;  // v3 stages bf16 or fp8 rows, not f32
+  EXPECT_THROW(paged_attention(a, nullptr), std::invalid_argument);
+  EXPECT_THROW(paged_attention_ctas_per_sm(a), std::invalid_argument);
+  paged_attention_args<bf16> b;
+  b.num_heads = 8;
+  b.layout = {1, 2, 16, 128};
+  b.kernel = decode_kernel::staged_warp_tiles;
+  EXPECT_GE(paged_attention_ctas_per_sm(b), 1);
   a.num_heads = 3;  // not a multiple of the KV heads
   a.layout.num_kv_heads = 2;
   EXPECT_THROW(paged_attention_ctas_per_sm(a), std::invalid_argument);

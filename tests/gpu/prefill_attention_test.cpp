@@ -367,17 +367,20 @@ INSTANTIATE_TEST_SUITE_P(
 // prefill_attention and the other sequences to paged_attention in the same step, moving the chunks'
 // rows after the decode rows. Steps that interleave them in the batch (chunk, decode, chunk, decode)
 // must give the CPU executor's logits in the batch's order, at the default threshold, at 1 (every
-// token to the prefill kernel, paged_attention given none) and at 2 (B's 3 tokens there too).
+// token to the prefill kernel, paged_attention given none) and at 2 (B's 3 tokens there too), and with
+// the staged decode kernel (v3) taking the decode rows.
 // (tests/gpu/cuda_executor_test.cpp covers paging, swaps and the real model.)
 struct executor_case {
   cuda_dtype dtype;
   int32_t head_dim = 64;                               // 256: Gemma's heads, whose tiles differ between the two kernels
   int32_t min_tokens = gpu::kDefaultPrefillMinTokens;  // 1: decode tokens take the prefill kernel too
+  bool staged = false;                                 // cuda_executor_options::staged_decode_attention
 };
 // Deterministic ctest names (the default prints the parameter's bytes).
 std::string executor_case_name(const executor_case& c) {
   return std::string(c.dtype == cuda_dtype::f32 ? "f32" : "bf16") + (c.head_dim == 64 ? "" : "_d256") +
-         (c.min_tokens == gpu::kDefaultPrefillMinTokens ? "" : "_min" + std::to_string(c.min_tokens));
+         (c.min_tokens == gpu::kDefaultPrefillMinTokens ? "" : "_min" + std::to_string(c.min_tokens)) +
+         (c.staged ? "_v3" : "");
 }
 void PrintTo(const executor_case& c, std::ostream* os) { *os << executor_case_name(c); }
 
@@ -405,6 +408,11 @@ TEST_P(PrefillInTheExecutor, MixedStepsEqualTheCpuExecutor) {
   go.prefill_min_tokens = 0;
   EXPECT_THROW(make_cuda_executor(weights, go), invalid_request);
   go.prefill_min_tokens = GetParam().min_tokens;
+  if (GetParam().dtype == cuda_dtype::f32) {  // v3 stages bf16 or fp8 rows
+    go.staged_decode_attention = true;
+    EXPECT_THROW(make_cuda_executor(weights, go), invalid_request);
+  }
+  go.staged_decode_attention = GetParam().staged;
   const auto gpu = make_cuda_executor(weights, go);
 
   using mode = sequence_slice::logits_mode;
@@ -469,7 +477,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillInTheExecutor,
                                            executor_case{cuda_dtype::f32, 256}, executor_case{cuda_dtype::bf16, 256},
                                            executor_case{cuda_dtype::f32, 64, 1},
                                            executor_case{cuda_dtype::bf16, 64, 1},
-                                           executor_case{cuda_dtype::bf16, 256, 2}),
+                                           executor_case{cuda_dtype::bf16, 256, 2},
+                                           executor_case{cuda_dtype::bf16, 64, gpu::kDefaultPrefillMinTokens, true},
+                                           executor_case{cuda_dtype::bf16, 256, gpu::kDefaultPrefillMinTokens, true}),
                          [](const ::testing::TestParamInfo<executor_case>& i) { return executor_case_name(i.param); });
 
 }  // namespace
