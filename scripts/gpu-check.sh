@@ -52,6 +52,22 @@ results=$out/gpu-results.md
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
 deadline=$(($(date +%s) + ${GPU_CHECK_BUDGET_S:-480}))  # the whole check stays under 8 minutes
+# json_field LINE NAME: the value of "NAME" in a one-line JSON object of gpu_attention_bench (numbers
+# and plain strings only).
+json_field() { sed -n "s/.*\"$2\": \"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
+# decode_attention_table FILE: gpu_attention_bench's paged_attention lines as a markdown table: v2 (the
+# default), v2 with the old 4-per-SM split plan, v1, the staged v3 and the tensor-core prefill kernel.
+decode_attention_table() {
+  echo "| cache | batch | context | v2 | v2, 4/SM plan (µs: v2's, this) | v1 | v3 | tc |"
+  echo "|---|---|---|---|---|---|---|---|"
+  local line
+  grep '"bench": "paged_attention"' "$1" 2>/dev/null | while IFS= read -r line; do
+    f() { json_field "$line" "$1"; }
+    echo "| $(f cache) | $(f batch) | $(f context) | $(f pct_of_4800GBps)% ($(f ctas_per_sm)/$(f splits)) |" \
+      "$(f us) / $(f wave4_us) ($(f wave4_splits) splits) | $(f v1_pct_of_4800GBps)% ($(f v1_ctas_per_sm)/$(f v1_splits)) |" \
+      "$(f v3_pct_of_4800GBps)% ($(f v3_ctas_per_sm)/$(f v3_splits)) | $(f tc_pct_of_4800GBps)% ($(f tc_ctas_per_sm)/$(f tc_splits)) |"
+  done
+}
 run() {  # run LABEL TIMEOUT CMD...: logs the command and its output, records pass/fail
   local label=$1 limit=$2
   shift 2
@@ -297,6 +313,10 @@ fi
   echo "| step | result | time |"
   echo "|---|---|---|"
   cat "$out/.table"
+  echo
+  echo "Decode attention kernels (% of 4.8 TB/s; resident CTAs per SM / splits), to choose the defaults:"
+  echo
+  decode_attention_table "$out/attention.jsonl"
   echo
   echo "Model loads (KV pool sizes):"
   echo '```'
