@@ -534,15 +534,14 @@ __global__ void __launch_bounds__(kThreads)
 // Dynamic shared memory: kThreads / 32 warps x 2 stages x RPL rows x (K, V) x 32 lanes x 8 elements.
 template <int D, int G, class C>
 struct staged_tile_shape : warp_tile_shape<D, G, C> {
+  using base = warp_tile_shape<D, G, C>;
   static constexpr int stages = 2;
   static constexpr int chunk_bytes = 8 * static_cast<int>(sizeof(C));
-  static constexpr size_t shared_bytes =
-      size_t{warp_tile_shape<D, G, C>::W} * stages * warp_tile_shape<D, G, C>::RPL * 2 * 32 * chunk_bytes;
+  static constexpr size_t shared_bytes = size_t{base::W} * stages * base::RPL * 2 * 32 * chunk_bytes;
   // Byte offset of (warp, stage, row i, K or V, lane)'s chunk: a lane's chunks are 8 or 16 bytes apart
   // from its neighbours', so a warp's read of one (row, K/V) is conflict-free.
   __device__ static size_t offset(int warp, int stage, int i, int kv, int lane) {
-    return ((((static_cast<size_t>(warp) * stages + stage) * warp_tile_shape<D, G, C>::RPL + i) * 2 + kv) * 32 + lane) *
-           chunk_bytes;
+    return ((((static_cast<size_t>(warp) * stages + stage) * base::RPL + i) * 2 + kv) * 32 + lane) * chunk_bytes;
   }
 };
 
@@ -655,6 +654,9 @@ void launch_kernels(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   const int32_t nkv = a.layout.num_kv_heads;
   const int32_t group = a.num_heads / nkv;
   const int32_t group_chunks = (group + G - 1) / G;
+  if (static_cast<int64_t>(nkv) * group_chunks > 65535) {  // gridDim.y
+    throw std::invalid_argument("paged_attention: too many heads for one launch");
+  }
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(nkv * group_chunks),
                   static_cast<unsigned>(a.num_splits));
   switch (a.kernel) {
@@ -756,10 +758,6 @@ void launch(const paged_attention_args<T, C>& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return;
   if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && (a.partition_size < 1 || !a.workspace))) {
     throw std::invalid_argument("paged_attention: bad split (num_splits, partition_size, workspace)");
-  }
-  if (a.layout.num_kv_heads * ((a.num_heads / std::max(a.layout.num_kv_heads, 1) + kMaxGroup - 1) / kMaxGroup) >
-      65535) {
-    throw std::invalid_argument("paged_attention: too many heads for one launch");
   }
   if (a.window < 0 || !(a.softcap >= 0.0f)) throw std::invalid_argument("paged_attention: negative window or soft-cap");
   if (!(a.k_scale > 0.0f) || !(a.v_scale > 0.0f)) throw std::invalid_argument("paged_attention: scales must be > 0");
